@@ -1,0 +1,1 @@
+"""Cluster side: submitit submission (hpc/submit.py) and the local test cluster (hpc/cluster/)."""

@@ -1,0 +1,102 @@
+"""A test-only recipe: a small MLP regressing a noisy linear target on synthetic data.
+
+Loaded through TRAINER_PLUGINS=tests.toy_recipe. Its data section can make the process signal
+itself at a given training step, so preemption tests use the real signal path deterministically.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import torch
+
+from trainer.recipes.base import Recipe, register_recipe
+
+
+@dataclass
+class ToyDataConfig:
+    """Synthetic regression data, plus test hooks."""
+
+    path: str = ""
+    n_train: int = 256
+    n_val: int = 61               # odd on purpose: uneven evaluation shards
+    n_test: int = 37
+    features: int = 8
+    noise: float = 0.1
+    data_seed: int = 1234
+    signal_at_step: int = 0       # send self_signal at this training step of this process (0: never)
+    signal_name: str = "SIGTERM"
+    signal_rank: int = 0          # which rank signals itself (-1: every rank)
+    step_sleep: float = 0.0       # seconds per training step, to keep a job running long enough
+
+
+@dataclass
+class ToyModelConfig:
+    """Two-layer MLP."""
+
+    hidden: int = 16
+    dropout: float = 0.1
+
+
+class ToyMLP(torch.nn.Module):
+    """features -> hidden -> 1."""
+
+    def __init__(self, features: int, cfg: ToyModelConfig):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(features, cfg.hidden), torch.nn.ReLU(),
+                                       torch.nn.Dropout(cfg.dropout), torch.nn.Linear(cfg.hidden, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).squeeze(-1)
+
+
+def make_split(n: int, features: int, noise: float, seed: int) -> torch.utils.data.TensorDataset:
+    """y = x . w + noise with a fixed w; a different seed per split."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.linspace(-1.0, 1.0, features)
+    x = torch.randn(n, features, generator=g)
+    y = x @ w + noise * torch.randn(n, generator=g)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+@register_recipe("toy")
+class ToyRecipe(Recipe):
+    """Regression with MSE; primary metric val mse (lower is better)."""
+
+    data_config = ToyDataConfig
+    model_config = ToyModelConfig
+    primary_metric = ("mse", "min")
+
+    def build_datasets(self):
+        d = self.data_cfg
+        self.steps_seen = 0
+        train = make_split(d.n_train, d.features, d.noise, d.data_seed)
+        evals = {"val": make_split(d.n_val, d.features, d.noise, d.data_seed + 1),
+                 "test": make_split(d.n_test, d.features, d.noise, d.data_seed + 2)}
+        return train, evals
+
+    def build_model(self):
+        return ToyMLP(self.data_cfg.features, self.model_cfg)
+
+    def training_step(self, model, batch):
+        self._test_hooks()
+        x, y = batch
+        return torch.nn.functional.mse_loss(model(x), y)
+
+    def _test_hooks(self) -> None:
+        d = self.data_cfg
+        self.steps_seen += 1
+        if d.step_sleep:
+            time.sleep(d.step_sleep)
+        if d.signal_at_step and self.steps_seen == d.signal_at_step and d.signal_rank in (-1, self.dist.rank):
+            os.kill(os.getpid(), getattr(signal, d.signal_name))
+
+    def eval_step(self, model, batch):
+        x, y = batch
+        err = (model(x).float() - y) ** 2
+        return {"sq_err": err.sum(), "count": torch.tensor(float(len(y)))}
+
+    def compute_metrics(self, totals):
+        return {"mse": float(totals["sq_err"] / totals["count"]), "count": int(totals["count"])}

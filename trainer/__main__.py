@@ -1,0 +1,100 @@
+"""Command-line entry: parse -> config -> environment -> process group -> recipe -> run.
+
+    python -m trainer train --recipe toy --epochs 2 --run-dir runs/demo     # TRAINER_PLUGINS=tests.toy_recipe
+    srun -N2 --ntasks-per-node=2 python -m trainer doctor
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from trainer.cli import flags_from_args, get_parser
+from trainer.config import ConfigError, build_config, from_dict, parse_override, save_config, set_key
+from trainer.distributed import runtime
+from trainer.distributed.environment import LaunchError, select_environment
+from trainer.engine.checkpoint import CheckpointError
+
+log = logging.getLogger("trainer")
+EXIT_USAGE = 2
+
+
+def resolve_run_dir(cfg, info) -> str:
+    """--run-dir, else runs/<recipe>-<Slurm job id> (stable across requeues), else a timestamp."""
+    if cfg.run_dir:
+        return cfg.run_dir
+    job = info.job_id
+    name = f"{cfg.recipe}-{job}" if job else f"{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return str(Path("runs") / runtime.broadcast_object(name, info))
+
+
+def cmd_train(args) -> int:
+    from trainer.engine.logging import setup_logging
+    from trainer.engine.loop import fit
+    from trainer.recipes.base import get_recipe_class
+    cfg = build_config(args.recipe, args.config, flags_from_args(args), args.overrides)
+    info = runtime.init(select_environment(), cfg.dist)
+    try:
+        cfg.run_dir = resolve_run_dir(cfg, info)
+        setup_logging(info, cfg.run_dir)
+        if info.is_main:
+            save_config(cfg, Path(cfg.run_dir) / "config.yaml")
+        recipe = get_recipe_class(cfg.recipe)(cfg.data, cfg.model, cfg.train, info)
+        result = fit(recipe, info, cfg)
+    finally:
+        runtime.teardown(info)
+    if result.status == "preempted" and not result.requeued:
+        return 128 + result.signal
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from trainer.engine import checkpoint as ckpt_io
+    from trainer.engine.logging import setup_logging
+    from trainer.engine.loop import Loop
+    from trainer.recipes.base import get_recipe_class
+    ckpt = ckpt_io.load(args.checkpoint)
+    cfg = from_dict(ckpt["config"])
+    for text in args.overrides:
+        set_key(cfg, *parse_override(text), f"override {text!r}")
+    cfg.ckpt.resume, cfg.train.tensorboard = "", False
+    info = runtime.init(select_environment(), cfg.dist)
+    try:
+        setup_logging(info)
+        recipe = get_recipe_class(cfg.recipe)(cfg.data, cfg.model, cfg.train, info)
+        loop = Loop(recipe, info, cfg)
+        ckpt_io.check_compatible(ckpt, cfg.recipe, loop.model, args.checkpoint)
+        loop.model.load_state_dict(ckpt["model"])
+        splits = [s for s in args.splits.split(",") if s in loop.eval_sets]
+        results = {split: loop.evaluate(split) for split in splits}
+    finally:
+        runtime.teardown(info)
+    if info.is_main:
+        text = json.dumps(dict(checkpoint=str(args.checkpoint), step=ckpt["global_step"], **results), indent=1)
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from trainer.doctor import run_doctor
+    return run_doctor(args)
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "doctor": cmd_doctor}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = get_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (ConfigError, LaunchError, CheckpointError, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""THE argument parser of the trainer. hpc/submit.py reuses the train flags via `parents=`:
+
+    parser = argparse.ArgumentParser(parents=[get_train_parser()])
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from trainer.recipes.base import recipe_names
+
+# CLI flag (argparse dest) -> config key; flags sit between the YAML file and key=value overrides
+FLAG_KEYS = {
+    "epochs": "train.epochs", "batch_size": "train.batch_size",
+    "global_batch_size": "train.global_batch_size", "grad_accum_steps": "train.grad_accum_steps",
+    "lr": "train.lr", "weight_decay": "train.weight_decay", "warmup_steps": "train.warmup_steps",
+    "warmup_epochs": "train.warmup_epochs", "amp": "train.amp", "strategy": "dist.strategy",
+    "gpu_ids": "dist.gpu_ids", "resume": "ckpt.resume", "run_dir": "run_dir", "seed": "seed",
+}
+
+
+def _gpu_ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gpu-ids expects comma-separated integers, got {text!r}") from None
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags of `trainer train` (shared with hpc/submit.py)."""
+    names = recipe_names()
+    g = parser.add_argument_group("training")
+    g.add_argument("--recipe", choices=names or None, metavar="NAME",
+                   help=f"recipe to train: {', '.join(names) or '(none registered)'}")
+    g.add_argument("--config", metavar="FILE", help="YAML file of overrides, e.g. configs/<recipe>/<dataset>.yaml")
+    g.add_argument("--epochs", type=int, help="number of epochs")
+    g.add_argument("--batch-size", type=int, metavar="B", help="batch size per GPU / per rank")
+    g.add_argument("--global-batch-size", type=int, metavar="G",
+                   help="total batch size, split across ranks and accumulation steps (must divide)")
+    g.add_argument("--grad-accum-steps", type=int, metavar="M", help="micro-batches per optimizer step")
+    g.add_argument("--lr", type=float, help="peak learning rate (before --lr scaling, train.lr_scaling)")
+    g.add_argument("--weight-decay", type=float, help="weight decay")
+    g.add_argument("--warmup-steps", type=int, help="linear warmup length in optimizer steps")
+    g.add_argument("--warmup-epochs", type=float, help="linear warmup length in epochs")
+    g.add_argument("--amp", choices=["off", "bf16", "fp16"], help="mixed precision (fp16 uses a GradScaler)")
+    g.add_argument("--strategy", choices=["ddp", "dp", "single"],
+                   help="ddp: one process per GPU/rank; dp: DataParallel in one process; single")
+    g.add_argument("--gpu-ids", type=_gpu_ids, metavar="0,1", help="GPUs for --strategy dp")
+    g.add_argument("--resume", metavar="auto|PATH",
+                   help="auto: newest valid checkpoint of --run-dir (fresh start if none); or a file")
+    g.add_argument("--run-dir", metavar="DIR", help="output folder (default runs/<recipe>-<job id|time>)")
+    g.add_argument("--seed", type=int, help="base seed (per-rank seeds are derived from it)")
+    g.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="config overrides, e.g. train.lr=0.01 data.path=DIR model.hidden=64")
+    return parser
+
+
+def get_train_parser(add_help: bool = False) -> argparse.ArgumentParser:
+    """A parser holding only the train flags, for `parents=` in other tools."""
+    return add_train_arguments(argparse.ArgumentParser(add_help=add_help))
+
+
+def get_parser() -> argparse.ArgumentParser:
+    """`python -m trainer {train,eval,doctor}`."""
+    parser = argparse.ArgumentParser(
+        prog="trainer", description="Distributed PyTorch training for HPC clusters. Registered recipes: "
+        + (", ".join(recipe_names()) or "none"))
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("train", parents=[get_train_parser()], help="train a recipe",
+                   description="Train a recipe. Config precedence: defaults < --config YAML < flags < key=value.")
+    ev = sub.add_parser("eval", help="evaluate a checkpoint on its validation and test splits")
+    ev.add_argument("--checkpoint", required=True, metavar="PATH", help="e.g. RUN_DIR/checkpoints/best.pt")
+    ev.add_argument("--splits", default="val,test", help="comma-separated splits (default val,test)")
+    ev.add_argument("--out", metavar="FILE", help="also write the metrics as JSON to FILE")
+    ev.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (e.g. data.path=DIR)")
+    doc = sub.add_parser("doctor", help="check the launch environment, devices and collectives")
+    doc.add_argument("--json", action="store_true", help="print one JSON report (rank 0)")
+    doc.add_argument("--bandwidth-mb", type=float, default=16.0, help="all_reduce size for the bandwidth test")
+    doc.add_argument("--timeout", type=float, default=120.0, help="process-group timeout in seconds")
+    return parser
+
+
+def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """{config key: value} for the flags that were given."""
+    return {key: getattr(args, dest) for dest, key in FLAG_KEYS.items() if getattr(args, dest, None) is not None}

@@ -1,0 +1,257 @@
+"""Typed run configuration. Precedence: dataclass defaults < YAML file < CLI flags < key=value overrides.
+
+    cfg = build_config("toy", yaml_path="configs/toy.yaml", flags={"train.epochs": 3},
+                       overrides=["train.lr=0.01", "model.hidden=32"])
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad config key or value; the message names where it came from."""
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and loop settings shared by every recipe."""
+
+    epochs: int = 10
+    max_steps: int = 0                    # stop after this many optimizer steps (0: no limit)
+    batch_size: int = 32                  # per rank (per GPU)
+    global_batch_size: int = 0            # if > 0: split across ranks and accumulation steps
+    grad_accum_steps: int = 1
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9                 # sgd only
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"   # by world size
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_steps: int = 0
+    warmup_epochs: float = 0.0            # converted to steps; the larger of the two wins
+    min_lr_ratio: float = 0.0             # floor of the decay, as a fraction of the peak lr
+    clip_grad_norm: float = 0.0           # 0: no clipping
+    amp: Literal["off", "bf16", "fp16"] = "off"
+    eval_every_epochs: int = 1
+    eval_batch_size: int = 0              # per rank (0: the training batch size)
+    early_stop_patience: int = 0          # epochs without improvement of the primary metric (0: off)
+    log_every_steps: int = 10
+    num_workers: int = 0
+    progress: Literal["auto", "on", "off"] = "auto"   # tqdm bar on rank 0 (auto: when a terminal)
+    tensorboard: bool = True
+
+
+@dataclass
+class CheckpointConfig:
+    """When checkpoints are written and how a run resumes."""
+
+    every_epochs: int = 1                 # 0: never by epoch
+    every_steps: int = 0                  # 0: never by step
+    keep_last: int = 3                    # periodic checkpoints kept (best/final are separate)
+    save_best: bool = True
+    resume: str = ""                      # "" (fresh), "auto" (newest valid in run_dir), or a path
+    requeue_signals: list[str] = field(default_factory=lambda: ["SIGUSR1", "SIGUSR2"])
+
+
+@dataclass
+class DistConfig:
+    """How processes and devices are used."""
+
+    strategy: Literal["ddp", "dp", "single"] = "ddp"
+    gpu_ids: list[int] = field(default_factory=list)     # DataParallel devices (default: all)
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    timeout_s: float = 1800.0            # process-group timeout: a dead rank ends the others
+    find_unused_parameters: bool = False
+
+
+@dataclass
+class EmptyConfig:
+    """Placeholder for a recipe without options in a section."""
+
+
+@dataclass
+class Config:
+    """The whole resolved configuration of a run."""
+
+    recipe: str = ""
+    run_dir: str = ""
+    seed: int = 0
+    train: TrainConfig = field(default_factory=TrainConfig)
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    data: Any = field(default_factory=EmptyConfig)
+    model: Any = field(default_factory=EmptyConfig)
+
+
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Convert a YAML or command-line value to the annotated type, or raise ConfigError."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            if type(None) in args:
+                return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], where)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(str, args))}")
+        return value
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            text = value.strip().strip("[]")
+            value = [v.strip() for v in text.split(",") if v.strip()] if text else []
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        item = args[0] if args else Any
+        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in _TRUE | _FALSE:
+            return str(value).lower() in _TRUE
+        raise ConfigError(f"{where}: {value!r} is not a boolean (true/false)")
+    if hint in (int, float, str):
+        try:
+            if hint is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return hint(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: {value!r} is not a valid {hint.__name__}") from None
+    return value
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    """Field name -> resolved type hint of a dataclass instance."""
+    hints = typing.get_type_hints(type(obj))
+    return {f.name: hints[f.name] for f in dataclasses.fields(obj)}
+
+
+def valid_keys(obj: Any, prefix: str = "") -> list[str]:
+    """Every dotted key of a config tree: ['seed', 'train.lr', ...]."""
+    keys = []
+    for name, _ in _fields(obj).items():
+        sub = getattr(obj, name)
+        keys.extend(valid_keys(sub, f"{prefix}{name}.") if dataclasses.is_dataclass(sub)
+                    else [f"{prefix}{name}"])
+    return keys
+
+
+def _node_for(cfg: Any, parts: list[str], source: str, dotted: str) -> tuple[Any, Any]:
+    """Walk to the parent of the last key; (parent, type hint of the last key)."""
+    node = cfg
+    for i, part in enumerate(parts):
+        fields = _fields(node) if dataclasses.is_dataclass(node) else {}
+        if part not in fields:
+            section = ".".join(parts[:i])
+            choices = valid_keys(node, f"{section}." if section else "") if fields else []
+            raise ConfigError(f"{source}: unknown config key {dotted!r}.\nValid keys"
+                              f"{' under ' + section if section else ''}: {', '.join(choices)}")
+        if i == len(parts) - 1:
+            return node, fields[part]
+        node = getattr(node, part)
+    raise ConfigError(f"{source}: empty config key")
+
+
+def set_key(cfg: Any, dotted: str, value: Any, source: str) -> None:
+    """Set cfg.<dotted> = value with type conversion; an unknown key lists the valid ones."""
+    parts = dotted.split(".")
+    parent, hint = _node_for(cfg, parts, source, dotted)
+    if dataclasses.is_dataclass(getattr(parent, parts[-1])):
+        apply_dict(cfg, value, source, prefix=f"{dotted}.")
+    else:
+        setattr(parent, parts[-1], _coerce(value, hint, f"{source}: {dotted}"))
+
+
+def apply_dict(cfg: Any, values: Any, source: str, prefix: str = "") -> None:
+    """Apply a nested mapping (from YAML or a checkpoint) onto a config tree."""
+    if values is None and prefix:
+        return
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: {prefix.rstrip('.') or 'top level'} must be a mapping, "
+                          f"got {type(values).__name__}")
+    for key, value in values.items():
+        set_key(cfg, f"{prefix}{key}", value, source)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'train.lr=0.1' -> ('train.lr', 0.1): the value is read as YAML, then converted by type."""
+    if "=" not in text or text.startswith("="):
+        raise ConfigError(f"override {text!r} is not of the form key=value (e.g. train.lr=0.01)")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, (dict,)) or value is None and raw.strip().lower() not in ("none", "null", "~"):
+        value = raw
+    return key.strip(), value
+
+
+def load_yaml(path: str | Path) -> dict:
+    """A YAML config file as a mapping, with errors that name the file and line."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{line}: invalid YAML: {getattr(err, 'problem', err)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections (train:, model:, ...)")
+    return data
+
+
+def default_config(recipe: str) -> Config:
+    """Dataclass defaults, with the recipe's own data/model sections."""
+    from trainer.recipes.base import get_recipe_class
+    cls = get_recipe_class(recipe)
+    return Config(recipe=recipe, data=cls.data_config(), model=cls.model_config())
+
+
+def build_config(recipe: str | None, yaml_path: str | None = None, flags: dict[str, Any] | None = None,
+                 overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """defaults < YAML < CLI flags < key=value overrides."""
+    file_values = load_yaml(yaml_path) if yaml_path else {}
+    name = recipe or file_values.get("recipe")
+    if not name:
+        raise ConfigError("no recipe given: pass --recipe NAME or put 'recipe: NAME' in the config file")
+    cfg = default_config(name)
+    file_values = {k: v for k, v in file_values.items() if k != "recipe"}
+    apply_dict(cfg, file_values, str(yaml_path))
+    for key, value in (flags or {}).items():
+        if value is not None:
+            set_key(cfg, key, value, "command line")
+    for text in overrides:
+        key, value = parse_override(text)
+        set_key(cfg, key, value, f"override {text!r}")
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict:
+    """Plain nested dict (for YAML and checkpoints)."""
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(values: dict, source: str = "checkpoint") -> Config:
+    """Rebuild a Config from to_dict() output."""
+    cfg = default_config(values["recipe"])
+    apply_dict(cfg, {k: v for k, v in values.items() if k != "recipe"}, source)
+    return cfg
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML (next to the results)."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -1,0 +1,1 @@
+"""Launch environments, hostlist expansion and process-group runtime."""

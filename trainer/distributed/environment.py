@@ -1,0 +1,393 @@
+"""Launch environments: one class per launcher, each with `detect()`, selected in a fixed order.
+
+    python -c "from trainer.distributed.environment import select_environment; print(select_environment())"
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import ClassVar, Mapping
+
+from trainer.distributed.hostlist import HostlistError, expand
+
+PORT_BASE, PORT_SPAN = 15000, 15000  # 15000-29999: below Linux's ephemeral range (32768+)
+
+
+class LaunchError(RuntimeError):
+    """The launch environment is inconsistent; the message carries a HINT."""
+
+
+def _get(env: Mapping[str, str], name: str, launcher: str) -> str:
+    """A required variable, or a LaunchError naming it."""
+    if name not in env or env[name] == "":
+        raise LaunchError(f"{launcher}: environment variable {name} is missing.\n"
+                          f"HINT: the {launcher} launcher sets it; a half-set environment usually means "
+                          f"variables leaked from another shell (unset them) or a wrapper dropped them.")
+    return env[name]
+
+
+def _int(env: Mapping[str, str], name: str, launcher: str, default: int | None = None) -> int:
+    """An integer variable (with an optional default), or a LaunchError naming it."""
+    if default is not None and not env.get(name):
+        return default
+    raw = _get(env, name, launcher)
+    try:
+        return int(raw)
+    except ValueError:
+        raise LaunchError(f"{launcher}: {name}={raw!r} is not an integer.") from None
+
+
+def port_from_job_id(job_id: str) -> int:
+    """A port derived from the job id, so two jobs sharing a node do not pick the same one."""
+    digits = re.sub(r"\D", "", str(job_id)) or "0"
+    return PORT_BASE + int(digits) % PORT_SPAN
+
+
+def parse_tasks_per_node(spec: str) -> list[int]:
+    """Expand Slurm's compressed task counts: '2(x3),1' -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for item in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
+        if not m:
+            raise LaunchError(f"cannot parse SLURM_TASKS_PER_NODE={spec!r}")
+        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return counts
+
+
+def visible_gpu_count(env: Mapping[str, str]) -> int:
+    """GPUs this process was given, from CUDA_VISIBLE_DEVICES (fake gres devices count too)."""
+    spec = env.get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        return -1  # unrestricted: the caller asks CUDA
+    return len([d for d in spec.split(",") if d.strip() and d.strip() != "-1"])
+
+
+class LaunchEnvironment:
+    """Base class: where this process sits in the job, read from environment variables."""
+
+    name: ClassVar[str] = "base"
+    can_requeue: ClassVar[bool] = False
+
+    def __init__(self, env: Mapping[str, str] | None = None):
+        self.env = dict(os.environ if env is None else env)
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        """True when this launcher started the current process."""
+        raise NotImplementedError
+
+    @property
+    def rank(self) -> int:
+        """Global rank of this process."""
+        raise NotImplementedError
+
+    @property
+    def local_rank(self) -> int:
+        """Rank of this process on its node."""
+        raise NotImplementedError
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes in the job step."""
+        raise NotImplementedError
+
+    @property
+    def node_rank(self) -> int:
+        """Index of this node in the step."""
+        raise NotImplementedError
+
+    @property
+    def local_world_size(self) -> int:
+        """Number of processes on this node."""
+        raise NotImplementedError
+
+    @property
+    def master_addr(self) -> str:
+        """Address of rank 0 for the rendezvous."""
+        return self.env.get("MASTER_ADDR") or "127.0.0.1"
+
+    @property
+    def master_port(self) -> int:
+        """Port of rank 0 for the rendezvous."""
+        return int(self.env.get("MASTER_PORT") or 29500)
+
+    @property
+    def job_id(self) -> str | None:
+        """Scheduler job id, if any."""
+        return self.env.get("SLURM_JOB_ID")
+
+    def validate(self, strategy: str = "ddp") -> None:
+        """Raise LaunchError with a HINT when the layout cannot work."""
+        if not 0 <= self.rank < self.world_size:
+            raise LaunchError(f"{self.name}: rank {self.rank} outside world size {self.world_size}.")
+        if not 0 <= self.local_rank < max(self.local_world_size, 1):
+            raise LaunchError(f"{self.name}: local rank {self.local_rank} outside local world size "
+                              f"{self.local_world_size}.")
+        self._validate_gpus(strategy)
+
+    def _validate_gpus(self, strategy: str) -> None:
+        """Tasks on this node vs the GPUs they can see (fake gres allocations count)."""
+        gpus = visible_gpu_count(self.env)
+        if gpus <= 0 or strategy != "ddp" or self.world_size == 1:
+            return
+        per_task = gpus == 1 and ("SLURM_GPUS_PER_TASK" in self.env or "SLURM_STEP_GPUS" in self.env
+                                  and "," not in self.env.get("SLURM_STEP_GPUS", ""))
+        if self.local_world_size > gpus and not per_task:
+            raise LaunchError(
+                f"{self.name}: {self.local_world_size} tasks on this node but only {gpus} visible GPU(s) "
+                f"(CUDA_VISIBLE_DEVICES={self.env.get('CUDA_VISIBLE_DEVICES')}).\n"
+                f"HINT: run one task per GPU: --ntasks-per-node={gpus} with --gpus-per-node={gpus}, "
+                f"or --gpus-per-task=1.")
+
+    def describe(self) -> dict:
+        """The facts, for logs and `doctor`."""
+        return dict(launcher=self.name, rank=self.rank, local_rank=self.local_rank,
+                    world_size=self.world_size, node_rank=self.node_rank,
+                    local_world_size=self.local_world_size, master_addr=self.master_addr,
+                    master_port=self.master_port, job_id=self.job_id)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()})"
+
+
+class TorchrunEnvironment(LaunchEnvironment):
+    """torchrun / torch.distributed.run (also inside an sbatch allocation: its variables win)."""
+
+    name = "torchrun"
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        """torchrun sets TORCHELASTIC_RUN_ID; a manual launch sets RANK and LOCAL_RANK."""
+        return "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "LOCAL_RANK" in env)
+
+    @property
+    def rank(self) -> int:
+        """RANK."""
+        return _int(self.env, "RANK", self.name)
+
+    @property
+    def local_rank(self) -> int:
+        """LOCAL_RANK."""
+        return _int(self.env, "LOCAL_RANK", self.name)
+
+    @property
+    def world_size(self) -> int:
+        """WORLD_SIZE."""
+        return _int(self.env, "WORLD_SIZE", self.name)
+
+    @property
+    def local_world_size(self) -> int:
+        """LOCAL_WORLD_SIZE (1 when a manual launch leaves it out)."""
+        return _int(self.env, "LOCAL_WORLD_SIZE", self.name, default=1)
+
+    @property
+    def node_rank(self) -> int:
+        """GROUP_RANK, else derived from the rank."""
+        return _int(self.env, "GROUP_RANK", self.name, default=self.rank // max(self.local_world_size, 1))
+
+    @property
+    def master_addr(self) -> str:
+        """MASTER_ADDR (required)."""
+        return _get(self.env, "MASTER_ADDR", self.name)
+
+    @property
+    def master_port(self) -> int:
+        """MASTER_PORT (required)."""
+        return _int(self.env, "MASTER_PORT", self.name)
+
+
+class SlurmEnvironment(LaunchEnvironment):
+    """Tasks started by `srun` (a plain `python` in a batch script is a world of one, checked)."""
+
+    name = "slurm"
+    can_requeue = True
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        """Inside a Slurm job (batch script, salloc shell or srun step)."""
+        return "SLURM_JOB_ID" in env and "SLURM_PROCID" in env
+
+    @property
+    def in_step(self) -> bool:
+        """True under srun; false in the batch script or an salloc shell."""
+        step = self.env.get("SLURM_STEP_ID", self.env.get("SLURM_STEPID"))
+        return step is not None and step not in ("batch", "extern", "4294967294", "4294967291")
+
+    @property
+    def rank(self) -> int:
+        """SLURM_PROCID."""
+        return _int(self.env, "SLURM_PROCID", self.name) if self.in_step else 0
+
+    @property
+    def local_rank(self) -> int:
+        """SLURM_LOCALID."""
+        return _int(self.env, "SLURM_LOCALID", self.name) if self.in_step else 0
+
+    @property
+    def world_size(self) -> int:
+        """SLURM_STEP_NUM_TASKS, else SLURM_NTASKS."""
+        if not self.in_step:
+            return 1
+        if self.env.get("SLURM_STEP_NUM_TASKS"):
+            return _int(self.env, "SLURM_STEP_NUM_TASKS", self.name)
+        return _int(self.env, "SLURM_NTASKS", self.name)
+
+    @property
+    def node_rank(self) -> int:
+        """SLURM_NODEID."""
+        return _int(self.env, "SLURM_NODEID", self.name) if self.in_step else 0
+
+    @property
+    def num_nodes(self) -> int:
+        """SLURM_STEP_NUM_NODES, else SLURM_JOB_NUM_NODES / SLURM_NNODES."""
+        for var in ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+            if self.env.get(var):
+                return _int(self.env, var, self.name)
+        return 1
+
+    @property
+    def local_world_size(self) -> int:
+        """Tasks on this node, from SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE."""
+        if not self.in_step:
+            return 1
+        spec = self.env.get("SLURM_STEP_TASKS_PER_NODE") or self.env.get("SLURM_TASKS_PER_NODE")
+        if not spec:
+            return max(self.world_size // max(self.num_nodes, 1), 1)
+        counts = parse_tasks_per_node(spec)
+        return counts[self.node_rank] if self.node_rank < len(counts) else counts[-1]
+
+    @property
+    def nodelist(self) -> list[str]:
+        """Hosts of the step (SLURM_STEP_NODELIST, else the job's)."""
+        for var in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+            if self.env.get(var):
+                try:
+                    return expand(self.env[var])
+                except HostlistError as err:
+                    raise LaunchError(f"{self.name}: cannot parse {var}: {err}") from None
+        raise LaunchError(f"{self.name}: none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST "
+                          f"is set.\nHINT: set MASTER_ADDR to the first node's address.")
+
+    @property
+    def master_addr(self) -> str:
+        """MASTER_ADDR if set, else the first host of the step's nodelist."""
+        return self.env.get("MASTER_ADDR") or self.nodelist[0]
+
+    @property
+    def master_port(self) -> int:
+        """MASTER_PORT if set, else derived from SLURM_JOB_ID."""
+        if self.env.get("MASTER_PORT"):
+            return _int(self.env, "MASTER_PORT", self.name)
+        return port_from_job_id(_get(self.env, "SLURM_JOB_ID", self.name))
+
+    def validate(self, strategy: str = "ddp") -> None:
+        """Also: tasks vs nodes x tasks-per-node, and python without srun."""
+        asked = _int(self.env, "SLURM_NTASKS", self.name, default=1)
+        if not self.in_step:
+            if asked > 1:
+                raise LaunchError(
+                    f"slurm: this job asked for {asked} tasks (SLURM_NTASKS={asked}) but the trainer was "
+                    f"started without srun, so it would run as a world of one.\n"
+                    f"HINT: launch it with `srun python -m trainer ...` (or torchrun), not plain `python`.")
+            return
+        tpn = self.env.get("SLURM_NTASKS_PER_NODE")
+        if tpn and self.world_size != self.num_nodes * int(tpn):
+            raise LaunchError(
+                f"slurm: SLURM_NTASKS={self.world_size} but {self.num_nodes} node(s) x "
+                f"SLURM_NTASKS_PER_NODE={tpn} = {self.num_nodes * int(tpn)}.\n"
+                f"HINT: give either --ntasks or --ntasks-per-node, not conflicting values of both.")
+        super().validate(strategy)
+
+
+class SubmititEnvironment(SlurmEnvironment):
+    """A task started by submitit (its Slurm or local executor)."""
+
+    name = "submitit"
+    can_requeue = False  # submitit's own checkpoint() path requeues
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        """submitit exports SUBMITIT_EXECUTOR in every task it starts."""
+        return env.get("SUBMITIT_EXECUTOR", "") in ("slurm", "local")
+
+    @property
+    def is_local(self) -> bool:
+        """True under submitit's local executor (no Slurm)."""
+        return self.env.get("SUBMITIT_EXECUTOR") == "local"
+
+    @property
+    def in_step(self) -> bool:
+        """submitit always runs its tasks as a step (srun) or as local processes."""
+        return True
+
+    @property
+    def rank(self) -> int:
+        """SUBMITIT_LOCAL_GLOBALID or SLURM_PROCID."""
+        return _int(self.env, "SUBMITIT_LOCAL_GLOBALID", self.name) if self.is_local else super().rank
+
+    @property
+    def local_rank(self) -> int:
+        """SUBMITIT_LOCAL_LOCALID or SLURM_LOCALID."""
+        return _int(self.env, "SUBMITIT_LOCAL_LOCALID", self.name) if self.is_local else super().local_rank
+
+    @property
+    def world_size(self) -> int:
+        """SUBMITIT_LOCAL_NTASKS or the Slurm step's task count."""
+        return _int(self.env, "SUBMITIT_LOCAL_NTASKS", self.name) if self.is_local else super().world_size
+
+    @property
+    def node_rank(self) -> int:
+        """0 locally, else SLURM_NODEID."""
+        return 0 if self.is_local else super().node_rank
+
+    @property
+    def local_world_size(self) -> int:
+        """All local tasks share the one node."""
+        return self.world_size if self.is_local else super().local_world_size
+
+    @property
+    def master_addr(self) -> str:
+        """Loopback locally, else as under Slurm."""
+        return self.env.get("MASTER_ADDR") or ("127.0.0.1" if self.is_local else super().master_addr)
+
+    @property
+    def master_port(self) -> int:
+        """Derived from the job id (the local executor's is its pid)."""
+        if self.is_local and not self.env.get("MASTER_PORT"):
+            return port_from_job_id(_get(self.env, "SUBMITIT_LOCAL_JOB_ID", self.name))
+        return super().master_port
+
+    @property
+    def job_id(self) -> str | None:
+        """SLURM_JOB_ID or the local executor's job id."""
+        return self.env.get("SUBMITIT_LOCAL_JOB_ID") if self.is_local else super().job_id
+
+
+class LocalEnvironment(LaunchEnvironment):
+    """A single local process (also DataParallel over the local GPUs)."""
+
+    name = "local"
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        """Always true: the fallback."""
+        return True
+
+    rank = property(lambda self: 0, doc="Always 0.")
+    local_rank = property(lambda self: 0, doc="Always 0.")
+    world_size = property(lambda self: 1, doc="Always 1.")
+    node_rank = property(lambda self: 0, doc="Always 0.")
+    local_world_size = property(lambda self: 1, doc="Always 1.")
+
+
+ENVIRONMENTS: tuple[type[LaunchEnvironment], ...] = (
+    TorchrunEnvironment, SubmititEnvironment, SlurmEnvironment, LocalEnvironment)
+
+
+def select_environment(env: Mapping[str, str] | None = None) -> LaunchEnvironment:
+    """The first launcher, in ENVIRONMENTS order, whose detect() is true."""
+    env = dict(os.environ if env is None else env)
+    for cls in ENVIRONMENTS:
+        if cls.detect(env):
+            return cls(env)
+    raise AssertionError("LocalEnvironment.detect() is always true")

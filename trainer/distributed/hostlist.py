@@ -1,0 +1,75 @@
+"""Pure Slurm hostlist expansion, so that no `scontrol` is needed (it is often missing in containers).
+
+    >>> expand("node[001-003,007],gpu-a100-[01-02],login")
+    ['node001', 'node002', 'node003', 'node007', 'gpu-a100-01', 'gpu-a100-02', 'login']
+"""
+from __future__ import annotations
+
+import itertools
+import re
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+class HostlistError(ValueError):
+    """A nodelist that is not valid Slurm hostlist syntax."""
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas that are outside brackets: 'a[1,2],b' -> ['a[1,2]', 'b']."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+            if depth > 1:
+                raise HostlistError(f"nested '[' in hostlist {text!r}")
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise HostlistError(f"unbalanced ']' in hostlist {text!r}")
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise HostlistError(f"unbalanced '[' in hostlist {text!r}")
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_range_list(body: str, whole: str) -> list[str]:
+    """'001-003,7' -> ['001', '002', '003', '7'], keeping the zero padding of each range."""
+    out = []
+    for item in body.split(","):
+        m = _RANGE.match(item.strip())
+        if not m:
+            raise HostlistError(f"bad range {item!r} in hostlist {whole!r}")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        if int(hi) < int(lo):
+            raise HostlistError(f"descending range {item!r} in hostlist {whole!r}")
+        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+        out.extend(str(n).zfill(width) for n in range(int(lo), int(hi) + 1))
+    return out
+
+
+def _expand_one(pattern: str, whole: str) -> list[str]:
+    """Expand one comma-free pattern with any number of bracket groups: 'rack[1-2]-node[3-4]'."""
+    pieces = re.split(r"(\[[^\]]*\])", pattern)
+    choices = []
+    for piece in pieces:
+        if piece.startswith("["):
+            choices.append(_expand_range_list(piece[1:-1], whole))
+        elif piece:
+            choices.append([piece])
+    return ["".join(combo) for combo in itertools.product(*choices)]
+
+
+def expand(nodelist: str) -> list[str]:
+    """Expand a Slurm nodelist ('node[001-004,007]', 'a,b', 'rack[1-2]-node[3-4]') to host names."""
+    if nodelist is None or not nodelist.strip():
+        raise HostlistError("empty hostlist")
+    hosts: list[str] = []
+    for pattern in _split_top_level(nodelist.strip()):
+        for host in _expand_one(pattern, nodelist):
+            if host not in hosts:
+                hosts.append(host)
+    return hosts

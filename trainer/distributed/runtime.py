@@ -1,0 +1,139 @@
+"""Process-group set-up and teardown: a launch environment in, a frozen DistInfo out.
+
+    info = runtime.init(select_environment(), cfg.dist)   # then pass `info` around; no rank globals
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer.distributed.environment import LaunchEnvironment, visible_gpu_count
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits, fixed for the whole run."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    node_rank: int = 0
+    device: str = "cpu"
+    backend: str = "none"
+    launcher: str = "local"
+    local_world_size: int = 1
+    job_id: str | None = None
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes logs and checkpoints."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """True when a process group with more than one rank exists."""
+        return self.world_size > 1
+
+    @property
+    def torch_device(self) -> torch.device:
+        """The device as a torch.device."""
+        return torch.device(self.device)
+
+
+def choose_device(local_rank: int, visible_gpus: int, cuda_available: bool, strategy: str) -> str:
+    """The device of this process: device = local rank, or 0 when Slurm bound one GPU per task."""
+    if not cuda_available or visible_gpus == 0:
+        return "cpu"
+    if strategy == "dp" or visible_gpus == 1:
+        return "cuda:0"
+    if visible_gpus < 0:  # CUDA_VISIBLE_DEVICES unset: every GPU of the node is visible
+        return f"cuda:{local_rank}"
+    return f"cuda:{local_rank % visible_gpus}"
+
+
+def choose_backend(requested: str, device: str) -> str:
+    """NCCL when this process drives a CUDA device, else gloo; an explicit request wins."""
+    if requested and requested != "auto":
+        return requested
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
+    """Validate the environment, bind the device and create the process group (world > 1 only)."""
+    strategy = getattr(dist_cfg, "strategy", "ddp")
+    env.validate(strategy)
+    cuda = torch.cuda.is_available()
+    gpus = visible_gpu_count(env.env)
+    if gpus > 0 and not cuda:
+        log.warning("%d GPU(s) allocated (CUDA_VISIBLE_DEVICES=%s) but CUDA is not usable here: "
+                    "running on CPU with gloo", gpus, env.env.get("CUDA_VISIBLE_DEVICES"))
+    if gpus < 0 and cuda:
+        gpus = torch.cuda.device_count()
+    device = choose_device(env.local_rank, gpus, cuda, strategy)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    world = env.world_size
+    backend = "none"
+    if world > 1:
+        backend = choose_backend(getattr(dist_cfg, "backend", "auto"), device)
+        timeout = datetime.timedelta(seconds=float(getattr(dist_cfg, "timeout_s", 1800)))
+        url = f"tcp://{env.master_addr}:{env.master_port}"
+        log.debug("init_process_group(%s, %s, rank=%d, world=%d)", backend, url, env.rank, world)
+        dist.init_process_group(backend, init_method=url, rank=env.rank, world_size=world, timeout=timeout)
+    return DistInfo(rank=env.rank, local_rank=env.local_rank, world_size=world, node_rank=env.node_rank,
+                    device=device, backend=backend, launcher=env.name,
+                    local_world_size=env.local_world_size, job_id=env.job_id)
+
+
+def teardown(info: DistInfo) -> None:
+    """Destroy the process group if this run created one."""
+    if info.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce(tensor: torch.Tensor, info: DistInfo, op: str = "sum") -> torch.Tensor:
+    """In-place all-reduce (sum, max, min); a no-op for a world of one."""
+    if info.distributed:
+        dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                                    "min": dist.ReduceOp.MIN}[op])
+    return tensor
+
+
+def barrier(info: DistInfo) -> None:
+    """Barrier across ranks; a no-op for a world of one."""
+    if info.distributed:
+        dist.barrier()
+
+
+def all_gather_object(obj: Any, info: DistInfo) -> list[Any]:
+    """Every rank's picklable object, in rank order."""
+    if not info.distributed:
+        return [obj]
+    out: list[Any] = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, info: DistInfo, src: int = 0) -> Any:
+    """Rank src's object on every rank."""
+    if not info.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def comm_device(info: DistInfo) -> torch.device:
+    """Where collective tensors must live for the backend (NCCL: the GPU, gloo: the CPU)."""
+    return torch.device(info.device) if info.backend == "nccl" else torch.device("cpu")
+
+
+__all__ = ["DistInfo", "init", "teardown", "all_reduce", "barrier", "all_gather_object",
+           "broadcast_object", "choose_device", "choose_backend", "comm_device"]

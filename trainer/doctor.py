@@ -1,0 +1,139 @@
+"""`python -m trainer doctor`: what the launcher, devices and collectives look like from every rank.
+
+    srun -N2 --ntasks-per-node=2 python -m trainer doctor --json
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import time
+
+import torch
+
+from trainer.config import DistConfig
+from trainer.distributed import runtime
+from trainer.distributed.environment import LaunchError, select_environment
+
+SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
+              "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
+              "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_TASK", "SLURM_RESTART_COUNT",
+              "SLURMD_NODENAME", "CUDA_VISIBLE_DEVICES")
+
+
+def versions() -> dict[str, str | None]:
+    """Python, torch, CUDA, cuDNN and NCCL versions."""
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # NCCL missing from this build
+            nccl = None
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
+                cudnn=str(cudnn) if cudnn else None, nccl=nccl, cuda_available=str(torch.cuda.is_available()))
+
+
+def rank_facts(env, info) -> dict:
+    """What one rank sees."""
+    return dict(rank=info.rank, local_rank=info.local_rank, node_rank=info.node_rank, world_size=info.world_size,
+                host=socket.gethostname(), slurmd_nodename=os.environ.get("SLURMD_NODENAME"),
+                device=info.device, backend=info.backend, master_addr=env.master_addr,
+                master_port=env.master_port, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                omp_num_threads=os.environ.get("OMP_NUM_THREADS"), pid=os.getpid())
+
+
+def allreduce_check(info, size_mb: float) -> dict:
+    """Correctness (sum of rank+1) and algorithm bandwidth of a size_mb all_reduce."""
+    dev = runtime.comm_device(info)
+    x = torch.tensor([float(info.rank + 1)], device=dev)
+    runtime.all_reduce(x, info)
+    expected = info.world_size * (info.world_size + 1) / 2
+    buf = torch.ones(max(int(size_mb * 2**20 / 4), 1), device=dev)
+    runtime.all_reduce(buf, info)  # warm-up
+    reps = 3
+    runtime.barrier(info)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        runtime.all_reduce(buf, info)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    dt = (time.perf_counter() - t0) / reps
+    return dict(allreduce_sum=x.item(), allreduce_expected=expected, allreduce_ok=x.item() == expected,
+                bandwidth_gb_s=round(buf.numel() * 4 / dt / 1e9, 3), size_mb=size_mb)
+
+
+def checks(env, facts: list[dict], ar: dict) -> list[dict]:
+    """Checks with a HINT each: scontrol, MASTER_ADDR, CPUs vs threads, all_reduce."""
+    out = []
+
+    def add(name, ok, detail, hint=""):
+        out.append(dict(check=name, ok=bool(ok), detail=detail, hint="" if ok else hint))
+
+    if os.environ.get("SLURM_JOB_ID"):
+        exe = shutil.which("scontrol")
+        ok = exe is not None and subprocess.run([exe, "show", "job", os.environ["SLURM_JOB_ID"]],
+                                                capture_output=True, timeout=30).returncode == 0
+        add("scontrol reachable", ok, exe or "not on PATH",
+            "requeue on preemption needs scontrol: bind-mount it (and slurm.conf, munge socket) into the container")
+    addr = env.master_addr
+    try:
+        resolved = socket.gethostbyname(addr)
+        nodes = len({f["node_rank"] for f in facts})
+        loop_ok = nodes == 1 or not ipaddress.ip_address(resolved).is_loopback
+        add("MASTER_ADDR resolves", True, f"{addr} -> {resolved}")
+        add("MASTER_ADDR not loopback on multi-node", loop_ok, f"{nodes} node(s), {resolved}",
+            "other nodes cannot reach a loopback address: fix /etc/hosts or set MASTER_ADDR to a routable name")
+    except OSError as err:
+        add("MASTER_ADDR resolves", False, f"{addr}: {err}", "set MASTER_ADDR to a resolvable host name or IP")
+    cpus, omp = os.environ.get("SLURM_CPUS_PER_TASK"), os.environ.get("OMP_NUM_THREADS")
+    if cpus:
+        add("OMP_NUM_THREADS <= CPUs per task", omp is not None and int(omp) <= int(cpus),
+            f"SLURM_CPUS_PER_TASK={cpus} OMP_NUM_THREADS={omp}",
+            f"export OMP_NUM_THREADS={cpus} (slurm/common.sh does) to avoid oversubscribing cores")
+    add("all_reduce correct", ar["allreduce_ok"], f"sum={ar['allreduce_sum']} expected={ar['allreduce_expected']}",
+        "ranks disagree: check that every task joined the same process group (MASTER_ADDR/PORT)")
+    return out
+
+
+def render(report: dict) -> str:
+    """Human-readable report."""
+    lines = [f"launcher: {report['launcher']}   world size: {report['world_size']}",
+             "versions: " + ", ".join(f"{k}={v}" for k, v in report["versions"].items()),
+             f"{'rank':>4} {'local':>5} {'node':>4}  {'host/slurmd':<24} {'device':<8} master"]
+    for f in report["ranks"]:
+        host = f"{f['host']}/{f['slurmd_nodename'] or '-'}"
+        lines.append(f"{f['rank']:>4} {f['local_rank']:>5} {f['node_rank']:>4}  {host:<24} {f['device']:<8} "
+                     f"{f['master_addr']}:{f['master_port']}")
+    lines.append("slurm: " + (", ".join(f"{k}={v}" for k, v in report["slurm"].items()) or "not in a job"))
+    ar = report["allreduce"]
+    lines.append(f"all_reduce: sum={ar['allreduce_sum']} (expected {ar['allreduce_expected']}), "
+                 f"{ar['bandwidth_gb_s']} GB/s for {ar['size_mb']} MB")
+    for c in report["checks"]:
+        lines.append(f"[{'ok' if c['ok'] else 'FAIL'}] {c['check']}: {c['detail']}"
+                     + (f"\n       HINT: {c['hint']}" if c["hint"] else ""))
+    return "\n".join(lines)
+
+
+def run_doctor(args) -> int:
+    env = select_environment()
+    try:
+        info = runtime.init(env, DistConfig(timeout_s=args.timeout))
+    except LaunchError as err:
+        print(f"doctor: launch environment is inconsistent:\n{err}")
+        return 2
+    try:
+        facts = runtime.all_gather_object(rank_facts(env, info), info)
+        ar = allreduce_check(info, args.bandwidth_mb)
+        report = dict(launcher=env.name, world_size=info.world_size, ranks=facts, allreduce=ar,
+                      versions=versions(), slurm={k: os.environ[k] for k in SLURM_VARS if k in os.environ})
+        report["checks"] = checks(env, facts, ar)
+        if info.is_main:
+            print(json.dumps(report) if args.json else render(report), flush=True)
+    finally:
+        runtime.teardown(info)
+    return 0 if all(c["ok"] or c["check"].startswith("MASTER_ADDR not") for c in report["checks"]) else 1

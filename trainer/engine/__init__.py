@@ -1,0 +1,1 @@
+"""The generic training engine: loop, checkpoints, preemption, logging, metrics."""

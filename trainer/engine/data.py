@@ -1,0 +1,77 @@
+"""Samplers and loaders: deterministic per epoch, shardable across ranks, resumable mid-epoch."""
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+
+class ResumableSampler(Sampler[int]):
+    """DistributedSampler semantics (shuffle by seed+epoch, pad to a multiple of the world, stride by
+    rank) plus a start offset, so a resumed run continues from the same sample."""
+
+    def __init__(self, size: int, rank: int = 0, world_size: int = 1, shuffle: bool = True, seed: int = 0):
+        if size <= 0:
+            raise ValueError("cannot sample from an empty dataset")
+        self.size, self.rank, self.world, self.shuffle, self.seed = size, rank, world_size, shuffle, seed
+        self.epoch, self.start = 0, 0
+        self.per_rank = math.ceil(size / world_size)
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Select the epoch's permutation and skip its first `start` samples of this rank."""
+        self.epoch, self.start = epoch, start
+
+    def _indices(self) -> list[int]:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.size, generator=g).tolist()
+        else:
+            order = list(range(self.size))
+        total = self.per_rank * self.world
+        order += (order * math.ceil(total / len(order)))[: total - len(order)]
+        return order[self.rank:total:self.world]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._indices()[self.start:])
+
+    def __len__(self) -> int:
+        return max(self.per_rank - self.start, 0)
+
+
+class ShardSampler(Sampler[int]):
+    """Evaluation shard of a rank: every sample exactly once across ranks (no padding)."""
+
+    def __init__(self, size: int, rank: int = 0, world_size: int = 1):
+        self.indices = list(range(rank, size, world_size))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def make_loader(dataset: Dataset, sampler: Sampler, batch_size: int, num_workers: int, collate_fn,
+                seed: int, pin_memory: bool = False) -> DataLoader:
+    """A DataLoader with its own generator, so creating it never consumes the global RNG."""
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                      collate_fn=collate_fn, pin_memory=pin_memory, drop_last=False,
+                      generator=torch.Generator().manual_seed(seed),
+                      persistent_workers=False)
+
+
+def per_rank_batch_size(train_cfg, world_size: int) -> int:
+    """Per-rank micro-batch size: --batch-size, or --global-batch-size / (world x accumulation)."""
+    accum = max(train_cfg.grad_accum_steps, 1)
+    if train_cfg.global_batch_size > 0:
+        div = world_size * accum
+        if train_cfg.global_batch_size % div:
+            raise ValueError(f"global batch size {train_cfg.global_batch_size} is not divisible by "
+                             f"world size {world_size} x grad_accum_steps {accum} = {div}.\n"
+                             f"HINT: pick a multiple of {div}, or give --batch-size per GPU instead.")
+        return train_cfg.global_batch_size // div
+    if train_cfg.batch_size <= 0:
+        raise ValueError(f"batch size must be positive, got {train_cfg.batch_size}")
+    return train_cfg.batch_size

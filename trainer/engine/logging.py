@@ -1,0 +1,101 @@
+"""Run logging: console + train.log, metrics.jsonl and TensorBoard on rank 0; warnings from every rank."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trainer.distributed.runtime import DistInfo
+
+FORMAT = "%(asctime)s %(levelname)s [rank %(rank)s] %(message)s"
+
+
+class _RankFilter(logging.Filter):
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = self.rank
+        return True
+
+
+def setup_logging(info: DistInfo, run_dir: str | Path | None = None, level: int = logging.INFO) -> None:
+    """Rank 0 logs INFO to the console and run_dir/train.log; other ranks log warnings only."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "_trainer", False):
+            root.removeHandler(handler)
+            handler.close()
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    handlers[0].setLevel(level if info.is_main else logging.WARNING)
+    if run_dir is not None and info.is_main:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(Path(run_dir) / "train.log"))
+        handlers[-1].setLevel(level)
+    for handler in handlers:
+        handler._trainer = True
+        handler.addFilter(_RankFilter(info.rank))
+        handler.setFormatter(logging.Formatter(FORMAT, "%H:%M:%S"))
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe value (tensors and numpy scalars to Python numbers, NaN to None)."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class MetricsWriter:
+    """metrics.jsonl (one object per line: split, epoch, step, metrics) and TensorBoard scalars."""
+
+    def __init__(self, run_dir: str | Path, info: DistInfo, tensorboard: bool = True):
+        self.enabled = info.is_main
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.tb = None
+        if self.enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self.tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+            except ImportError as err:  # tensorboard is an optional dependency
+                logging.getLogger(__name__).warning("TensorBoard disabled: %s", err)
+
+    def write(self, split: str, epoch: int, step: int, metrics: dict[str, Any]) -> None:
+        """Append one record and mirror its scalars to TensorBoard as <split>/<name>."""
+        if not self.enabled:
+            return
+        record = dict(split=split, epoch=epoch, step=step, time=round(time.time(), 3), **_plain(metrics))
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for name, value in metrics.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    self.tb.add_scalar(f"{split}/{name}", value, step)
+            self.tb.flush()
+
+    def close(self) -> None:
+        """Flush and close TensorBoard."""
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
+
+
+def read_metrics(run_dir: str | Path, split: str | None = None) -> list[dict[str, Any]]:
+    """Records of run_dir/metrics.jsonl (optionally one split), for tests and tools."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if split is None or r["split"] == split]

@@ -1,0 +1,72 @@
+"""Metric helpers shared by recipes, and system statistics for the training log."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """C x C counts (rows: true class, columns: predicted), float64 so it can be all-reduced."""
+    idx = target.long() * num_classes + pred.long()
+    counts = torch.bincount(idx.flatten().cpu(), minlength=num_classes * num_classes)
+    return counts.reshape(num_classes, num_classes).to(torch.float64)
+
+
+def classification_metrics(cm: torch.Tensor, class_names: list[str] | None = None) -> dict[str, float]:
+    """accuracy, macro_f1 and f1/<class> from a confusion matrix."""
+    cm = cm.to(torch.float64)
+    tp = cm.diag()
+    precision = tp / cm.sum(0).clamp(min=1e-12)
+    recall = tp / cm.sum(1).clamp(min=1e-12)
+    f1 = torch.where(precision + recall > 0, 2 * precision * recall / (precision + recall).clamp(min=1e-12),
+                     torch.zeros_like(tp))
+    present = cm.sum(1) > 0
+    names = class_names or [str(i) for i in range(cm.shape[0])]
+    out = dict(accuracy=float(tp.sum() / cm.sum().clamp(min=1e-12)),
+               macro_f1=float(f1[present].mean()) if present.any() else 0.0)
+    out.update({f"f1/{n}": float(v) for n, v in zip(names, f1)})
+    return out
+
+
+class SystemStats:
+    """CPU %, resident memory and peak GPU memory of this process."""
+
+    def __init__(self):
+        try:
+            import psutil
+            self._proc = psutil.Process()
+            self._proc.cpu_percent(None)
+        except ImportError:  # psutil is optional outside the pinned environments
+            self._proc = None
+
+    def snapshot(self, device: torch.device) -> dict[str, float]:
+        """Current figures, named for metrics.jsonl."""
+        out: dict[str, float] = {}
+        if self._proc is not None:
+            out["cpu_percent"] = round(self._proc.cpu_percent(None), 1)
+            out["rss_mb"] = round(self._proc.memory_info().rss / 2**20, 1)
+        if device.type == "cuda":
+            out["gpu_mem_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+        return out
+
+
+class Throughput:
+    """Samples and optimizer steps per second over a logging window."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new window."""
+        self.t0, self.samples, self.steps = time.perf_counter(), 0, 0
+
+    def update(self, samples: int, steps: int = 0) -> None:
+        """Count samples (and optimizer steps) done since the window started."""
+        self.samples += samples
+        self.steps += steps
+
+    def rates(self) -> dict[str, float]:
+        """samples_per_s and step_time_s of the window."""
+        dt = max(time.perf_counter() - self.t0, 1e-9)
+        return dict(samples_per_s=self.samples / dt, step_time_s=dt / max(self.steps, 1))

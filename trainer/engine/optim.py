@@ -1,0 +1,47 @@
+"""Optimizer, learning-rate scaling by world size, and warmup + decay schedules."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def scaled_lr(lr: float, rule: str, world_size: int) -> float:
+    """The base lr scaled by world size: none, linear (lr*W) or sqrt (lr*sqrt(W))."""
+    factor = {"none": 1.0, "linear": float(world_size), "sqrt": math.sqrt(world_size)}[rule]
+    return lr * factor
+
+
+def build_optimizer(params, train_cfg, world_size: int) -> torch.optim.Optimizer:
+    """The configured optimizer with the scaled learning rate."""
+    lr = scaled_lr(train_cfg.lr, train_cfg.lr_scaling, world_size)
+    if train_cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
+    cls = torch.optim.AdamW if train_cfg.optimizer == "adamw" else torch.optim.Adam
+    return cls(params, lr=lr, weight_decay=train_cfg.weight_decay)
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float = 0.0) -> float:
+    """Multiplier of the peak lr at optimizer step `step` (0-based): linear warmup, then decay."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return 1.0
+    progress = min(max((step - warmup) / max(total - warmup, 1), 0.0), 1.0)
+    decay = 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
+    return min_ratio + (1.0 - min_ratio) * decay
+
+
+def warmup_steps(train_cfg, steps_per_epoch: int) -> int:
+    """Warmup length in optimizer steps: the larger of warmup_steps and warmup_epochs."""
+    return max(int(train_cfg.warmup_steps), int(round(train_cfg.warmup_epochs * steps_per_epoch)))
+
+
+def build_scheduler(optimizer, train_cfg, steps_per_epoch: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR over optimizer steps for the whole run."""
+    total = steps_per_epoch * train_cfg.epochs
+    if train_cfg.max_steps > 0:
+        total = min(total, train_cfg.max_steps)
+    warm = warmup_steps(train_cfg, steps_per_epoch)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, warm, total, train_cfg.schedule, train_cfg.min_lr_ratio))
