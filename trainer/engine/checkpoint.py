@@ -22,7 +22,7 @@ class CheckpointError(RuntimeError):
 
 def versions() -> dict[str, str]:
     """Library versions stored with every checkpoint."""
-    return dict(python=platform.python_version(), torch=torch.__version__, numpy=np.__version__,
+    return dict(python=platform.python_version(), torch=str(torch.__version__), numpy=str(np.__version__),
                 cuda=str(torch.version.cuda), trainer=_trainer_version())
 
 
@@ -85,8 +85,10 @@ def load(path: str | Path, map_location: str = "cpu") -> dict[str, Any]:
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0] if str(err) else ''})") from None
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        why = next((ln for ln in lines if "WeightsUnpickler error" in ln), lines[0] if lines else "")
+        raise CheckpointError(f"checkpoint {path} is truncated, corrupt or unsafe "
+                              f"({type(err).__name__}: {why})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "recipe" not in ckpt:
         raise CheckpointError(f"{path} is not a trainer checkpoint (no 'model'/'recipe' entries)")
     return ckpt

@@ -1,0 +1,52 @@
+# Set-up, tests, local Slurm cluster and containers. `make test` does everything on a fresh machine.
+PY            ?= python3
+VENV          ?= .venv
+BIN           := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+PYTEST_ARGS   ?=
+HPC_CLUSTER_DIR ?= /tmp/hpc-trainer-slurm
+export HPC_CLUSTER_DIR
+
+.PHONY: setup test test-fast lint slurm-install slurm-up slurm-down slurm-env clean help
+
+help:
+	@echo "make setup        virtual environment in $(VENV) (torch==$(TORCH_VERSION), CPU build where available)"
+	@echo "make test         set up, install Slurm (Debian packages) and run the whole test suite"
+	@echo "make test-fast    unit + multi-process tests only (no Slurm cluster)"
+	@echo "make slurm-up     start the local Slurm cluster (2 nodes x 4 CPUs x 4 fake GPUs)"
+	@echo "make slurm-down   stop it;  eval \"\$$(make -s slurm-env)\" points a shell at it"
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+# torch is pinned first: an unpinned torch would pull several GB of CUDA wheels
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q torch==$(TORCH_VERSION)
+	$(BIN)/pip install -q -e ".[tensorboard,test]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: setup slurm-install
+	$(BIN)/python -m pytest -rs $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -rs -m "not slurm" $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/python -m compileall -q trainer hpc tests
+
+slurm-install:
+	bash hpc/cluster/install.sh
+
+slurm-up: slurm-install
+	bash hpc/cluster/start.sh
+
+slurm-down:
+	bash hpc/cluster/stop.sh
+
+slurm-env:
+	@echo "export SLURM_CONF=$(HPC_CLUSTER_DIR)/slurm.conf"
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

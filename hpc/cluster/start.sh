@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Start a throw-away Slurm cluster on this machine for tests and demos:
+#   munged + mariadbd + slurmdbd + slurmctld + N slurmd ("slurmd -N nodeI"; Debian builds Slurm
+#   with MULTIPLE_SLURMD), each node advertising CPUS cpus and GPUS fake GPUs (gres on char devices).
+# Everything lives under $HPC_CLUSTER_DIR; clients need `source $HPC_CLUSTER_DIR/env.sh`
+# (or: eval "$(make -s slurm-env)").  Stop with hpc/cluster/stop.sh (our pid files only).
+# Needs root: it adds "127.0.0.1 nodeI" lines to /etc/hosts and mknod's the fake GPU devices.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DIR=${HPC_CLUSTER_DIR:-/tmp/hpc-trainer-slurm}
+NNODES=${HPC_CLUSTER_NODES:-2}
+CPUS=${HPC_CLUSTER_CPUS:-4}          # advertised per node; more than the real cores is fine (overcommit)
+GPUS=${HPC_CLUSTER_GPUS:-4}          # fake GPUs per node: CUDA_VISIBLE_DEVICES is set, CUDA is not there
+CTLD_PORT=${HPC_CLUSTER_CTLD_PORT:-6817}
+DBD_PORT=${HPC_CLUSTER_DBD_PORT:-6819}
+MYSQL_PORT=${HPC_CLUSTER_MYSQL_PORT:-3307}
+SLURMD_PORT0=${HPC_CLUSTER_SLURMD_PORT0:-6830}
+ACCOUNTING=${HPC_CLUSTER_ACCOUNTING:-1}
+ADDR=127.0.0.1
+T0=$(date +%s.%N)
+
+if [ -s "$DIR/slurmctld.pid" ] && kill -0 "$(cat "$DIR/slurmctld.pid")" 2>/dev/null; then
+  echo "cluster already running in $DIR (source $DIR/env.sh)"; exit 0
+fi
+for exe in munged slurmctld slurmd; do
+  command -v $exe >/dev/null || { echo "$exe not found: run hpc/cluster/install.sh (make slurm-install)" >&2; exit 1; }
+done
+command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null || ACCOUNTING=0
+rm -rf "$DIR"
+trap 'echo "start.sh failed at line $LINENO; stopping what started (logs in $DIR/log)" >&2; HPC_CLUSTER_DIR="$DIR" bash "$HERE/stop.sh" >&2' ERR
+mkdir -p "$DIR"/{munge,munge-key,state,spool,log,fakegpu}
+chmod 755 "$DIR" "$DIR/munge"; chmod 700 "$DIR/munge-key"
+# munged refuses a socket whose parent folders are not world-executable
+p="$DIR"; while [ "$p" != / ]; do chmod o+x "$p" 2>/dev/null || true; p=$(dirname "$p"); done
+
+# munge with our own key and socket (independent of /etc/munge)
+mungekey --create --keyfile="$DIR/munge-key/munge.key"
+munged --key-file="$DIR/munge-key/munge.key" --socket="$DIR/munge/munge.sock" \
+       --pid-file="$DIR/munge/munged.pid" --log-file="$DIR/munge/munged.log" --seed-file="$DIR/munge/munged.seed"
+
+# node names resolve to loopback (MASTER_ADDR = first node of the step)
+sed -i -E '/[[:space:]]# hpc-trainer-cluster$/d' /etc/hosts
+for i in $(seq 1 "$NNODES"); do echo "$ADDR node$i # hpc-trainer-cluster" >> /etc/hosts; done
+
+# fake GPUs must be character devices (regular files are rejected by gres)
+for g in $(seq 0 $((GPUS-1))); do mknod -m 666 "$DIR/fakegpu/nvidia$g" c 1 3; done
+
+ACCT="AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none"
+if [ "$ACCOUNTING" = 1 ]; then
+  M="$DIR/mysql"
+  mariadb-install-db --user=root --datadir="$M" --auth-root-authentication-method=normal --skip-test-db \
+      > "$DIR/log/mariadb-install.log" 2>&1
+  setsid -f mariadbd --user=root --datadir="$M" --socket="$M/mysql.sock" --pid-file="$DIR/mariadbd.pid" \
+      --port="$MYSQL_PORT" --bind-address=127.0.0.1 --skip-name-resolve --log-error="$DIR/log/mariadbd.log" \
+      --innodb-buffer-pool-size=64M </dev/null >/dev/null 2>&1
+  for _ in $(seq 1 300); do mariadb-admin -S "$M/mysql.sock" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  mariadb -S "$M/mysql.sock" -e "CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm';
+      GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
+  cat > "$DIR/slurmdbd.conf" <<CONF
+AuthType=auth/munge
+AuthInfo=socket=$DIR/munge/munge.sock
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$DIR/slurmdbd.pid
+LogFile=$DIR/log/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$MYSQL_PORT
+StorageUser=slurm
+StoragePass=slurm
+StorageLoc=slurm_acct_db
+CONF
+  chmod 600 "$DIR/slurmdbd.conf"
+  ACCT="AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=$ADDR
+AccountingStoragePort=$DBD_PORT
+AccountingStoragePass=$DIR/munge/munge.sock
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=30"
+fi
+
+C="$DIR/slurm.conf"
+cat > "$C" <<CONF
+ClusterName=hpctrainer
+SlurmctldHost=$(hostname -s)($ADDR)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+# cred_expire (minimum 5) is also how long a requeued job waits before it may start again
+AuthInfo=socket=$DIR/munge/munge.sock,cred_expire=5
+SlurmctldPort=$CTLD_PORT
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool/%n
+SlurmctldPidFile=$DIR/slurmctld.pid
+SlurmdPidFile=$DIR/slurmd-%n.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+MailProg=/bin/true
+SwitchType=switch/none
+SchedulerType=sched/backfill
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,bf_interval=1
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+$ACCT
+JobCompType=jobcomp/none
+SlurmdParameters=config_overrides
+ReturnToService=2
+# state is wiped at every start: a time-based first id keeps ids from colliding with old outputs
+FirstJobId=$(( ($(date +%s) % 5000000) * 10 + 1 ))
+MinJobAge=300
+KillWait=10
+InactiveLimit=0
+Waittime=0
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+CONF
+[ "$GPUS" -gt 0 ] && echo "GresTypes=gpu" >> "$C"
+for i in $(seq 1 "$NNODES"); do
+  gres=""; [ "$GPUS" -gt 0 ] && gres="Gres=gpu:$GPUS"
+  echo "NodeName=node$i NodeAddr=$ADDR Port=$((SLURMD_PORT0+i-1)) CPUs=$CPUS RealMemory=16000 $gres State=UNKNOWN" >> "$C"
+done
+cat >> "$C" <<CONF
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=10
+PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+CONF
+{ echo "AutoDetect=off"; [ "$GPUS" -gt 0 ] && echo "Name=gpu File=$DIR/fakegpu/nvidia[0-$((GPUS-1))]"; } > "$DIR/gres.conf"
+echo "export SLURM_CONF=$C" > "$DIR/env.sh"
+export SLURM_CONF="$C"
+
+if [ "$ACCOUNTING" = 1 ]; then
+  slurmdbd
+  for _ in $(seq 1 100); do timeout 5 sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.1; done
+  timeout 20 sacctmgr -i add cluster hpctrainer >/dev/null
+fi
+slurmctld -f "$C"
+for i in $(seq 1 "$NNODES"); do mkdir -p "$DIR/spool/node$i"; slurmd -f "$C" -N "node$i"; done
+
+idle=0
+for _ in $(seq 1 300); do
+  idle=$(sinfo -h -N -o '%N %T' 2>/dev/null | sort -u | awk '$2=="idle"' | wc -l || true)
+  [ "$idle" -ge "$NNODES" ] && break
+  sleep 0.1
+done
+if [ "$idle" -lt "$NNODES" ]; then echo "cluster did not come up; logs in $DIR/log" >&2; sinfo -N >&2 || true; false; fi
+trap - ERR
+echo "slurm cluster up in $(echo "$(date +%s.%N) - $T0" | bc)s: $NNODES nodes x $CPUS CPUs x $GPUS fake GPUs, accounting=$ACCOUNTING"
+echo "use it: source $DIR/env.sh   (or: eval \"\$(make -s slurm-env)\")"

@@ -1,0 +1,120 @@
+"""Shared helpers: run the trainer as real subprocesses, launch ranks, start the local Slurm cluster."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+               "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SUBMITIT_EXECUTOR")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without launcher variables, with the toy recipe plugged in."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in LAUNCH_VARS}
+    env.update(TRAINER_PLUGINS="tests.toy_recipe", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    """A TCP port that is free right now on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trainer(*args: str, env: dict | None = None, timeout: float = 180, check: bool = True):
+    """Run `python -m trainer ARGS` in a clean environment; returns the CompletedProcess."""
+    proc = subprocess.run([PY, "-m", "trainer", *args], cwd=REPO, env=env or clean_env(), text=True,
+                          capture_output=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"trainer {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def launch_ranks(n: int, *args: str, extra_env: dict | None = None) -> list[subprocess.Popen]:
+    """Start n ranks of `python -m trainer ARGS` with the variables torchrun would set."""
+    port = free_port()
+    procs = []
+    for rank in range(n):
+        env = clean_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **(extra_env or {}))
+        procs.append(subprocess.Popen([PY, "-m", "trainer", *args], cwd=REPO, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    return procs
+
+
+def wait_all(procs: list[subprocess.Popen], timeout: float = 180) -> list[tuple[int, str]]:
+    """(returncode, stderr) of every rank; kills them all if the timeout passes."""
+    out = []
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=timeout)
+            out.append((p.returncode, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return out
+
+
+def run_ranks(n: int, *args: str, timeout: float = 180, extra_env: dict | None = None) -> list[tuple[int, str]]:
+    """launch_ranks + wait_all, asserting every rank exited 0."""
+    results = wait_all(launch_ranks(n, *args, extra_env=extra_env), timeout)
+    for rank, (code, err) in enumerate(results):
+        assert code == 0, f"rank {rank} exited {code}:\n{err[-4000:]}"
+    return results
+
+
+def weights(run_dir: Path, name: str = "final.pt") -> dict[str, torch.Tensor]:
+    """Model weights of a run's checkpoint."""
+    return torch.load(Path(run_dir) / "checkpoints" / name, weights_only=True)["model"]
+
+
+def assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs: max |diff| {(a[k] - b[k]).abs().max().item()}"
+
+
+def assert_close(a: dict, b: dict, tol: float) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        diff = (a[k] - b[k]).abs().max().item()
+        assert diff <= tol, f"{k} differs by {diff} > {tol}"
+
+
+# ------------------------------------------------------------------ local Slurm cluster
+CLUSTER_DIR = Path(os.environ.get("HPC_CLUSTER_DIR", "/tmp/hpc-trainer-slurm"))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The local Slurm cluster (started here if not running, stopped at the end if we started it)."""
+    if shutil.which("slurmctld") is None or shutil.which("munged") is None:
+        pytest.skip("Slurm is not installed (run `make slurm-install`, or `make test` which does it)")
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm cluster needs root (mknod, /etc/hosts)")
+    pid = CLUSTER_DIR / "slurmctld.pid"
+    running = pid.exists() and subprocess.run(["kill", "-0", pid.read_text().strip()]).returncode == 0
+    env = dict(os.environ, HPC_CLUSTER_DIR=str(CLUSTER_DIR))
+    if not running:
+        subprocess.run(["bash", str(REPO / "hpc/cluster/start.sh")], check=True, env=env, timeout=180)
+    yield CLUSTER_DIR / "slurm.conf"
+    if not running:
+        subprocess.run(["bash", str(REPO / "hpc/cluster/stop.sh")], env=env, timeout=120)
+
+
+def slurm_env(conf: Path, **extra: str) -> dict[str, str]:
+    """Clean environment pointed at the test cluster."""
+    return clean_env(SLURM_CONF=str(conf), **extra)

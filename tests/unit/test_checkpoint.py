@@ -1,0 +1,83 @@
+"""Atomic writes, weights-only loading, truncated/foreign checkpoints, RNG capture, keep-last-k."""
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from trainer.engine import checkpoint as ck
+
+
+def _ckpt(step, recipe="toy", model=None):
+    model = model or torch.nn.Linear(3, 2)
+    return dict(recipe=recipe, model=model.state_dict(), global_step=step, rng=[ck.capture_rng()],
+                config={"recipe": recipe}, versions=ck.versions())
+
+
+def test_atomic_save_and_weights_only_load(tmp_path):
+    m = ck.CheckpointManager(tmp_path)
+    path = m.save(_ckpt(5), "periodic")
+    assert path.name == "step-00000005.pt"
+    assert not list(path.parent.glob(".*tmp*"))             # no temporary left behind
+    loaded = ck.load(path)
+    assert loaded["global_step"] == 5 and isinstance(loaded["rng"][0]["torch"], torch.Tensor)
+
+
+def test_newest_valid_skips_truncated(tmp_path, caplog):
+    m = ck.CheckpointManager(tmp_path, keep_last=5)
+    for step in (2, 4, 6):
+        m.save(_ckpt(step), "periodic")
+    newest = m.periodic_path(6)
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])   # truncated, e.g. node died
+    path, state = m.newest_valid()
+    assert path == m.periodic_path(4) and state["global_step"] == 4
+    assert "skipping" in caplog.text and "truncated, corrupt" in caplog.text
+
+
+def test_final_preferred_and_garbage_refused(tmp_path):
+    m = ck.CheckpointManager(tmp_path)
+    m.save(_ckpt(3), "periodic")
+    m.save(_ckpt(9), "final")
+    assert m.newest_valid()[0].name == "final.pt"
+    (tmp_path / "junk.pt").write_text("not a checkpoint")
+    with pytest.raises(ck.CheckpointError, match="junk.pt is truncated, corrupt or unsafe"):
+        ck.load(tmp_path / "junk.pt")
+    torch.save({"weights": torch.zeros(1)}, tmp_path / "other.pt")
+    with pytest.raises(ck.CheckpointError, match="not a trainer checkpoint"):
+        ck.load(tmp_path / "other.pt")
+
+
+def test_unsafe_pickle_refused(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+    torch.save(dict(recipe="toy", model={}, payload=Evil()), tmp_path / "evil.pt")
+    with pytest.raises(ck.CheckpointError):
+        ck.load(tmp_path / "evil.pt")
+
+
+def test_foreign_recipe_and_shape_mismatch_refused():
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(ck.CheckpointError, match="written by recipe 'kgat'; this run is 'toy'"):
+        ck.check_compatible(_ckpt(1, "kgat", model), "toy", model, "x.pt")
+    with pytest.raises(ck.CheckpointError, match=r"weight: checkpoint \(2, 4\) vs model \(2, 3\)"):
+        ck.check_compatible(_ckpt(1, "toy", torch.nn.Linear(4, 2)), "toy", model, "x.pt")
+    ck.check_compatible(_ckpt(1, "toy", model), "toy", model, "x.pt")
+
+
+def test_keep_last_prunes_periodic_only(tmp_path):
+    m = ck.CheckpointManager(tmp_path, keep_last=2)
+    m.save(_ckpt(1), "best")
+    for step in range(1, 6):
+        m.save(_ckpt(step), "periodic")
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["best.pt", "step-00000004.pt", "step-00000005.pt"]
+
+
+def test_rng_round_trip_through_a_file(tmp_path):
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    state = ck.capture_rng()
+    ck.atomic_save(dict(rng=state), tmp_path / "r.pt")
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    ck.restore_rng(torch.load(tmp_path / "r.pt", weights_only=True)["rng"])
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected

@@ -1,0 +1,54 @@
+"""The one parser: help lists recipes, flags map to config keys, reuse through parents=."""
+import argparse
+
+import pytest
+
+from tests.conftest import clean_env, trainer
+from trainer.cli import FLAG_KEYS, flags_from_args, get_parser, get_train_parser
+
+
+def test_help_lists_registered_recipes():
+    out = trainer("train", "--help").stdout
+    assert "toy" in out and "--global-batch-size" in out and "key=value" in out
+    assert "toy" in trainer("--help").stdout
+
+
+def test_flags_map_to_config_keys():
+    args = get_parser().parse_args(["train", "--recipe", "toy", "--epochs", "2", "--batch-size", "8",
+                                    "--gpu-ids", "0,1", "--amp", "bf16", "--resume", "auto", "train.lr=0.1"])
+    flags = flags_from_args(args)
+    assert flags == {"train.epochs": 2, "train.batch_size": 8, "dist.gpu_ids": [0, 1], "train.amp": "bf16",
+                     "ckpt.resume": "auto"}
+    assert args.overrides == ["train.lr=0.1"]
+    assert set(FLAG_KEYS) <= set(vars(args))
+
+
+def test_parser_reusable_with_parents():
+    p = argparse.ArgumentParser(parents=[get_train_parser()])
+    p.add_argument("--nodes", type=int, default=1)
+    args = p.parse_args(["--nodes", "2", "--recipe", "toy", "--lr", "0.5", "model.hidden=4"])
+    assert args.nodes == 2 and flags_from_args(args) == {"train.lr": 0.5}
+    assert args.overrides == ["model.hidden=4"]
+
+
+def test_bad_flag_value_rejected():
+    with pytest.raises(SystemExit):
+        get_parser().parse_args(["train", "--recipe", "toy", "--amp", "fp8"])
+
+
+def test_unknown_key_is_a_clear_error_exit_2(tmp_path):
+    proc = trainer("train", "--recipe", "toy", "--run-dir", str(tmp_path), "train.nope=1", check=False)
+    assert proc.returncode == 2
+    assert "unknown config key 'train.nope'" in proc.stderr and "train.epochs" in proc.stderr
+
+
+def test_indivisible_global_batch_is_a_clear_error(tmp_path):
+    proc = trainer("train", "--recipe", "toy", "--run-dir", str(tmp_path), "--global-batch-size", "10",
+                   "--grad-accum-steps", "4", check=False)
+    assert proc.returncode == 2 and "not divisible" in proc.stderr and "HINT" in proc.stderr
+
+
+def test_python_under_sbatch_without_srun_is_refused(tmp_path):
+    env = clean_env(SLURM_JOB_ID="5", SLURM_PROCID="0", SLURM_NTASKS="4", SLURM_JOB_NODELIST="n[1-2]")
+    proc = trainer("train", "--recipe", "toy", "--run-dir", str(tmp_path), env=env, check=False)
+    assert proc.returncode == 2 and "without srun" in proc.stderr and "HINT" in proc.stderr

@@ -1,0 +1,86 @@
+"""Config precedence, type conversion, unknown keys, YAML errors, resolved config round trip."""
+import pytest
+
+import tests.toy_recipe  # noqa: F401  (registers the toy recipe)
+from trainer.config import ConfigError, build_config, from_dict, load_yaml, parse_override, save_config, to_dict
+
+
+def test_precedence_defaults_yaml_flags_overrides(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("train:\n  lr: 0.5\n  epochs: 7\n  batch_size: 4\nmodel:\n  hidden: 8\nseed: 3\n")
+    cfg = build_config("toy", str(y), flags={"train.epochs": 9, "train.batch_size": 6},
+                       overrides=["train.batch_size=11", "model.dropout=0.0"])
+    assert cfg.train.lr == 0.5                 # YAML over default
+    assert cfg.train.epochs == 9               # flag over YAML
+    assert cfg.train.batch_size == 11          # key=value over flag
+    assert cfg.model.hidden == 8 and cfg.model.dropout == 0.0 and cfg.seed == 3
+    assert cfg.train.weight_decay == 0.0       # untouched default
+
+
+def test_recipe_taken_from_yaml_when_not_given(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("recipe: toy\n")
+    assert build_config(None, str(y)).recipe == "toy"
+    with pytest.raises(ConfigError, match="no recipe"):
+        build_config(None)
+
+
+@pytest.mark.parametrize("text,key,value", [
+    ("train.lr=1e-3", "train.lr", 1e-3), ("train.tensorboard=false", "train.tensorboard", False),
+    ("train.tensorboard=off", "train.tensorboard", False), ("train.epochs=3", "train.epochs", 3),
+    ("dist.gpu_ids=0,1", "dist.gpu_ids", [0, 1]), ("dist.gpu_ids=[2,3]", "dist.gpu_ids", [2, 3]),
+    ("train.amp=bf16", "train.amp", "bf16"), ("data.path=/x/y", "data.path", "/x/y"),
+    ("ckpt.resume=", "ckpt.resume", ""), ("train.warmup_epochs=2", "train.warmup_epochs", 2.0),
+])
+def test_override_type_conversion(text, key, value):
+    cfg = build_config("toy", overrides=[text])
+    section, name = key.split(".")
+    got = getattr(getattr(cfg, section), name)
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("train.lrr=1", "Valid keys under train: train.epochs"),
+    ("nope=1", "Valid keys: recipe, run_dir, seed, train.epochs"),
+    ("model.depth=3", "model.hidden"),
+    ("train.epochs=1.5", "not a valid int"),
+    ("train.amp=fp8", "not one of off, bf16, fp16"),
+    ("train.tensorboard=maybe", "not a boolean"),
+    ("train.lr", "key=value"),
+])
+def test_bad_overrides_are_clear_errors(text, message):
+    with pytest.raises(ConfigError) as err:
+        build_config("toy", overrides=[text])
+    assert message in str(err.value)
+
+
+def test_unknown_yaml_key_names_file(tmp_path):
+    y = tmp_path / "bad.yaml"
+    y.write_text("train:\n  epochz: 3\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml.*unknown config key 'train.epochz'"):
+        build_config("toy", str(y))
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    y = tmp_path / "broken.yaml"
+    y.write_text("train:\n  lr: 0.1\n  epochs: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml: line \d+"):
+        load_yaml(y)
+
+
+def test_unknown_recipe_lists_known():
+    with pytest.raises(ValueError, match="registered recipes: .*toy"):
+        build_config("nosuch")
+
+
+def test_resolved_config_round_trip(tmp_path):
+    cfg = build_config("toy", overrides=["train.lr=0.25", "model.hidden=5", "dist.gpu_ids=1,2"])
+    save_config(cfg, tmp_path / "config.yaml")
+    again = build_config(None, str(tmp_path / "config.yaml"))
+    assert to_dict(again) == to_dict(cfg)
+    assert to_dict(from_dict(to_dict(cfg))) == to_dict(cfg)
+
+
+def test_parse_override_keeps_strings():
+    assert parse_override("data.path=a:b") == ("data.path", "a:b")
+    assert parse_override("x={a}") == ("x", "{a}")

@@ -1,0 +1,89 @@
+"""Schedules, LR scaling, batch-size splitting, samplers and metric helpers."""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trainer.config import TrainConfig
+from trainer.engine.data import ResumableSampler, ShardSampler, per_rank_batch_size
+from trainer.engine.metrics import classification_metrics, confusion_matrix
+from trainer.engine.optim import build_scheduler, lr_factor, scaled_lr, warmup_steps
+
+
+@pytest.mark.parametrize("rule,world,expected", [("none", 4, 0.1), ("linear", 4, 0.4), ("sqrt", 4, 0.2)])
+def test_lr_scaling(rule, world, expected):
+    assert scaled_lr(0.1, rule, world) == pytest.approx(expected)
+
+
+def test_warmup_then_decay_shapes():
+    assert [lr_factor(s, 4, 20, "constant") for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_factor(4, 4, 20, "cosine") == pytest.approx(1.0)
+    assert lr_factor(12, 4, 20, "cosine") == pytest.approx(0.5)
+    assert lr_factor(12, 4, 20, "linear") == pytest.approx(0.5)
+    assert lr_factor(20, 4, 20, "cosine", min_ratio=0.1) == pytest.approx(0.1)
+    assert lr_factor(100, 0, 20, "constant") == 1.0
+
+
+def test_warmup_epochs_convert_to_steps_and_scheduler_steps():
+    tc = TrainConfig(epochs=3, warmup_epochs=1.5, warmup_steps=2, lr=1.0, schedule="linear")
+    assert warmup_steps(tc, 10) == 15
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_scheduler(opt, tc, 10)
+    lrs = []
+    for _ in range(30):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(1 / 15) and lrs[14] == pytest.approx(1.0)
+    assert lrs[29] == pytest.approx(1 / 15) and max(lrs) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("bs,gbs,accum,world,expected", [(32, 0, 1, 4, 32), (0, 64, 2, 4, 8), (0, 64, 1, 1, 64)])
+def test_per_rank_batch_size(bs, gbs, accum, world, expected):
+    tc = SimpleNamespace(batch_size=bs, global_batch_size=gbs, grad_accum_steps=accum)
+    assert per_rank_batch_size(tc, world) == expected
+
+
+def test_indivisible_global_batch_size_has_hint():
+    tc = SimpleNamespace(batch_size=0, global_batch_size=30, grad_accum_steps=1)
+    with pytest.raises(ValueError, match="HINT"):
+        per_rank_batch_size(tc, 4)
+
+
+def test_resumable_sampler_partitions_and_resumes():
+    n, world = 23, 3
+    samplers = [ResumableSampler(n, r, world, shuffle=True, seed=5) for r in range(world)]
+    for s in samplers:
+        s.set_epoch(2)
+    shards = [list(s) for s in samplers]
+    assert all(len(x) == math.ceil(n / world) for x in shards)
+    assert set(sum(shards, [])) == set(range(n))                 # every sample, padded by repeats
+    samplers[1].set_epoch(2, start=3)
+    assert list(samplers[1]) == shards[1][3:] and len(samplers[1]) == len(shards[1]) - 3
+    samplers[1].set_epoch(3)
+    assert list(samplers[1]) != shards[1]                        # a new permutation each epoch
+
+
+def test_single_rank_order_matches_union_of_ranks():
+    """The global batch of a 2-rank step holds the same samples as the 1-rank batch of twice the size."""
+    one = ResumableSampler(16, 0, 1, True, 0)
+    r0, r1 = ResumableSampler(16, 0, 2, True, 0), ResumableSampler(16, 1, 2, True, 0)
+    assert set(list(one)[:8]) == set(list(r0)[:4] + list(r1)[:4])
+
+
+def test_shard_sampler_covers_each_sample_once():
+    shards = [list(ShardSampler(10, r, 4)) for r in range(4)]
+    assert sorted(sum(shards, [])) == list(range(10)) and [len(s) for s in shards] == [3, 3, 2, 2]
+
+
+def test_classification_metrics_match_hand_computation():
+    pred = torch.tensor([0, 0, 1, 1, 2, 2, 2])
+    true = torch.tensor([0, 1, 1, 1, 2, 0, 2])
+    cm = confusion_matrix(pred, true, 3)
+    assert cm.tolist() == [[1, 0, 1], [1, 2, 0], [0, 0, 2]]
+    m = classification_metrics(cm, ["a", "b", "c"])
+    assert m["accuracy"] == pytest.approx(5 / 7)
+    f1 = [2 * 0.5 * 0.5 / 1.0, 2 * 1 * (2 / 3) / (1 + 2 / 3), 2 * (2 / 3) * 1 / (1 + 2 / 3)]
+    assert [m["f1/a"], m["f1/b"], m["f1/c"]] == pytest.approx(f1)
+    assert m["macro_f1"] == pytest.approx(sum(f1) / 3)

@@ -1,0 +1,122 @@
+"""Launcher detection, layout and validation from tables of environment dicts."""
+import pytest
+
+from trainer.distributed.environment import (LaunchError, LocalEnvironment, SlurmEnvironment,
+                                             SubmititEnvironment, TorchrunEnvironment, parse_tasks_per_node,
+                                             port_from_job_id, select_environment)
+from trainer.distributed.runtime import choose_backend, choose_device
+
+SRUN_2x2 = dict(SLURM_JOB_ID="4242", SLURM_PROCID="3", SLURM_LOCALID="1", SLURM_NODEID="1", SLURM_STEP_ID="0",
+                SLURM_NTASKS="4", SLURM_STEP_NUM_TASKS="4", SLURM_NNODES="2", SLURM_STEP_NUM_NODES="2",
+                SLURM_JOB_NODELIST="gpu-a100-[07-08]", SLURM_STEP_NODELIST="gpu-a100-[07-08]",
+                SLURM_TASKS_PER_NODE="2(x2)", SLURM_STEP_TASKS_PER_NODE="2(x2)", SLURM_NTASKS_PER_NODE="2")
+TORCHRUN = dict(TORCHELASTIC_RUN_ID="abc", RANK="5", LOCAL_RANK="1", WORLD_SIZE="8", LOCAL_WORLD_SIZE="4",
+                GROUP_RANK="1", MASTER_ADDR="10.0.0.1", MASTER_PORT="29400")
+SUBMITIT = dict(SRUN_2x2, SUBMITIT_EXECUTOR="slurm", SUBMITIT_FOLDER="/x")
+SUBMITIT_LOCAL = dict(SUBMITIT_EXECUTOR="local", SUBMITIT_LOCAL_GLOBALID="1", SUBMITIT_LOCAL_LOCALID="1",
+                      SUBMITIT_LOCAL_NTASKS="2", SUBMITIT_LOCAL_JOB_ID="777")
+BATCH_SCRIPT = dict(SLURM_JOB_ID="9", SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_JOB_NODELIST="node1")
+
+# env -> (class, rank, local_rank, world, node_rank, local_world, master_addr, master_port)
+TABLE = [
+    ({}, LocalEnvironment, 0, 0, 1, 0, 1, "127.0.0.1", 29500),
+    (SRUN_2x2, SlurmEnvironment, 3, 1, 4, 1, 2, "gpu-a100-07", port_from_job_id("4242")),
+    (dict(SRUN_2x2, MASTER_ADDR="head", MASTER_PORT="1234"), SlurmEnvironment, 3, 1, 4, 1, 2, "head", 1234),
+    (TORCHRUN, TorchrunEnvironment, 5, 1, 8, 1, 4, "10.0.0.1", 29400),
+    (dict(SRUN_2x2, **TORCHRUN), TorchrunEnvironment, 5, 1, 8, 1, 4, "10.0.0.1", 29400),  # torchrun in sbatch
+    (dict(RANK="1", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="h", MASTER_PORT="5"),
+     TorchrunEnvironment, 1, 0, 2, 1, 1, "h", 5),  # manual launch: no LOCAL_WORLD_SIZE/GROUP_RANK
+    (SUBMITIT, SubmititEnvironment, 3, 1, 4, 1, 2, "gpu-a100-07", port_from_job_id("4242")),
+    (SUBMITIT_LOCAL, SubmititEnvironment, 1, 1, 2, 0, 2, "127.0.0.1", port_from_job_id("777")),
+    (BATCH_SCRIPT, SlurmEnvironment, 0, 0, 1, 0, 1, "node1", port_from_job_id("9")),
+    (dict(RANK="0"), LocalEnvironment, 0, 0, 1, 0, 1, "127.0.0.1", 29500),  # half-set torchrun: not detected
+]
+
+
+@pytest.mark.parametrize("env,cls,rank,local,world,node,local_world,addr,port", TABLE)
+def test_detection_and_layout(env, cls, rank, local, world, node, local_world, addr, port):
+    e = select_environment(env)
+    assert type(e) is cls
+    assert (e.rank, e.local_rank, e.world_size, e.node_rank, e.local_world_size) == \
+        (rank, local, world, node, local_world)
+    assert (e.master_addr, e.master_port) == (addr, port)
+    e.validate("ddp")
+
+
+@pytest.mark.parametrize("env,missing", [
+    ({k: v for k, v in SRUN_2x2.items() if k not in ("SLURM_LOCALID",)}, "SLURM_LOCALID"),
+    ({k: v for k, v in SRUN_2x2.items() if k not in ("SLURM_NTASKS", "SLURM_STEP_NUM_TASKS")}, "SLURM_NTASKS"),
+    ({k: v for k, v in TORCHRUN.items() if k != "WORLD_SIZE"}, "WORLD_SIZE"),
+    ({k: v for k, v in TORCHRUN.items() if k != "MASTER_ADDR"}, "MASTER_ADDR"),
+    (dict(SRUN_2x2, SLURM_PROCID="x"), "SLURM_PROCID"),
+])
+def test_half_set_environment_names_the_variable(env, missing):
+    e = select_environment(env)
+    with pytest.raises(LaunchError, match=missing):
+        e.validate("ddp")
+        e.master_addr, e.master_port  # noqa: B018
+
+
+def test_missing_nodelist_has_hint():
+    env = {k: v for k, v in SRUN_2x2.items() if "NODELIST" not in k}
+    with pytest.raises(LaunchError, match="HINT"):
+        select_environment(env).master_addr  # noqa: B018
+
+
+VALIDATION = [
+    # python under sbatch without srun while 4 tasks were asked for
+    (dict(BATCH_SCRIPT, SLURM_NTASKS="4"), "ddp", "without srun"),
+    # ntasks vs nodes x tasks-per-node
+    (dict(SRUN_2x2, SLURM_NTASKS_PER_NODE="3"), "ddp", "SLURM_NTASKS_PER_NODE=3"),
+    # 2 tasks on the node but 1 visible GPU shared by both
+    (dict(SRUN_2x2, CUDA_VISIBLE_DEVICES="0"), "ddp", "visible GPU"),
+    # 4 tasks per node, 2 GPUs
+    (dict(SRUN_2x2, SLURM_STEP_TASKS_PER_NODE="4(x1)", SLURM_NTASKS_PER_NODE="", SLURM_STEP_NUM_NODES="1",
+          SLURM_NODEID="0", SLURM_LOCALID="3", CUDA_VISIBLE_DEVICES="0,1"), "ddp", "--ntasks-per-node=2"),
+    (dict(SRUN_2x2, SLURM_PROCID="9"), "ddp", "outside world size"),
+]
+
+
+@pytest.mark.parametrize("env,strategy,message", VALIDATION)
+def test_validation_fails_fast_with_hint(env, strategy, message):
+    with pytest.raises(LaunchError) as err:
+        select_environment(env).validate(strategy)
+    assert message in str(err.value)
+    assert "HINT" in str(err.value) or "outside" in str(err.value)
+
+
+@pytest.mark.parametrize("env", [
+    dict(SRUN_2x2, CUDA_VISIBLE_DEVICES="0,1"),                              # --gpus-per-node=2: one per task
+    dict(SRUN_2x2, CUDA_VISIBLE_DEVICES="0", SLURM_GPUS_PER_TASK="1"),       # --gpus-per-task=1
+    dict(SRUN_2x2, CUDA_VISIBLE_DEVICES="0,1,2,3"),                          # more GPUs than tasks is allowed
+])
+def test_valid_gpu_layouts(env):
+    select_environment(env).validate("ddp")
+
+
+@pytest.mark.parametrize("local_rank,visible,cuda,strategy,device", [
+    (1, 4, True, "ddp", "cuda:1"),      # --gpus-per-node: device = local rank
+    (1, 1, True, "ddp", "cuda:0"),      # --gpus-per-task: Slurm bound one GPU, device 0
+    (3, -1, True, "ddp", "cuda:3"),     # CUDA_VISIBLE_DEVICES unset
+    (1, 4, False, "ddp", "cpu"),        # fake GPU allocation without CUDA: CPU
+    (0, 4, True, "dp", "cuda:0"),       # DataParallel drives all from device 0
+    (0, 0, True, "ddp", "cpu"),
+])
+def test_device_binding(local_rank, visible, cuda, strategy, device):
+    assert choose_device(local_rank, visible, cuda, strategy) == device
+
+
+def test_backend_choice():
+    assert choose_backend("auto", "cuda:0") == "nccl"
+    assert choose_backend("auto", "cpu") == "gloo"
+    assert choose_backend("gloo", "cuda:0") == "gloo"
+
+
+def test_port_from_job_id_range_and_spread():
+    ports = {port_from_job_id(str(j)) for j in range(1000, 1100)}
+    assert len(ports) == 100 and all(15000 <= p < 30000 for p in ports)
+
+
+@pytest.mark.parametrize("spec,counts", [("2(x3),1", [2, 2, 2, 1]), ("4", [4]), ("1,2(x2)", [1, 2, 2])])
+def test_tasks_per_node(spec, counts):
+    assert parse_tasks_per_node(spec) == counts
