@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.cli import flags_from_args, get_parser
+from trainer.cli import flags_from_args, get_parser, parse_args
 from trainer.config import ConfigError, build_config, from_dict, parse_override, save_config, set_key
 from trainer.distributed import runtime
 from trainer.distributed.environment import LaunchError, select_environment
@@ -36,6 +36,7 @@ def cmd_train(args) -> int:
     from trainer.recipes.base import get_recipe_class
     cfg = build_config(args.recipe, args.config, flags_from_args(args), args.overrides)
     info = runtime.init(select_environment(), cfg.dist)
+    ok = False
     try:
         cfg.run_dir = resolve_run_dir(cfg, info)
         setup_logging(info, cfg.run_dir)
@@ -43,8 +44,9 @@ def cmd_train(args) -> int:
             save_config(cfg, Path(cfg.run_dir) / "config.yaml")
         recipe = get_recipe_class(cfg.recipe)(cfg.data, cfg.model, cfg.train, info)
         result = fit(recipe, info, cfg)
+        ok = True
     finally:
-        runtime.teardown(info)
+        runtime.teardown(info, clean=ok)
     if result.status == "preempted" and not result.requeued:
         return 128 + result.signal
     return 0
@@ -61,6 +63,7 @@ def cmd_eval(args) -> int:
         set_key(cfg, *parse_override(text), f"override {text!r}")
     cfg.ckpt.resume, cfg.train.tensorboard = "", False
     info = runtime.init(select_environment(), cfg.dist)
+    ok = False
     try:
         setup_logging(info)
         recipe = get_recipe_class(cfg.recipe)(cfg.data, cfg.model, cfg.train, info)
@@ -69,8 +72,9 @@ def cmd_eval(args) -> int:
         loop.model.load_state_dict(ckpt["model"])
         splits = [s for s in args.splits.split(",") if s in loop.eval_sets]
         results = {split: loop.evaluate(split) for split in splits}
+        ok = True
     finally:
-        runtime.teardown(info)
+        runtime.teardown(info, clean=ok)
     if info.is_main:
         text = json.dumps(dict(checkpoint=str(args.checkpoint), step=ckpt["global_step"], **results), indent=1)
         print(text)
@@ -88,7 +92,7 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "doctor": cmd_doctor}
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = get_parser().parse_args(argv)
+    args = parse_args(get_parser(), argv)
     try:
         return COMMANDS[args.command](args)
     except (ConfigError, LaunchError, CheckpointError, ValueError, FileNotFoundError) as err:

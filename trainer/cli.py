@@ -83,3 +83,14 @@ def get_parser() -> argparse.ArgumentParser:
 def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """{config key: value} for the flags that were given."""
     return {key: getattr(args, dest) for dest, key in FLAG_KEYS.items() if getattr(args, dest, None) is not None}
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """parse_args that also accepts key=value overrides between and after the flags."""
+    args, extra = parser.parse_known_args(argv)
+    stray = [x for x in extra if x.startswith("-") or "=" not in x]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = list(args.overrides or []) + extra
+    return args

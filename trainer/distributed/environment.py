@@ -116,6 +116,11 @@ class LaunchEnvironment:
         """Scheduler job id, if any."""
         return self.env.get("SLURM_JOB_ID")
 
+    @property
+    def init_method(self) -> str:
+        """Rendezvous URL for init_process_group."""
+        return f"tcp://{self.master_addr}:{self.master_port}"
+
     def validate(self, strategy: str = "ddp") -> None:
         """Raise LaunchError with a HINT when the layout cannot work."""
         if not 0 <= self.rank < self.world_size:
@@ -192,8 +197,13 @@ class TorchrunEnvironment(LaunchEnvironment):
 
     @property
     def master_port(self) -> int:
-        """MASTER_PORT (required)."""
+        """MASTER_PORT (required; 0 when torchrun's agent store is used)."""
         return _int(self.env, "MASTER_PORT", self.name)
+
+    @property
+    def init_method(self) -> str:
+        """env:// so that torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE) is used when present."""
+        return "env://"
 
 
 class SlurmEnvironment(LaunchEnvironment):

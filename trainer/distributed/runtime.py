@@ -84,7 +84,7 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
     if world > 1:
         backend = choose_backend(getattr(dist_cfg, "backend", "auto"), device)
         timeout = datetime.timedelta(seconds=float(getattr(dist_cfg, "timeout_s", 1800)))
-        url = f"tcp://{env.master_addr}:{env.master_port}"
+        url = env.init_method
         log.debug("init_process_group(%s, %s, rank=%d, world=%d)", backend, url, env.rank, world)
         dist.init_process_group(backend, init_method=url, rank=env.rank, world_size=world, timeout=timeout)
     return DistInfo(rank=env.rank, local_rank=env.local_rank, world_size=world, node_rank=env.node_rank,
@@ -92,9 +92,12 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
                     local_world_size=env.local_world_size, job_id=env.job_id)
 
 
-def teardown(info: DistInfo) -> None:
-    """Destroy the process group if this run created one."""
+def teardown(info: DistInfo, clean: bool = True) -> None:
+    """Destroy the process group if this run created one (after a barrier when the run ended cleanly,
+    so no rank tears its connections down while another still uses them)."""
     if info.distributed and dist.is_initialized():
+        if clean:
+            dist.barrier()
         dist.destroy_process_group()
 
 
