@@ -1,0 +1,94 @@
+"""Preemption and resume (bitwise equality with an uninterrupted run), dead and hung ranks."""
+import signal
+import time
+
+import pytest
+
+from tests.conftest import (assert_bitwise_equal, launch_ranks, run_ranks, trainer, wait_all, weights)
+
+# 256 samples / batch 32 = 8 steps per epoch; dropout on, so RNG restore matters
+RUN = ("--recipe", "toy", "--epochs", "3", "--seed", "3", "train.tensorboard=false", "ckpt.every_epochs=1")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("ref")
+    trainer("train", *RUN, "--run-dir", str(run_dir))
+    return weights(run_dir)
+
+
+@pytest.mark.parametrize("step,where", [(8, "epoch boundary"), (11, "mid-epoch"), (3, "before any checkpoint")])
+def test_sigterm_then_resume_is_bitwise_equal(tmp_path, reference, step, where):
+    run_dir = str(tmp_path / "run")
+    first = trainer("train", *RUN, "--run-dir", run_dir, f"data.signal_at_step={step}", check=False)
+    assert first.returncode == 128 + signal.SIGTERM, first.stderr[-2000:]
+    epoch, batch = (step - 1) // 8, step - 8 * ((step - 1) // 8)   # step 8 is the last batch of epoch 0
+    assert f"received SIGTERM: checkpointing at epoch {epoch} step {step}" in first.stderr
+    assert not (tmp_path / "run" / "checkpoints" / "final.pt").exists()
+    second = trainer("train", *RUN, "--run-dir", run_dir, "--resume", "auto")
+    assert f"resumed from {run_dir}/checkpoints/step-{step:08d}.pt: epoch {epoch}, batch {batch}" \
+        in second.stderr
+    assert_bitwise_equal(weights(tmp_path / "run"), reference)
+
+
+def test_two_ranks_agree_on_one_ranks_signal_and_resume_bitwise(tmp_path):
+    """Only rank 1 gets SIGUSR1 mid-epoch; both ranks stop at the same step, checkpoint, and resume."""
+    args = ("train", *RUN, "--batch-size", "16")
+    run_ranks(2, *args, "--run-dir", str(tmp_path / "ref"))
+    results = wait_all(launch_ranks(2, *args, "--run-dir", str(tmp_path / "run"), "data.signal_at_step=5",
+                                    "data.signal_name=SIGUSR1", "data.signal_rank=1"))
+    assert [code for code, _ in results] == [128 + signal.SIGUSR1] * 2, results[0][1][-2000:]
+    assert "received SIGUSR1: checkpointing at epoch 0 step 5" in results[0][1]
+    resumed = run_ranks(2, *args, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
+    assert "batch 5, step 5" in resumed[0][1]
+    assert_bitwise_equal(weights(tmp_path / "run"), weights(tmp_path / "ref"))
+
+
+def test_truncated_newest_checkpoint_is_skipped_on_resume(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    trainer("train", *RUN, "--run-dir", str(run_dir), "data.signal_at_step=11", "ckpt.keep_last=5",
+            check=False)
+    newest = run_dir / "checkpoints" / "step-00000011.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    second = trainer("train", *RUN, "--run-dir", str(run_dir), "--resume", "auto")
+    assert "skipping checkpoint" in second.stderr and "step-00000011.pt is truncated" in second.stderr
+    assert "resumed from" in second.stderr and "step-00000008.pt" in second.stderr
+    assert_bitwise_equal(weights(run_dir), reference)
+
+
+def test_foreign_or_misshaped_checkpoint_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    trainer("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir))
+    other = trainer("train", *RUN, "--run-dir", str(tmp_path / "b"), "model.hidden=32",
+                    "--resume", str(run_dir / "checkpoints" / "final.pt"), check=False)
+    assert other.returncode == 2 and "does not fit this model" in other.stderr
+    assert "net.0.weight: checkpoint (16, 8) vs model (32, 8)" in other.stderr
+
+
+def test_resume_of_completed_run_does_no_more_work(tmp_path):
+    run_dir = tmp_path / "run"
+    trainer("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir))
+    again = trainer("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir), "--resume", "auto")
+    assert "resumed from" in again.stderr and "final.pt" in again.stderr
+    assert "training completed after 8 steps" in again.stderr
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_dead_or_hung_rank_makes_the_other_exit_nonzero(tmp_path, how):
+    """A killed rank breaks the connection; a frozen one trips the process-group timeout. No hang."""
+    timeout_s = 8
+    procs = launch_ranks(2, "train", *RUN, "--epochs", "50", "--run-dir", str(tmp_path / "run"),
+                         f"dist.timeout_s={timeout_s}", "data.step_sleep=0.02", "data.signal_at_step=20",
+                         f"data.signal_name={how}", "data.signal_rank=1")
+    t0 = time.monotonic()
+    try:
+        rc0 = procs[0].wait(timeout=timeout_s + 90)
+    finally:
+        for p in procs:
+            if p.poll() is None or how == "SIGSTOP":
+                p.kill()
+        for p in procs:
+            p.wait()
+    elapsed = time.monotonic() - t0
+    assert rc0 != 0, "rank 0 should fail when its peer is gone"
+    assert elapsed < timeout_s + 90
