@@ -1,0 +1,132 @@
+"""On the real local Slurm cluster: doctor across nodes, a 4-rank batch job, requeue and resume,
+fake-GPU allocations, and a plain `python` under sbatch."""
+import json
+import re
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PY, REPO, assert_bitwise_equal, run_ranks, slurm_env, weights
+
+pytestmark = pytest.mark.slurm
+TOY = ("--recipe", "toy", "--seed", "5", "train.tensorboard=false", "--batch-size", "16")
+
+
+def srun(conf, *args, timeout=120):
+    return subprocess.run(["srun", *args], cwd=REPO, env=slurm_env(conf), text=True, capture_output=True,
+                          timeout=timeout)
+
+
+def sbatch(conf, script: str, *opts: str) -> str:
+    out = subprocess.run(["sbatch", "--parsable", *opts, "--wrap", script], cwd=REPO, env=slurm_env(conf),
+                         text=True, capture_output=True, check=True, timeout=60).stdout
+    return out.strip().split(";")[0]
+
+
+def job_info(conf, job: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "-o", "show", "job", job], env=slurm_env(conf), text=True,
+                         capture_output=True, timeout=30).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def wait_job(conf, job: str, timeout: float = 240, restarts: int = 0) -> dict[str, str]:
+    """Wait for a terminal state (after `restarts` requeues)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = job_info(conf, job)
+        if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY") \
+                and int(info.get("Restarts", 0)) >= restarts:
+            return info
+        time.sleep(0.5)
+    subprocess.run(["scancel", job], env=slurm_env(conf))
+    raise AssertionError(f"job {job} did not finish in {timeout}s: {job_info(conf, job)}")
+
+
+def trainer_cmd(*args: str) -> str:
+    return " ".join(shlex.quote(a) for a in (PY, "-m", "trainer", *args))
+
+
+def test_doctor_across_two_nodes(slurm_cluster):
+    proc = srun(slurm_cluster, "-N2", "--ntasks-per-node=2", PY, "-m", "trainer", "doctor", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    ranks = sorted(report["ranks"], key=lambda r: r["rank"])
+    assert report["launcher"] == "slurm" and report["world_size"] == 4
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert [r["node_rank"] for r in ranks] == [0, 0, 1, 1]
+    assert [r["local_rank"] for r in ranks] == [0, 1, 0, 1]
+    assert [r["slurmd_nodename"] for r in ranks] == ["node1", "node1", "node2", "node2"]
+    assert len({(r["master_addr"], r["master_port"]) for r in ranks}) == 1 and ranks[0]["master_addr"] == "node1"
+    assert report["allreduce"]["allreduce_ok"] and report["allreduce"]["allreduce_sum"] == 10.0
+    assert {c["check"]: c["level"] for c in report["checks"]}["scontrol reachable"] == "ok"
+
+
+def test_fake_gpus_bind_per_task_and_fall_back_to_gloo(slurm_cluster):
+    proc = srun(slurm_cluster, "-N1", "-n2", "--gpus-per-task=1", PY, "-m", "trainer", "doctor", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    visible = [r["cuda_visible_devices"] for r in report["ranks"]]
+    assert all(v is not None and len(v.split(",")) == 1 for v in visible)       # one GPU bound per task
+    assert {r["device"] for r in report["ranks"]} == {"cpu"} and {r["backend"] for r in report["ranks"]} == {"gloo"}
+    assert "CUDA is not usable" in proc.stderr
+
+
+def test_more_tasks_than_gpus_fails_fast_with_hint(slurm_cluster):
+    proc = srun(slurm_cluster, "-N1", "-n3", "--gpus-per-node=2", PY, "-m", "trainer", "doctor")
+    assert proc.returncode != 0
+    assert "3 tasks on this node but only 2 visible GPU(s)" in proc.stdout and "HINT" in proc.stdout
+
+
+def test_plain_python_in_batch_script_is_refused(slurm_cluster, tmp_path):
+    out = tmp_path / "job.out"
+    job = sbatch(slurm_cluster, trainer_cmd("train", *TOY, "--run-dir", str(tmp_path / "run")),
+                 "-n4", "-o", str(out))
+    info = wait_job(slurm_cluster, job, timeout=120)
+    assert info["JobState"] == "FAILED"
+    text = out.read_text()
+    assert "without srun" in text and "HINT" in text
+
+
+def test_four_rank_batch_job_completes(slurm_cluster, tmp_path):
+    run_dir, out = tmp_path / "run", tmp_path / "job.out"
+    job = sbatch(slurm_cluster, "srun " + trainer_cmd("train", *TOY, "--epochs", "2", "--run-dir", str(run_dir)),
+                 "-N2", "--ntasks-per-node=2", "-o", str(out))
+    info = wait_job(slurm_cluster, job)
+    assert info["JobState"] == "COMPLETED", out.read_text()[-3000:]
+    ckpt = __import__("torch").load(run_dir / "checkpoints" / "final.pt", weights_only=True)
+    assert ckpt["world_size"] == 4 and len(ckpt["rng"]) == 4 and ckpt["global_step"] == 2 * 4
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert {"val", "test"} <= {r["split"] for r in rows}
+    assert "world=4" in (run_dir / "train.log").read_text()
+
+
+@pytest.mark.parametrize("how", ["scontrol requeue", "USR1"])
+def test_requeued_job_resumes_to_the_same_weights(slurm_cluster, tmp_path, how):
+    """`scontrol requeue` (Slurm sends SIGTERM, then restarts the job), or a USR1 time-limit warning
+    (the trainer checkpoints and requeues itself): restart count 1, resumed, same final weights."""
+    args = (*TOY, "--epochs", "6", "ckpt.every_steps=4", "data.step_sleep=0.15")
+    run_ranks(2, "train", *args, "--run-dir", str(tmp_path / "ref"))     # uninterrupted, same world size
+    run_dir, out = tmp_path / "run", tmp_path / "job.out"
+    script = "srun " + trainer_cmd("train", *args, "--run-dir", str(run_dir), "--resume", "auto")
+    job = sbatch(slurm_cluster, script, "-N2", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
+                 "-o", str(out))
+    deadline = time.monotonic() + 120
+    while not list((run_dir / "checkpoints").glob("step-*.pt")):
+        assert time.monotonic() < deadline, f"no checkpoint written: {out.read_text() if out.exists() else ''}"
+        time.sleep(0.2)
+    if how == "USR1":
+        subprocess.run(["scancel", "--signal=USR1", job], env=slurm_env(slurm_cluster), check=True)
+    else:
+        subprocess.run(["scontrol", "requeue", job], env=slurm_env(slurm_cluster), check=True)
+    info = wait_job(slurm_cluster, job, timeout=300, restarts=1)
+    text = out.read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-3000:]
+    assert "SLURM_RESTART_COUNT=1" in text
+    resumed = re.search(r"resumed from \S+step-(\d+)\.pt", text)
+    assert resumed and int(resumed.group(1)) > 0, text[-3000:]
+    if how == "USR1":
+        assert "received SIGUSR1" in text and f"requeued Slurm job {job}" in text
+    assert_bitwise_equal(weights(run_dir), weights(tmp_path / "ref"))
