@@ -20,7 +20,8 @@ from trainer.config import Config, to_dict
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import checkpoint as ckpt_io
-from trainer.engine.data import ResumableSampler, ShardSampler, make_loader, per_rank_batch_size
+from trainer.engine.data import ResumableSampler, make_loader, per_rank_batch_size
+from trainer.engine.evaluation import evaluate
 from trainer.engine.logging import MetricsWriter
 from trainer.engine.metrics import SystemStats, Throughput
 from trainer.engine.optim import build_optimizer, build_scheduler
@@ -249,7 +250,8 @@ class Loop:
         if signum:
             return signum
         every = self.cfg.ckpt.every_steps
-        if every > 0 and self.state.global_step % every == 0:
+        end_of_epoch = self.state.batch_in_epoch == self.micro_per_epoch  # end_epoch() decides then
+        if every > 0 and self.state.global_step % every == 0 and not end_of_epoch:
             self.save("periodic")
         if 0 < self.tc.max_steps <= self.state.global_step:
             return MAX_STEPS
@@ -293,26 +295,11 @@ class Loop:
             self.writer.write("train", epoch, self.state.global_step, dict(epoch_loss=loss_sum / count))
 
     # ---------------------------------------------------------------- evaluation
-    @torch.no_grad()
     def evaluate(self, split: str) -> dict[str, Any]:
-        """Evaluate a split sharded across ranks; additive statistics are summed, then turned into metrics."""
-        dataset = self.eval_sets[split]
-        sampler = ShardSampler(len(dataset), self.info.rank, self.info.world_size)
-        bs = self.tc.eval_batch_size or self.batch_size
-        loader = make_loader(dataset, sampler, bs, self.tc.num_workers, self.recipe.collate_fn(), 0)
+        """Metrics of one evaluation split, computed sharded across ranks."""
         model = self.wrapped if isinstance(self.wrapped, torch.nn.DataParallel) else self.model
-        was_training = model.training
-        model.eval()
-        totals: dict[str, torch.Tensor] = {}
-        for batch in loader:
-            with self.autocast():
-                stats = self.recipe.eval_step(model, move_to(batch, self.device))
-            for key, value in stats.items():
-                value = value.detach().to("cpu", torch.float64)
-                totals[key] = totals[key] + value if key in totals else value
-        totals = reduce_totals(totals, self.info)
-        model.train(was_training)
-        metrics = self.recipe.compute_metrics(totals)
+        metrics = evaluate(self.recipe, model, self.eval_sets[split], self.info,
+                           self.tc.eval_batch_size or self.batch_size, self.tc.num_workers, self.autocast)
         self.last_metrics[split] = metrics
         return metrics
 
@@ -325,20 +312,6 @@ class Loop:
             log.info("%s after epoch %d: %s", split, epoch, shown)
             self.recipe.after_evaluation(split, metrics, str(self.run_dir), epoch)
         return metrics
-
-
-def reduce_totals(totals: dict[str, torch.Tensor], info: DistInfo) -> dict[str, torch.Tensor]:
-    """Sum statistics over ranks; a rank with an empty shard contributes zeros of the right shapes."""
-    if not info.distributed:
-        return totals
-    shapes: dict[str, tuple] = {}
-    for rank_shapes in runtime.all_gather_object({k: tuple(v.shape) for k, v in totals.items()}, info):
-        shapes.update(rank_shapes)
-    out = {}
-    for key in sorted(shapes):
-        value = totals.get(key, torch.zeros(shapes[key], dtype=torch.float64))
-        out[key] = runtime.all_reduce(value.to(runtime.comm_device(info)), info).cpu()
-    return out
 
 
 class Driver:
@@ -380,8 +353,10 @@ class Driver:
                     loop.save("best")
             else:
                 state.bad_epochs += 1
-        every = self.cfg.ckpt.every_epochs
-        if every > 0 and state.epoch % every == 0 and not last:
+        ck = self.cfg.ckpt
+        due = (ck.every_epochs > 0 and state.epoch % ck.every_epochs == 0) or \
+            (ck.every_steps > 0 and state.global_step % ck.every_steps == 0)
+        if due and not last:  # the final checkpoint follows the last epoch
             loop.save("periodic")
         patience = tc.early_stop_patience
         if patience > 0 and state.bad_epochs >= patience:
