@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 setup: $(VENV)/.installed
 
 test: setup slurm-install
-	$(BIN)/python -m pytest -rs $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -rs --durations=10 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -rs -m "not slurm" $(PYTEST_ARGS)

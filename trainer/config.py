@@ -96,7 +96,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     """Convert a YAML or command-line value to the annotated type, or raise ConfigError."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
-        return value
+        return yaml.safe_load(value) if isinstance(value, str) else value
     if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
             if type(None) in args:
@@ -104,6 +104,11 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         inner = [a for a in args if a is not type(None)]
         return _coerce(value, inner[0], where)
     if origin is Literal:
+        if isinstance(value, bool):  # YAML 1.1 reads on/off/yes/no as booleans
+            value = next((c for c in (("on", "true", "yes") if value else ("off", "false", "no"))
+                          if c in args), value)
+        if value not in args and str(value) in map(str, args):
+            value = next(a for a in args if str(a) == str(value))
         if value not in args:
             raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(str, args))}")
         return value
@@ -184,18 +189,12 @@ def apply_dict(cfg: Any, values: Any, source: str, prefix: str = "") -> None:
         set_key(cfg, f"{prefix}{key}", value, source)
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """'train.lr=0.1' -> ('train.lr', 0.1): the value is read as YAML, then converted by type."""
+def parse_override(text: str) -> tuple[str, str]:
+    """'train.lr=0.1' -> ('train.lr', '0.1'); the value is converted by the field's type later."""
     if "=" not in text or text.startswith("="):
         raise ConfigError(f"override {text!r} is not of the form key=value (e.g. train.lr=0.01)")
     key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    if isinstance(value, (dict,)) or value is None and raw.strip().lower() not in ("none", "null", "~"):
-        value = raw
-    return key.strip(), value
+    return key.strip(), raw.strip()
 
 
 def load_yaml(path: str | Path) -> dict:

@@ -101,6 +101,10 @@ def test_four_rank_batch_job_completes(slurm_cluster, tmp_path):
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert {"val", "test"} <= {r["split"] for r in rows}
     assert "world=4" in (run_dir / "train.log").read_text()
+    # accounting is up (submitit's state watcher relies on sacct)
+    acct = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "State,NNodes,NTasks"], text=True,
+                          env=slurm_env(slurm_cluster), capture_output=True, timeout=30).stdout
+    assert acct.splitlines()[0].startswith("COMPLETED|2")
 
 
 @pytest.mark.parametrize("how", ["scontrol requeue", "USR1"])

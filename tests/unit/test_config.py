@@ -17,6 +17,13 @@ def test_precedence_defaults_yaml_flags_overrides(tmp_path):
     assert cfg.train.weight_decay == 0.0       # untouched default
 
 
+def test_yaml_booleans_for_choice_fields(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("train:\n  amp: off\n  progress: on\n")      # YAML 1.1 reads these as booleans
+    cfg = build_config("toy", str(y))
+    assert (cfg.train.amp, cfg.train.progress) == ("off", "on")
+
+
 def test_recipe_taken_from_yaml_when_not_given(tmp_path):
     y = tmp_path / "c.yaml"
     y.write_text("recipe: toy\n")
@@ -31,6 +38,8 @@ def test_recipe_taken_from_yaml_when_not_given(tmp_path):
     ("dist.gpu_ids=0,1", "dist.gpu_ids", [0, 1]), ("dist.gpu_ids=[2,3]", "dist.gpu_ids", [2, 3]),
     ("train.amp=bf16", "train.amp", "bf16"), ("data.path=/x/y", "data.path", "/x/y"),
     ("ckpt.resume=", "ckpt.resume", ""), ("train.warmup_epochs=2", "train.warmup_epochs", 2.0),
+    ("train.progress=on", "train.progress", "on"), ("train.amp=off", "train.amp", "off"),
+    ("dist.gpu_ids=", "dist.gpu_ids", []),
 ])
 def test_override_type_conversion(text, key, value):
     cfg = build_config("toy", overrides=[text])
@@ -84,3 +93,4 @@ def test_resolved_config_round_trip(tmp_path):
 def test_parse_override_keeps_strings():
     assert parse_override("data.path=a:b") == ("data.path", "a:b")
     assert parse_override("x={a}") == ("x", "{a}")
+    assert parse_override("train.lr = 0.5") == ("train.lr", "0.5")
