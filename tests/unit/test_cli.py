@@ -52,3 +52,15 @@ def test_python_under_sbatch_without_srun_is_refused(tmp_path):
     env = clean_env(SLURM_JOB_ID="5", SLURM_PROCID="0", SLURM_NTASKS="4", SLURM_JOB_NODELIST="n[1-2]")
     proc = trainer("train", "--recipe", "toy", "--run-dir", str(tmp_path), env=env, check=False)
     assert proc.returncode == 2 and "without srun" in proc.stderr and "HINT" in proc.stderr
+
+
+def test_console_script_installed_next_to_python():
+    import subprocess
+    import sys
+    from pathlib import Path
+    exe = Path(sys.executable).parent / "trainer"
+    if not exe.exists():
+        pytest.skip(f"no console script at {exe}: the package is not pip-installed in this interpreter "
+                    f"(`make setup` installs it)")
+    out = subprocess.run([str(exe), "--help"], env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "{train,eval,doctor}" in out.stdout
