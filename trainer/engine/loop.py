@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -381,10 +382,11 @@ class Driver:
                     loop.state.global_step)
         loop.save("periodic")
         requeued = False
-        if self.info.is_main and name in self.cfg.ckpt.requeue_signals and self.info.launcher == "slurm" \
-                and self.info.job_id:
+        # srun tasks and torchrun inside an allocation requeue here; submitit requeues via checkpoint()
+        under_slurm = self.info.launcher in ("slurm", "torchrun") and bool(os.environ.get("SLURM_JOB_ID"))
+        if self.info.is_main and name in self.cfg.ckpt.requeue_signals and under_slurm:
             from trainer.engine.preemption import requeue_slurm_job
-            requeued = requeue_slurm_job(self.info.job_id)
+            requeued = requeue_slurm_job(os.environ["SLURM_JOB_ID"])
         requeued = bool(runtime.broadcast_object(requeued, self.info))
         return FitResult("preempted", signum, requeued, loop.state.global_step, loop.last_metrics)
 
@@ -400,7 +402,6 @@ class Driver:
 
 def fit(recipe: Recipe, info: DistInfo, cfg: Config) -> FitResult:
     """Train recipe under the given process layout; checkpoints and logs go to cfg.run_dir."""
-    import os
     restarts = os.environ.get("SLURM_RESTART_COUNT")
     if restarts:
         log.info("SLURM_RESTART_COUNT=%s (job %s)", restarts, info.job_id)
