@@ -30,10 +30,15 @@ def resolve_run_dir(cfg, info) -> str:
     return str(Path("runs") / runtime.broadcast_object(name, info))
 
 
+def build_recipe(cfg, info):
+    """The recipe object, given only its own config sections."""
+    from trainer.recipes.base import get_recipe_class
+    return get_recipe_class(cfg.recipe)(cfg.data, cfg.model, cfg.train, info, eval_cfg=cfg.eval, seed=cfg.seed)
+
+
 def cmd_train(args) -> int:
     from trainer.engine.logging import setup_logging
     from trainer.engine.loop import fit
-    from trainer.recipes.base import get_recipe_class
     cfg = build_config(args.recipe, args.config, flags_from_args(args), args.overrides)
     info = runtime.init(select_environment(), cfg.dist)
     ok = False
@@ -42,7 +47,7 @@ def cmd_train(args) -> int:
         setup_logging(info, cfg.run_dir)
         if info.is_main:
             save_config(cfg, Path(cfg.run_dir) / "config.yaml")
-        recipe = get_recipe_class(cfg.recipe)(cfg.data, cfg.model, cfg.train, info)
+        recipe = build_recipe(cfg, info)
         result = fit(recipe, info, cfg)
         ok = True
     finally:
@@ -56,7 +61,6 @@ def cmd_eval(args) -> int:
     from trainer.engine import checkpoint as ckpt_io
     from trainer.engine.logging import setup_logging
     from trainer.engine.loop import Loop
-    from trainer.recipes.base import get_recipe_class
     ckpt = ckpt_io.load(args.checkpoint)
     cfg = from_dict(ckpt["config"])
     for text in args.overrides:
@@ -66,7 +70,7 @@ def cmd_eval(args) -> int:
     ok = False
     try:
         setup_logging(info)
-        recipe = get_recipe_class(cfg.recipe)(cfg.data, cfg.model, cfg.train, info)
+        recipe = build_recipe(cfg, info)
         loop = Loop(recipe, info, cfg)
         ckpt_io.check_compatible(ckpt, cfg.recipe, loop.model, args.checkpoint)
         loop.model.load_state_dict(ckpt["model"])

@@ -87,6 +87,7 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     data: Any = field(default_factory=EmptyConfig)
     model: Any = field(default_factory=EmptyConfig)
+    eval: Any = field(default_factory=EmptyConfig)
 
 
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
@@ -217,7 +218,7 @@ def default_config(recipe: str) -> Config:
     """Dataclass defaults, with the recipe's own data/model sections."""
     from trainer.recipes.base import get_recipe_class
     cls = get_recipe_class(recipe)
-    return Config(recipe=recipe, data=cls.data_config(), model=cls.model_config())
+    return Config(recipe=recipe, data=cls.data_config(), model=cls.model_config(), eval=cls.eval_config())
 
 
 def build_config(recipe: str | None, yaml_path: str | None = None, flags: dict[str, Any] | None = None,

@@ -14,7 +14,9 @@ import torch
 
 from trainer.config import EmptyConfig
 
-_BUILTIN: dict[str, str] = {}          # name -> "module:Class", filled as recipes land
+_BUILTIN: dict[str, str] = {          # name -> "module:Class" (imported on first use)
+    "sasrec": "trainer.recipes.sasrec.recipe:SASRecRecipe",
+}
 _REGISTRY: dict[str, Any] = {}
 _PLUGINS_LOADED: set[str] = set()
 
@@ -69,10 +71,14 @@ class Recipe:
     name: ClassVar[str] = "base"
     data_config: ClassVar[type] = EmptyConfig
     model_config: ClassVar[type] = EmptyConfig
+    eval_config: ClassVar[type] = EmptyConfig
     primary_metric: ClassVar[tuple[str, str]] = ("loss", "min")   # (val metric, "min" | "max")
 
-    def __init__(self, data_cfg: Any, model_cfg: Any, train_cfg: Any, dist: Any):
+    def __init__(self, data_cfg: Any, model_cfg: Any, train_cfg: Any, dist: Any, eval_cfg: Any = None,
+                 seed: int = 0):
         self.data_cfg, self.model_cfg, self.train_cfg, self.dist = data_cfg, model_cfg, train_cfg, dist
+        self.eval_cfg = eval_cfg if eval_cfg is not None else self.eval_config()
+        self.seed = seed
 
     def build_datasets(self) -> tuple[torch.utils.data.Dataset, dict[str, torch.utils.data.Dataset]]:
         """(training set, {"val": ..., "test": ...}); evaluation sets may be empty."""

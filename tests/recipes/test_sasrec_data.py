@@ -1,0 +1,126 @@
+"""SASRec data: every format, malformed lines, k-core, leave-one-out, time rescaling, negatives."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer.recipes.sasrec import data as D
+
+SHARED_ML100K = Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100k"
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+FORMATS = {
+    "pairs.txt": "1 10\n1 11\n1 12\n2 11\n2 12\n2 10\n",
+    "u.data": "1\t11\t5\t200\n1\t10\t3\t100\n1\t12\t4\t300\n2\t11\t5\t100\n2\t12\t1\t200\n2\t10\t2\t300\n",
+    "ratings.dat": "1::11::5::200\n1::10::3::100\n1::12::4::300\n2::11::5::100\n2::12::1::200\n2::10::2::300\n",
+    "x.csv": "userId,movieId,rating,timestamp\n1,11,5,200\n1,10,3,100\n1,12,4,300\n2,11,5,100\n2,12,1,200\n"
+             "2,10,2,300\n",
+}
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_format_gives_the_same_sequences(tmp_path, name):
+    data = D.build_sequences(D.read_interactions(write(tmp_path, name, FORMATS[name])))
+    # items remapped to 1..3 in id order (10->1, 11->2, 12->3); sorted by time where there is one
+    assert [s.tolist() for s in data.seqs] == [[1, 2, 3], [2, 3, 1]] and data.num_items == 3
+
+
+def test_folder_path_and_csv_without_time(tmp_path):
+    write(tmp_path, "u.data", FORMATS["u.data"])
+    assert D.read_interactions(tmp_path).times is not None
+    inter = D.read_interactions(write(tmp_path, "y.csv", "user,item\na,x\na,y\nb,y\n"))
+    assert inter.times is None and inter.users == ["a", "a", "b"]
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("u.data", "1\t2\t5\t100\n1\tx\t5\t101\n", r"u.data:2: field 'item': 'x' is not an integer"),
+    ("u.data", "1\t2\t5\t100\n1\t3\t5\tnoon\n", r"u.data:2: field 'timestamp': 'noon'"),
+    ("u.data", "1\t2\t5\t100\n1\t3\tgood\t100\n", r"u.data:2: field 'rating'"),
+    ("ratings.dat", "1::2::5::100\n1::2::5\n", r"ratings.dat:2: expected 4 fields"),
+    ("p.txt", "1 2\n1 2 3 4 5\n", r"p.txt:1: cannot tell|p.txt:2: expected 2 fields"),
+    ("z.csv", "who,what\n1,2\n", r"z.csv:1: header .* names no user column"),
+    ("z.csv", "user,item\n1,\n", r"z.csv:2: field 'item' is empty"),
+    ("e.txt", "\n\n", r"e.txt: the file is empty"),
+])
+def test_malformed_input_names_file_line_field(tmp_path, name, text, message):
+    with pytest.raises(D.DataError, match=message):
+        D.read_interactions(write(tmp_path, name, text))
+
+
+def test_missing_path_and_empty_folder(tmp_path):
+    with pytest.raises(D.DataError, match="does not exist"):
+        D.read_interactions(tmp_path / "nope")
+    with pytest.raises(D.DataError, match="no interactions file found"):
+        D.read_interactions(tmp_path)
+
+
+def test_kcore_is_iterative():
+    # item 3 has 1 interaction -> removed -> user 2 drops to 1 -> removed -> item 2 drops to 1 -> removed
+    users = np.array([0, 0, 1, 1, 2, 2, 0, 2])
+    items = np.array([0, 1, 0, 3, 0, 1, 2, 2])
+    keep = D.kcore(users, items, 2)
+    assert sorted(zip(users[keep], items[keep])) == [(0, 0), (0, 1), (0, 2), (2, 0), (2, 1), (2, 2)]
+
+
+def test_leave_one_out_and_short_users():
+    data = D.SeqData([np.array([5, 6, 7, 8]), np.array([1, 2])], [np.arange(1, 5), np.arange(1, 3)], 8)
+    split = D.Split(data)
+    assert split.train(0).tolist() == [5, 6] and split.has_targets(0)
+    items, _, target = split.eval_input(0, "val")
+    assert items.tolist() == [5, 6] and target == 7
+    items, _, target = split.eval_input(0, "test")
+    assert items.tolist() == [5, 6, 7] and target == 8
+    assert split.train(1).tolist() == [1, 2] and not split.has_targets(1)   # too short: train only
+
+
+def test_time_rescaling_matches_tisasrec():
+    assert D.rescale_times(np.array([100, 100, 160, 400])).tolist() == [1, 1, 2, 6]
+    assert D.rescale_times(np.array([7, 7])).tolist() == [1, 1]
+
+
+def test_negatives_avoid_history_and_are_deterministic():
+    rng = np.random.default_rng(0)
+    neg = D.sample_negatives(rng, (1000,), 10, np.array([1, 2, 3]))
+    assert set(neg.tolist()) <= set(range(4, 11)) and len(set(neg.tolist())) == 7
+    data = D.build_sequences(D.synthesize(50, 40, 12, seed=1))
+    split = D.Split(data)
+    a, b = (D.TrainSequences(split, 20, 2, seed=3) for _ in range(2))
+    assert all(np.array_equal(a[i]["neg"], b[i]["neg"]) for i in range(5))
+    b.epoch = 1
+    assert not np.array_equal(a[0]["neg"], b[0]["neg"])
+    ev = D.EvalSequences(split, "test", 20, 100, seed=3)
+    s = ev[0]
+    assert s["candidates"][0] == data.seqs[ev.users[0]][-1]
+    assert not set(s["candidates"][1:].tolist()) & set(data.seqs[ev.users[0]].tolist())
+
+
+def test_empty_train_users_and_split_errors(tmp_path):
+    from trainer.recipes.sasrec.recipe import SASRecRecipe
+    from trainer.config import TrainConfig
+    from trainer.distributed.runtime import DistInfo
+    p = write(tmp_path, "u.data", "1\t1\t5\t1\n2\t2\t5\t1\n2\t3\t5\t2\n")
+    recipe = SASRecRecipe(D.SeqDataConfig(path=str(p)), None, TrainConfig(), DistInfo())
+    with pytest.raises(D.DataError, match="no user has 3 or more interactions"):
+        recipe.build_datasets()
+
+
+def test_synthetic_is_deterministic_and_power_law():
+    a, b = D.synthesize(100, 50, 20, seed=4), D.synthesize(100, 50, 20, seed=4)
+    assert a.items == b.items and np.array_equal(a.times, b.times)
+    counts = np.sort(np.bincount(np.asarray(a.items, dtype=int)))[::-1]
+    assert counts[0] > 4 * np.median(counts[counts > 0])
+
+
+@pytest.mark.skipif(not SHARED_ML100K.exists(), reason=f"{SHARED_ML100K} not present (licensed data is not "
+                    "shipped); the synthetic tests cover the same code")
+def test_movielens_100k_real_file():
+    data = D.build_sequences(D.read_interactions(SHARED_ML100K))
+    assert data.num_users == 943 and data.num_items == 1682 and sum(len(s) for s in data.seqs) == 100000
+    five = D.build_sequences(D.read_interactions(SHARED_ML100K), k=5)
+    assert all(len(s) >= 5 for s in five.seqs)

@@ -1,0 +1,133 @@
+"""SASRec/TiSASRec/mHC model properties and the ranking metrics."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from trainer.recipes.sasrec.model import MHCMaps, SeqRec, SeqRecConfig, SelfAttention, sinkhorn
+from trainer.recipes.sasrec.recipe import rank_stats
+
+VARIANTS = [dict(time=t, mhc=m) for t in (True, False) for m in (True, False)]
+
+
+def batch(b=3, t=12, items=30, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(1, items + 1, (b, t), generator=g)
+    seq[0, :4] = 0                                        # left padding
+    time = torch.cumsum(torch.randint(0, 5, (b, t), generator=g), 1) + 1
+    time[seq == 0] = 0
+    return seq, time
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"time={v['time']},mhc={v['mhc']}")
+def test_causal_future_items_do_not_change_past_logits(variant):
+    torch.manual_seed(0)
+    model = SeqRec(SeqRecConfig(hidden=16, heads=2, **variant), num_items=30, maxlen=12).eval()
+    seq, time = batch()
+    h1 = model.features(seq, time)
+    seq2, time2 = seq.clone(), time.clone()
+    seq2[:, 8] = (seq2[:, 8] % 30) + 1                    # change the item at t=8 (and its time)
+    time2[:, 8:] += 3
+    h2 = model.features(seq2, time2)
+    assert torch.allclose(h1[:, :8], h2[:, :8], atol=1e-6)
+    assert not torch.allclose(h1[:, 8:], h2[:, 8:], atol=1e-4)
+    assert torch.isfinite(h1).all()
+
+
+def slow_time_attention(att: SelfAttention, x, seq, time, span):
+    """TiSASRec's reference formulation with explicit (T, T, D) relation tensors, one user at a time."""
+    outs = []
+    t = x.shape[1]
+    for b in range(x.shape[0]):
+        rel = np.minimum(np.abs(time[b, :, None].numpy() - time[b, None, :].numpy()), span)
+        ek, ev = att.time_k.weight[torch.from_numpy(rel)], att.time_v.weight[torch.from_numpy(rel)]  # (T,T,D)
+        pk, pv = att.pos_k.weight[:t], att.pos_v.weight[:t]
+        q, k, v = att.q(x[b]), att.k(x[b]), att.v(x[b])
+        scores = (q @ (k + pk).T + (q[:, None, :] * ek).sum(-1)) / math.sqrt(q.shape[-1])
+        mask = torch.ones(t, t, dtype=torch.bool).tril() & (seq[b] != 0)[None, :] | torch.eye(t, dtype=torch.bool)
+        a = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+        out = a @ (v + pv) + (a[:, :, None] * ev).sum(1)
+        outs.append(att.out(out))
+    return torch.stack(outs)
+
+
+def test_time_interval_attention_matches_slow_reference():
+    torch.manual_seed(1)
+    cfg = SeqRecConfig(hidden=8, heads=1, time=True, mhc=False, time_span=6, dropout=0.0)
+    model = SeqRec(cfg, num_items=30, maxlen=12).eval()
+    seq, time = batch()
+    x = torch.randn(3, 12, 8)
+    keep, mask, rel = model._masks(seq, time)
+    att = model.blocks[0].attn.fn
+    fast = att(x, mask=mask, rel=rel)
+    assert rel.max() == 6 and rel.min() == 0
+    assert torch.allclose(fast, slow_time_attention(att, x, seq, time, 6), atol=1e-5)
+
+
+@pytest.mark.parametrize("amp", [None, torch.bfloat16])
+def test_mhc_residual_matrix_is_doubly_stochastic(amp):
+    torch.manual_seed(2)
+    cfg = SeqRecConfig(mhc_gate_init=1.0)                 # large gates: far from the identity start
+    maps = MHCMaps(4, 16, cfg)
+    with torch.no_grad():
+        maps.b_res.zero_()                                 # no identity prior: a non-trivial matrix
+        maps.proj.weight.normal_(std=0.2)                  # logits with std ~1.6
+    x = torch.randn(2, 5, 4, 16)
+    ctx = torch.autocast("cpu", dtype=amp) if amp else torch.autocast("cpu", enabled=False)
+    with ctx:
+        pre, post, res = maps(x)
+    assert res.dtype == torch.float32                      # mhc_fp32 keeps the maps in fp32 under AMP
+    assert torch.allclose(res.sum(-1), torch.ones(2, 5, 4), atol=1e-3)
+    assert torch.allclose(res.sum(-2), torch.ones(2, 5, 4), atol=1e-3)
+    assert (pre > 0).all() and (pre < 1).all() and (post > 0).all() and (post < 2).all()
+    assert not torch.allclose(res, torch.eye(4).expand_as(res), atol=0.05)
+
+
+def test_mhc_starts_near_identity_and_keeps_streams():
+    maps = MHCMaps(4, 16, SeqRecConfig())
+    pre, post, res = maps(torch.randn(2, 5, 4, 16))
+    assert torch.allclose(res, torch.eye(4).expand_as(res), atol=0.06)
+    assert (res.diagonal(dim1=-2, dim2=-1) > 0.9).all()
+    assert torch.allclose(pre, torch.full_like(pre, 0.25), atol=1e-2)
+    assert torch.allclose(post, torch.ones_like(post), atol=2e-2)
+    assert torch.allclose(sinkhorn(torch.zeros(3, 3), 20), torch.full((3, 3), 1 / 3))
+
+
+def test_mhc_streams_diverge_inside_the_network():
+    """The streams are kept (B, T, n, D) between blocks: after training-like updates they differ."""
+    torch.manual_seed(3)
+    model = SeqRec(SeqRecConfig(hidden=16, mhc_gate_init=0.5, dropout=0.0), num_items=30, maxlen=12)
+    seen = []
+    model.blocks[1].register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    model.features(*batch())
+    streams = seen[0]
+    assert streams.shape[2] == 4 and not torch.allclose(streams[:, :, 0], streams[:, :, 1])
+
+
+def test_loss_variants_and_gradient_checkpointing_agree():
+    torch.manual_seed(4)
+    cfg = SeqRecConfig(hidden=16, dropout=0.0)
+    a = SeqRec(cfg, 30, 12)
+    b = SeqRec(SeqRecConfig(hidden=16, dropout=0.0, grad_checkpoint=True), 30, 12)
+    b.load_state_dict(a.state_dict())
+    seq, time = batch()
+    pos, neg = seq.roll(-1, 1), torch.randint(1, 31, (3, 12, 2))
+    (la := a(seq, time, pos, neg)[0].sum()).backward()
+    (lb := b(seq, time, pos, neg)[0].sum()).backward()
+    assert torch.allclose(la, lb)
+    assert torch.allclose(a.item_emb.weight.grad, b.item_emb.weight.grad, atol=1e-5)
+
+
+def test_rank_metrics_match_brute_force():
+    rng = np.random.default_rng(0)
+    scores = torch.from_numpy(rng.normal(size=(50, 101)))
+    rank = (scores[:, 1:] > scores[:, :1]).sum(1)
+    stats = rank_stats(rank, (1, 10), "")
+    hr, ndcg = 0.0, 0.0
+    for row in scores.numpy():
+        r = list(np.argsort(-row)).index(0)               # position of the target when sorted
+        hr += r < 10
+        ndcg += 1 / math.log2(r + 2) if r < 10 else 0
+    assert stats["hr@10"].item() == hr and abs(stats["ndcg@10"].item() - ndcg) < 1e-9
+    assert stats["hr@1"].item() == (rank == 0).sum().item()

@@ -1,0 +1,1 @@
+"""Dataset downloads, synthetic generators and format converters (`python -m trainer data ...`)."""

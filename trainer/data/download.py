@@ -1,0 +1,117 @@
+"""Resumable, checksum-verified downloads of public datasets.
+
+    python -m trainer data download ml-100k --out data/
+    python -m trainer data download ml-1m --out data/ --url http://mirror.local/ml-1m.zip   # a mirror
+
+A partial transfer is kept as NAME.part and continued with an HTTP Range request; the archive is only
+renamed into place (and extracted) once its sha256 matches.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A downloadable archive: canonical URL, sha256 and size in bytes."""
+
+    url: str
+    sha256: str
+    size: int
+    extract: bool = True
+
+
+# sha256 and sizes as published in tensorflow/datasets' url_checksums/movielens.txt
+REMOTES: dict[str, Remote] = {
+    "ml-100k": Remote("https://files.grouplens.org/datasets/movielens/ml-100k.zip",
+                      "50d2a982c66986937beb9ffb3aa76efe955bf3d5c6b761f4e3a7cd717c6a3229", 4924029),
+    "ml-1m": Remote("https://files.grouplens.org/datasets/movielens/ml-1m.zip",
+                    "a6898adb50b9ca05aa231689da44c217cb524e7ebd39d264c56e2832f2c54e20", 5917549),
+}
+
+
+class DownloadError(RuntimeError):
+    """The transfer failed or the file does not match its checksum."""
+
+
+def sha256_of(path: Path) -> str:
+    """Hex sha256 of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _progress(total: int | None, initial: int, name: str):
+    try:
+        from tqdm.auto import tqdm
+        return tqdm(total=total, initial=initial, unit="B", unit_scale=True, desc=name, leave=False)
+    except ImportError:  # tqdm is a dependency; degrade to no bar
+        return None
+
+
+def fetch(url: str, dest: Path, sha256: str, timeout: float = 60.0) -> Path:
+    """Download url to dest (resuming dest.part), verify sha256, rename atomically."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists() and sha256_of(dest) == sha256:
+        log.info("%s already present and verified", dest)
+        return dest
+    part = dest.with_name(dest.name + ".part")
+    have = part.stat().st_size if part.exists() else 0
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            if have and resp.status != 206:  # server ignored the Range: start over
+                log.warning("server does not resume (HTTP %d): downloading %s from the start", resp.status, url)
+                have = 0
+            length = resp.headers.get("Content-Length")
+            bar = _progress(int(length) + have if length else None, have, dest.name)
+            with open(part, "ab" if have else "wb") as fh:
+                for block in iter(lambda: resp.read(CHUNK), b""):
+                    fh.write(block)
+                    if bar is not None:
+                        bar.update(len(block))
+            if bar is not None:
+                bar.close()
+    except (urllib.error.URLError, OSError) as err:
+        size = part.stat().st_size if part.exists() else 0
+        raise DownloadError(f"download of {url} failed after {size} bytes ({err}); run the same command "
+                            f"again to resume from {part}") from None
+    got = sha256_of(part)
+    if got != sha256:
+        bad = part.with_name(part.name + ".bad")
+        os.replace(part, bad)
+        raise DownloadError(f"{url}: sha256 mismatch (expected {sha256}, got {got}); the file was kept as "
+                            f"{bad} and will not be used")
+    os.replace(part, dest)
+    return dest
+
+
+def download(name: str, out: str | Path, url: str | None = None, sha256: str | None = None) -> Path:
+    """Fetch a registered dataset into out/ (and extract it); returns the extracted folder or file."""
+    if name not in REMOTES:
+        raise DownloadError(f"unknown dataset {name!r}; known: {', '.join(sorted(REMOTES))}")
+    remote = REMOTES[name]
+    src = url or remote.url
+    archive = fetch(src, Path(out) / Path(remote.url).name, sha256 or remote.sha256)
+    if not remote.extract:
+        return archive
+    with zipfile.ZipFile(archive) as zf:
+        for member in zf.namelist():   # refuse paths that escape the output folder
+            target = (Path(out) / member).resolve()
+            if not str(target).startswith(str(Path(out).resolve())):
+                raise DownloadError(f"{archive}: unsafe member path {member!r}")
+        zf.extractall(out)
+        top = zf.namelist()[0].split("/")[0]
+    return Path(out) / top
