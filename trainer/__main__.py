@@ -15,6 +15,7 @@ from trainer.cli import flags_from_args, get_parser, parse_args
 from trainer.config import ConfigError, build_config, from_dict, parse_override, save_config, set_key
 from trainer.distributed import runtime
 from trainer.distributed.environment import LaunchError, select_environment
+from trainer.data.download import DownloadError
 from trainer.engine.checkpoint import CheckpointError
 
 log = logging.getLogger("trainer")
@@ -92,14 +93,19 @@ def cmd_doctor(args) -> int:
     return run_doctor(args)
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "doctor": cmd_doctor}
+def cmd_data(args) -> int:
+    from trainer.data.cli import run
+    return run(args)
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "doctor": cmd_doctor, "data": cmd_data}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(get_parser(), argv)
     try:
         return COMMANDS[args.command](args)
-    except (ConfigError, LaunchError, CheckpointError, ValueError, FileNotFoundError) as err:
+    except (ConfigError, LaunchError, CheckpointError, DownloadError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -61,7 +61,7 @@ def get_train_parser(add_help: bool = False) -> argparse.ArgumentParser:
 
 
 def get_parser() -> argparse.ArgumentParser:
-    """`python -m trainer {train,eval,doctor}`."""
+    """`python -m trainer {train,eval,doctor,data}`."""
     parser = argparse.ArgumentParser(
         prog="trainer", description="Distributed PyTorch training for HPC clusters. Registered recipes: "
         + (", ".join(recipe_names()) or "none"))
@@ -77,6 +77,8 @@ def get_parser() -> argparse.ArgumentParser:
     doc.add_argument("--json", action="store_true", help="print one JSON report (rank 0)")
     doc.add_argument("--bandwidth-mb", type=float, default=16.0, help="all_reduce size for the bandwidth test")
     doc.add_argument("--timeout", type=float, default=120.0, help="process-group timeout in seconds")
+    from trainer.data.cli import add_data_parser
+    add_data_parser(sub)
     return parser
 
 

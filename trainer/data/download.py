@@ -77,13 +77,17 @@ def fetch(url: str, dest: Path, sha256: str, timeout: float = 60.0) -> Path:
                 have = 0
             length = resp.headers.get("Content-Length")
             bar = _progress(int(length) + have if length else None, have, dest.name)
+            got = 0
             with open(part, "ab" if have else "wb") as fh:
                 for block in iter(lambda: resp.read(CHUNK), b""):
                     fh.write(block)
+                    got += len(block)
                     if bar is not None:
                         bar.update(len(block))
             if bar is not None:
                 bar.close()
+            if length is not None and got < int(length):   # the server closed the connection early
+                raise OSError(f"connection closed after {got} of {length} bytes")
     except (urllib.error.URLError, OSError) as err:
         size = part.stat().st_size if part.exists() else 0
         raise DownloadError(f"download of {url} failed after {size} bytes ({err}); run the same command "
