@@ -131,3 +131,37 @@ def test_rank_metrics_match_brute_force():
         ndcg += 1 / math.log2(r + 2) if r < 10 else 0
     assert stats["hr@10"].item() == hr and abs(stats["ndcg@10"].item() - ndcg) < 1e-9
     assert stats["hr@1"].item() == (rank == 0).sum().item()
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"time={v['time']},mhc={v['mhc']}")
+def test_length_buckets_compute_the_same_function(variant):
+    """Trimming each length bucket's common padding changes nothing: padded keys are masked and
+    positions keep their full-length index."""
+    torch.manual_seed(5)
+    cfg = SeqRecConfig(hidden=16, heads=2, dropout=0.0, **variant)
+    full = SeqRec(SeqRecConfig(**{**cfg.__dict__, "length_buckets": 1}), 30, 40).eval()
+    bucketed = SeqRec(SeqRecConfig(**{**cfg.__dict__, "length_buckets": 3}), 30, 40).eval()
+    bucketed.load_state_dict(full.state_dict())
+    g = torch.Generator().manual_seed(0)
+    seq = torch.randint(1, 31, (10, 40), generator=g)
+    lengths = torch.tensor([40, 3, 17, 1, 25, 8, 39, 12, 5, 30])
+    for row, n in enumerate(lengths):
+        seq[row, : 40 - n] = 0
+    time = torch.cumsum(torch.randint(0, 4, (10, 40), generator=g), 1) * (seq != 0)
+    a, b = full.features(seq, time), bucketed.features(seq, time)
+    assert torch.allclose(a, b, atol=1e-5)
+    cand = torch.randint(1, 31, (10, 7), generator=g)
+    assert torch.allclose(full.score(seq, time, cand), bucketed.score(seq, time, cand), atol=1e-4)
+
+
+def test_fast_dropout_has_the_right_rate_and_expectation():
+    from trainer.recipes.sasrec.model import Dropout
+    torch.manual_seed(0)
+    drop = Dropout(0.2).train()
+    y = drop(torch.ones(1_000_000))
+    assert abs((y == 0).float().mean().item() - 0.2) < 0.003
+    assert abs(y.mean().item() - 1.0) < 0.005
+    a, b = drop(torch.ones(1000)), drop(torch.ones(1000))
+    assert not torch.equal(a, b)                                     # fresh mask per call
+    x = torch.randn(100)
+    assert torch.equal(drop.eval()(x), x)

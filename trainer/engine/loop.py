@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,6 +221,7 @@ class Loop:
                              self.recipe.collate_fn(), rank_seed(self.cfg.seed, self.info.rank, epoch),
                              pin_memory=self.device.type == "cuda")
         self.wrapped.train()
+        t0 = time.perf_counter()
         bar = self._progress(epoch, start)
         window = torch.zeros(2, dtype=torch.float64)  # loss sum, samples since the last log line
         epoch_sums = torch.zeros(2, dtype=torch.float64)
@@ -243,7 +245,7 @@ class Loop:
                 self._close_bar(bar)
                 return stop
         self._close_bar(bar)
-        self._log_epoch(epoch, epoch_sums)
+        self._log_epoch(epoch, epoch_sums, time.perf_counter() - t0)
         return 0
 
     def _after_step(self, preempt: PreemptionHandler) -> int:
@@ -290,10 +292,11 @@ class Loop:
                  metrics["loss"], metrics["lr"], metrics["samples_per_s"])
         self.writer.write("train", epoch, self.state.global_step, metrics)
 
-    def _log_epoch(self, epoch: int, sums: torch.Tensor) -> None:
+    def _log_epoch(self, epoch: int, sums: torch.Tensor, seconds: float) -> None:
         loss_sum, count = self._reduced(sums).tolist()
         if count:
-            self.writer.write("train", epoch, self.state.global_step, dict(epoch_loss=loss_sum / count))
+            self.writer.write("train", epoch, self.state.global_step,
+                              dict(epoch_loss=loss_sum / count, epoch_time_s=round(seconds, 4)))
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, split: str) -> dict[str, Any]:

@@ -261,14 +261,16 @@ def left_pad(values: np.ndarray, length: int) -> np.ndarray:
 
 
 def sample_negatives(rng: np.random.Generator, shape, num_items: int, exclude: np.ndarray) -> np.ndarray:
-    """Items in 1..num_items not in `exclude` (sorted), by rejection sampling."""
-    if len(np.unique(exclude)) >= num_items:
+    """Items in 1..num_items not in `exclude`, by rejection sampling against a lookup table."""
+    seen = np.zeros(num_items + 1, dtype=bool)
+    seen[exclude] = True
+    if seen[1:].all():
         raise DataError("a user has interacted with every item: no negative can be sampled")
     out = rng.integers(1, num_items + 1, size=shape)
-    bad = np.isin(out, exclude)
+    bad = seen[out]
     while bad.any():
         out[bad] = rng.integers(1, num_items + 1, size=int(bad.sum()))
-        bad = np.isin(out, exclude)
+        bad = seen[out]
     return out
 
 
@@ -290,7 +292,7 @@ class TrainSequences(torch.utils.data.Dataset):
         times = self.split.data.times[u][: len(items)]
         seq, pos = left_pad(items[:-1], self.maxlen), left_pad(items[1:], self.maxlen)
         rng = np.random.default_rng([self.seed, self.epoch, u])
-        neg = sample_negatives(rng, (self.maxlen, self.negatives), self.split.data.num_items, np.sort(items))
+        neg = sample_negatives(rng, (self.maxlen, self.negatives), self.split.data.num_items, items)
         neg[pos == 0] = 0
         return dict(seq=torch.from_numpy(seq), time=torch.from_numpy(left_pad(times[:-1], self.maxlen)),
                     pos=torch.from_numpy(pos), neg=torch.from_numpy(neg))
@@ -304,15 +306,20 @@ class EvalSequences(torch.utils.data.Dataset):
         self.users = [u for u in range(split.data.num_users) if split.has_targets(u)]
         if max_users > 0:
             self.users = self.users[:max_users]
+        self._cache: dict[int, dict[str, torch.Tensor]] = {}
 
     def __len__(self) -> int:
         return len(self.users)
 
     def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
-        u = self.users[idx]
+        if idx not in self._cache:  # samples are fixed: build each once, reuse at every evaluation
+            self._cache[idx] = self._build(self.users[idx])
+        return self._cache[idx]
+
+    def _build(self, u: int) -> dict[str, torch.Tensor]:
         items, times, target = self.split.eval_input(u, self.which)
         rng = np.random.default_rng([self.seed, 1 if self.which == "val" else 2, u])
-        negs = sample_negatives(rng, self.negatives, self.split.data.num_items, np.sort(self.split.data.seqs[u]))
+        negs = sample_negatives(rng, self.negatives, self.split.data.num_items, self.split.data.seqs[u])
         history = np.unique(items)
         return dict(seq=torch.from_numpy(left_pad(items, self.maxlen)),
                     time=torch.from_numpy(left_pad(times, self.maxlen)),

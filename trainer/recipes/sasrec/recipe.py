@@ -60,14 +60,16 @@ class SASRecRecipe(Recipe):
 
     def training_step(self, model, batch):
         pos_logits, neg_logits = model(batch["seq"], batch["time"], batch["pos"], batch["neg"])
-        valid = batch["pos"] != 0
-        pos_logits, neg_logits = pos_logits[valid].float(), neg_logits[valid].float()
-        if self.model_cfg.loss == "bce":
-            loss = F.binary_cross_entropy_with_logits(pos_logits, torch.ones_like(pos_logits)) + \
-                F.binary_cross_entropy_with_logits(neg_logits, torch.zeros_like(neg_logits))
-        else:
+        valid = (batch["pos"] != 0).float()
+        count = valid.sum().clamp(min=1)
+        pos_logits, neg_logits = pos_logits.float(), neg_logits.float()
+        if self.model_cfg.loss == "bce":      # mean over real positions (and their negatives)
+            pos_loss = (F.softplus(-pos_logits) * valid).sum() / count
+            neg_loss = (F.softplus(neg_logits) * valid.unsqueeze(-1)).sum() / (count * neg_logits.shape[-1])
+            loss = pos_loss + neg_loss
+        else:                                 # softmax over the positive and its sampled negatives
             logits = torch.cat([pos_logits.unsqueeze(-1), neg_logits], -1)
-            loss = F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device))
+            loss = ((torch.logsumexp(logits, -1) - pos_logits) * valid).sum() / count
         if self.model_cfg.l2_emb > 0:
             loss = loss + self.model_cfg.l2_emb * unwrap(model).item_emb.weight.pow(2).sum()
         return loss
