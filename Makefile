@@ -7,10 +7,11 @@ PYTEST_ARGS   ?=
 HPC_CLUSTER_DIR ?= /tmp/hpc-trainer-slurm
 export HPC_CLUSTER_DIR
 
-.PHONY: setup test test-fast lint slurm-install slurm-up slurm-down slurm-env clean help
+.PHONY: setup demo test test-fast lint slurm-install slurm-up slurm-down slurm-env clean help
 
 help:
 	@echo "make setup        virtual environment in $(VENV) (torch==$(TORCH_VERSION), CPU build where available)"
+	@echo "make demo         TiSASRec+mHC, 2-process DDP, on generated data (no download)"
 	@echo "make test         set up, install Slurm (Debian packages) and run the whole test suite"
 	@echo "make test-fast    unit + multi-process tests only (no Slurm cluster)"
 	@echo "make slurm-up     start the local Slurm cluster (2 nodes x 4 CPUs x 4 fake GPUs)"
@@ -26,6 +27,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 setup: $(VENV)/.installed
+
+demo: setup
+	$(BIN)/python -m trainer.demo
 
 test: setup slurm-install
 	$(BIN)/python -m pytest -rs --durations=10 $(PYTEST_ARGS)

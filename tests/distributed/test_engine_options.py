@@ -60,4 +60,4 @@ def test_evaluation_with_more_ranks_than_samples(tmp_path):
     run_ranks(3, "train", *QUICK, "data.n_val=2", "data.n_test=1", "--run-dir", str(tmp_path))
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["count"] for r in rows if r["split"] == "val"] == [2]
-    assert [r["count"] for r in rows if r["split"] == "test"] == [1]
+    assert [(r["count"], r["checkpoint"]) for r in rows if r["split"] == "test"] == [(1, "final"), (1, "best")]

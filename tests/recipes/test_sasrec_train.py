@@ -46,7 +46,8 @@ def test_two_rank_ddp_beats_popularity(trained):
     cfg = D.SeqDataConfig(synthetic_users=300, synthetic_items=120, synthetic_mean_len=25, maxlen=24)
     baseline = popularity_ndcg10(cfg, 11)
     test = rows(trained, "test")[-1]
-    assert test["users"] == 300
+    assert [r["checkpoint"] for r in rows(trained, "test")] == ["final", "best"]   # best reported last
+    assert test["users"] == 300 and test["eval_time_s"] > 0
     assert test["ndcg@10"] > baseline + 0.05, (test["ndcg@10"], baseline)
     assert test["full_ndcg@10"] > 0 and test["full_recall@20"] >= test["full_recall@10"]
     ckpt = torch.load(trained / "checkpoints" / "best.pt", weights_only=True)

@@ -307,10 +307,12 @@ class Loop:
         self.last_metrics[split] = metrics
         return metrics
 
-    def evaluate_and_log(self, split: str, epoch: int) -> dict[str, Any]:
+    def evaluate_and_log(self, split: str, epoch: int, **tags: Any) -> dict[str, Any]:
         """evaluate() plus metrics.jsonl/TensorBoard/console on rank 0 (epoch: the one just trained)."""
+        t0 = time.perf_counter()
         metrics = self.evaluate(split)
-        self.writer.write(split, epoch, self.state.global_step, metrics)
+        self.writer.write(split, epoch, self.state.global_step,
+                          dict(metrics, eval_time_s=round(time.perf_counter() - t0, 4), **tags))
         if self.info.is_main:
             shown = {k: round(v, 5) for k, v in metrics.items() if isinstance(v, float) and "/" not in k}
             log.info("%s after epoch %d: %s", split, epoch, shown)
@@ -394,11 +396,17 @@ class Driver:
         return FitResult("preempted", signum, requeued, loop.state.global_step, loop.last_metrics)
 
     def finish(self, status: str) -> FitResult:
-        """Final evaluation of the test split and the final checkpoint."""
+        """Final checkpoint, then the test split with the final and (if any) the best weights."""
         loop = self.loop
-        if "test" in loop.eval_sets:
-            loop.evaluate_and_log("test", max(loop.state.epoch - 1, 0))
         loop.save("final")
+        epoch = max(loop.state.epoch - 1, 0)
+        if "test" in loop.eval_sets:
+            loop.evaluate_and_log("test", epoch, checkpoint="final")
+            best = loop.ckpts.dir / "best.pt"
+            if self.cfg.ckpt.save_best and best.exists():
+                loop.model.load_state_dict(ckpt_io.load(best)["model"])
+                metrics = loop.evaluate_and_log("test", epoch, checkpoint="best")
+                loop.last_metrics["test_best"] = metrics
         log.info("training %s after %d steps", status, loop.state.global_step)
         return FitResult(status, 0, False, loop.state.global_step, loop.last_metrics)
 

@@ -224,6 +224,18 @@ class SeqRec(nn.Module):
         self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(d, cfg, maxlen) for _ in range(cfg.blocks))
         self.last_norm = nn.LayerNorm(d, eps=1e-8)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-normal matrices as in both papers' code (PyTorch's N(0, 1) embeddings train far slower);
+        the mHC maps keep their near-identity initialisation."""
+        for name, param in self.named_parameters():
+            if param.dim() >= 2 and ".maps." not in name:
+                nn.init.xavier_normal_(param)
+        with torch.no_grad():
+            self.item_emb.weight[0].zero_()
+            if self.pos_emb is not None:
+                self.pos_emb.weight[0].zero_()
 
     def _masks(self, seq: torch.Tensor, time: torch.Tensor):
         t = seq.shape[1]

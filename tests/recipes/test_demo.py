@@ -1,0 +1,15 @@
+"""`make demo` end to end (one epoch): data generated, 2-process DDP, table and paths printed."""
+import subprocess
+
+from tests.conftest import PY, REPO, clean_env
+
+
+def test_demo_runs_and_reports(tmp_path):
+    proc = subprocess.run([PY, "-m", "trainer.demo", "--epochs", "1", "--out", str(tmp_path)], cwd=REPO,
+                          env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2-process DDP" in proc.stdout and "ndcg@10" in proc.stdout and "test " in proc.stdout
+    assert "tensorboard --logdir" in proc.stdout
+    run = next(tmp_path.glob("demo-2*"))
+    assert (run / "checkpoints" / "best.pt").exists() and (run / "tb").is_dir()
+    assert "world=2" in (run / "train.log").read_text()
