@@ -7,11 +7,12 @@ PYTEST_ARGS   ?=
 HPC_CLUSTER_DIR ?= /tmp/hpc-trainer-slurm
 export HPC_CLUSTER_DIR
 
-.PHONY: setup demo test test-fast lint slurm-install slurm-up slurm-down slurm-env clean help
+.PHONY: setup demo bench test test-fast lint slurm-install slurm-up slurm-down slurm-env clean help
 
 help:
 	@echo "make setup        virtual environment in $(VENV) (torch==$(TORCH_VERSION), CPU build where available)"
 	@echo "make demo         TiSASRec+mHC, 2-process DDP, on generated data (no download)"
+	@echo "make bench        benchmarks (JSON + PNG in bench/results; needs ../shared/data)"
 	@echo "make test         set up, install Slurm (Debian packages) and run the whole test suite"
 	@echo "make test-fast    unit + multi-process tests only (no Slurm cluster)"
 	@echo "make slurm-up     start the local Slurm cluster (2 nodes x 4 CPUs x 4 fake GPUs)"
@@ -23,13 +24,17 @@ $(BIN)/python:
 # torch is pinned first: an unpinned torch would pull several GB of CUDA wheels
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/pip install -q -e ".[tensorboard,test]"
+	$(BIN)/pip install -q -e ".[tensorboard,test,bench]"
 	touch $@
 
 setup: $(VENV)/.installed
 
 demo: setup
 	$(BIN)/python -m trainer.demo
+
+# benchmarks need the real datasets in ../shared/data (not shipped: licences)
+bench: setup
+	$(BIN)/python bench/sasrec.py
 
 test: setup slurm-install
 	$(BIN)/python -m pytest -rs --durations=10 $(PYTEST_ARGS)
