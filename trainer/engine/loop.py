@@ -87,11 +87,6 @@ def wrap_model(model: torch.nn.Module, info: DistInfo, dist_cfg) -> torch.nn.Mod
     return model
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The plain module inside DDP/DataParallel."""
-    return model.module if isinstance(model, (DDP, torch.nn.DataParallel)) else model
-
-
 class Loop:
     """One training run; small methods over shared state."""
 

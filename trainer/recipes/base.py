@@ -131,3 +131,10 @@ def move_to(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:
     return batch
 
 
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain module inside DDP/DataParallel (for attributes such as embeddings)."""
+    inner = getattr(model, "module", None)
+    return inner if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)) \
+        and inner is not None else model

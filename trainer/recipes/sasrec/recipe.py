@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trainer.recipes.base import Recipe
+from trainer.recipes.base import Recipe, unwrap
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.model import SeqRec, SeqRecConfig
 
@@ -110,9 +110,3 @@ def rank_stats(rank: torch.Tensor, ks, prefix: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def unwrap(model):
-    """The SeqRec inside DDP/DataParallel."""
-    return getattr(model, "module", model)
-
-
-__all__ = ["SASRecRecipe", "SeqEvalConfig", "rank_stats"]
