@@ -31,6 +31,7 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     momentum: float = 0.9                 # sgd only
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])   # adam/adamw
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"   # by world size
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     warmup_steps: int = 0

@@ -94,7 +94,9 @@ def test_negatives_avoid_history_and_are_deterministic():
     assert all(np.array_equal(a[i]["neg"], b[i]["neg"]) for i in range(5))
     b.epoch = 1
     assert not np.array_equal(a[0]["neg"], b[0]["neg"])
+    assert len(D.EvalSequences(split, "test", 20, 100, seed=3, max_users=7)) == 7
     ev = D.EvalSequences(split, "test", 20, 100, seed=3)
+    assert len(ev) == sum(len(s) >= 3 for s in data.seqs)            # every user with targets
     s = ev[0]
     assert s["candidates"][0] == data.seqs[ev.users[0]][-1]
     assert not set(s["candidates"][1:].tolist()) & set(data.seqs[ev.users[0]].tolist())

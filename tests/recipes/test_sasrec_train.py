@@ -78,3 +78,14 @@ def test_resume_after_sigterm_is_bitwise_exact(tmp_path):
     assert proc.returncode == 143 and "received SIGTERM: checkpointing at epoch 1 step 13" in proc.stderr
     trainer(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
     assert_bitwise_equal(weights(tmp_path / "run"), weights(tmp_path / "ref"))
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_amp_training_with_mhc_in_fp32(tmp_path, amp):
+    """TiSASRec+mHC under AMP trains (finite metrics); the mHC maps stay fp32 (model.mhc_fp32)."""
+    trainer("train", *SMALL, "--epochs", "1", "--batch-size", "32", "--amp", amp, "model.grad_checkpoint=true",
+            "--run-dir", str(tmp_path))
+    val = rows(tmp_path, "val")[-1]
+    assert 0 <= val["ndcg@10"] <= 1 and val["users"] == 300
+    ckpt = torch.load(tmp_path / "checkpoints" / "final.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())

@@ -39,7 +39,7 @@ def test_recipe_taken_from_yaml_when_not_given(tmp_path):
     ("train.amp=bf16", "train.amp", "bf16"), ("data.path=/x/y", "data.path", "/x/y"),
     ("ckpt.resume=", "ckpt.resume", ""), ("train.warmup_epochs=2", "train.warmup_epochs", 2.0),
     ("train.progress=on", "train.progress", "on"), ("train.amp=off", "train.amp", "off"),
-    ("dist.gpu_ids=", "dist.gpu_ids", []),
+    ("dist.gpu_ids=", "dist.gpu_ids", []), ("train.betas=0.9,0.98", "train.betas", [0.9, 0.98]),
 ])
 def test_override_type_conversion(text, key, value):
     cfg = build_config("toy", overrides=[text])

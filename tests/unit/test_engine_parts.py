@@ -87,3 +87,11 @@ def test_classification_metrics_match_hand_computation():
     f1 = [2 * 0.5 * 0.5 / 1.0, 2 * 1 * (2 / 3) / (1 + 2 / 3), 2 * (2 / 3) * 1 / (1 + 2 / 3)]
     assert [m["f1/a"], m["f1/b"], m["f1/c"]] == pytest.approx(f1)
     assert m["macro_f1"] == pytest.approx(sum(f1) / 3)
+
+
+def test_optimizer_uses_configured_betas_and_scaled_lr():
+    from trainer.engine.optim import build_optimizer
+    tc = TrainConfig(optimizer="adam", betas=[0.9, 0.98], lr=0.01, lr_scaling="linear")
+    opt = build_optimizer([torch.nn.Parameter(torch.zeros(2))], tc, world_size=4)
+    assert type(opt) is torch.optim.Adam
+    assert opt.param_groups[0]["betas"] == (0.9, 0.98) and opt.param_groups[0]["lr"] == pytest.approx(0.04)

@@ -18,7 +18,7 @@ def build_optimizer(params, train_cfg, world_size: int) -> torch.optim.Optimizer
     if train_cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
     cls = torch.optim.AdamW if train_cfg.optimizer == "adamw" else torch.optim.Adam
-    return cls(params, lr=lr, weight_decay=train_cfg.weight_decay)
+    return cls(params, lr=lr, betas=tuple(train_cfg.betas), weight_decay=train_cfg.weight_decay)
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float = 0.0) -> float:
