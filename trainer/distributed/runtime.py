@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +17,7 @@ import torch.distributed as dist
 from trainer.distributed.environment import LaunchEnvironment, visible_gpu_count
 
 log = logging.getLogger(__name__)
+_TEARDOWN_KEY = "trainer/teardown"
 
 
 @dataclass(frozen=True)
@@ -93,12 +96,25 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
 
 
 def teardown(info: DistInfo, clean: bool = True) -> None:
-    """Destroy the process group if this run created one (after a barrier when the run ended cleanly,
-    so no rank tears its connections down while another still uses them)."""
-    if info.distributed and dist.is_initialized():
-        if clean:
-            dist.barrier()
+    """Destroy the process group if this run created one. After a clean run: a barrier, then every
+    rank but 0 tears down and says so through the store; rank 0, which hosts the TCP store under srun,
+    leaves last, so no peer loses the store in the middle of its own shutdown (an abort at exit)."""
+    if not (info.distributed and dist.is_initialized()):
+        return
+    gc.collect()  # free DDP reducers (they hold the group) now, not at interpreter exit after it is gone
+    store = None
+    if clean:
+        dist.barrier()
+        store = dist.distributed_c10d._get_default_store()
+    if info.rank != 0 or store is None:
         dist.destroy_process_group()
+        if store is not None:
+            store.add(_TEARDOWN_KEY, 1)
+        return
+    deadline = time.monotonic() + 60
+    while store.add(_TEARDOWN_KEY, 0) < info.world_size - 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    dist.destroy_process_group()
 
 
 def all_reduce(tensor: torch.Tensor, info: DistInfo, op: str = "sum") -> torch.Tensor:
