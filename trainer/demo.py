@@ -37,10 +37,11 @@ def table(run_dir: Path) -> str:
     """Validation rows and the final test row of metrics.jsonl as a text table."""
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     cols = ["hr@10", "ndcg@10", "full_hr@10", "full_ndcg@10", "full_recall@20"]
-    lines = [f"{'split':<6}{'epoch':>6} " + " ".join(f"{c:>15}" for c in cols)]
+    lines = [f"{'split':<13}{'epoch':>6} " + " ".join(f"{c:>15}" for c in cols)]
     for r in rows:
         if r["split"] in ("val", "test"):
-            lines.append(f"{r['split']:<6}{r['epoch']:>6} " + " ".join(f"{r.get(c, float('nan')):>15.4f}" for c in cols))
+            label = f"{r['split']} ({r['checkpoint']})" if "checkpoint" in r else r["split"]
+            lines.append(f"{label:<13}{r['epoch']:>6} " + " ".join(f"{r.get(c, float('nan')):>15.4f}" for c in cols))
     epochs = [r["epoch_time_s"] for r in rows if "epoch_time_s" in r]
     if epochs:
         lines.append(f"time per epoch: {sum(epochs) / len(epochs):.2f} s (mean of {len(epochs)})")
