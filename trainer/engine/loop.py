@@ -99,6 +99,7 @@ class Loop:
         self.writer = MetricsWriter(self.run_dir, info, self.tc.tensorboard)
         self.stats, self.meter = SystemStats(), Throughput()
         self.last_metrics: dict[str, dict[str, Any]] = {}
+        self.last_records: dict[str, dict[str, Any]] = {}   # as written to metrics.jsonl
         self._setup()
 
     # ---------------------------------------------------------------- set-up
@@ -306,8 +307,8 @@ class Loop:
         """evaluate() plus metrics.jsonl/TensorBoard/console on rank 0 (epoch: the one just trained)."""
         t0 = time.perf_counter()
         metrics = self.evaluate(split)
-        self.writer.write(split, epoch, self.state.global_step,
-                          dict(metrics, eval_time_s=round(time.perf_counter() - t0, 4), **tags))
+        self.last_records[split] = dict(metrics, eval_time_s=round(time.perf_counter() - t0, 4), **tags)
+        self.writer.write(split, epoch, self.state.global_step, self.last_records[split])
         if self.info.is_main:
             shown = {k: round(v, 5) for k, v in metrics.items() if isinstance(v, float) and "/" not in k}
             log.info("%s after epoch %d: %s", split, epoch, shown)
@@ -399,8 +400,14 @@ class Driver:
             loop.evaluate_and_log("test", epoch, checkpoint="final")
             best = loop.ckpts.dir / "best.pt"
             if self.cfg.ckpt.save_best and best.exists():
-                loop.model.load_state_dict(ckpt_io.load(best)["model"])
-                metrics = loop.evaluate_and_log("test", epoch, checkpoint="best")
+                ckpt = ckpt_io.load(best)
+                if ckpt["global_step"] == loop.state.global_step:   # the final weights are the best
+                    metrics = dict(loop.last_metrics["test"])
+                    loop.writer.write("test", epoch, loop.state.global_step,
+                                      dict(loop.last_records["test"], checkpoint="best"))
+                else:
+                    loop.model.load_state_dict(ckpt["model"])
+                    metrics = loop.evaluate_and_log("test", epoch, checkpoint="best")
                 loop.last_metrics["test_best"] = metrics
         log.info("training %s after %d steps", status, loop.state.global_step)
         return FitResult(status, 0, False, loop.state.global_step, loop.last_metrics)
