@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -35,10 +36,7 @@ def run_variant(name: str, data: str, epochs: int, out: Path, seed: int) -> dict
            "--epochs", str(epochs), "--seed", str(seed), f"data.path={data}", "eval.full_ranking=false",
            f"train.eval_every_epochs={max(1, min(20, epochs))}", "train.tensorboard=false",
            "train.log_every_steps=1000", *extra]
-    if run_dir.exists():
-        for f in run_dir.rglob("*"):
-            if f.is_file():
-                f.unlink()
+    shutil.rmtree(run_dir, ignore_errors=True)   # a fresh run, not a resume of an earlier one
     t0 = time.time()
     subprocess.run(cmd, check=True, env=env, cwd=REPO)
     wall = time.time() - t0

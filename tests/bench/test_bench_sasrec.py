@@ -1,9 +1,6 @@
 """bench/sasrec.py smoke run (2 epochs, one variant): JSON and PNG written, no timing assertions."""
 import json
 import subprocess
-from pathlib import Path
-
-import pytest
 
 from tests.conftest import PY, REPO, clean_env
 

@@ -5,7 +5,6 @@ import re
 import shlex
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
