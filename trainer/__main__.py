@@ -37,7 +37,8 @@ def build_recipe(cfg, info):
     return get_recipe_class(cfg.recipe)(cfg.data, cfg.model, cfg.train, info, eval_cfg=cfg.eval, seed=cfg.seed)
 
 
-def cmd_train(args) -> int:
+def run_train(args):
+    """Train from parsed `train` arguments; returns (FitResult, resolved Config). Used by hpc/task.py."""
     from trainer.engine.logging import setup_logging
     from trainer.engine.loop import fit
     cfg = build_config(args.recipe, args.config, flags_from_args(args), args.overrides)
@@ -53,6 +54,11 @@ def cmd_train(args) -> int:
         ok = True
     finally:
         runtime.teardown(info, clean=ok)
+    return result, cfg
+
+
+def cmd_train(args) -> int:
+    result, _ = run_train(args)
     if result.status == "preempted" and not result.requeued:
         return 128 + result.signal
     return 0

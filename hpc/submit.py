@@ -1,0 +1,336 @@
+"""Submit trainer runs to Slurm through submitit (or run them locally), one task per GPU.
+
+    python hpc/submit.py --recipe sasrec --config configs/sasrec/ml-1m.yaml --nodes 2 --gpus-per-node 4 \\
+        --time 04:00:00 --partition gpu --follow
+    python hpc/submit.py --recipe sasrec --nodes 1 --tasks-per-node 4 --dry-run data.path=data/ml-1m
+    python hpc/submit.py --recipe sasrec --sweep train.lr=0.001,0.0003 --sweep model.hidden=64,128 ...
+
+Every trainer flag and key=value override is accepted and validated before anything is submitted.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python hpc/submit.py`: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hpc.slurm_info import SubmitError, parse_time_min, partition_gpus, srun_supports  # noqa: E402
+from trainer.cli import FLAG_KEYS, flags_from_args, get_train_parser, parse_args  # noqa: E402
+
+SIGNAL_DELAY_S = 120    # USR2 this long before the time limit: enough to write a checkpoint
+
+
+def get_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hpc/submit.py", parents=[get_train_parser()],
+        description="Submit a trainer run with submitit. Trainer flags and key=value overrides pass through.")
+    job = p.add_argument_group("job shape and Slurm options")
+    job.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    job.add_argument("--gpus-per-node", type=int, default=0, metavar="G",
+                     help="GPUs per node; one task (rank) per GPU")
+    job.add_argument("--tasks-per-node", type=int, metavar="T", help="tasks per node for CPU-only jobs (default 1)")
+    job.add_argument("--cpus-per-task", type=int, metavar="C", help="CPUs per task (also sets the torch threads)")
+    job.add_argument("--mem", metavar="M", help="memory per node, e.g. 64G")
+    job.add_argument("--time", default="01:00:00", metavar="HH:MM:SS", help="time limit (default 01:00:00)")
+    job.add_argument("--partition", metavar="P")
+    job.add_argument("--account", metavar="A")
+    job.add_argument("--qos", metavar="Q")
+    job.add_argument("--job-name", metavar="J", help="default trainer-<recipe>")
+    job.add_argument("--constraint", metavar="FEATURES")
+    job.add_argument("--exclusive", action="store_true", help="whole nodes")
+    job.add_argument("--max-num-timeout", type=int, default=3, metavar="N",
+                     help="requeue after a time-out at most N times (preemptions do not count; default 3)")
+    box = p.add_argument_group("containers")
+    box.add_argument("--container", metavar="IMAGE.sif", help="run every task in `apptainer exec --nv IMAGE.sif`")
+    box.add_argument("--container-image", metavar="REF", help="pyxis/enroot image (srun --container-image)")
+    box.add_argument("--container-mounts", metavar="SRC:DST,...",
+                     help="pyxis mounts (default: the current directory)")
+    sub = p.add_argument_group("submission")
+    sub.add_argument("--cluster", choices=["slurm", "local", "debug"], default="slurm",
+                     help="slurm (default); local: same tasks as local processes; debug: in this process")
+    sub.add_argument("--sweep", action="append", default=[], metavar="key=v1,v2",
+                     help="job array over the product of all --sweep values, one run directory each")
+    sub.add_argument("--folder", default="runs/submitit", help="submitit folder (created private, 0700)")
+    sub.add_argument("--dry-run", action="store_true", help="print the sbatch script and exit")
+    sub.add_argument("--follow", action="store_true", help="stream rank 0's log; exit with the job's state")
+    return p
+
+
+# ----------------------------------------------------------------------------------------------- validation
+
+def tasks_per_node(args) -> int:
+    """One task per GPU; CPU-only jobs take --tasks-per-node."""
+    if args.gpus_per_node and args.tasks_per_node and args.tasks_per_node != args.gpus_per_node:
+        raise SubmitError(f"--tasks-per-node {args.tasks_per_node} with --gpus-per-node {args.gpus_per_node}: "
+                          "GPU jobs run one task per GPU (drop --tasks-per-node)")
+    return args.gpus_per_node or args.tasks_per_node or 1
+
+
+def parse_sweeps(items: list[str]) -> list[list[str]]:
+    """['a=1,2', 'b=x,y'] -> [['a=1','b=x'], ['a=1','b=y'], ...] (product, in order)."""
+    axes = []
+    for item in items:
+        key, sep, values = item.partition("=")
+        options = [v for v in values.split(",") if v != ""]
+        if not sep or not key or not options:
+            raise SubmitError(f"--sweep {item!r}: expected key=v1,v2,...")
+        axes.append([f"{key}={v}" for v in options])
+    return [list(combo) for combo in itertools.product(*axes)] if axes else [[]]
+
+
+def combo_name(overrides: list[str]) -> str:
+    """A directory name for one sweep point: 'train.lr=0.01' -> 'train.lr-0.01'."""
+    return "_".join(re.sub(r"[^A-Za-z0-9.+-]", "-", o.replace("=", "-")) for o in overrides) or "run"
+
+
+def check_config(args, extra: list[str]):
+    """Build the config exactly as each task will (unknown recipe/keys, bad values fail here)."""
+    from trainer.config import build_config
+    return build_config(args.recipe, args.config, flags_from_args(args), list(args.overrides) + extra)
+
+
+def validate(args) -> None:
+    """Everything that can be checked before submitting; raises SubmitError with a hint."""
+    if args.nodes < 1 or (args.gpus_per_node or 0) < 0:
+        raise SubmitError("--nodes must be >= 1 and --gpus-per-node >= 0")
+    tasks_per_node(args)
+    if args.cluster in ("local", "debug") and args.nodes > 1:
+        raise SubmitError(f"--nodes {args.nodes} with --cluster {args.cluster}: local runs use this one machine "
+                          "(use --cluster slurm, or --tasks-per-node for several local ranks)")
+    if args.cluster == "debug" and tasks_per_node(args) > 1:
+        raise SubmitError("--cluster debug runs one task in this process: use --cluster local for several ranks")
+    if args.container and args.container_image:
+        raise SubmitError("--container (apptainer) and --container-image (pyxis) exclude each other")
+    if args.container and not Path(args.container).is_file():
+        raise SubmitError(f"container image not found: {args.container} (build it with `make sif`)")
+    if args.mem and not re.fullmatch(r"\d+[KMGT]?", args.mem):
+        raise SubmitError(f"--mem {args.mem!r}: expected a number with an optional K/M/G/T suffix")
+    parse_time_min(args.time)
+    if args.cluster == "slurm" and args.gpus_per_node:
+        found = partition_gpus(args.partition)
+        if found is not None and args.gpus_per_node > found[1]:
+            raise SubmitError(f"--gpus-per-node {args.gpus_per_node}: nodes of partition {found[0]!r} have at "
+                              f"most {found[1]} GPUs (ask `sinfo -N -o '%P %G'`)")
+    for extra in parse_sweeps(args.sweep):
+        args.recipe = check_config(args, extra).recipe  # the recipe may come from the YAML file
+
+
+# ------------------------------------------------------------------------------------------ job description
+
+def trainer_argv(args, run_dir: Path, extra: list[str]) -> list[str]:
+    """The `python -m trainer train` arguments of one run (absolute paths: tasks may start elsewhere)."""
+    argv = []
+    for dest in ("recipe", "config", *FLAG_KEYS):
+        value = getattr(args, dest, None)
+        if value is None or dest in ("run_dir", "resume"):
+            continue
+        if dest == "config":
+            value = str(Path(value).resolve())
+        if dest == "gpu_ids":
+            value = ",".join(map(str, value))
+        argv += [f"--{dest.replace('_', '-')}", str(value)]
+    argv += ["--run-dir", str(run_dir), "--resume", args.resume or "auto"]
+    return argv + list(args.overrides) + extra
+
+
+def run_dirs(args, sweeps: list[list[str]]) -> list[Path]:
+    """--run-dir (default runs/<recipe>-<time>), with one sub-folder per sweep point."""
+    base = Path(args.run_dir or f"runs/{args.recipe or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    return [base] if sweeps == [[]] else [base / combo_name(extra) for extra in sweeps]
+
+
+def container_python(args) -> str | None:
+    """The shell words that start python inside the task (None: this interpreter)."""
+    if args.container:
+        return shlex.join(["apptainer", "exec", "--nv", str(Path(args.container).resolve()), "python"])
+    if args.container_image:
+        return "python"
+    return None
+
+
+def slurm_parameters(args, folder: Path) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters (sbatch names)."""
+    params: dict[str, Any] = dict(
+        job_name=args.job_name or f"trainer-{args.recipe}", nodes=args.nodes, ntasks_per_node=tasks_per_node(args),
+        time=parse_time_min(args.time), signal_delay_s=SIGNAL_DELAY_S, additional_parameters={"requeue": True})
+    if args.gpus_per_node:
+        params["gpus_per_node"] = args.gpus_per_node
+    for name in ("cpus_per_task", "partition", "account", "qos", "constraint"):
+        if getattr(args, name) is not None:
+            params[name] = getattr(args, name)
+    if args.exclusive:
+        params["exclusive"] = True
+    if args.mem:
+        params["additional_parameters"]["mem"] = args.mem
+    if args.cpus_per_task:
+        # Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation
+        params["setup"] = ["export SRUN_CPUS_PER_TASK=\"$SLURM_CPUS_PER_TASK\""]
+    if args.container_image:
+        mounts = args.container_mounts or f"{Path.cwd()}:{Path.cwd()}"
+        if str(folder) not in mounts and not str(folder).startswith(str(Path.cwd())):
+            mounts += f",{folder}:{folder}"
+        params["srun_args"] = ["--container-image", args.container_image, "--container-mounts", mounts,
+                               "--container-workdir", str(Path.cwd())]
+    return params
+
+
+def private_folder(path: str) -> Path:
+    """The submitit folder, created (or tightened) to 0700: it holds pickles and logs of the user's jobs."""
+    folder = Path(path).resolve()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if folder.stat().st_mode & 0o077:
+        folder.chmod(0o700)
+    return folder
+
+
+def job_folder(folder: Path) -> Path:
+    return folder / "%j"
+
+
+def render_sbatch(args, folder: Path, n_jobs: int) -> str:
+    """Exactly the script submitit's SlurmExecutor writes for these arguments."""
+    from submitit.slurm.slurm import _make_sbatch_string
+    jf = job_folder(folder)
+    command = " ".join([container_python(args) or shlex.quote(sys.executable), "-u -m submitit.core._submit",
+                        shlex.quote(str(jf))])
+    params = slurm_parameters(args, folder)
+    return _make_sbatch_string(command=command, folder=jf, map_count=n_jobs if n_jobs > 1 else None, **params)
+
+
+def make_executor(args, folder: Path):
+    """submitit executor for --cluster."""
+    import submitit
+    jf = job_folder(folder)
+    if args.cluster == "debug":
+        return submitit.DebugExecutor(jf)
+    if args.cluster == "local":
+        ex = submitit.LocalExecutor(jf, max_num_timeout=args.max_num_timeout, python=container_python(args))
+        ex.update_parameters(timeout_min=parse_time_min(args.time), tasks_per_node=tasks_per_node(args),
+                             gpus_per_node=args.gpus_per_node or 0, signal_delay_s=SIGNAL_DELAY_S)
+        return ex
+    ex = submitit.SlurmExecutor(jf, max_num_timeout=args.max_num_timeout, python=container_python(args))
+    ex.update_parameters(**slurm_parameters(args, folder))
+    return ex
+
+
+def submit(args) -> tuple[list, list[Path]]:
+    """Validate, then submit one job (or a job array for --sweep). Returns (jobs, run directories)."""
+    from hpc.task import TrainTask
+    validate(args)
+    if args.cluster == "slurm" and args.container_image and not srun_supports("--container-image"):
+        raise SubmitError("srun has no --container-image: pyxis is not installed on this cluster "
+                          "(use --container IMAGE.sif with apptainer instead)")
+    sweeps = parse_sweeps(args.sweep)
+    dirs = run_dirs(args, sweeps)
+    tasks = [TrainTask(trainer_argv(args, d, extra)) for d, extra in zip(dirs, sweeps)]
+    executor = make_executor(args, private_folder(args.folder))
+    if len(tasks) == 1:
+        return [executor.submit(tasks[0])], dirs
+    with executor.batch():
+        jobs = [executor.submit(task) for task in tasks]
+    return jobs, dirs
+
+
+# ------------------------------------------------------------------------------------------------ following
+
+class Tail:
+    """Prints what was appended to a file since the last call (restarts if the file shrinks)."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset = Path(path), 0
+
+    def poll(self, out) -> None:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        self.offset = 0 if size < self.offset else self.offset
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        if data:
+            out.write(data.decode(errors="replace"))
+            out.flush()
+
+
+def follow(jobs, poll_s: float = 1.0, out=sys.stdout) -> int:
+    """Stream the first job's rank-0 output until every job is done; 0 if all completed."""
+    tails = [Tail(jobs[0].paths.stdout), Tail(jobs[0].paths.stderr)]
+    while not all(job.done() for job in jobs):
+        for tail in tails:
+            tail.poll(out)
+        time.sleep(poll_s)
+    for tail in tails:
+        tail.poll(out)
+    failed = 0
+    for job in jobs:
+        try:
+            result, error = job.results()[0], None   # rank 0's summary
+        except Exception as err:  # submitit's UncompletedJobError / FailedJobError
+            result, error = None, str(err).strip().splitlines()[0]
+        state = final_state(job)
+        ok = error is None and state in ("COMPLETED", "DONE", "FINISHED")
+        failed += not ok
+        detail = json.dumps(result, default=str) if error is None else f"failed: {error}"
+        print(f"job {job.job_id}: {state} {detail}", file=out, flush=True)
+    return 1 if failed else 0
+
+
+def final_state(job, wait_s: float = 30.0) -> str:
+    """The job's accounting state once terminal (a result file can appear before sacct says so)."""
+    from submitit.slurm.slurm import SlurmJob
+    if not isinstance(job, SlurmJob):
+        return job.state
+    deadline = time.monotonic() + wait_s
+    state = job.watcher.get_state(job.job_id, mode="force")
+    while state in ("RUNNING", "COMPLETING", "PENDING", "REQUEUED", "UNKNOWN") and time.monotonic() < deadline:
+        time.sleep(1.0)
+        state = job.watcher.get_state(job.job_id, mode="force")
+    return state
+
+
+def describe(jobs, dirs: list[Path]) -> str:
+    lines = []
+    for job, d in zip(jobs, dirs):
+        lines.append(f"submitted job {job.job_id}  run dir {d}")
+    if hasattr(jobs[0], "paths"):
+        lines.append(f"rank 0 log: tail -f {shlex.quote(str(jobs[0].paths.stderr))}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = get_parser()
+    args = parse_args(parser, argv)
+    try:
+        if args.dry_run:
+            validate(args)
+            sweeps = parse_sweeps(args.sweep)
+            for d, extra in zip(run_dirs(args, sweeps), sweeps):
+                print("# task: python -m trainer train " + shlex.join(trainer_argv(args, d, extra)), file=sys.stderr)
+            if args.cluster != "slurm":
+                print(f"# --cluster {args.cluster}: no sbatch script; tasks run as local processes", file=sys.stderr)
+                return 0
+            print(render_sbatch(args, Path(args.folder).resolve(), len(sweeps)), end="")
+            return 0
+        jobs, dirs = submit(args)
+    except ValueError as err:  # SubmitError, and ConfigError from check_config
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(describe(jobs, dirs), flush=True)
+    if args.follow or args.cluster == "debug":
+        return follow(jobs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
