@@ -7,13 +7,16 @@ Preemption: the engine installs flag-only handlers for USR1/USR2/TERM, so a sign
 agreed checkpoint on every rank. Afterwards rank 0 hands the requeue signal to submitit's own handler
 (still installed underneath), which calls checkpoint() below, counts time-outs against max_num_timeout
 and runs `scontrol requeue`. After SIGTERM (scancel, partition preemption) nothing is requeued here:
-Slurm requeues preempted jobs itself, and a cancelled job must stay cancelled.
+Slurm requeues preempted jobs itself, and a cancelled job must stay cancelled. The tasks then wait to
+be killed, as submitit's own SIGTERM handler does: a job that ends by itself during the preemption
+GraceTime is recorded FAILED and is not requeued (Slurm 22.05).
 """
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -62,6 +65,8 @@ class TrainTask:
         handler = signal.getsignal(signal.SIGUSR2)
         if signum in REQUEUE_SIGNALS and _global_rank() == 0 and callable(handler):
             handler(signal.SIGUSR2, None)  # submitit: checkpoint(), then requeue or raise
+        if signum not in REQUEUE_SIGNALS:
+            time.sleep(float(os.environ.get("TERM_HOLD_S", 600)))
         # no result pickle for a job that goes on later (SystemExit is not caught by submitit)
         sys.exit(0 if signum in REQUEUE_SIGNALS else 128 + signum)
 

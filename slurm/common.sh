@@ -1,0 +1,75 @@
+# shellcheck shell=bash
+# Sourced by every slurm/*.sbatch script: the one place for the job environment.
+# Knobs (environment variables, all optional):
+#   IMAGE=trainer.sif   run every task in `apptainer exec --nv IMAGE` (else plain $PYTHON)
+#   CONFIG=FILE         YAML config (each script has a default)
+#   EXTRA="k=v k2=v2"   key=value overrides appended to the trainer command (no spaces inside a value)
+#   PYTHON=python3      interpreter when IMAGE is not set (e.g. .venv/bin/python)
+#   RUN_DIR=DIR         default $SLURM_SUBMIT_DIR/runs/$SLURM_JOB_ID (stable across requeues)
+#   TRAINER_HOME=DIR    the repository (default $SLURM_SUBMIT_DIR: submit from the repository root)
+
+# ---------------------------------------------------------------- NCCL and torch
+# WARN keeps logs quiet; NCCL_DEBUG=INFO shows the transports chosen when a job hangs at start-up.
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+# A failed or timed-out collective aborts the process instead of hanging the whole job.
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
+# Network interface and InfiniBand adapters are site-specific: passed through when the site sets them.
+if [ -n "${NCCL_SOCKET_IFNAME:-}" ]; then export NCCL_SOCKET_IFNAME; fi
+if [ -n "${NCCL_IB_HCA:-}" ]; then export NCCL_IB_HCA; fi
+# One OpenMP pool per task, sized by --cpus-per-task (Slurm does not set OMP_NUM_THREADS).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
+# Slurm >= 22.05: srun no longer inherits --cpus-per-task from sbatch; without this every task is
+# pinned to one CPU and data loading starves.
+export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
+# Logs reach the .out file as they are written; a hard crash prints every thread's stack.
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+# MASTER_ADDR/MASTER_PORT: the trainer derives them from SLURM_STEP_NODELIST and SLURM_JOB_ID
+# (no scontrol needed inside containers); export them here only to override.
+
+# ---------------------------------------------------------------- where things are
+TRAINER_HOME=${TRAINER_HOME:-$SLURM_SUBMIT_DIR}
+RUN_DIR=${RUN_DIR:-$SLURM_SUBMIT_DIR/runs/$SLURM_JOB_ID}
+mkdir -p "$RUN_DIR"
+export TRAINER_HOME RUN_DIR
+
+# ---------------------------------------------------------------- container wrapper
+# shellcheck disable=SC2034  # LAUNCH and EXTRA_ARGS are used by the sbatch scripts
+if [ -n "${IMAGE:-}" ]; then
+  if [ ! -f "$IMAGE" ]; then
+    echo "common.sh: IMAGE=$IMAGE: no such file (build it with: make sif)" >&2
+    exit 2
+  fi
+  # --nv: the host's NVIDIA driver inside; the submit directory holds data, configs and runs
+  LAUNCH=(apptainer exec --nv --bind "$SLURM_SUBMIT_DIR" "$IMAGE" python)
+else
+  LAUNCH=("${PYTHON:-python3}")
+fi
+
+# shellcheck disable=SC2034
+read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
+
+echo "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST: run dir $RUN_DIR" >&2
+
+# wait_forwarding PID: wait for the srun step in the background, passing on the signals that reach
+# the batch shell (--signal=B:USR1@120 before the time limit; TERM on preemption and scancel).
+# srun relays them to every task; the trainer checkpoints, and requeues itself on USR1.
+# After a TERM (to this shell, or to the tasks only: they then exit 143 after their checkpoint) the
+# shell stays alive until Slurm kills it: a job that ends by itself during the preemption GraceTime
+# is recorded FAILED and never requeued (Slurm 22.05).
+wait_forwarding() {
+  local pid=$1 rc=0 term=0
+  trap 'kill -USR1 "$pid" 2>/dev/null' USR1
+  trap 'term=1; kill -TERM "$pid" 2>/dev/null' TERM
+  while :; do
+    rc=0
+    wait "$pid" || rc=$?   # `|| rc=`: the scripts run under set -e
+    # wait returns early (>128) when a trapped signal arrives: keep waiting while the step runs
+    if [ "$rc" -gt 128 ] && kill -0 "$pid" 2>/dev/null; then continue; fi
+    break
+  done
+  if [ "$term" = 1 ] || [ "$rc" = 143 ]; then
+    echo "step ended after SIGTERM (rc $rc): waiting up to ${TERM_HOLD_S:-600}s for Slurm to requeue or cancel" >&2
+    sleep "${TERM_HOLD_S:-600}" & wait $! || true
+  fi
+  return "$rc"
+}
