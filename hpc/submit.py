@@ -115,11 +115,10 @@ def validate(args) -> None:
     if args.mem and not re.fullmatch(r"\d+[KMGT]?", args.mem):
         raise SubmitError(f"--mem {args.mem!r}: expected a number with an optional K/M/G/T suffix")
     parse_time_min(args.time)
-    if args.cluster == "slurm" and args.gpus_per_node:
-        found = partition_gpus(args.partition)
-        if found is not None and args.gpus_per_node > found[1]:
-            raise SubmitError(f"--gpus-per-node {args.gpus_per_node}: nodes of partition {found[0]!r} have at "
-                              f"most {found[1]} GPUs (ask `sinfo -N -o '%P %G'`)")
+    found = partition_gpus(args.partition) if args.cluster == "slurm" else None
+    if found is not None and args.gpus_per_node > found[1]:
+        raise SubmitError(f"--gpus-per-node {args.gpus_per_node}: nodes of partition {found[0]!r} have at "
+                          f"most {found[1]} GPUs (ask `sinfo -N -o '%P %G'`)")
     for extra in parse_sweeps(args.sweep):
         args.recipe = check_config(args, extra).recipe  # the recipe may come from the YAML file
 
@@ -277,13 +276,20 @@ def follow(jobs, poll_s: float = 1.0, out=sys.stdout) -> int:
         try:
             result, error = job.results()[0], None   # rank 0's summary
         except Exception as err:  # submitit's UncompletedJobError / FailedJobError
-            result, error = None, str(err).strip().splitlines()[0]
+            result, error = None, exception_line(str(err))
         state = final_state(job)
         ok = error is None and state in ("COMPLETED", "DONE", "FINISHED")
         failed += not ok
         detail = json.dumps(result, default=str) if error is None else f"failed: {error}"
         print(f"job {job.job_id}: {state} {detail}", file=out, flush=True)
     return 1 if failed else 0
+
+
+def exception_line(text: str) -> str:
+    """The 'SomeError: message' line of a submitit failure report (else its first line)."""
+    lines = [line.strip() for line in text.strip().splitlines()]
+    found = [line for line in lines if re.match(r"[\w.]+(Error|Exception|Interrupt): ", line)]
+    return (found or lines or [""])[-1 if found else 0]
 
 
 def final_state(job, wait_s: float = 30.0) -> str:
@@ -326,6 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # SubmitError, and ConfigError from check_config
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        if type(err).__name__ != "FailedJobError":
+            raise
+        print(f"error: sbatch refused the job: {str(err).strip() or err.__cause__}", file=sys.stderr)
+        return 1
     print(describe(jobs, dirs), flush=True)
     if args.follow or args.cluster == "debug":
         return follow(jobs)

@@ -13,6 +13,7 @@ GraceTime is recorded FAILED and is not requeued (Slurm 22.05).
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -50,6 +51,7 @@ class TrainTask:
         from trainer.__main__ import run_train
         from trainer.cli import get_parser, parse_args
         _bind_threads()
+        logging.getLogger("submitit").propagate = False   # it has its own handler: no doubled lines
         args = parse_args(get_parser(), ["train", *self.argv])
         result, cfg = run_train(args)
         summary = dict(status=result.status, global_step=result.global_step, metrics=result.metrics,

@@ -1,0 +1,147 @@
+"""hpc/submit.py without a cluster: time and GRES parsing, sweeps, argv round trip, dry-run golden file."""
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpc import submit
+from hpc.slurm_info import SubmitError, gres_gpus, parse_time_min
+from hpc.task import TrainTask
+from tests.conftest import PY, REPO, clean_env
+
+GOLDEN = REPO / "tests" / "golden"
+
+
+@pytest.mark.parametrize("text,minutes", [("30", 30), ("1:30", 2), ("01:00:00", 60), ("2-00", 2880),
+                                          ("1-02:03", 1563), ("0-00:00:59", 1), ("00:10:00", 10)])
+def test_parse_time(text, minutes):
+    assert parse_time_min(text) == minutes
+
+
+@pytest.mark.parametrize("text", ["", "abc", "1:2:3:4", "00:00:00", "-5"])
+def test_parse_time_rejects(text):
+    with pytest.raises(SubmitError, match="--time"):
+        parse_time_min(text)
+
+
+@pytest.mark.parametrize("gres,n", [("gpu:4", 4), ("gpu:a100:8(S:0-1)", 8), ("gpu:2,shard:8", 2),
+                                    ("(null)", 0), ("gpu:a100:2,gpu:v100:2", 4), ("mps:100", 0)])
+def test_gres_gpus(gres, n):
+    assert gres_gpus(gres) == n
+
+
+def test_sweep_product_and_names():
+    combos = submit.parse_sweeps(["train.lr=0.1,0.01", "model.hidden=8,16"])
+    assert combos == [["train.lr=0.1", "model.hidden=8"], ["train.lr=0.1", "model.hidden=16"],
+                      ["train.lr=0.01", "model.hidden=8"], ["train.lr=0.01", "model.hidden=16"]]
+    assert submit.combo_name(combos[0]) == "train.lr-0.1_model.hidden-8"
+    assert submit.parse_sweeps([]) == [[]]
+    for bad in (["train.lr"], ["=1,2"], ["train.lr="]):
+        with pytest.raises(SubmitError, match="--sweep"):
+            submit.parse_sweeps(bad)
+
+
+def parse(*argv):
+    from trainer.cli import parse_args
+    return parse_args(submit.get_parser(), list(argv))
+
+
+def test_trainer_argv_round_trips_through_the_trainer_parser(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINER_PLUGINS", "tests.toy_recipe")
+    args = parse("--recipe", "sasrec", "--epochs", "3", "--lr", "0.01", "--gpu-ids", "0,1", "--amp", "bf16",
+                 "--nodes", "2", "model.hidden=8", "--gpus-per-node", "4", "train.batch_size=16")
+    argv = submit.trainer_argv(args, tmp_path / "run", ["model.blocks=1"])
+    from trainer.cli import flags_from_args, get_parser, parse_args
+    back = parse_args(get_parser(), ["train", *argv])
+    assert back.recipe == "sasrec" and back.run_dir == str(tmp_path / "run") and back.resume == "auto"
+    assert flags_from_args(back) == dict(flags_from_args(args), run_dir=str(tmp_path / "run"), **{"ckpt.resume": "auto"})
+    assert back.overrides == ["model.hidden=8", "train.batch_size=16", "model.blocks=1"]
+
+
+def test_one_task_per_gpu_and_conflicts():
+    assert submit.tasks_per_node(parse("--recipe", "sasrec", "--gpus-per-node", "4")) == 4
+    assert submit.tasks_per_node(parse("--recipe", "sasrec", "--tasks-per-node", "3")) == 3
+    assert submit.tasks_per_node(parse("--recipe", "sasrec")) == 1
+    with pytest.raises(SubmitError, match="one task per GPU"):
+        submit.tasks_per_node(parse("--recipe", "sasrec", "--gpus-per-node", "4", "--tasks-per-node", "2"))
+
+
+def test_checkpoint_resumes_the_same_run():
+    task = TrainTask(["--recipe", "toy", "--run-dir", "/r", "--resume", "/old/step.pt", "train.lr=1"])
+    delayed = task.checkpoint()
+    assert delayed.function.argv == ["--recipe", "toy", "--run-dir", "/r", "train.lr=1", "--resume", "auto"]
+    assert delayed.function.checkpoint().function.argv.count("--resume") == 1
+
+
+def dry_run(*argv, env=None):
+    return subprocess.run([PY, "hpc/submit.py", *argv], cwd=REPO, env=env or clean_env(), text=True,
+                          capture_output=True, timeout=120)
+
+
+def normalise(text: str) -> str:
+    return text.replace(shlex.quote(sys.executable), "<PYTHON>").replace(str(REPO), "<REPO>")
+
+
+def test_dry_run_matches_golden_file():
+    proc = dry_run("--recipe", "toy", "--nodes", "2", "--gpus-per-node", "4", "--cpus-per-task", "2",
+                   "--mem", "32G", "--time", "02:30:00", "--partition", "debug", "--account", "lab",
+                   "--qos", "normal", "--job-name", "golden", "--exclusive", "--folder", "/jobs/submitit",
+                   "--run-dir", "/runs/golden", "--dry-run", "--epochs", "2", "train.lr=0.01")
+    assert proc.returncode == 0, proc.stderr
+    assert normalise(proc.stdout) == (GOLDEN / "submit_dry_run.sbatch").read_text()
+    assert "# task: python -m trainer train --recipe toy --epochs 2 --run-dir /runs/golden --resume auto " \
+           "train.lr=0.01" in proc.stderr
+    assert not Path("/jobs/submitit").exists()   # a dry run creates nothing
+
+
+def test_dry_run_sweep_is_a_job_array_and_pyxis_args():
+    proc = dry_run("--recipe", "toy", "--tasks-per-node", "2", "--folder", "/jobs/s", "--run-dir", "/runs/sw",
+                   "--sweep", "train.lr=0.1,0.01,0.001", "--container-image", "nvcr.io#nvidia/pytorch:24.05-py3",
+                   "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --array=0-2%3" in proc.stdout
+    assert "--container-image 'nvcr.io#nvidia/pytorch:24.05-py3'" in proc.stdout
+    assert "python -u -m submitit.core._submit" in proc.stdout
+    runs = [line.split("--run-dir ")[1].split()[0] for line in proc.stderr.splitlines() if "# task" in line]
+    assert runs == ["/runs/sw/train.lr-0.1", "/runs/sw/train.lr-0.01", "/runs/sw/train.lr-0.001"]
+
+
+def test_dry_run_container_wraps_python(tmp_path):
+    image = tmp_path / "my image.sif"
+    image.write_bytes(b"SIF")
+    proc = dry_run("--recipe", "toy", "--folder", "/jobs/c", "--container", str(image), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert f"apptainer exec --nv {shlex.quote(str(image))} python -u -m submitit.core._submit" in proc.stdout
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--recipe", "toy", "model.nope=1"], "unknown config key 'model.nope'"),
+    (["--recipe", "toy", "--container", "/no/such.sif"], "container image not found: /no/such.sif"),
+    (["--recipe", "toy", "--nodes", "2", "--cluster", "local"], "--nodes 2 with --cluster local"),
+    (["--recipe", "toy", "--tasks-per-node", "2", "--cluster", "debug"], "use --cluster local"),
+    (["--recipe", "toy", "--time", "soon"], "--time 'soon'"),
+    (["--recipe", "toy", "--mem", "lots"], "--mem 'lots'"),
+    (["--recipe", "toy", "--sweep", "train.lr=a,b"], "train.lr"),
+    (["--config", "/no/such.yaml"], "/no/such.yaml"),
+])
+def test_errors_before_submission(argv, message):
+    proc = dry_run(*argv, "--folder", "/jobs/e")
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not Path("/jobs/e").exists()
+
+
+def test_unknown_recipe_is_an_argparse_error():
+    proc = dry_run("--recipe", "nope", "--dry-run")
+    assert proc.returncode == 2 and "invalid choice: 'nope'" in proc.stderr
+
+
+@pytest.mark.parametrize("cluster,tasks", [("debug", "1"), ("local", "2")])
+def test_debug_and_local_clusters_run_without_slurm(tmp_path, cluster, tasks):
+    proc = dry_run("--recipe", "toy", "--cluster", cluster, "--tasks-per-node", tasks, "--epochs", "1",
+                   "--folder", str(tmp_path / "sub"), "--run-dir", str(tmp_path / "run"), "--follow")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    final = proc.stdout.strip().splitlines()[-1]
+    assert '"status": "completed"' in final and str(tmp_path / "run") in final
+    assert f"world={tasks}" in (tmp_path / "run" / "train.log").read_text()
