@@ -1,0 +1,148 @@
+"""slurm/*.sbatch: pinned headers, and real jobs on the local cluster (completion, preemption, USR1, IMAGE)."""
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import PY, REPO, slurm_env
+from tests.slurm.test_cluster import wait_job
+
+SCRIPTS = sorted((REPO / "slurm").glob("*.sbatch"))
+GOLDEN = REPO / "tests" / "golden" / "sbatch"
+
+
+def sbatch_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.startswith("#SBATCH")]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_sbatch_header_matches_golden_file(script):
+    lines = sbatch_lines(script)
+    assert lines == (GOLDEN / f"{script.stem}.txt").read_text().splitlines()
+    opts = dict(re.match(r"#SBATCH --([\w-]+)(?:=(\S+))?", line).groups() for line in lines)
+    assert opts["ntasks-per-node"] == opts["gpus-per-node"]            # one task per GPU
+    assert opts["signal"] == "B:USR1@120" and "requeue" in opts and opts["output"].startswith("logs/")
+    assert script.stem.endswith(f"_{opts['nodes']}node")
+    text = script.read_text()
+    assert 'source "${TRAINER_HOME:-$SLURM_SUBMIT_DIR}/slurm/common.sh"' in text
+    assert re.search(r'srun .*"\$\{LAUNCH\[@\]\}" -m trainer train .*--resume auto "\$@" "\$\{EXTRA_ARGS\[@\]\}"',
+                     text.replace("\\\n", ""))
+    assert text.rstrip().endswith("wait_forwarding $!")
+
+
+def test_every_golden_file_has_its_script():
+    assert {p.stem for p in GOLDEN.glob("*.txt")} == {p.stem for p in SCRIPTS}
+
+
+# ------------------------------------------------------------------------------------- on the cluster
+
+def submit_script(conf, workdir: Path, script: str, *opts: str, env: dict | None = None, args=()) -> str:
+    (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    e = slurm_env(conf, PYTHON=PY, TRAINER_HOME=str(REPO), **(env or {}))
+    out = subprocess.run(["sbatch", "--parsable", *opts, str(REPO / "slurm" / script), *args], cwd=workdir, env=e,
+                         text=True, capture_output=True, check=True, timeout=60).stdout
+    return out.strip().split(";")[0]
+
+
+def toy_config(tmp_path: Path, epochs: int, sleep: float) -> str:
+    path = tmp_path / "toy.yaml"
+    path.write_text(f"recipe: toy\ndata:\n  step_sleep: {sleep}\ntrain:\n  epochs: {epochs}\n"
+                    "  log_every_steps: 1\nckpt:\n  every_steps: 4\n")
+    return str(path)
+
+
+def wait_for_log(path: Path, pattern: str, timeout: float = 120) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = path.exists() and re.search(pattern, path.read_text())
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"{pattern!r} not in {path} after {timeout}s")
+
+
+def test_sasrec_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
+    data = tmp_path / "data"
+    subprocess.run([PY, "-m", "trainer", "data", "synth", "sasrec", "--out", str(data), "--users", "120",
+                    "--items", "60"], cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
+    extra = f"data.path={data} data.maxlen=16 model.hidden=16 model.blocks=1 model.heads=1 train.eval_every_epochs=1"
+    job = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", "--cpus-per-task=1", "--time=10",
+                        env=dict(EXTRA=extra), args=("--epochs", "1"))
+    info = wait_job(slurm_cluster, job, timeout=240)
+    log = tmp_path / "logs" / f"sasrec-{job}.out"
+    assert info["JobState"] == "COMPLETED", log.read_text()[-3000:]
+    run = tmp_path / "runs" / job
+    assert "world=4" in (run / "train.log").read_text()
+    ckpt = torch.load(run / "checkpoints" / "final.pt", weights_only=True)
+    assert ckpt["world_size"] == 4 and ckpt["state"]["epoch"] == 1 and ckpt["config"]["data"]["maxlen"] == 16
+    assert (run / "config.yaml").exists() and (run / "metrics.jsonl").exists()
+    assert f"job {job} restart 0" in log.read_text()
+
+
+def test_preempted_by_higher_priority_partition_resumes(slurm_cluster, tmp_path):
+    """Slurm 22.05 sends the victim's steps SIGTERM only: the trainer checkpoints, the batch shell waits
+    to be requeued, and the restart resumes from that checkpoint (nothing lost beyond it)."""
+    cfg = toy_config(tmp_path, epochs=8, sleep=0.2)
+    job = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", "-N2", "--ntasks-per-node=2",
+                        "--gpus-per-node=2", "--cpus-per-task=2", "-p", "debug",
+                        env=dict(CONFIG=cfg, TRAINER_PLUGINS="tests.toy_recipe"))
+    log = tmp_path / "logs" / f"sasrec-{job}.out"
+    wait_for_log(log, r"step 6 loss")
+    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--ntasks-per-node=4", "-o", "/dev/null",
+                           "--wrap", "sleep 1"], env=slurm_env(slurm_cluster), text=True, capture_output=True,
+                          check=True).stdout.strip()
+    info = wait_job(slurm_cluster, job, timeout=300, restarts=1)
+    text = log.read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-3000:]
+    assert wait_job(slurm_cluster, high, timeout=60)["JobState"] == "COMPLETED"
+    assert "DUE TO PREEMPTION" in text
+    stopped = int(re.search(r"received SIGTERM: checkpointing at epoch \d+ step (\d+)", text).group(1))
+    resumed = int(re.search(r"resumed from \S+step-(\d+)\.pt", text).group(1))
+    assert stopped - 4 <= resumed <= stopped      # at most one checkpoint interval (every_steps=4) lost
+    assert torch.load(tmp_path / "runs" / job / "checkpoints" / "final.pt", weights_only=True)["global_step"] == 8 * 2
+
+
+def test_usr1_to_the_batch_shell_is_forwarded_and_requeues(slurm_cluster, tmp_path):
+    cfg = toy_config(tmp_path, epochs=6, sleep=0.2)
+    job = submit_script(slurm_cluster, tmp_path, "tisasrec_2node.sbatch", "--ntasks-per-node=1",
+                        "--gpus-per-node=1", "--cpus-per-task=1",
+                        env=dict(CONFIG=cfg, TRAINER_PLUGINS="tests.toy_recipe", EXTRA="train.lr=0.002"))
+    log = tmp_path / "logs" / f"tisasrec-{job}.out"
+    wait_for_log(log, r"step 5 loss")
+    # what --signal=B:USR1@120 does before the time limit: only the batch shell gets it
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm_env(slurm_cluster), check=True)
+    info = wait_job(slurm_cluster, job, timeout=300, restarts=1)
+    text = log.read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-3000:]
+    assert "received SIGUSR1" in text and f"requeued Slurm job {job}" in text
+    assert re.search(r"resumed from \S+step-\d+\.pt", text)
+    ckpt = torch.load(tmp_path / "runs" / job / "checkpoints" / "final.pt", weights_only=True)
+    assert ckpt["world_size"] == 2 and ckpt["config"]["train"]["lr"] == 0.002
+
+
+def test_image_runs_tasks_through_apptainer(slurm_cluster, tmp_path):
+    """No apptainer here: a stand-in on PATH records its arguments and runs the rest with our python."""
+    shim = tmp_path / "bin" / "apptainer"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/bash\necho "apptainer $*" >> {tmp_path}/apptainer.calls\n'
+                    f'[ "$1 $2 $3" = "exec --nv --bind" ] || exit 9\nshift 6\nexec {PY} "$@"\n')
+    shim.chmod(0o755)
+    image = tmp_path / "trainer.sif"
+    image.write_bytes(b"SIF")
+    env = dict(CONFIG=toy_config(tmp_path, epochs=1, sleep=0), TRAINER_PLUGINS="tests.toy_recipe", IMAGE=str(image),
+               PATH=f"{shim.parent}:{os.environ['PATH']}")
+    job = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", "--ntasks-per-node=2", "--gpus-per-node=2",
+                        "--cpus-per-task=1", env=env)
+    info = wait_job(slurm_cluster, job, timeout=240)
+    assert info["JobState"] == "COMPLETED", (tmp_path / "logs" / f"sasrec-{job}.out").read_text()[-3000:]
+    calls = (tmp_path / "apptainer.calls").read_text().splitlines()
+    assert len(calls) == 2 and all(c.startswith(f"apptainer exec --nv --bind {tmp_path} {image} python -m trainer train")
+                                   for c in calls)
+    missing = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", "--ntasks-per-node=1",
+                            "--gpus-per-node=1", "--cpus-per-task=1", env=dict(env, IMAGE=str(tmp_path / "no.sif")))
+    assert wait_job(slurm_cluster, missing, timeout=120)["JobState"] == "FAILED"
+    assert "no.sif: no such file" in (tmp_path / "logs" / f"sasrec-{missing}.out").read_text()
