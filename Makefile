@@ -7,7 +7,7 @@ PYTEST_ARGS   ?=
 HPC_CLUSTER_DIR ?= /tmp/hpc-trainer-slurm
 export HPC_CLUSTER_DIR
 
-.PHONY: setup demo bench test test-fast lint slurm-install slurm-up slurm-down slurm-env clean help
+.PHONY: setup demo bench test test-fast lint lock image sif slurm-install slurm-up slurm-down slurm-env clean help
 
 help:
 	@echo "make setup        virtual environment in $(VENV) (torch==$(TORCH_VERSION), CPU build where available)"
@@ -15,6 +15,7 @@ help:
 	@echo "make bench        benchmarks (JSON + PNG in bench/results; needs ../shared/data)"
 	@echo "make test         set up, install Slurm (Debian packages) and run the whole test suite"
 	@echo "make test-fast    unit + multi-process tests only (no Slurm cluster)"
+	@echo "make image / sif  build the Docker / Apptainer image (make lock re-pins docker/requirements.lock)"
 	@echo "make slurm-up     start the local Slurm cluster (2 nodes x 4 CPUs x 4 fake GPUs)"
 	@echo "make slurm-down   stop it;  eval \"\$$(make -s slurm-env)\" points a shell at it"
 
@@ -44,6 +45,21 @@ test-fast: setup
 
 lint: setup
 	$(BIN)/python -m compileall -q trainer hpc tests
+	$(BIN)/shellcheck -x slurm/common.sh slurm/*.sbatch hpc/cluster/*.sh .ci/run
+	$(BIN)/hadolint Dockerfile
+
+# docker/requirements.lock: every pip dependency of the images, pinned with hashes (torch is the base image's)
+lock: setup
+	$(BIN)/pip install -q uv
+	$(BIN)/uv pip compile docker/requirements.in --universal --python-version 3.10 --generate-hashes \
+		--no-header --index-url https://pypi.org/simple -o docker/requirements.lock
+
+# container images (need a Docker engine / Apptainer; tests check the recipes statically)
+IMAGE_TAG ?= hpc-trainer:0.1.0
+image:
+	docker build -t $(IMAGE_TAG) .
+sif:
+	apptainer build hpc-trainer.sif apptainer.def
 
 slurm-install:
 	bash hpc/cluster/install.sh
