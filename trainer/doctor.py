@@ -44,7 +44,22 @@ def rank_facts(env, info) -> dict:
                 host=socket.gethostname(), slurmd_nodename=os.environ.get("SLURMD_NODENAME"),
                 device=info.device, backend=info.backend, master_addr=env.master_addr,
                 master_port=env.master_port, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                omp_num_threads=os.environ.get("OMP_NUM_THREADS"), pid=os.getpid())
+                omp_num_threads=os.environ.get("OMP_NUM_THREADS"), pid=os.getpid(),
+                cpus_bound=len(os.sched_getaffinity(0)))
+
+
+def port_check(env) -> str | None:
+    """On the rank that will host the rendezvous: None if MASTER_PORT can be bound, else the problem."""
+    if env.rank != 0:
+        return None
+    try:
+        with socket.socket() as s:
+            s.bind(("", env.master_port))
+    except OSError as err:
+        return (f"MASTER_PORT {env.master_port} on {socket.gethostname()} is in use ({err.strerror})\n"
+                "HINT: another job on this node holds it: export MASTER_PORT=<free port> (the default is "
+                "derived from SLURM_JOB_ID; torchrun needs --master-port)")
+    return None
 
 
 def allreduce_check(info, size_mb: float) -> dict:
@@ -97,6 +112,22 @@ def checks(env, facts: list[dict], ar: dict) -> list[dict]:
         add("OMP_NUM_THREADS <= CPUs per task", omp is not None and int(omp) <= int(cpus),
             f"SLURM_CPUS_PER_TASK={cpus} OMP_NUM_THREADS={omp}",
             f"export OMP_NUM_THREADS={cpus} (slurm/common.sh does) to avoid oversubscribing cores")
+        usable = min(int(cpus), os.cpu_count() or 1)
+        bound = min(f["cpus_bound"] for f in facts)
+        add("tasks see their --cpus-per-task", bound >= usable, f"fewest CPUs bound to a task: {bound}, "
+            f"--cpus-per-task={cpus}", "Slurm >= 22.05: srun no longer inherits --cpus-per-task; export "
+            "SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK before srun (slurm/common.sh does)")
+    add("NCCL errors abort instead of hanging", os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3") != "0",
+        f"TORCH_NCCL_ASYNC_ERROR_HANDLING={os.environ.get('TORCH_NCCL_ASYNC_ERROR_HANDLING', 'unset (3)')}",
+        "unset TORCH_NCCL_ASYNC_ERROR_HANDLING=0: a failed collective should end the job, not hang it",
+        warn_only=True)
+    ifname = os.environ.get("NCCL_SOCKET_IFNAME")
+    if ifname:
+        names = {name for _, name in socket.if_nameindex()}
+        wanted = [n for n in ifname.lstrip("^=").split(",") if n]
+        ok = ifname.startswith("^") or any(any(have.startswith(w) for have in names) for w in wanted)
+        add("NCCL_SOCKET_IFNAME names an interface", ok, f"{ifname} (interfaces: {', '.join(sorted(names))})",
+            "NCCL waits for a network interface that does not exist: fix or unset NCCL_SOCKET_IFNAME")
     add("all_reduce correct", ar["allreduce_ok"], f"sum={ar['allreduce_sum']} expected={ar['allreduce_expected']}",
         "ranks disagree: check that every task joined the same process group (MASTER_ADDR/PORT)")
     return out
@@ -124,6 +155,11 @@ def render(report: dict) -> str:
 def run_doctor(args) -> int:
     env = select_environment()
     try:
+        # torchrun's agent already holds the port it hands to the workers: nothing to check there
+        problem = port_check(env) if env.name in ("slurm", "submitit") and env.world_size > 1 else None
+        if problem:
+            print(f"doctor: [FAIL] {problem}")
+            return 2
         info = runtime.init(env, DistConfig(timeout_s=args.timeout))
     except LaunchError as err:
         print(f"doctor: launch environment is inconsistent:\n{err}")
