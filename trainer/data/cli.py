@@ -2,6 +2,8 @@
 
     python -m trainer data download ml-100k --out data/
     python -m trainer data synth sasrec --out data/synth-seq --users 800 --items 300
+    python -m trainer data synth kgat --out data/kgat-synth --preset amazon-book
+    python -m trainer data convert movielens-kg --src data/ml-100k --out data/ml-100k-kg
 """
 from __future__ import annotations
 
@@ -18,12 +20,21 @@ def add_data_parser(sub) -> None:
     dl.add_argument("--url", help="mirror URL of the same archive (the checksum is still enforced)")
     dl.add_argument("--sha256", help=argparse.SUPPRESS)   # for tests serving a small stand-in archive
     syn = dsub.add_parser("synth", help="write a synthetic dataset usable as data.path")
-    syn.add_argument("kind", choices=["sasrec"], help="which recipe's data")
+    syn.add_argument("kind", choices=["sasrec", "kgat"], help="which recipe's data")
     syn.add_argument("--out", required=True, help="output folder")
     syn.add_argument("--users", type=int, default=800)
     syn.add_argument("--items", type=int, default=300)
-    syn.add_argument("--mean-len", type=int, default=40)
+    syn.add_argument("--mean-len", type=int, default=40, help="sasrec: mean sequence length")
+    syn.add_argument("--preset", choices=["tiny", "amazon-book"], default="tiny",
+                     help="kgat: the statistics to match (amazon-book: the KGAT paper's Table 1)")
     syn.add_argument("--seed", type=int, default=0)
+    conv = dsub.add_parser("convert", help="build a dataset from raw files")
+    conv.add_argument("kind", choices=["movielens-kg"], help="movielens-kg: KGAT format from MovieLens "
+                      "ratings + item metadata (genres, release year)")
+    conv.add_argument("--src", required=True, help="ml-100k or ml-1m folder (u.data+u.item, ratings.dat+movies.dat)")
+    conv.add_argument("--out", required=True, help="output folder")
+    conv.add_argument("--test-fraction", type=float, default=0.2, help="per-user random test share (0.2)")
+    conv.add_argument("--seed", type=int, default=2019)
 
 
 def run(args) -> int:
@@ -33,8 +44,25 @@ def run(args) -> int:
         path = download(args.name, args.out, url=args.url, sha256=args.sha256)
         print(f"{args.name}: {path}")
         return 0
+    if args.data_command == "convert":
+        from trainer.recipes.kgat import build
+        data, lists = build.convert_movielens(args.src, args.test_fraction, args.seed)
+        path = build.write(data, args.out, lists)
+        print(f"wrote {describe_kgat(data)} to {path}")
+        return 0
+    if args.kind == "kgat":
+        from trainer.recipes.kgat import build
+        data = build.synthesize(build.Stats(**build.PRESETS[args.preset]), seed=args.seed)
+        print(f"wrote {describe_kgat(data)} to {build.write(data, args.out)}")
+        return 0
     from trainer.recipes.sasrec import data as seqdata
     inter = seqdata.synthesize(args.users, args.items, args.mean_len, args.seed)
     path = seqdata.write_udata(inter, f"{args.out}/u.data")
     print(f"wrote {len(inter.users)} interactions of {args.users} users to {path}")
     return 0
+
+
+def describe_kgat(data) -> str:
+    n_train, n_test = sum(map(len, data.train)), sum(map(len, data.test))
+    return (f"{data.n_users} users, {data.n_items} items, {data.n_entities} entities, {data.n_relations} "
+            f"relations, {len(data.kg)} triples, {n_train} train / {n_test} test interactions")

@@ -1,0 +1,253 @@
+"""KGAT data: the KGAT file format, validation split, the collaborative knowledge graph and its Laplacian.
+
+A dataset folder holds (ids 0-based):
+  train.txt, test.txt   `user item item ...` (duplicate items are dropped)
+  kg_final.txt          `head relation tail`
+  item_list.txt, entity_list.txt (optional; one header line, then one line per id) fix the id ranges.
+Items are the entities 0..n_items-1. In the collaborative KG users become nodes n_entities.., and
+every relation gets an inverse: 0 user->item, 1 item->user, 2+r KG relation r, 2+R+r its inverse.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class DataError(ValueError):
+    """Malformed input; the message names the file, line and field."""
+
+
+@dataclass
+class KGATDataConfig:
+    """Where the data comes from and how it is split."""
+
+    path: str = ""                 # folder in the KGAT format; "" = synthetic data generated in memory
+    val_fraction: float = 0.1      # of each user's train items, held out for early stopping (0: use test)
+    split_seed: int = 2019
+    laplacian: Literal["random-walk", "symmetric"] = "random-walk"
+    synthetic_users: int = 300
+    synthetic_items: int = 200
+    synthetic_entities: int = 400  # including the items
+    synthetic_relations: int = 4
+    synthetic_triples: int = 2400
+    synthetic_interactions: int = 6000
+    synthetic_seed: int = 0
+
+
+@dataclass
+class KGATData:
+    """Per-user item sets and the KG triples, with their id ranges."""
+
+    train: list[np.ndarray]        # per user, sorted unique item ids
+    test: list[np.ndarray]
+    kg: np.ndarray                 # (N, 3) int64 head, relation, tail
+    n_items: int
+    n_entities: int
+    n_relations: int               # KG relations, without inverses
+    val: list[np.ndarray] | None = None
+
+    @property
+    def n_users(self) -> int:
+        return len(self.train)
+
+    def pairs(self, which: str = "train") -> tuple[np.ndarray, np.ndarray]:
+        """(users, items) arrays of one split."""
+        sets = getattr(self, which)
+        users = np.repeat(np.arange(len(sets)), [len(s) for s in sets])
+        items = np.concatenate(sets) if sets else np.zeros(0, np.int64)
+        return users.astype(np.int64), items.astype(np.int64)
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+
+def _bad_field(path: Path, lineno: int, fields: list[str], names) -> DataError:
+    for j, tok in enumerate(fields):
+        name = names(j)
+        try:
+            value = int(tok)
+        except ValueError:
+            return DataError(f"{path}:{lineno}: field '{name}': {tok!r} is not an integer")
+        if value < 0:
+            return DataError(f"{path}:{lineno}: field '{name}': negative id {value}")
+    return DataError(f"{path}:{lineno}: malformed line {' '.join(fields)[:80]!r}")
+
+
+def read_cf(path: str | Path) -> dict[int, np.ndarray]:
+    """`user item item ...` lines -> {user: sorted unique items}. A user may have no items."""
+    path = Path(path)
+    out: dict[int, np.ndarray] = {}
+    first_line: dict[int, int] = {}
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            fields = line.split()
+            if not fields:
+                continue
+            try:
+                ids = np.array(fields, dtype=np.int64)
+            except (ValueError, OverflowError):
+                raise _bad_field(path, lineno, fields, lambda j: "user" if j == 0 else f"item {j}") from None
+            if (ids < 0).any():
+                raise _bad_field(path, lineno, fields, lambda j: "user" if j == 0 else f"item {j}")
+            user = int(ids[0])
+            if user in out:
+                raise DataError(f"{path}:{lineno}: field 'user': user {user} already has a line "
+                                f"({path.name}:{first_line[user]})")
+            out[user], first_line[user] = np.unique(ids[1:]), lineno
+    if not out:
+        raise DataError(f"{path}: empty file (expected lines 'user item item ...')")
+    return out
+
+
+def read_kg(path: str | Path) -> np.ndarray:
+    """`head relation tail` lines -> (N, 3) int64 (a fast path, and a slow one that names the bad line)."""
+    path = Path(path)
+    names = ("head", "relation", "tail")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # an empty file is reported below, with its name
+            kg = np.loadtxt(path, dtype=np.int64, ndmin=2, comments=None)
+        if kg.size and kg.shape[1] == 3 and (kg >= 0).all():
+            return kg
+    except ValueError:
+        pass
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            fields = line.split()
+            if not fields:
+                continue
+            if len(fields) != 3:
+                raise DataError(f"{path}:{lineno}: expected 3 fields (head relation tail), got {len(fields)}")
+            try:
+                row = [int(x) for x in fields]
+            except ValueError:
+                raise _bad_field(path, lineno, fields, lambda j: names[j]) from None
+            if min(row) < 0:
+                raise _bad_field(path, lineno, fields, lambda j: names[j])
+            rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: empty file (expected lines 'head relation tail')")
+    return np.asarray(rows, dtype=np.int64)
+
+
+def _count_list(path: Path) -> int | None:
+    """Ids in item_list.txt / entity_list.txt (one header line), None if absent."""
+    if not path.exists():
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return max(sum(1 for line in fh if line.strip()) - 1, 0)
+
+
+def _check_items(sets: dict[int, np.ndarray], path: Path, limit: int, what: str) -> None:
+    for user, items in sets.items():
+        if items.size and items[-1] >= limit:
+            lineno = _line_of_user(path, user)
+            raise DataError(f"{path}:{lineno}: user {user}: item {int(items[-1])} is outside the {what} "
+                            f"range 0..{limit - 1}")
+
+
+def _line_of_user(path: Path, user: int) -> int:
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.split()[:1] == [str(user)]:
+                return lineno
+    return 0
+
+
+def load(folder: str | Path) -> KGATData:
+    """Read and validate a KGAT-format folder."""
+    folder = Path(folder)
+    for name in ("train.txt", "test.txt", "kg_final.txt"):
+        if not (folder / name).exists():
+            raise DataError(f"{folder / name}: missing (a KGAT dataset has train.txt, test.txt, kg_final.txt)")
+    train, test = read_cf(folder / "train.txt"), read_cf(folder / "test.txt")
+    kg = read_kg(folder / "kg_final.txt")
+    for user in test:
+        if user not in train:
+            raise DataError(f"{folder / 'test.txt'}:{_line_of_user(folder / 'test.txt', user)}: field 'user': "
+                            f"user {user} has no line in train.txt")
+    max_item = max(int(s[-1]) for s in (*train.values(), *test.values()) if s.size)
+    n_items = _count_list(folder / "item_list.txt") or max_item + 1
+    n_entities = _count_list(folder / "entity_list.txt") or max(int(kg[:, [0, 2]].max()) + 1, n_items)
+    for sets, name in ((train, "train.txt"), (test, "test.txt")):
+        _check_items(sets, folder / name, n_items, "item")
+        _check_items(sets, folder / name, n_entities, "entity")
+    bad = np.nonzero((kg[:, 0] >= n_entities) | (kg[:, 2] >= n_entities))[0]
+    if bad.size:
+        h, r, t = kg[bad[0]]
+        raise DataError(f"{folder / 'kg_final.txt'}: triple ({h} {r} {t}) #{bad[0] + 1}: entity outside "
+                        f"0..{n_entities - 1} (entity_list.txt)")
+    n_users = max(train) + 1
+    empty = np.zeros(0, np.int64)
+    return KGATData(train=[train.get(u, empty) for u in range(n_users)],
+                    test=[test.get(u, empty) for u in range(n_users)], kg=kg, n_items=n_items,
+                    n_entities=n_entities, n_relations=int(kg[:, 1].max()) + 1)
+
+
+def hold_out_validation(data: KGATData, fraction: float, seed: int) -> KGATData:
+    """Move `fraction` of each user's train items (users with >= 2) to a validation split."""
+    if fraction <= 0:
+        data.val = None
+        return data
+    rng = np.random.default_rng(seed)
+    train, val = [], []
+    for items in data.train:
+        k = int(round(len(items) * fraction)) if len(items) >= 2 else 0
+        k = min(max(k, 1 if len(items) >= 2 else 0), len(items) - 1) if len(items) else 0
+        chosen = rng.permutation(len(items))[:k]
+        mask = np.zeros(len(items), bool)
+        mask[chosen] = True
+        train.append(items[~mask])
+        val.append(items[mask])
+    if not any(len(v) for v in val):
+        raise DataError("validation split is empty: no user has 2 or more train items (set data.val_fraction=0)")
+    data.train, data.val = train, val
+    return data
+
+
+# ------------------------------------------------------------------------------ collaborative knowledge graph
+
+@dataclass
+class CKG:
+    """Edges (head, relation, tail) of the collaborative KG, sorted by head, with Laplacian weights."""
+
+    heads: torch.Tensor
+    rels: torch.Tensor
+    tails: torch.Tensor
+    weights: torch.Tensor          # Laplacian-normalised adjacency values, one per edge
+    n_nodes: int
+    n_relations: int               # including inverses and the two interaction relations
+
+
+def build_ckg(data: KGATData, laplacian: str = "random-walk") -> CKG:
+    """Interactions + KG triples, each with an inverse; weights D^-1 A (random walk) or D^-1/2 A D^-1/2."""
+    users, items = data.pairs("train")
+    R, E = data.n_relations, data.n_entities
+    u_nodes = users + E
+    h = np.concatenate([u_nodes, items, data.kg[:, 0], data.kg[:, 2]])
+    t = np.concatenate([items, u_nodes, data.kg[:, 2], data.kg[:, 0]])
+    r = np.concatenate([np.zeros(len(users)), np.ones(len(users)), data.kg[:, 1] + 2, data.kg[:, 1] + 2 + R])
+    order = np.lexsort((t, h))
+    heads, rels, tails = (torch.from_numpy(np.ascontiguousarray(x[order]).astype(np.int64)) for x in (h, r, t))
+    n_nodes = E + data.n_users
+    weights = laplacian_weights(heads, tails, n_nodes, laplacian)
+    return CKG(heads, rels, tails, weights, n_nodes, 2 + 2 * R)
+
+
+def laplacian_weights(heads: torch.Tensor, tails: torch.Tensor, n_nodes: int, kind: str) -> torch.Tensor:
+    """Per-edge values of the normalised adjacency (duplicate edges count once each)."""
+    deg = torch.bincount(heads, minlength=n_nodes).clamp(min=1).double()
+    if kind == "random-walk":
+        return (1.0 / deg[heads]).float()
+    if kind == "symmetric":
+        deg_t = torch.bincount(tails, minlength=n_nodes).clamp(min=1).double()
+        return (deg[heads].rsqrt() * deg_t[tails].rsqrt()).float()
+    raise ValueError(f"data.laplacian: unknown kind {kind!r} (random-walk, symmetric)")
