@@ -1,0 +1,132 @@
+"""KGAT model pieces against slow references and hand computations."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainer.recipes.kgat import build
+from trainer.recipes.kgat import data as kd
+from trainer.recipes.kgat.model import KGAT, KGATModelConfig, l2_mean, sparse_softmax
+
+
+def small_graph():
+    d = build.synthesize(build.Stats(users=20, items=15, entities=30, relations=3, triples=60, interactions=80))
+    return d, kd.build_ckg(d)
+
+
+def model_for(d, g, **cfg) -> KGAT:
+    torch.manual_seed(0)
+    return KGAT(KGATModelConfig(embed_dim=8, relation_dim=6, layers=[8, 4], **cfg), d.n_entities, d.n_users,
+                g.n_relations)
+
+
+def test_sparse_softmax_equals_a_softmax_per_head():
+    d, g = small_graph()
+    scores = torch.randn(len(g.heads), dtype=torch.float64) * 3
+    got = sparse_softmax(scores, g.heads, g.n_nodes)
+    for h in torch.unique(g.heads).tolist():
+        mask = g.heads == h                      # one head's edges (several relations may join h and t)
+        assert torch.allclose(got[mask], torch.softmax(scores[mask], 0), atol=1e-12)
+    # and as a dense row-softmax where (h, t) pairs are unique
+    keep = torch.ones(len(g.heads), dtype=torch.bool)
+    seen = set()
+    for k, pair in enumerate(zip(g.heads.tolist(), g.tails.tolist())):
+        keep[k] = pair not in seen
+        seen.add(pair)
+    h, t, sc = g.heads[keep], g.tails[keep], scores[keep]
+    dense = torch.full((g.n_nodes, g.n_nodes), float("-inf"), dtype=torch.float64)
+    dense[h, t] = sc
+    assert torch.allclose(sparse_softmax(sc, h, g.n_nodes), torch.softmax(dense, 1)[h, t], atol=1e-12)
+
+
+def test_attention_scores_equal_a_per_edge_reference():
+    d, g = small_graph()
+    m = model_for(d, g)
+    got = m.attention_scores(g.heads, g.rels, g.tails)
+    for k in range(0, len(g.heads), 7):
+        h, r, t = int(g.heads[k]), int(g.rels[k]), int(g.tails[k])
+        w = m.trans[r].detach()
+        ref = (m.embed[t].detach() @ w) @ torch.tanh(m.embed[h].detach() @ w + m.relation[r].detach())
+        assert torch.allclose(got[k], ref, atol=1e-5), k
+
+
+def test_refreshed_propagation_matrix_rows_sum_to_one_and_match_dense():
+    d, g = small_graph()
+    m = model_for(d, g)
+    m.refresh_attention(g.heads, g.rels, g.tails)
+    dense = m.adj.to_dense()
+    rows = dense.sum(1)
+    has = torch.bincount(g.heads, minlength=g.n_nodes) > 0
+    assert torch.allclose(rows[has], torch.ones(int(has.sum())), atol=1e-5)
+    x = torch.randn(g.n_nodes, 5)
+    assert torch.allclose(torch.sparse.mm(m.adj, x), dense @ x, atol=1e-5)
+
+
+@pytest.mark.parametrize("aggregator", ["bi-interaction", "gcn", "graphsage"])
+def test_propagation_shapes_normalisation_and_gradients(aggregator):
+    d, g = small_graph()
+    m = model_for(d, g, aggregator=aggregator)
+    m.set_adjacency(g.heads, g.tails, g.weights)
+    m.eval()
+    emb = m.propagate()
+    assert emb.shape == (g.n_nodes, m.out_dim) and m.out_dim == 8 + 8 + 4
+    assert torch.allclose(emb[:, 8:16].norm(dim=1), torch.ones(g.n_nodes), atol=1e-5)
+    m.train()
+    loss = m.cf_loss(torch.tensor([0, 1]), torch.tensor([2, 3]), torch.tensor([4, 5]))
+    loss.backward()
+    assert m.embed.grad is not None and m.aggregators[0].w1.weight.grad.abs().sum() > 0
+
+
+def test_bpr_loss_equals_hand_computation():
+    d, g = small_graph()
+    m = model_for(d, g, mess_dropout=0.0, cf_l2=0.1)
+    m.set_adjacency(g.heads, g.tails, g.weights)
+    users, pos, neg = torch.tensor([0, 3]), torch.tensor([1, 2]), torch.tensor([5, 6])
+    emb = m.propagate().detach()
+    u, p, n = emb[users + d.n_entities], emb[pos], emb[neg]
+    expected = 0.0
+    for k in range(2):
+        x = float(u[k] @ p[k] - u[k] @ n[k])
+        expected += np.log1p(np.exp(-x)) / 2                          # -log sigmoid(x)
+    expected += 0.1 * sum(float((t ** 2).sum(1).div(2).mean()) for t in (u, p, n))
+    assert abs(m.cf_loss(users, pos, neg).item() - expected) < 1e-5
+
+
+def test_transr_loss_equals_hand_computation():
+    d, g = small_graph()
+    m = model_for(d, g, kg_l2=0.01)
+    h, r, pt, nt = torch.tensor([0, 7]), torch.tensor([2, 4]), torch.tensor([16, 20]), torch.tensor([3, 25])
+    expected, l2 = 0.0, []
+    for k in range(2):
+        w, e_r = m.trans[r[k]].detach(), m.relation[r[k]].detach()
+        hr, pr, nr = m.embed[h[k]].detach() @ w, m.embed[pt[k]].detach() @ w, m.embed[nt[k]].detach() @ w
+        pos, neg = float(((hr + e_r - pr) ** 2).sum()), float(((hr + e_r - nr) ** 2).sum())
+        expected += np.log1p(np.exp(pos - neg)) / 2
+        l2.append([hr, e_r, pr, nr])
+    expected += 0.01 * sum(float(torch.stack([row[j] for row in l2]).pow(2).sum(1).div(2).mean()) for j in range(4))
+    assert abs(m.kg_loss(h, r, pt, nt).item() - expected) < 1e-5
+
+
+def test_l2_mean_and_pretrained_embeddings(tmp_path):
+    assert float(l2_mean(torch.tensor([[3.0, 4.0], [0.0, 0.0]]))) == pytest.approx(6.25)
+    d, g = small_graph()
+    m = model_for(d, g)
+    users, items = np.random.rand(d.n_users, 8).astype(np.float32), np.random.rand(d.n_items, 8).astype(np.float32)
+    np.savez(tmp_path / "mf.npz", user_embed=users, item_embed=items)
+    m.load_pretrained(str(tmp_path / "mf.npz"), d.n_items)
+    assert torch.equal(m.embed[d.n_entities:].detach(), torch.from_numpy(users))
+    assert torch.equal(m.embed[:d.n_items].detach(), torch.from_numpy(items))
+    np.savez(tmp_path / "bad.npz", user_embed=users[:3], item_embed=items)
+    with pytest.raises(ValueError, match="do not match"):
+        m.load_pretrained(str(tmp_path / "bad.npz"), d.n_items)
+
+
+def test_scores_are_user_item_dot_products():
+    d, g = small_graph()
+    m = model_for(d, g)
+    m.set_adjacency(g.heads, g.tails, g.weights)
+    m.eval()
+    emb = m.propagate()
+    s = m.score_users(torch.tensor([2, 5]), emb, d.n_items)
+    assert s.shape == (2, d.n_items)
+    assert torch.allclose(s[1, 4], emb[5 + d.n_entities] @ emb[4])

@@ -1,0 +1,174 @@
+"""KGAT (Wang et al., KDD 2019): attentive embedding propagation over the collaborative KG.
+
+Follows the paper and its original code: TransR KG embeddings, attention pi(h,r,t) = (W_r e_t)^T
+tanh(W_r e_h + e_r) normalised by a softmax over each head's edges (computed here on the model's device),
+bi-interaction / GCN / GraphSAGE aggregators, message dropout, L2-normalised layer outputs, the final
+representation the concatenation of every layer, BPR loss for CF and a TransR margin loss for the KG.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ATTENTION_CHUNK = 1 << 20          # edges per chunk when refreshing attention (bounds peak memory)
+
+
+@dataclass
+class KGATModelConfig:
+    embed_dim: int = 64
+    relation_dim: int = 64
+    layers: list[int] = field(default_factory=lambda: [64, 32, 16])
+    mess_dropout: float = 0.1
+    aggregator: Literal["bi-interaction", "gcn", "graphsage"] = "bi-interaction"
+    cf_l2: float = 1e-5
+    kg_l2: float = 1e-5
+    pretrain: str = ""             # mf.npz with user_embed/item_embed from BPR-MF ("" = random init)
+
+
+def l2_mean(x: torch.Tensor) -> torch.Tensor:
+    """The original code's L2 term: mean over rows of ||x||^2 / 2."""
+    return (x.pow(2).sum(1) / 2).mean()
+
+
+def sparse_softmax(scores: torch.Tensor, heads: torch.Tensor, n_nodes: int) -> torch.Tensor:
+    """Softmax of edge scores over the edges of each head, on the scores' device."""
+    top = torch.full((n_nodes,), float("-inf"), device=scores.device, dtype=scores.dtype)
+    top = top.scatter_reduce(0, heads, scores, reduce="amax", include_self=True)
+    ex = (scores - top[heads]).exp()
+    total = torch.zeros(n_nodes, device=scores.device, dtype=scores.dtype).index_add_(0, heads, ex)
+    return ex / total[heads]
+
+
+class Aggregator(nn.Module):
+    """One propagation layer: combine e_h with its neighbourhood e_N = A e."""
+
+    def __init__(self, kind: str, d_in: int, d_out: int, dropout: float):
+        super().__init__()
+        self.kind = kind
+        self.dropout = nn.Dropout(dropout)
+        if kind == "gcn":
+            self.w1 = nn.Linear(d_in, d_out)
+        elif kind == "graphsage":
+            self.w1 = nn.Linear(2 * d_in, d_out)
+        elif kind == "bi-interaction":
+            self.w1, self.w2 = nn.Linear(d_in, d_out), nn.Linear(d_in, d_out)
+        else:
+            raise ValueError(f"model.aggregator: unknown {kind!r} (bi-interaction, gcn, graphsage)")
+        for lin in (m for m in self.modules() if isinstance(m, nn.Linear)):
+            nn.init.xavier_uniform_(lin.weight)
+
+    def forward(self, ego: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
+        side = torch.sparse.mm(adj, ego)
+        if self.kind == "gcn":
+            out = F.leaky_relu(self.w1(ego + side))
+        elif self.kind == "graphsage":
+            out = F.leaky_relu(self.w1(torch.cat([ego, side], 1)))
+        else:
+            out = F.leaky_relu(self.w1(ego + side)) + F.leaky_relu(self.w2(ego * side))
+        return self.dropout(out)
+
+
+class KGAT(nn.Module):
+    """Node embeddings for entities (items first) and users (after the entities)."""
+
+    def __init__(self, cfg: KGATModelConfig, n_entities: int, n_users: int, n_relations: int):
+        super().__init__()
+        self.cfg, self.n_entities, self.n_users = cfg, n_entities, n_users
+        self.n_nodes = n_entities + n_users
+        self.embed = nn.Parameter(torch.empty(self.n_nodes, cfg.embed_dim))
+        self.relation = nn.Parameter(torch.empty(n_relations, cfg.relation_dim))
+        self.trans = nn.Parameter(torch.empty(n_relations, cfg.embed_dim, cfg.relation_dim))
+        for p in (self.embed, self.relation, self.trans):
+            nn.init.xavier_uniform_(p)
+        dims = [cfg.embed_dim, *cfg.layers]
+        self.aggregators = nn.ModuleList(Aggregator(cfg.aggregator, dims[k], dims[k + 1], cfg.mess_dropout)
+                                         for k in range(len(cfg.layers)))
+        self.adj: torch.Tensor | None = None     # CSR attention matrix; a buffer-like, set by set_adjacency
+
+    @property
+    def out_dim(self) -> int:
+        return self.cfg.embed_dim + sum(self.cfg.layers)
+
+    def load_pretrained(self, path: str, n_items: int) -> None:
+        """BPR-MF embeddings (mf.npz: user_embed (U, D), item_embed (I, D)) as the initial node embeddings."""
+        with np.load(path) as mf:
+            users, items = torch.from_numpy(mf["user_embed"]), torch.from_numpy(mf["item_embed"])
+        if users.shape != (self.n_users, self.cfg.embed_dim) or items.shape != (n_items, self.cfg.embed_dim):
+            raise ValueError(f"{path}: user_embed {tuple(users.shape)} / item_embed {tuple(items.shape)} do not match "
+                             f"({self.n_users}, {self.cfg.embed_dim}) / ({n_items}, {self.cfg.embed_dim})")
+        with torch.no_grad():
+            self.embed[self.n_entities:] = users
+            self.embed[:n_items] = items
+
+    def set_adjacency(self, heads: torch.Tensor, tails: torch.Tensor, values: torch.Tensor) -> None:
+        """The propagation matrix A[h, t] = value (edges sorted by head), as CSR on the model's device."""
+        dev = self.embed.device
+        counts = torch.bincount(heads, minlength=self.n_nodes)
+        crow = torch.zeros(self.n_nodes + 1, dtype=torch.int64)
+        crow[1:] = counts.cumsum(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")       # "sparse CSR support is in beta": mm and its backward are what we use
+            self.adj = torch.sparse_csr_tensor(crow.to(dev), tails.to(dev), values.to(dev, torch.float32),
+                                               (self.n_nodes, self.n_nodes))
+
+    def propagate(self) -> torch.Tensor:
+        """Concatenation of the ego embedding and every layer's L2-normalised output: (n_nodes, out_dim)."""
+        assert self.adj is not None, "set_adjacency() first"
+        ego, outs = self.embed, [self.embed]
+        for agg in self.aggregators:
+            ego = agg(ego, self.adj)
+            outs.append(F.normalize(ego, p=2, dim=1))
+        return torch.cat(outs, 1)
+
+    def cf_loss(self, users: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
+        """BPR (softplus) on propagated embeddings, plus cf_l2 times their L2 term."""
+        emb = self.propagate()
+        u, p, n = emb[users + self.n_entities], emb[pos], emb[neg]
+        bpr = F.softplus((u * n).sum(1) - (u * p).sum(1)).mean()
+        return bpr + self.cfg.cf_l2 * (l2_mean(u) + l2_mean(p) + l2_mean(n))
+
+    def kg_loss(self, h: torch.Tensor, r: torch.Tensor, pos_t: torch.Tensor, neg_t: torch.Tensor) -> torch.Tensor:
+        """TransR: ||W_r e_h + e_r - W_r e_t||^2, positive below negative (softplus), plus kg_l2 L2."""
+        rel, w = self.relation[r], self.trans[r]
+        hr = torch.bmm(self.embed[h].unsqueeze(1), w).squeeze(1)
+        pr = torch.bmm(self.embed[pos_t].unsqueeze(1), w).squeeze(1)
+        nr = torch.bmm(self.embed[neg_t].unsqueeze(1), w).squeeze(1)
+        pos_score = (hr + rel - pr).pow(2).sum(1)
+        neg_score = (hr + rel - nr).pow(2).sum(1)
+        loss = F.softplus(pos_score - neg_score).mean()
+        return loss + self.cfg.kg_l2 * (l2_mean(hr) + l2_mean(rel) + l2_mean(pr) + l2_mean(nr))
+
+    @torch.no_grad()
+    def attention_scores(self, heads: torch.Tensor, rels: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
+        """pi(h,r,t) = (W_r e_t)^T tanh(W_r e_h + e_r) for every edge, relation by relation, in chunks."""
+        dev = self.embed.device
+        heads, rels, tails = heads.to(dev), rels.to(dev), tails.to(dev)
+        out = torch.empty(len(heads), device=dev)
+        for r in torch.unique(rels).tolist():
+            idx = torch.nonzero(rels == r).squeeze(1)
+            w, e_r = self.trans[r], self.relation[r]
+            for start in range(0, len(idx), ATTENTION_CHUNK):
+                part = idx[start:start + ATTENTION_CHUNK]
+                t_r = self.embed[tails[part]] @ w
+                out[part] = (t_r * torch.tanh(self.embed[heads[part]] @ w + e_r)).sum(1)
+        return out
+
+    @torch.no_grad()
+    def refresh_attention(self, heads: torch.Tensor, rels: torch.Tensor, tails: torch.Tensor) -> None:
+        """Recompute pi for every edge and normalise it per head on the device: the new propagation matrix."""
+        scores = self.attention_scores(heads, rels, tails)
+        values = sparse_softmax(scores, heads.to(scores.device), self.n_nodes)
+        self.set_adjacency(heads, tails, values)
+
+    @torch.no_grad()
+    def score_users(self, users: torch.Tensor, emb: torch.Tensor | None = None, n_items: int | None = None):
+        """(len(users), n_items) scores u . i on propagated embeddings (items are nodes 0..n_items-1)."""
+        emb = self.propagate() if emb is None else emb
+        items = emb[: n_items or self.n_entities]
+        return emb[users + self.n_entities] @ items.T
