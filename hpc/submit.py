@@ -306,15 +306,13 @@ def final_state(job, wait_s: float = 30.0) -> str:
 
 
 def describe(jobs, dirs: list[Path]) -> str:
-    lines = []
-    for job, d in zip(jobs, dirs):
-        lines.append(f"submitted job {job.job_id}  run dir {d}")
-    if hasattr(jobs[0], "paths"):
-        lines.append(f"rank 0 log: tail -f {shlex.quote(str(jobs[0].paths.stderr))}")
+    lines = [f"submitted job {job.job_id}  run dir {d}" for job, d in zip(jobs, dirs)]
+    lines.append(f"rank 0 log: tail -f {shlex.quote(str(jobs[0].paths.stderr))}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
+    from submitit.core.utils import FailedJobError
     parser = get_parser()
     args = parse_args(parser, argv)
     try:
@@ -332,9 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # SubmitError, and ConfigError from check_config
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except Exception as err:
-        if type(err).__name__ != "FailedJobError":
-            raise
+    except FailedJobError as err:
         print(f"error: sbatch refused the job: {str(err).strip() or err.__cause__}", file=sys.stderr)
         return 1
     print(describe(jobs, dirs), flush=True)
