@@ -8,7 +8,7 @@ from trainer.recipes.kgat.metrics import finalize, topk_sums
 
 
 def brute(scores, test, ks, variant):
-    out = {f"{m}@{k}": 0.0 for m in ("recall", "precision", "ndcg", "hit") for k in ks}
+    out = {f"{m}@{k}": 0.0 for m in ("recall", "precision", "ndcg", "hr") for k in ks}
     users = 0
     for s, t in zip(scores.tolist(), test):
         if not t:
@@ -25,7 +25,7 @@ def brute(scores, test, ks, variant):
             out[f"recall@{k}"] += n_hit / len(t)
             out[f"precision@{k}"] += n_hit / k
             out[f"ndcg@{k}"] += dcg / idcg
-            out[f"hit@{k}"] += n_hit > 0
+            out[f"hr@{k}"] += n_hit > 0
     return {k: v / users for k, v in out.items()}, users
 
 
@@ -56,6 +56,6 @@ def test_original_ndcg_is_inflated_and_excluded_items_never_rank():
     assert std["ndcg@2"] == pytest.approx((1 / math.log2(3)) / (1 + 1 / math.log2(3)))
     assert orig["ndcg@2"] == pytest.approx(1 / math.log2(3))          # ideal from the single hit found
     scores[0, 0] = float("-inf")                                       # a training item: excluded
-    assert finalize(topk_sums(scores, mask, (1,)))["hit@1"] == 1.0
+    assert finalize(topk_sums(scores, mask, (1,)))["hr@1"] == 1.0
     with pytest.raises(ValueError, match="standard or original"):
         topk_sums(scores, mask, (1,), "paper")

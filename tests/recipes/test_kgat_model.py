@@ -16,8 +16,10 @@ def small_graph():
 
 def model_for(d, g, **cfg) -> KGAT:
     torch.manual_seed(0)
-    return KGAT(KGATModelConfig(embed_dim=8, relation_dim=6, layers=[8, 4], **cfg), d.n_entities, d.n_users,
-                g.n_relations)
+    m = KGAT(KGATModelConfig(embed_dim=8, relation_dim=6, layers=[8, 4], **cfg), d.n_entities, d.n_users,
+             g.n_relations, len(g.heads))
+    m.set_graph(g.heads, g.rels, g.tails, g.weights)
+    return m
 
 
 def test_sparse_softmax_equals_a_softmax_per_head():
@@ -53,7 +55,7 @@ def test_attention_scores_equal_a_per_edge_reference():
 def test_refreshed_propagation_matrix_rows_sum_to_one_and_match_dense():
     d, g = small_graph()
     m = model_for(d, g)
-    m.refresh_attention(g.heads, g.rels, g.tails)
+    m.refresh_attention()
     dense = m.adj.to_dense()
     rows = dense.sum(1)
     has = torch.bincount(g.heads, minlength=g.n_nodes) > 0
@@ -66,7 +68,6 @@ def test_refreshed_propagation_matrix_rows_sum_to_one_and_match_dense():
 def test_propagation_shapes_normalisation_and_gradients(aggregator):
     d, g = small_graph()
     m = model_for(d, g, aggregator=aggregator)
-    m.set_adjacency(g.heads, g.tails, g.weights)
     m.eval()
     emb = m.propagate()
     assert emb.shape == (g.n_nodes, m.out_dim) and m.out_dim == 8 + 8 + 4
@@ -80,7 +81,6 @@ def test_propagation_shapes_normalisation_and_gradients(aggregator):
 def test_bpr_loss_equals_hand_computation():
     d, g = small_graph()
     m = model_for(d, g, mess_dropout=0.0, cf_l2=0.1)
-    m.set_adjacency(g.heads, g.tails, g.weights)
     users, pos, neg = torch.tensor([0, 3]), torch.tensor([1, 2]), torch.tensor([5, 6])
     emb = m.propagate().detach()
     u, p, n = emb[users + d.n_entities], emb[pos], emb[neg]
@@ -124,9 +124,22 @@ def test_l2_mean_and_pretrained_embeddings(tmp_path):
 def test_scores_are_user_item_dot_products():
     d, g = small_graph()
     m = model_for(d, g)
-    m.set_adjacency(g.heads, g.tails, g.weights)
     m.eval()
     emb = m.propagate()
     s = m.score_users(torch.tensor([2, 5]), emb, d.n_items)
     assert s.shape == (2, d.n_items)
     assert torch.allclose(s[1, 4], emb[5 + d.n_entities] @ emb[4])
+
+
+def test_attention_is_saved_and_the_graph_is_not():
+    d, g = small_graph()
+    m = model_for(d, g)
+    m.refresh_attention()
+    state = m.state_dict()
+    assert "attention" in state and not {"heads", "rels", "tails", "crow"} & set(state)
+    fresh = model_for(d, g)                      # same graph, Laplacian weights
+    assert not torch.equal(fresh.adj.to_dense(), m.adj.to_dense())
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.adj.to_dense(), m.adj.to_dense())
+    with pytest.raises(ValueError, match="sorted by head"):
+        fresh.set_graph(g.heads.flip(0), g.rels, g.tails, g.weights)

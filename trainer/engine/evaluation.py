@@ -21,6 +21,7 @@ def evaluate(recipe: Recipe, model: torch.nn.Module, dataset, info: DistInfo, ba
     was_training = model.training
     model.eval()
     totals: dict[str, torch.Tensor] = {}
+    recipe.on_evaluation_start(model)
     try:
         for batch in loader:
             with autocast():
@@ -29,6 +30,7 @@ def evaluate(recipe: Recipe, model: torch.nn.Module, dataset, info: DistInfo, ba
                 value = value.detach().to("cpu", torch.float64)
                 totals[key] = totals[key] + value if key in totals else value
     finally:
+        recipe.on_evaluation_end()
         model.train(was_training)
     return recipe.compute_metrics(reduce_totals(totals, info))
 

@@ -26,7 +26,7 @@ from trainer.engine.data import ResumableSampler, make_loader, per_rank_batch_si
 from trainer.engine.evaluation import evaluate
 from trainer.engine.logging import MetricsWriter
 from trainer.engine.metrics import SystemStats, Throughput
-from trainer.engine.optim import build_optimizer, build_scheduler
+from trainer.engine.optim import build_optimizer, build_scheduler, scaled_lr
 from trainer.engine.preemption import PreemptionHandler
 from trainer.recipes.base import Recipe, move_to
 
@@ -69,14 +69,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def wrap_model(model: torch.nn.Module, info: DistInfo, dist_cfg) -> torch.nn.Module:
+def wrap_model(model: torch.nn.Module, info: DistInfo, dist_cfg, find_unused: bool = False) -> torch.nn.Module:
     """DDP for a world > 1, DataParallel for --strategy dp on several GPUs, else the plain module."""
     if info.distributed:
         if dist_cfg.strategy != "ddp":
             raise ValueError(f"--strategy {dist_cfg.strategy} with a world of {info.world_size} processes.\n"
                              f"HINT: use --strategy ddp under srun/torchrun, or launch one process.")
         ids = [info.torch_device.index] if info.device.startswith("cuda") else None
-        return DDP(model, device_ids=ids, find_unused_parameters=dist_cfg.find_unused_parameters)
+        return DDP(model, device_ids=ids, find_unused_parameters=dist_cfg.find_unused_parameters or find_unused)
     if dist_cfg.strategy == "dp":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         ids = dist_cfg.gpu_ids or list(range(count))
@@ -113,11 +113,14 @@ class Loop:
             raise ValueError(f"recipe {cfg.recipe}: the training split is empty (data.path={self._data_path()})")
         self.model = self.recipe.build_model().to(self.device)
         seed_everything(rank_seed(cfg.seed, info.rank))  # per-rank dropout/sampling streams
-        self.wrapped = wrap_model(self.model, info, cfg.dist)
+        self.wrapped = wrap_model(self.model, info, cfg.dist, self.recipe.find_unused_parameters)
         self.sampler = ResumableSampler(len(self.train_set), info.rank, info.world_size, True, cfg.seed)
-        self.micro_per_epoch = math.ceil(self.sampler.per_rank / self.batch_size)
+        plan = self.recipe.epoch_batches(0)
+        self.micro_per_epoch = len(plan) if plan is not None else math.ceil(self.sampler.per_rank / self.batch_size)
         self.steps_per_epoch = math.ceil(self.micro_per_epoch / self.accum)
-        self.optimizer = build_optimizer(self.model.parameters(), self.tc, info.world_size)
+        self.optimizer = self.recipe.build_optimizer(self.model, scaled_lr(self.tc.lr, self.tc.lr_scaling,
+                                                                           info.world_size)) \
+            or build_optimizer(self.model.parameters(), self.tc, info.world_size)
         self.scheduler = build_scheduler(self.optimizer, self.tc, self.steps_per_epoch)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.tc.amp)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.tc.amp == "fp16")
@@ -212,10 +215,7 @@ class Loop:
     def train_epoch(self, epoch: int, preempt: PreemptionHandler) -> int:
         """Run (the rest of) one epoch; returns the agreed signal, MAX_STEPS, or 0 when it completed."""
         start = self.state.batch_in_epoch
-        self.sampler.set_epoch(epoch, start * self.batch_size)
-        loader = make_loader(self.train_set, self.sampler, self.batch_size, self.tc.num_workers,
-                             self.recipe.collate_fn(), rank_seed(self.cfg.seed, self.info.rank, epoch),
-                             pin_memory=self.device.type == "cuda")
+        loader = self._batches(epoch, start)
         self.wrapped.train()
         t0 = time.perf_counter()
         bar = self._progress(epoch, start)
@@ -243,6 +243,16 @@ class Loop:
         self._close_bar(bar)
         self._log_epoch(epoch, epoch_sums, time.perf_counter() - t0)
         return 0
+
+    def _batches(self, epoch: int, start: int):
+        """This rank's batches of the epoch from micro-batch `start` on: the recipe's plan or the sampler's."""
+        plan = self.recipe.epoch_batches(epoch)
+        if plan is not None:
+            return (plan[i] for i in range(start, len(plan)))
+        self.sampler.set_epoch(epoch, start * self.batch_size)
+        return make_loader(self.train_set, self.sampler, self.batch_size, self.tc.num_workers,
+                           self.recipe.collate_fn(), rank_seed(self.cfg.seed, self.info.rank, epoch),
+                           pin_memory=self.device.type == "cuda")
 
     def _after_step(self, preempt: PreemptionHandler) -> int:
         signum = preempt.agreed_signal(self.info)
@@ -345,6 +355,9 @@ class Driver:
         """Evaluate, track the best, checkpoint; True when early stopping triggers."""
         loop, state, tc = self.loop, self.loop.state, self.cfg.train
         loop.recipe.on_epoch_end(epoch, loop.model)
+        extra = loop.recipe.epoch_metrics()
+        if extra:
+            loop.writer.write("train", epoch, state.global_step, extra)
         state.epoch, state.batch_in_epoch = epoch + 1, 0
         last = state.epoch >= tc.epochs
         if "val" in loop.eval_sets and (state.epoch % max(tc.eval_every_epochs, 1) == 0 or last):

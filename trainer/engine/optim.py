@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 
 import torch
 
@@ -12,13 +13,18 @@ def scaled_lr(lr: float, rule: str, world_size: int) -> float:
     return lr * factor
 
 
+def optimizer_spec(train_cfg, lr: float) -> tuple[type[torch.optim.Optimizer], dict]:
+    """The configured optimizer class and its keyword arguments at learning rate lr."""
+    if train_cfg.optimizer == "sgd":
+        return torch.optim.SGD, dict(lr=lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
+    cls = torch.optim.AdamW if train_cfg.optimizer == "adamw" else torch.optim.Adam
+    return cls, dict(lr=lr, betas=tuple(train_cfg.betas), weight_decay=train_cfg.weight_decay)
+
+
 def build_optimizer(params, train_cfg, world_size: int) -> torch.optim.Optimizer:
     """The configured optimizer with the scaled learning rate."""
-    lr = scaled_lr(train_cfg.lr, train_cfg.lr_scaling, world_size)
-    if train_cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
-    cls = torch.optim.AdamW if train_cfg.optimizer == "adamw" else torch.optim.Adam
-    return cls(params, lr=lr, betas=tuple(train_cfg.betas), weight_decay=train_cfg.weight_decay)
+    cls, kwargs = optimizer_spec(train_cfg, scaled_lr(train_cfg.lr, train_cfg.lr_scaling, world_size))
+    return cls(params, **kwargs)
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float = 0.0) -> float:
@@ -45,3 +51,35 @@ def build_scheduler(optimizer, train_cfg, steps_per_epoch: int) -> torch.optim.l
     warm = warmup_steps(train_cfg, steps_per_epoch)
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, warm, total, train_cfg.schedule, train_cfg.min_lr_ratio))
+
+
+def phased(base: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+    """`base` with one state per phase over the same parameters (KGAT's original code keeps one Adam for
+    its CF loss and another for its KG loss); set_phase() picks the state the next step() updates."""
+
+    class Phased(base):
+        def __init__(self, params, phases: tuple[str, ...], **kwargs):
+            super().__init__(params, **kwargs)
+            self.phase = phases[0]
+            self._states = {p: self.state if p == self.phase else defaultdict(dict) for p in phases}
+
+        def set_phase(self, phase: str) -> None:
+            self._states[self.phase] = self.state
+            self.phase, self.state = phase, self._states[phase]
+
+        def state_dict(self):
+            current, out = self.phase, {}
+            for p in list(self._states):
+                self.set_phase(p)
+                out[p] = super().state_dict()
+            self.set_phase(current)
+            return {"phase": current, "phases": out}
+
+        def load_state_dict(self, state_dict):
+            for p, sd in state_dict["phases"].items():
+                self.set_phase(p)
+                super().load_state_dict(sd)
+            self.set_phase(state_dict["phase"])
+
+    Phased.__name__ = Phased.__qualname__ = f"Phased{base.__name__}"
+    return Phased

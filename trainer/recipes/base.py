@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import torch
 
 from trainer.config import EmptyConfig
 
 _BUILTIN: dict[str, str] = {          # name -> "module:Class" (imported on first use)
+    "kgat": "trainer.recipes.kgat.recipe:KGATRecipe",
     "sasrec": "trainer.recipes.sasrec.recipe:SASRecRecipe",
 }
 _REGISTRY: dict[str, Any] = {}
@@ -73,6 +74,7 @@ class Recipe:
     model_config: ClassVar[type] = EmptyConfig
     eval_config: ClassVar[type] = EmptyConfig
     primary_metric: ClassVar[tuple[str, str]] = ("loss", "min")   # (val metric, "min" | "max")
+    find_unused_parameters: ClassVar[bool] = False   # DDP: some steps leave parameters without gradients
 
     def __init__(self, data_cfg: Any, model_cfg: Any, train_cfg: Any, dist: Any, eval_cfg: Any = None,
                  seed: int = 0):
@@ -110,11 +112,30 @@ class Recipe:
             if isinstance(batch, dict) else batch
         return int(first.shape[0])
 
+    def build_optimizer(self, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer | None:
+        """A recipe-specific optimizer at the (world-size scaled) lr; None: the engine's train.optimizer."""
+        return None
+
+    def epoch_batches(self, epoch: int) -> Sequence[Any] | None:
+        """This rank's batches of an epoch that is not one pass over the training set (same length every
+        epoch, any index reproducible on its own so a run resumes mid-epoch); None: the engine samples."""
+        return None
+
     def on_epoch_start(self, epoch: int, model: torch.nn.Module) -> None:
         """Called before each training epoch."""
 
     def on_epoch_end(self, epoch: int, model: torch.nn.Module) -> None:
         """Called after each training epoch, before evaluation."""
+
+    def epoch_metrics(self) -> dict[str, float]:
+        """Every rank, after on_epoch_end: extra training metrics of the epoch (reduced by the recipe)."""
+        return {}
+
+    def on_evaluation_start(self, model: torch.nn.Module) -> None:
+        """Every rank, before the batches of an evaluation (e.g. cache embeddings shared by all batches)."""
+
+    def on_evaluation_end(self) -> None:
+        """Every rank, after an evaluation (release what on_evaluation_start cached)."""
 
     def after_evaluation(self, split: str, metrics: dict[str, Any], run_dir: str, epoch: int) -> None:
         """Rank 0 only: write plots or tables for the metrics of a split."""

@@ -33,6 +33,7 @@ class KGATDataConfig:
     val_fraction: float = 0.1      # of each user's train items, held out for early stopping (0: use test)
     split_seed: int = 2019
     laplacian: Literal["random-walk", "symmetric"] = "random-walk"
+    kg_batch_size: int = 0         # KG triples per rank and step (0: twice the CF batch, the seed's rule)
     synthetic_users: int = 300
     synthetic_items: int = 200
     synthetic_entities: int = 400  # including the items

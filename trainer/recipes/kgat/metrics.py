@@ -41,7 +41,7 @@ def topk_sums(scores: torch.Tensor, test_mask: torch.Tensor, ks=KS, ndcg: str = 
         out[f"recall@{k}"] = (n_hit / n_test).sum()
         out[f"precision@{k}"] = (n_hit / k).sum()
         out[f"ndcg@{k}"] = (dcg / idcg).sum()
-        out[f"hit@{k}"] = (n_hit > 0).double().sum()
+        out[f"hr@{k}"] = (n_hit > 0).double().sum()
     return out
 
 

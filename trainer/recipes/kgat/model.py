@@ -29,6 +29,7 @@ class KGATModelConfig:
     cf_l2: float = 1e-5
     kg_l2: float = 1e-5
     pretrain: str = ""             # mf.npz with user_embed/item_embed from BPR-MF ("" = random init)
+    phase_optimizers: Literal["separate", "shared"] = "separate"   # one optimizer state per phase (original)
 
 
 def l2_mean(x: torch.Tensor) -> torch.Tensor:
@@ -77,7 +78,7 @@ class Aggregator(nn.Module):
 class KGAT(nn.Module):
     """Node embeddings for entities (items first) and users (after the entities)."""
 
-    def __init__(self, cfg: KGATModelConfig, n_entities: int, n_users: int, n_relations: int):
+    def __init__(self, cfg: KGATModelConfig, n_entities: int, n_users: int, n_relations: int, n_edges: int = 0):
         super().__init__()
         self.cfg, self.n_entities, self.n_users = cfg, n_entities, n_users
         self.n_nodes = n_entities + n_users
@@ -89,7 +90,14 @@ class KGAT(nn.Module):
         dims = [cfg.embed_dim, *cfg.layers]
         self.aggregators = nn.ModuleList(Aggregator(cfg.aggregator, dims[k], dims[k + 1], cfg.mess_dropout)
                                          for k in range(len(cfg.layers)))
-        self.adj: torch.Tensor | None = None     # CSR attention matrix; a buffer-like, set by set_adjacency
+        # The CKG (edges sorted by head) travels with the module (.to, DataParallel replicas) but is not
+        # saved; the per-edge attention is saved, so a resumed run propagates with the same weights.
+        self.register_buffer("crow", torch.zeros(self.n_nodes + 1, dtype=torch.int64), persistent=False)
+        for name in ("heads", "rels", "tails"):
+            self.register_buffer(name, torch.zeros(n_edges, dtype=torch.int64), persistent=False)
+        self.register_buffer("attention", torch.zeros(n_edges))
+        # every rank computes the same attention from the same weights: DDP need not broadcast these
+        self._ddp_params_and_buffers_to_ignore = ["crow", "heads", "rels", "tails", "attention"]
 
     @property
     def out_dim(self) -> int:
@@ -106,23 +114,43 @@ class KGAT(nn.Module):
             self.embed[self.n_entities:] = users
             self.embed[:n_items] = items
 
-    def set_adjacency(self, heads: torch.Tensor, tails: torch.Tensor, values: torch.Tensor) -> None:
-        """The propagation matrix A[h, t] = value (edges sorted by head), as CSR on the model's device."""
+    def set_graph(self, heads: torch.Tensor, rels: torch.Tensor, tails: torch.Tensor, values: torch.Tensor) -> None:
+        """The CKG edges, sorted by head, and their initial propagation weights (the Laplacian)."""
+        if len(heads) != len(self.attention):
+            raise ValueError(f"{len(heads)} edges given to a model built for {len(self.attention)}")
+        if len(heads) and bool((heads[1:] < heads[:-1]).any()):
+            raise ValueError("CKG edges must be sorted by head")
         dev = self.embed.device
-        counts = torch.bincount(heads, minlength=self.n_nodes)
+        counts = torch.bincount(heads.cpu(), minlength=self.n_nodes)
         crow = torch.zeros(self.n_nodes + 1, dtype=torch.int64)
         crow[1:] = counts.cumsum(0)
+        self.crow, self.heads, self.rels, self.tails = (x.to(dev) for x in (crow, heads, rels, tails))
+        self.set_attention(values)
+
+    def set_attention(self, values: torch.Tensor) -> None:
+        """New per-edge propagation weights (in place, so the buffer stays the one DDP and the state hold)."""
+        self.attention.copy_(values.to(self.attention.device, self.attention.dtype))
+
+    @property
+    def adj(self) -> torch.Tensor:
+        """A[h, t] = attention of edge (h, r, t), as a CSR matrix (a view on the buffers, built per call)."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")       # "sparse CSR support is in beta": mm and its backward are what we use
-            self.adj = torch.sparse_csr_tensor(crow.to(dev), tails.to(dev), values.to(dev, torch.float32),
-                                               (self.n_nodes, self.n_nodes))
+            return torch.sparse_csr_tensor(self.crow, self.tails, self.attention, (self.n_nodes, self.n_nodes))
+
+    def forward(self, phase: str, *batch: torch.Tensor) -> torch.Tensor:
+        """The loss of a CF batch (users, pos, neg) or a KG batch (h, r, pos_t, neg_t)."""
+        if phase == "cf":
+            return self.cf_loss(*batch)
+        if phase == "kg":
+            return self.kg_loss(*batch)
+        raise ValueError(f"unknown KGAT phase {phase!r} (cf, kg)")
 
     def propagate(self) -> torch.Tensor:
         """Concatenation of the ego embedding and every layer's L2-normalised output: (n_nodes, out_dim)."""
-        assert self.adj is not None, "set_adjacency() first"
-        ego, outs = self.embed, [self.embed]
+        ego, outs, adj = self.embed, [self.embed], self.adj
         for agg in self.aggregators:
-            ego = agg(ego, self.adj)
+            ego = agg(ego, adj)
             outs.append(F.normalize(ego, p=2, dim=1))
         return torch.cat(outs, 1)
 
@@ -160,11 +188,10 @@ class KGAT(nn.Module):
         return out
 
     @torch.no_grad()
-    def refresh_attention(self, heads: torch.Tensor, rels: torch.Tensor, tails: torch.Tensor) -> None:
+    def refresh_attention(self) -> None:
         """Recompute pi for every edge and normalise it per head on the device: the new propagation matrix."""
-        scores = self.attention_scores(heads, rels, tails)
-        values = sparse_softmax(scores, heads.to(scores.device), self.n_nodes)
-        self.set_adjacency(heads, tails, values)
+        scores = self.attention_scores(self.heads, self.rels, self.tails)
+        self.set_attention(sparse_softmax(scores, self.heads, self.n_nodes))
 
     @torch.no_grad()
     def score_users(self, users: torch.Tensor, emb: torch.Tensor | None = None, n_items: int | None = None):

@@ -1,0 +1,199 @@
+"""KGAT on the collaborative knowledge graph: an epoch is a CF phase, a KG phase and an attention refresh.
+
+    python -m trainer data convert movielens-kg --src ../shared/data/ml-100k --out data/ml-100k-kg
+    python -m trainer train --recipe kgat --config configs/kgat/ml-100k-kg.yaml data.path=data/ml-100k-kg
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+
+from trainer.distributed import runtime
+from trainer.engine.data import per_rank_batch_size
+from trainer.engine.optim import optimizer_spec, phased
+from trainer.recipes.base import Recipe, unwrap
+from trainer.recipes.kgat import build
+from trainer.recipes.kgat import data as D
+from trainer.recipes.kgat.metrics import KS, finalize, topk_sums
+from trainer.recipes.kgat.model import KGAT, KGATModelConfig
+from trainer.recipes.kgat.sampling import EpochPlan, PhaseSampler, csr, rows_mask
+
+log = logging.getLogger(__name__)
+SPLITS = ("val", "test")
+
+
+@dataclass
+class KGATEvalConfig:
+    """Full-ranking evaluation over every item a user has not trained on."""
+
+    ks: list[int] = field(default_factory=lambda: list(KS))
+    ndcg: Literal["standard", "original"] = "standard"   # original: the KGAT code's inflated IDCG
+
+
+class Users(torch.utils.data.Dataset):
+    """The users of an evaluation split (those with items in it), tagged with the split's index."""
+
+    def __init__(self, sets: list[np.ndarray], split_index: int):
+        self.users = [u for u, items in enumerate(sets) if len(items)]
+        self.split_index = split_index
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        return self.users[i], self.split_index
+
+
+class Interactions(torch.utils.data.Dataset):
+    """The training (user, item) pairs; KGAT samples its batches itself (epoch_batches)."""
+
+    def __init__(self, data: D.KGATData):
+        self.users, self.items = data.pairs("train")
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        return int(self.users[i]), int(self.items[i])
+
+
+def load_data(cfg: D.KGATDataConfig) -> D.KGATData:
+    """The folder at cfg.path (KGAT format), or synthetic data; with the validation hold-out."""
+    if cfg.path:
+        data = D.load(cfg.path)
+    else:
+        stats = build.Stats(cfg.synthetic_users, cfg.synthetic_items, cfg.synthetic_entities,
+                            cfg.synthetic_relations, cfg.synthetic_triples, cfg.synthetic_interactions)
+        data = build.synthesize(stats, cfg.synthetic_seed)
+    return D.hold_out_validation(data, cfg.val_fraction, cfg.split_seed)
+
+
+class KGATRecipe(Recipe):
+    """BPR on propagated embeddings (CF phase) and TransR (KG phase), attention refreshed every epoch."""
+
+    data_config = D.KGATDataConfig
+    model_config = KGATModelConfig
+    eval_config = KGATEvalConfig
+    primary_metric = ("recall@20", "max")
+    find_unused_parameters = True     # the CF loss leaves the TransR parameters out, the KG loss the layers
+
+    def build_datasets(self):
+        self.data = load_data(self.data_cfg)
+        if self.data.val is None:
+            log.warning("data.val_fraction=0: the test split is also used for early stopping and best.pt")
+        self.ckg = D.build_ckg(self.data, self.data_cfg.laplacian)
+        self.sampler = PhaseSampler(self.data, self.ckg)
+        if self.train_cfg.grad_accum_steps != 1:
+            raise ValueError("kgat: train.grad_accum_steps must be 1 (each step is one CF or KG batch; "
+                             "raise --batch-size instead)")
+        self.cf_batch = per_rank_batch_size(self.train_cfg, self.dist.world_size)
+        self.kg_batch = self.data_cfg.kg_batch_size or 2 * self.cf_batch
+        known_val = self.data.train
+        known_test = [np.union1d(a, b) for a, b in zip(self.data.train, self.data.val)] \
+            if self.data.val is not None else self.data.train
+        val = self.data.val if self.data.val is not None else self.data.test
+        self.eval_tables = [(csr(known_val), csr(val)), (csr(known_test), csr(self.data.test))]
+        self._plan: EpochPlan | None = None
+        self._reset_epoch_stats()
+        log.info("kgat: %d users, %d items, %d entities, %d CKG edges, %d relations (with inverses); "
+                 "CF %d + KG %d steps per epoch", self.data.n_users, self.data.n_items, self.data.n_entities,
+                 len(self.ckg.heads), self.ckg.n_relations, *self._steps())
+        return Interactions(self.data), {"val": Users(val, 0), "test": Users(self.data.test, 1)}
+
+    def _steps(self) -> tuple[int, int]:
+        plan = self.epoch_batches(0)
+        return plan.n_cf_steps, plan.n_kg_steps
+
+    def build_model(self):
+        m = self.model_cfg
+        model = KGAT(m, self.data.n_entities, self.data.n_users, self.ckg.n_relations, len(self.ckg.heads))
+        model.set_graph(self.ckg.heads, self.ckg.rels, self.ckg.tails, self.ckg.weights)
+        if m.pretrain:
+            model.load_pretrained(m.pretrain, self.data.n_items)
+        return model
+
+    def build_optimizer(self, model, lr):
+        cls, kwargs = optimizer_spec(self.train_cfg, lr)
+        if self.model_cfg.phase_optimizers == "shared":
+            self.optimizer = cls(model.parameters(), **kwargs)
+        else:
+            self.optimizer = phased(cls)(model.parameters(), phases=("cf", "kg"), **kwargs)
+        return self.optimizer
+
+    def epoch_batches(self, epoch):
+        if self._plan is None or self._plan.epoch != epoch:
+            self._plan = EpochPlan(self.sampler, epoch, self.seed, self.dist.rank, self.dist.world_size,
+                                   self.cf_batch, self.kg_batch)
+        return self._plan
+
+    def batch_size_of(self, batch):
+        return int(batch["tensors"][0].shape[0])
+
+    # ------------------------------------------------------------------------------------------ training
+    def _reset_epoch_stats(self) -> None:
+        self.loss_sums = torch.zeros(4, dtype=torch.float64)   # cf sum, cf count, kg sum, kg count
+        self.phase_start: dict[str, float] = {}
+
+    def training_step(self, model, batch):
+        phase = batch["phase"]
+        self.phase_start.setdefault(phase, time.perf_counter())
+        if hasattr(self.optimizer, "set_phase"):
+            self.optimizer.set_phase(phase)
+        loss = model(phase, *batch["tensors"])
+        loss = loss.mean() if loss.dim() else loss            # DataParallel returns one loss per replica
+        n = self.batch_size_of(batch)
+        k = 0 if phase == "cf" else 2
+        self.loss_sums[k] += float(loss.detach()) * n
+        self.loss_sums[k + 1] += n
+        return loss
+
+    def on_epoch_start(self, epoch, model):
+        self._reset_epoch_stats()
+
+    def on_epoch_end(self, epoch, model):
+        t0 = time.perf_counter()
+        self.phase_time = {p: t0 - t for p, t in self.phase_start.items()}
+        if "kg" in self.phase_time and "cf" in self.phase_time:
+            self.phase_time["cf"] -= self.phase_time["kg"]
+        unwrap(model).refresh_attention()
+        if unwrap(model).embed.is_cuda:
+            torch.cuda.synchronize()
+        self.phase_time["attention"] = time.perf_counter() - t0
+        runtime.barrier(self.dist)
+
+    def epoch_metrics(self):
+        sums = runtime.all_reduce(self.loss_sums.to(runtime.comm_device(self.dist)), self.dist).cpu().tolist()
+        out = {f"{p}_time_s": round(t, 4) for p, t in self.phase_time.items()}
+        if sums[1]:
+            out["cf_loss"] = sums[0] / sums[1]
+        if sums[3]:
+            out["kg_loss"] = sums[2] / sums[3]
+        return out
+
+    # ------------------------------------------------------------------------------------------ evaluation
+    def on_evaluation_start(self, model):
+        m = unwrap(model)
+        dev = m.embed.device
+        self.emb = m.propagate()
+        self.tables = [tuple(tuple(torch.from_numpy(x).to(dev) for x in t) for t in pair)
+                       for pair in self.eval_tables]
+
+    def on_evaluation_end(self):
+        self.emb = self.tables = None
+
+    def eval_step(self, model, batch):
+        users, split = batch[0], int(batch[1][0])
+        (known_ptr, known_idx), (test_ptr, test_idx) = self.tables[split]
+        n_items, emb = self.data.n_items, self.emb
+        scores = (emb[users + self.data.n_entities] @ emb[:n_items].T).float()
+        scores.masked_fill_(rows_mask(known_ptr, known_idx, users, n_items), float("-inf"))
+        target = rows_mask(test_ptr, test_idx, users, n_items)
+        return topk_sums(scores, target, tuple(self.eval_cfg.ks), self.eval_cfg.ndcg)
+
+    def compute_metrics(self, totals):
+        return finalize(totals)
