@@ -1,5 +1,6 @@
 """`trainer data download` against a loopback HTTP server (never the internet): a good archive, a bad
 checksum, and a transfer cut in the middle then resumed with a Range request."""
+import functools
 import hashlib
 import http.server
 import io
@@ -94,10 +95,70 @@ def test_cli_download_and_unknown_name(tmp_path, server):
     proc = trainer("data", "download", "ml-100k", "--out", str(tmp_path), "--url", server.url, "--sha256", sha)
     assert "ml-100k" in proc.stdout and (tmp_path / "ml-100k" / "u.data").exists()
     bad = trainer("data", "download", "ml-10t", "--out", str(tmp_path), check=False)
-    assert bad.returncode == 2 and "unknown dataset 'ml-10t'; known: ml-100k, ml-1m" in bad.stderr
+    assert bad.returncode == 2 and "unknown dataset 'ml-10t'; known: amazon-book, last-fm, ml-100k, ml-1m, yelp2018" \
+        in bad.stderr
 
 
 def test_registry_has_canonical_urls_and_hashes():
     for name, remote in dl.REMOTES.items():
         assert remote.url.startswith("https://files.grouplens.org/datasets/movielens/")
         assert len(remote.sha256) == 64 and remote.size > 1_000_000
+
+
+@pytest.fixture()
+def kgat_mirror(tmp_path):
+    """A folder served over loopback holding a small dataset in the KGAT authors' layout (KG zipped)."""
+    from trainer.recipes.kgat import build
+    root = tmp_path / "mirror"
+    data = build.synthesize(build.Stats(users=30, items=20, entities=40, relations=3, triples=90, interactions=150))
+    build.write(data, root)
+    with zipfile.ZipFile(root / "kg_final.txt.zip", "w") as zf:
+        zf.write(root / "kg_final.txt", "kg_final.txt")
+    (root / "kg_final.txt").unlink()
+    for extra in ("relation_list.txt", "user_list.txt"):
+        (root / extra).write_text("org_id remap_id\n")
+    handler = functools.partial(Quiet, directory=str(root))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield root, f"http://127.0.0.1:{httpd.server_port}/"
+    httpd.shutdown()
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+
+def test_kgat_dataset_files_are_fetched_verified_and_unzipped(tmp_path, kgat_mirror):
+    from trainer.recipes.kgat import data as kd
+    root, url = kgat_mirror
+    proc = trainer("data", "download", "last-fm", "--out", str(tmp_path / "out"), "--url", url)
+    folder = tmp_path / "out" / "last-fm"
+    assert str(folder) in proc.stdout and "no pinned sha256" in proc.stderr
+    loaded = kd.load(folder)                                  # the unzipped KG and the lists are usable
+    assert loaded.n_users == 30 and len(loaded.kg) == 90
+    sums = dict(line.split()[::-1] for line in (folder / "SHA256SUMS").read_text().splitlines())
+    assert set(sums) == set(dl.KGAT_FILES)
+    assert sums["train.txt"] == hashlib.sha256((root / "train.txt").read_bytes()).hexdigest()
+    # the mirror changes a file: the recorded hash refuses it, and the verified copy is kept
+    (root / "test.txt").write_text("0 1\n")
+    (folder / "test.txt").write_text("tampered\n")
+    with pytest.raises(dl.DownloadError, match="sha256 mismatch"):
+        dl.download_kgat("last-fm", tmp_path / "out", base_url=url)
+
+
+def test_kgat_pinned_hashes_are_enforced(tmp_path, kgat_mirror):
+    root, url = kgat_mirror
+    good = {f: hashlib.sha256((root / f).read_bytes()).hexdigest() for f in dl.KGAT_FILES}
+    folder = dl.download_kgat("yelp2018", tmp_path, base_url=url, pinned=good)
+    assert (folder / "kg_final.txt").exists()
+    with pytest.raises(dl.DownloadError, match="sha256 mismatch"):
+        dl.download_kgat("amazon-book", tmp_path, base_url=url, pinned=dict(good, **{"train.txt": "0" * 64}))
+    assert (tmp_path / "amazon-book" / "train.txt.part.bad").exists()
+
+
+def test_kgat_registry_points_at_the_authors_repository():
+    for name, files in dl.KGAT_DATASETS.items():
+        assert set(files) == set(dl.KGAT_FILES)
+        assert dl.KGAT_BASE.format(name=name).startswith(
+            "https://raw.githubusercontent.com/xiangwang1223/knowledge_graph_attention_network/")

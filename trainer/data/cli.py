@@ -15,9 +15,10 @@ def add_data_parser(sub) -> None:
     data = sub.add_parser("data", help="download or generate datasets")
     dsub = data.add_subparsers(dest="data_command", required=True)
     dl = dsub.add_parser("download", help="fetch a public dataset (sha256-verified, resumable)")
-    dl.add_argument("name", help="dataset: ml-100k, ml-1m")
+    dl.add_argument("name", help="dataset: ml-100k, ml-1m (SASRec); amazon-book, last-fm, yelp2018 (KGAT)")
     dl.add_argument("--out", required=True, help="output folder")
-    dl.add_argument("--url", help="mirror URL of the same archive (the checksum is still enforced)")
+    dl.add_argument("--url", help="mirror URL of the same archive, or of the folder holding a KGAT "
+                    "dataset's files (checksums are still enforced)")
     dl.add_argument("--sha256", help=argparse.SUPPRESS)   # for tests serving a small stand-in archive
     syn = dsub.add_parser("synth", help="write a synthetic dataset usable as data.path")
     syn.add_argument("kind", choices=["sasrec", "kgat"], help="which recipe's data")

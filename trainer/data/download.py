@@ -2,6 +2,7 @@
 
     python -m trainer data download ml-100k --out data/
     python -m trainer data download ml-1m --out data/ --url http://mirror.local/ml-1m.zip   # a mirror
+    python -m trainer data download amazon-book --out data/     # KGAT authors' files -> data/amazon-book/
 
 A partial transfer is kept as NAME.part and continued with an HTTP Range request; the archive is only
 renamed into place (and extracted) once its sha256 matches.
@@ -61,10 +62,10 @@ def _progress(total: int | None, initial: int, name: str):
         return None
 
 
-def fetch(url: str, dest: Path, sha256: str, timeout: float = 60.0) -> Path:
-    """Download url to dest (resuming dest.part), verify sha256, rename atomically."""
+def fetch(url: str, dest: Path, sha256: str | None, timeout: float = 60.0) -> Path:
+    """Download url to dest (resuming dest.part), verify sha256 (None: the caller checks), rename atomically."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    if dest.exists() and sha256_of(dest) == sha256:
+    if dest.exists() and sha256 is not None and sha256_of(dest) == sha256:
         log.info("%s already present and verified", dest)
         return dest
     part = dest.with_name(dest.name + ".part")
@@ -93,7 +94,7 @@ def fetch(url: str, dest: Path, sha256: str, timeout: float = 60.0) -> Path:
         raise DownloadError(f"download of {url} failed after {size} bytes ({err}); run the same command "
                             f"again to resume from {part}") from None
     got = sha256_of(part)
-    if got != sha256:
+    if sha256 is not None and got != sha256:
         bad = part.with_name(part.name + ".bad")
         os.replace(part, bad)
         raise DownloadError(f"{url}: sha256 mismatch (expected {sha256}, got {got}); the file was kept as "
@@ -104,18 +105,76 @@ def fetch(url: str, dest: Path, sha256: str, timeout: float = 60.0) -> Path:
 
 def download(name: str, out: str | Path, url: str | None = None, sha256: str | None = None) -> Path:
     """Fetch a registered dataset into out/ (and extract it); returns the extracted folder or file."""
+    if name in KGAT_DATASETS:
+        return download_kgat(name, out, base_url=url)
     if name not in REMOTES:
-        raise DownloadError(f"unknown dataset {name!r}; known: {', '.join(sorted(REMOTES))}")
+        known = sorted([*REMOTES, *KGAT_DATASETS])
+        raise DownloadError(f"unknown dataset {name!r}; known: {', '.join(known)}")
     remote = REMOTES[name]
     src = url or remote.url
     archive = fetch(src, Path(out) / Path(remote.url).name, sha256 or remote.sha256)
     if not remote.extract:
         return archive
     with zipfile.ZipFile(archive) as zf:
-        for member in zf.namelist():   # refuse paths that escape the output folder
-            target = (Path(out) / member).resolve()
-            if not str(target).startswith(str(Path(out).resolve())):
-                raise DownloadError(f"{archive}: unsafe member path {member!r}")
-        zf.extractall(out)
+        safe_extract(zf, Path(out), archive)
         top = zf.namelist()[0].split("/")[0]
     return Path(out) / top
+
+
+def safe_extract(zf: zipfile.ZipFile, out: Path, archive: Path) -> None:
+    """Extract every member, refusing paths that escape the output folder."""
+    for member in zf.namelist():
+        target = (out / member).resolve()
+        if not str(target).startswith(str(out.resolve())):
+            raise DownloadError(f"{archive}: unsafe member path {member!r}")
+    zf.extractall(out)
+
+
+# ------------------------------------------------------------------------------ KGAT datasets (file by file)
+
+KGAT_BASE = "https://raw.githubusercontent.com/xiangwang1223/knowledge_graph_attention_network/master/Data/{name}/"
+KGAT_FILES = ("train.txt", "test.txt", "kg_final.txt.zip", "item_list.txt", "entity_list.txt",
+              "relation_list.txt", "user_list.txt")
+# Pinned sha256 per file. None: not pinned yet (this project's build machines cannot reach GitHub); the
+# first download records the hashes in DIR/SHA256SUMS and every later run is verified against them.
+KGAT_DATASETS: dict[str, dict[str, str | None]] = {
+    name: {f: None for f in KGAT_FILES} for name in ("amazon-book", "last-fm", "yelp2018")
+}
+SUMS = "SHA256SUMS"
+
+
+def _read_sums(path: Path) -> dict[str, str]:
+    if not path.exists():
+        return {}
+    out = {}
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        parts = line.split()
+        if len(parts) != 2 or len(parts[0]) != 64:
+            raise DownloadError(f"{path}:{lineno}: expected 'SHA256  FILE', got {line!r}")
+        out[parts[1]] = parts[0]
+    return out
+
+
+def download_kgat(name: str, out: str | Path, base_url: str | None = None,
+                  pinned: dict[str, str | None] | None = None) -> Path:
+    """The KGAT authors' files of one dataset into out/name/, each sha256-verified, the KG unzipped."""
+    folder = Path(out) / name
+    pinned = dict(KGAT_DATASETS[name] if pinned is None else pinned)
+    sums_path = folder / SUMS
+    recorded = _read_sums(sums_path)
+    base = (base_url or KGAT_BASE.format(name=name)).rstrip("/") + "/"
+    for fname, digest in pinned.items():
+        expected = digest or recorded.get(fname)
+        path = fetch(base + fname, folder / fname, expected)
+        if expected is None:
+            recorded[fname] = sha256_of(path)
+            log.warning("%s: no pinned sha256 for %s; recorded %s in %s (later downloads must match it)",
+                        name, fname, recorded[fname], sums_path)
+        else:
+            recorded[fname] = expected
+    sums_path.write_text("".join(f"{h}  {f}\n" for f, h in sorted(recorded.items())))
+    for fname in pinned:
+        if fname.endswith(".zip"):
+            with zipfile.ZipFile(folder / fname) as zf:
+                safe_extract(zf, folder, folder / fname)
+    return folder
