@@ -1,4 +1,5 @@
 """slurm/*.sbatch: pinned headers, and real jobs on the local cluster (completion, preemption, USR1, IMAGE)."""
+import json
 import os
 import re
 import subprocess
@@ -10,6 +11,8 @@ import torch
 
 from tests.conftest import PY, REPO, slurm_env
 from tests.slurm.test_cluster import wait_job
+from trainer.recipes.kgat.data import KGATDataConfig
+from trainer.recipes.kgat.recipe import load_data
 
 SCRIPTS = sorted((REPO / "slurm").glob("*.sbatch"))
 GOLDEN = REPO / "tests" / "golden" / "sbatch"
@@ -81,6 +84,30 @@ def test_sasrec_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
     assert ckpt["world_size"] == 4 and ckpt["state"]["epoch"] == 1 and ckpt["config"]["data"]["maxlen"] == 16
     assert (run / "config.yaml").exists() and (run / "metrics.jsonl").exists()
     assert f"job {job} restart 0" in log.read_text()
+
+
+def test_kgat_2node_completes_with_eight_ranks(slurm_cluster, tmp_path):
+    """The product card's first command on the local 2-node cluster, with a tiny synthetic dataset."""
+    data = tmp_path / "data"
+    subprocess.run([PY, "-m", "trainer", "data", "synth", "kgat", "--out", str(data), "--preset", "tiny"],
+                   cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
+    extra = (f"data.path={data} model.embed_dim=16 model.relation_dim=16 model.layers=[16,8] train.batch_size=64 "
+             "train.eval_batch_size=64 train.tensorboard=false")
+    job = submit_script(slurm_cluster, tmp_path, "kgat_2node.sbatch", "--cpus-per-task=1", "--time=10",
+                        env=dict(EXTRA=extra), args=("--epochs", "1"))
+    info = wait_job(slurm_cluster, job, timeout=300)
+    log = tmp_path / "logs" / f"kgat-{job}.out"
+    assert info["JobState"] == "COMPLETED", log.read_text()[-3000:]
+    run = tmp_path / "runs" / job
+    train_log = (run / "train.log").read_text()
+    # the seed's batch rule: each CF step draws 8 ranks x 64 users, each KG step 8 x 128 triples
+    d = load_data(KGATDataConfig(path=str(data)))
+    n_cf, n_kg = sum(map(len, d.train)) // (8 * 64) + 1, 2 * (sum(map(len, d.train)) + len(d.kg)) // (8 * 128) + 1
+    assert "world=8" in train_log and f"CF {n_cf} + KG {n_kg} steps per epoch" in train_log
+    ckpt = torch.load(run / "checkpoints" / "final.pt", weights_only=True)
+    assert ckpt["world_size"] == 8 and ckpt["state"]["epoch"] == 1 and ckpt["recipe"] == "kgat"
+    test = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"test"' in x][-1]
+    assert test["users"] == 300 and 0 < test["recall@20"] <= 1
 
 
 def test_preempted_by_higher_priority_partition_resumes(slurm_cluster, tmp_path):
