@@ -143,3 +143,17 @@ def test_attention_is_saved_and_the_graph_is_not():
     assert torch.equal(fresh.adj.to_dense(), m.adj.to_dense())
     with pytest.raises(ValueError, match="sorted by head"):
         fresh.set_graph(g.heads.flip(0), g.rels, g.tails, g.weights)
+
+
+def test_propagation_gradient_uses_the_transpose_and_matches_a_dense_reference():
+    d, g = small_graph()
+    m = model_for(d, g, mess_dropout=0.0)
+    m.refresh_attention()
+    assert torch.allclose(m.adj_t.to_dense(), m.adj.to_dense().T)
+    x = torch.randn(g.n_nodes, 5, dtype=torch.float32, requires_grad=True)
+    w = torch.randn(g.n_nodes, 5)
+    from trainer.recipes.kgat.model import SpMM
+    (SpMM.apply(m.adj, m.adj_t, x) * w).sum().backward()
+    x2 = x.detach().clone().requires_grad_(True)
+    ((m.adj.to_dense() @ x2) * w).sum().backward()
+    assert torch.allclose(x.grad, x2.grad, atol=1e-5)

@@ -157,3 +157,14 @@ def test_resume_in_the_kg_phase_is_bitwise_exact(tmp_path):
     for phase in ("cf", "kg"):
         for k, st in a["phases"][phase]["state"].items():
             assert torch.equal(st["exp_avg"], b["phases"][phase]["state"][k]["exp_avg"])
+
+
+def test_hits_by_binary_search_equal_a_dense_mask():
+    g = torch.Generator().manual_seed(3)
+    sets = [np.sort(torch.randperm(50, generator=g)[:n].numpy()) for n in (0, 1, 5, 20, 49)]
+    from trainer.recipes.kgat.sampling import csr, hits_of
+    ptr, idx = (torch.from_numpy(x) for x in csr(sets))
+    rows = torch.tensor([4, 0, 2, 3, 1, 2])
+    top = torch.randint(0, 50, (6, 10), generator=g)
+    dense = rows_mask(ptr, idx, rows, 50)
+    assert torch.equal(hits_of(ptr, idx, rows, top), dense.gather(1, top))

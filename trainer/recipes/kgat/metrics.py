@@ -18,24 +18,27 @@ def _discounts(n: int, device) -> torch.Tensor:
 
 def topk_sums(scores: torch.Tensor, test_mask: torch.Tensor, ks=KS, ndcg: str = "standard") -> dict[str, torch.Tensor]:
     """scores (B, I) with excluded items at -inf, test_mask (B, I) bool -> sums over users with test items."""
-    if ndcg not in ("standard", "original"):
-        raise ValueError(f"eval ndcg variant {ndcg!r}: standard or original")
     keep = test_mask.any(1)
     scores, test_mask = scores[keep], test_mask[keep]
-    kmax = min(max(ks), scores.shape[1])
-    top = scores.topk(kmax, dim=1).indices
-    hits = test_mask.gather(1, top).double()
-    n_test = test_mask.sum(1).double()
-    disc = _discounts(kmax, scores.device)
+    top = scores.topk(min(max(ks), scores.shape[1]), dim=1).indices
+    return sums_from_hits(test_mask.gather(1, top), test_mask.sum(1), ks, ndcg)
+
+
+def sums_from_hits(hits: torch.Tensor, n_test: torch.Tensor, ks=KS, ndcg: str = "standard") -> dict[str, torch.Tensor]:
+    """hits (B, kmax) bool: is the item ranked j-th relevant; n_test (B,) > 0 relevant items per user."""
+    if ndcg not in ("standard", "original"):
+        raise ValueError(f"eval ndcg variant {ndcg!r}: standard or original")
+    hits, n_test = hits.double(), n_test.double()
+    kmax = hits.shape[1]
+    disc = _discounts(kmax, hits.device)
     ideal = torch.cumsum(disc, 0)
-    out = {"count": keep.sum().double()}
+    out = {"count": torch.tensor(float(len(n_test)), dtype=torch.float64)}
+    cum_hits, cum_dcg = hits.cumsum(1), (hits * disc).cumsum(1)
     for k in ks:
         kk = min(k, kmax)
-        h = hits[:, :kk]
-        n_hit = h.sum(1)
-        dcg = (h * disc[:kk]).sum(1)
+        n_hit, dcg = cum_hits[:, kk - 1], cum_dcg[:, kk - 1]
         if ndcg == "standard":
-            idcg = ideal[(torch.minimum(n_test, torch.tensor(float(kk), device=n_test.device)) - 1).long()]
+            idcg = ideal[(n_test.clamp(max=kk) - 1).long()]
         else:
             idcg = torch.where(n_hit > 0, ideal[(n_hit.clamp(min=1) - 1).long()], torch.ones_like(n_hit))
         out[f"recall@{k}"] = (n_hit / n_test).sum()

@@ -37,6 +37,20 @@ def l2_mean(x: torch.Tensor) -> torch.Tensor:
     return (x.pow(2).sum(1) / 2).mean()
 
 
+class SpMM(torch.autograd.Function):
+    """A @ x for a constant CSR matrix A whose transpose is given too: the backward is A^T @ grad as one
+    more CSR product (torch's own backward for CSR transposes A on every call)."""
+
+    @staticmethod
+    def forward(ctx, adj: torch.Tensor, adj_t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx.adj_t = adj_t
+        return torch.sparse.mm(adj, x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return None, None, torch.sparse.mm(ctx.adj_t, grad.contiguous())
+
+
 def sparse_softmax(scores: torch.Tensor, heads: torch.Tensor, n_nodes: int) -> torch.Tensor:
     """Softmax of edge scores over the edges of each head, on the scores' device."""
     top = torch.full((n_nodes,), float("-inf"), device=scores.device, dtype=scores.dtype)
@@ -64,8 +78,8 @@ class Aggregator(nn.Module):
         for lin in (m for m in self.modules() if isinstance(m, nn.Linear)):
             nn.init.xavier_uniform_(lin.weight)
 
-    def forward(self, ego: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
-        side = torch.sparse.mm(adj, ego)
+    def forward(self, ego: torch.Tensor, adj: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        side = SpMM.apply(adj[0], adj[1], ego)
         if self.kind == "gcn":
             out = F.leaky_relu(self.w1(ego + side))
         elif self.kind == "graphsage":
@@ -95,9 +109,12 @@ class KGAT(nn.Module):
         self.register_buffer("crow", torch.zeros(self.n_nodes + 1, dtype=torch.int64), persistent=False)
         for name in ("heads", "rels", "tails"):
             self.register_buffer(name, torch.zeros(n_edges, dtype=torch.int64), persistent=False)
+        self.register_buffer("crow_t", torch.zeros(self.n_nodes + 1, dtype=torch.int64), persistent=False)
+        self.register_buffer("by_tail", torch.zeros(n_edges, dtype=torch.int64), persistent=False)
         self.register_buffer("attention", torch.zeros(n_edges))
         # every rank computes the same attention from the same weights: DDP need not broadcast these
-        self._ddp_params_and_buffers_to_ignore = ["crow", "heads", "rels", "tails", "attention"]
+        self._ddp_params_and_buffers_to_ignore = ["crow", "heads", "rels", "tails", "crow_t", "by_tail",
+                                                  "attention"]
 
     @property
     def out_dim(self) -> int:
@@ -124,7 +141,11 @@ class KGAT(nn.Module):
         counts = torch.bincount(heads.cpu(), minlength=self.n_nodes)
         crow = torch.zeros(self.n_nodes + 1, dtype=torch.int64)
         crow[1:] = counts.cumsum(0)
-        self.crow, self.heads, self.rels, self.tails = (x.to(dev) for x in (crow, heads, rels, tails))
+        by_tail = torch.argsort(tails.cpu(), stable=True)       # the edges of A^T, row (tail) by row
+        crow_t = torch.zeros(self.n_nodes + 1, dtype=torch.int64)
+        crow_t[1:] = torch.bincount(tails.cpu(), minlength=self.n_nodes).cumsum(0)
+        self.crow, self.heads, self.rels, self.tails, self.crow_t, self.by_tail = (
+            x.to(dev) for x in (crow, heads, rels, tails, crow_t, by_tail))
         self.set_attention(values)
 
     def set_attention(self, values: torch.Tensor) -> None:
@@ -134,9 +155,17 @@ class KGAT(nn.Module):
     @property
     def adj(self) -> torch.Tensor:
         """A[h, t] = attention of edge (h, r, t), as a CSR matrix (a view on the buffers, built per call)."""
+        return self._csr(self.crow, self.tails, self.attention)
+
+    @property
+    def adj_t(self) -> torch.Tensor:
+        """A^T as a CSR matrix (for the backward pass of the propagation)."""
+        return self._csr(self.crow_t, self.heads[self.by_tail], self.attention[self.by_tail])
+
+    def _csr(self, crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")       # "sparse CSR support is in beta": mm and its backward are what we use
-            return torch.sparse_csr_tensor(self.crow, self.tails, self.attention, (self.n_nodes, self.n_nodes))
+            warnings.simplefilter("ignore")       # "sparse CSR support is in beta": mm is all we use
+            return torch.sparse_csr_tensor(crow, col, values, (self.n_nodes, self.n_nodes))
 
     def forward(self, phase: str, *batch: torch.Tensor) -> torch.Tensor:
         """The loss of a CF batch (users, pos, neg) or a KG batch (h, r, pos_t, neg_t)."""
@@ -148,7 +177,8 @@ class KGAT(nn.Module):
 
     def propagate(self) -> torch.Tensor:
         """Concatenation of the ego embedding and every layer's L2-normalised output: (n_nodes, out_dim)."""
-        ego, outs, adj = self.embed, [self.embed], self.adj
+        ego, outs = self.embed, [self.embed]
+        adj = (self.adj, self.adj_t if torch.is_grad_enabled() else None)
         for agg in self.aggregators:
             ego = agg(ego, adj)
             outs.append(F.normalize(ego, p=2, dim=1))
@@ -163,14 +193,23 @@ class KGAT(nn.Module):
 
     def kg_loss(self, h: torch.Tensor, r: torch.Tensor, pos_t: torch.Tensor, neg_t: torch.Tensor) -> torch.Tensor:
         """TransR: ||W_r e_h + e_r - W_r e_t||^2, positive below negative (softplus), plus kg_l2 L2."""
-        rel, w = self.relation[r], self.trans[r]
-        hr = torch.bmm(self.embed[h].unsqueeze(1), w).squeeze(1)
-        pr = torch.bmm(self.embed[pos_t].unsqueeze(1), w).squeeze(1)
-        nr = torch.bmm(self.embed[neg_t].unsqueeze(1), w).squeeze(1)
+        r, hr, pr, nr = self.project(r, h, pos_t, neg_t)
+        rel = self.relation[r]
         pos_score = (hr + rel - pr).pow(2).sum(1)
         neg_score = (hr + rel - nr).pow(2).sum(1)
         loss = F.softplus(pos_score - neg_score).mean()
         return loss + self.cfg.kg_l2 * (l2_mean(hr) + l2_mean(rel) + l2_mean(pr) + l2_mean(nr))
+
+    def project(self, r: torch.Tensor, *nodes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(r, W_r e_n for each node list), rows grouped by relation: one matmul per relation present
+        instead of gathering a (batch, d, d) stack of W_r (the losses are means, so order is free)."""
+        order = torch.argsort(r, stable=True)
+        r = r[order]
+        rels, counts = torch.unique_consecutive(r, return_counts=True)
+        x = torch.stack([self.embed[n[order]] for n in nodes], 1)                  # (B, k, d)
+        parts = [chunk @ self.trans[rel] for chunk, rel in zip(x.split(counts.tolist()), rels.tolist())]
+        out = torch.cat(parts)                                                    # (B, k, d_rel)
+        return (r, *out.unbind(1))
 
     @torch.no_grad()
     def attention_scores(self, heads: torch.Tensor, rels: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:

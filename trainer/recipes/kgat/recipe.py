@@ -19,9 +19,9 @@ from trainer.engine.optim import optimizer_spec, phased
 from trainer.recipes.base import Recipe, unwrap
 from trainer.recipes.kgat import build
 from trainer.recipes.kgat import data as D
-from trainer.recipes.kgat.metrics import KS, finalize, topk_sums
+from trainer.recipes.kgat.metrics import KS, finalize, sums_from_hits
 from trainer.recipes.kgat.model import KGAT, KGATModelConfig
-from trainer.recipes.kgat.sampling import EpochPlan, PhaseSampler, csr, rows_mask
+from trainer.recipes.kgat.sampling import EpochPlan, PhaseSampler, batch_entries, csr, hits_of
 
 log = logging.getLogger(__name__)
 SPLITS = ("val", "test")
@@ -191,9 +191,11 @@ class KGATRecipe(Recipe):
         (known_ptr, known_idx), (test_ptr, test_idx) = self.tables[split]
         n_items, emb = self.data.n_items, self.emb
         scores = (emb[users + self.data.n_entities] @ emb[:n_items].T).float()
-        scores.masked_fill_(rows_mask(known_ptr, known_idx, users, n_items), float("-inf"))
-        target = rows_mask(test_ptr, test_idx, users, n_items)
-        return topk_sums(scores, target, tuple(self.eval_cfg.ks), self.eval_cfg.ndcg)
+        scores[batch_entries(known_ptr, known_idx, users)] = float("-inf")     # trained-on items are not ranked
+        top = scores.topk(min(max(self.eval_cfg.ks), n_items), dim=1).indices
+        n_test = test_ptr[users + 1] - test_ptr[users]
+        return sums_from_hits(hits_of(test_ptr, test_idx, users, top), n_test, tuple(self.eval_cfg.ks),
+                              self.eval_cfg.ndcg)
 
     def compute_metrics(self, totals):
         return finalize(totals)

@@ -121,16 +121,28 @@ class EpochPlan:
         return {"phase": "kg", "tensors": self.sampler.kg_batch(rng, self.kg_batch)}
 
 
+def batch_entries(indptr: torch.Tensor, indices: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(position in `rows`, column) of every entry of the CSR rows `rows`, row by row, columns sorted."""
+    start, deg = indptr[rows], indptr[rows + 1] - indptr[rows]
+    total = int(deg.sum())
+    row_of = torch.repeat_interleave(torch.arange(len(rows), device=indices.device), deg, output_size=total)
+    first = torch.repeat_interleave(torch.cumsum(deg, 0) - deg - start, deg, output_size=total)
+    return row_of, indices[torch.arange(total, device=indices.device) - first]
+
+
 def rows_mask(indptr: torch.Tensor, indices: torch.Tensor, rows: torch.Tensor, width: int) -> torch.Tensor:
     """Dense (len(rows), width) bool mask of the CSR rows `rows`, built on the tensors' device."""
-    start, end = indptr[rows], indptr[rows + 1]
-    deg = end - start
-    total = int(deg.sum())
     out = torch.zeros(len(rows), width, dtype=torch.bool, device=indices.device)
-    if total == 0:
-        return out
-    row_of = torch.repeat_interleave(torch.arange(len(rows), device=indices.device), deg)
-    first = torch.repeat_interleave(torch.cumsum(deg, 0) - deg, deg)
-    offset = torch.arange(total, device=indices.device) - first
-    out[row_of, indices[torch.repeat_interleave(start, deg) + offset]] = True
+    row_of, cols = batch_entries(indptr, indices, rows)
+    out[row_of, cols] = True
     return out
+
+
+def hits_of(indptr: torch.Tensor, indices: torch.Tensor, rows: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """(len(rows), K) bool: is top[i, j] among the items of CSR row rows[i] (binary search, no dense mask)."""
+    row_of, cols = batch_entries(indptr, indices, rows)
+    width = int(max(int(top.max()) if top.numel() else 0, int(cols.max()) if cols.numel() else 0)) + 1
+    keys = row_of * width + cols                          # sorted: rows in order, columns sorted per row
+    query = torch.arange(len(rows), device=top.device)[:, None] * width + top
+    pos = torch.searchsorted(keys, query).clamp(max=max(len(keys) - 1, 0))
+    return keys[pos] == query if len(keys) else torch.zeros_like(top, dtype=torch.bool)
