@@ -206,8 +206,9 @@ class KGAT(nn.Module):
         order = torch.argsort(r, stable=True)
         r = r[order]
         rels, counts = torch.unique_consecutive(r, return_counts=True)
-        x = torch.stack([self.embed[n[order]] for n in nodes], 1)                  # (B, k, d)
-        parts = [chunk @ self.trans[rel] for chunk, rel in zip(x.split(counts.tolist()), rels.tolist())]
+        x = self.embed[torch.stack([n[order] for n in nodes], 1)]                  # (B, k, d): one gather
+        w = self.trans[rels]            # one gather (and one scatter in backward) for all relations present
+        parts = [chunk @ w[k] for k, chunk in enumerate(x.split(counts.tolist()))]
         out = torch.cat(parts)                                                    # (B, k, d_rel)
         return (r, *out.unbind(1))
 
