@@ -36,6 +36,7 @@ demo: setup
 # benchmarks need the real datasets in ../shared/data (not shipped: licences)
 bench: setup
 	$(BIN)/python bench/sasrec.py
+	$(BIN)/python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2
 
 test: setup slurm-install
 	$(BIN)/python -m pytest -rs --durations=10 $(PYTEST_ARGS)

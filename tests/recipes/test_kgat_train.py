@@ -168,3 +168,12 @@ def test_hits_by_binary_search_equal_a_dense_mask():
     top = torch.randint(0, 50, (6, 10), generator=g)
     dense = rows_mask(ptr, idx, rows, 50)
     assert torch.equal(hits_of(ptr, idx, rows, top), dense.gather(1, top))
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_amp_training_keeps_the_sparse_propagation_in_fp32(tmp_path, amp):
+    trainer("train", *SMALL, "--epochs", "1", "--batch-size", "128", "--amp", amp, "--run-dir", str(tmp_path))
+    test = rows(tmp_path, "test")[-1]
+    assert 0 < test["recall@20"] <= 1 and test["users"] == 300
+    ckpt = torch.load(tmp_path / "checkpoints" / "final.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point())

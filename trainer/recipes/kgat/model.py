@@ -79,7 +79,8 @@ class Aggregator(nn.Module):
             nn.init.xavier_uniform_(lin.weight)
 
     def forward(self, ego: torch.Tensor, adj: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        side = SpMM.apply(adj[0], adj[1], ego)
+        with torch.autocast(ego.device.type, enabled=False):    # sparse kernels are fp32 only (no bf16 CSR mm)
+            side = SpMM.apply(adj[0], adj[1], ego.float())
         if self.kind == "gcn":
             out = F.leaky_relu(self.w1(ego + side))
         elif self.kind == "graphsage":
