@@ -37,6 +37,9 @@ demo: setup
 bench: setup
 	$(BIN)/python bench/sasrec.py
 	$(BIN)/python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2
+	$(BIN)/python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2 --section ml100k_port \
+	  --extra model.layer_input=normalized
+	$(BIN)/python bench/kgat.py --scale amazon-book
 
 test: setup slurm-install
 	$(BIN)/python -m pytest -rs --durations=10 $(PYTEST_ARGS)

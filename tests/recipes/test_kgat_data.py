@@ -72,7 +72,7 @@ def test_validation_hold_out_partitions_train():
         kd.hold_out_validation(empty, 0.1, 0)
 
 
-def test_ckg_has_every_inverse_and_random_walk_rows_sum_to_one():
+def test_ckg_has_every_inverse_and_random_walk_rows_sum_to_one_per_relation():
     d = build.synthesize(build.Stats(**build.PRESETS["tiny"]))
     g = kd.build_ckg(d, "random-walk")
     R, E = d.n_relations, d.n_entities
@@ -82,12 +82,15 @@ def test_ckg_has_every_inverse_and_random_walk_rows_sum_to_one():
     inverse = {0: 1, 1: 0, **{2 + r: 2 + R + r for r in range(R)}, **{2 + R + r: 2 + r for r in range(R)}}
     assert all((t, inverse[r], h) in edges for h, r, t in edges)
     assert len(g.heads) == 2 * (sum(map(len, d.train)) + len(d.kg))
-    rows = torch.zeros(g.n_nodes, dtype=torch.float64).index_add_(0, g.heads, g.weights.double())
-    has = torch.bincount(g.heads, minlength=g.n_nodes) > 0
+    key = g.rels * g.n_nodes + g.heads                # the rows of each relation's Laplacian
+    rows = torch.zeros(g.n_relations * g.n_nodes, dtype=torch.float64).index_add_(0, key, g.weights.double())
+    has = torch.bincount(key, minlength=g.n_relations * g.n_nodes) > 0
     assert torch.allclose(rows[has], torch.ones(int(has.sum()), dtype=torch.float64), atol=1e-6)
     sym = kd.build_ckg(d, "symmetric")
-    deg = torch.bincount(sym.heads, minlength=sym.n_nodes).double()
-    assert torch.allclose(sym.weights.double(), 1 / (deg[sym.heads] * deg[sym.tails]).sqrt(), atol=1e-6)
+    deg_h = torch.bincount(sym.rels * sym.n_nodes + sym.heads, minlength=sym.n_relations * sym.n_nodes).double()
+    deg_t = torch.bincount(sym.rels * sym.n_nodes + sym.tails, minlength=sym.n_relations * sym.n_nodes).double()
+    deg = (deg_h[sym.rels * sym.n_nodes + sym.heads] * deg_t[sym.rels * sym.n_nodes + sym.tails])
+    assert torch.allclose(sym.weights.double(), 1 / deg.sqrt(), atol=1e-6)
 
 
 def test_synthetic_matches_requested_statistics():
@@ -101,6 +104,9 @@ def test_synthetic_matches_requested_statistics():
     assert degree.max() > 5 * np.median(degree)                        # heavy-tailed popularity
     again = build.synthesize(stats, seed=1)
     assert np.array_equal(again.kg, d.kg)                              # deterministic
+    exact = build.synthesize(build.Stats(**{**stats.__dict__, "test_interactions": 1234}), seed=1)
+    assert sum(map(len, exact.test)) == 1234 and sum(map(len, exact.train)) == 9000 - 1234
+    assert all(len(t) >= 1 for t in exact.train)
 
 
 def fake_ml100k(folder: Path) -> Path:

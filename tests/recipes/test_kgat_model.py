@@ -157,3 +157,15 @@ def test_propagation_gradient_uses_the_transpose_and_matches_a_dense_reference()
     x2 = x.detach().clone().requires_grad_(True)
     ((m.adj.to_dense() @ x2) * w).sum().backward()
     assert torch.allclose(x.grad, x2.grad, atol=1e-5)
+
+
+def test_layer_input_raw_follows_the_original_and_normalized_the_ports():
+    d, g = small_graph()
+    raw, port = model_for(d, g, mess_dropout=0.0), model_for(d, g, mess_dropout=0.0, layer_input="normalized")
+    port.load_state_dict(raw.state_dict())
+    a, b = raw.propagate().detach(), port.propagate().detach()
+    assert torch.equal(a[:, :16], b[:, :16])             # the ego embedding and the first layer agree
+    assert not torch.allclose(a[:, 16:], b[:, 16:])      # the second layer reads a different input
+    x = raw.aggregators[0](raw.embed, (raw.adj, None))   # what the port feeds layer 2: normalised layer 1
+    expected = F.normalize(raw.aggregators[1](F.normalize(x, dim=1), (raw.adj, None)), dim=1)
+    assert torch.allclose(b[:, 16:], expected.detach(), atol=1e-6)

@@ -16,7 +16,7 @@ from trainer.recipes.kgat.data import DataError, KGATData
 # amazon-book's statistics in the KGAT paper (Table 1)
 PRESETS = {
     "amazon-book": dict(users=70679, items=24915, entities=113487, relations=39, triples=2557746,
-                        interactions=652514),
+                        interactions=652514 + 193920, test_interactions=193920),   # the released files
     "tiny": dict(users=300, items=200, entities=400, relations=4, triples=2400, interactions=6000),
 }
 
@@ -28,7 +28,8 @@ class Stats:
     entities: int
     relations: int
     triples: int
-    interactions: int
+    interactions: int              # train + test
+    test_interactions: int = 0     # exact test count (0: test_fraction of each user's items)
 
 
 def split_per_user(users: np.ndarray, items: np.ndarray, n_users: int, test_fraction: float,
@@ -48,6 +49,28 @@ def split_per_user(users: np.ndarray, items: np.ndarray, n_users: int, test_frac
         train.append(its[~pick])
         test.append(its[pick])
     return train, test
+
+
+def split_exact(users: np.ndarray, items: np.ndarray, n_users: int, n_test: int,
+                seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Exactly n_test random pairs to test, each user keeping at least one train item."""
+    rng = np.random.default_rng(seed)
+    left = np.bincount(users, minlength=n_users)
+    is_test = np.zeros(len(users), bool)
+    taken = 0
+    for k in rng.permutation(len(users)):
+        if taken == n_test:
+            break
+        if left[users[k]] > 1:
+            left[users[k]] -= 1
+            is_test[k] = True
+            taken += 1
+    def sets(mask):
+        order = np.lexsort((items[mask], users[mask]))
+        u, i = users[mask][order], items[mask][order]
+        bounds = np.searchsorted(u, np.arange(n_users + 1))
+        return [i[bounds[x]:bounds[x + 1]] for x in range(n_users)]
+    return sets(~is_test), sets(is_test)
 
 
 def _fill(draw, target: int, rng: np.random.Generator) -> np.ndarray:
@@ -108,7 +131,10 @@ def synthesize(stats: Stats, seed: int = 0, test_fraction: float = 0.2) -> KGATD
         return np.stack([users, items], 1)
 
     pairs = _fill(interactions, s.interactions, rng)
-    train, test = split_per_user(pairs[:, 0], pairs[:, 1], s.users, test_fraction, seed + 1)
+    if s.test_interactions:
+        train, test = split_exact(pairs[:, 0], pairs[:, 1], s.users, s.test_interactions, seed + 1)
+    else:
+        train, test = split_per_user(pairs[:, 0], pairs[:, 1], s.users, test_fraction, seed + 1)
     return KGATData(train=train, test=test, kg=kg.astype(np.int64), n_items=s.items, n_entities=s.entities,
                     n_relations=s.relations)
 

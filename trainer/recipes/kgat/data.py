@@ -229,7 +229,7 @@ class CKG:
 
 
 def build_ckg(data: KGATData, laplacian: str = "random-walk") -> CKG:
-    """Interactions + KG triples, each with an inverse; weights D^-1 A (random walk) or D^-1/2 A D^-1/2."""
+    """Interactions + KG triples, each with an inverse, and the Laplacian weights of laplacian_weights()."""
     users, items = data.pairs("train")
     R, E = data.n_relations, data.n_entities
     u_nodes = users + E
@@ -239,16 +239,22 @@ def build_ckg(data: KGATData, laplacian: str = "random-walk") -> CKG:
     order = np.lexsort((t, h))
     heads, rels, tails = (torch.from_numpy(np.ascontiguousarray(x[order]).astype(np.int64)) for x in (h, r, t))
     n_nodes = E + data.n_users
-    weights = laplacian_weights(heads, tails, n_nodes, laplacian)
+    weights = laplacian_weights(heads, rels, tails, n_nodes, 2 + 2 * R, laplacian)
     return CKG(heads, rels, tails, weights, n_nodes, 2 + 2 * R)
 
 
-def laplacian_weights(heads: torch.Tensor, tails: torch.Tensor, n_nodes: int, kind: str) -> torch.Tensor:
-    """Per-edge values of the normalised adjacency (duplicate edges count once each)."""
-    deg = torch.bincount(heads, minlength=n_nodes).clamp(min=1).double()
+def laplacian_weights(heads: torch.Tensor, rels: torch.Tensor, tails: torch.Tensor, n_nodes: int,
+                      n_relations: int, kind: str) -> torch.Tensor:
+    """Per-edge values of the normalised adjacency of each relation, summed over relations as the original
+    code does (its `si` / `bi` Laplacians per relation): D_r^-1 A_r (random walk: every row of every
+    relation sums to 1) or D_r^-1/2 A_r D_r^-1/2 (symmetric). Duplicate edges count once each."""
+    def degree(nodes: torch.Tensor) -> torch.Tensor:
+        return torch.bincount(rels * n_nodes + nodes, minlength=n_relations * n_nodes).clamp(min=1).double()
+
+    deg_h = degree(heads)[rels * n_nodes + heads]
     if kind == "random-walk":
-        return (1.0 / deg[heads]).float()
+        return (1.0 / deg_h).float()
     if kind == "symmetric":
-        deg_t = torch.bincount(tails, minlength=n_nodes).clamp(min=1).double()
-        return (deg[heads].rsqrt() * deg_t[tails].rsqrt()).float()
+        deg_t = degree(tails)[rels * n_nodes + tails]
+        return (deg_h.rsqrt() * deg_t.rsqrt()).float()
     raise ValueError(f"data.laplacian: unknown kind {kind!r} (random-walk, symmetric)")

@@ -30,6 +30,9 @@ class KGATModelConfig:
     kg_l2: float = 1e-5
     pretrain: str = ""             # mf.npz with user_embed/item_embed from BPR-MF ("" = random init)
     phase_optimizers: Literal["separate", "shared"] = "separate"   # one optimizer state per phase (original)
+    # what the next layer reads: "raw" (the original TF code: the un-normalised output; only the copies
+    # concatenated into the final embedding are L2-normalised) or "normalized" (the PyTorch ports)
+    layer_input: Literal["raw", "normalized"] = "raw"
 
 
 def l2_mean(x: torch.Tensor) -> torch.Tensor:
@@ -183,6 +186,8 @@ class KGAT(nn.Module):
         for agg in self.aggregators:
             ego = agg(ego, adj)
             outs.append(F.normalize(ego, p=2, dim=1))
+            if self.cfg.layer_input == "normalized":
+                ego = outs[-1]
         return torch.cat(outs, 1)
 
     def cf_loss(self, users: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
