@@ -68,17 +68,23 @@ def wait_for_log(path: Path, pattern: str, timeout: float = 120) -> re.Match:
     raise AssertionError(f"{pattern!r} not in {path} after {timeout}s")
 
 
+def one_epoch_job(conf, workdir: Path, script: str, extra: str, timeout: float) -> tuple[str, Path, Path]:
+    """Submit `script --epochs 1` with EXTRA overrides, one CPU per task; (job id, log, run dir) once it
+    COMPLETED (the assertion shows the log's tail otherwise)."""
+    job = submit_script(conf, workdir, script, "--cpus-per-task=1", "--time=10", env=dict(EXTRA=extra),
+                        args=("--epochs", "1"))
+    info = wait_job(conf, job, timeout=timeout)
+    log = workdir / "logs" / f"{script.split('_')[0]}-{job}.out"
+    assert info["JobState"] == "COMPLETED", log.read_text()[-3000:]
+    return job, log, workdir / "runs" / job
+
+
 def test_sasrec_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
     data = tmp_path / "data"
     subprocess.run([PY, "-m", "trainer", "data", "synth", "sasrec", "--out", str(data), "--users", "120",
                     "--items", "60"], cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
     extra = f"data.path={data} data.maxlen=16 model.hidden=16 model.blocks=1 model.heads=1 train.eval_every_epochs=1"
-    job = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", "--cpus-per-task=1", "--time=10",
-                        env=dict(EXTRA=extra), args=("--epochs", "1"))
-    info = wait_job(slurm_cluster, job, timeout=240)
-    log = tmp_path / "logs" / f"sasrec-{job}.out"
-    assert info["JobState"] == "COMPLETED", log.read_text()[-3000:]
-    run = tmp_path / "runs" / job
+    job, log, run = one_epoch_job(slurm_cluster, tmp_path, "sasrec_1node.sbatch", extra, timeout=240)
     assert "world=4" in (run / "train.log").read_text()
     ckpt = torch.load(run / "checkpoints" / "final.pt", weights_only=True)
     assert ckpt["world_size"] == 4 and ckpt["state"]["epoch"] == 1 and ckpt["config"]["data"]["maxlen"] == 16
@@ -93,12 +99,7 @@ def test_kgat_2node_completes_with_eight_ranks(slurm_cluster, tmp_path):
                    cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
     extra = (f"data.path={data} model.embed_dim=16 model.relation_dim=16 model.layers=[16,8] train.batch_size=64 "
              "train.eval_batch_size=64 train.tensorboard=false")
-    job = submit_script(slurm_cluster, tmp_path, "kgat_2node.sbatch", "--cpus-per-task=1", "--time=10",
-                        env=dict(EXTRA=extra), args=("--epochs", "1"))
-    info = wait_job(slurm_cluster, job, timeout=300)
-    log = tmp_path / "logs" / f"kgat-{job}.out"
-    assert info["JobState"] == "COMPLETED", log.read_text()[-3000:]
-    run = tmp_path / "runs" / job
+    job, log, run = one_epoch_job(slurm_cluster, tmp_path, "kgat_2node.sbatch", extra, timeout=300)
     train_log = (run / "train.log").read_text()
     # the seed's batch rule: each CF step draws 8 ranks x 64 users, each KG step 8 x 128 triples
     d = load_data(KGATDataConfig(path=str(data)))
