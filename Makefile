@@ -37,8 +37,8 @@ demo: setup
 bench: setup
 	$(BIN)/python bench/sasrec.py
 	$(BIN)/python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2
-	$(BIN)/python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2 --section ml100k_port \
-	  --extra model.layer_input=normalized
+	$(BIN)/python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2 --section ml100k_original \
+	  --extra model.layer_input=raw
 	$(BIN)/python bench/kgat.py --scale amazon-book
 
 test: setup slurm-install
