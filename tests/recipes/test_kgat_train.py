@@ -167,7 +167,7 @@ def test_hits_by_binary_search_equal_a_dense_mask():
     rows = torch.tensor([4, 0, 2, 3, 1, 2])
     top = torch.randint(0, 50, (6, 10), generator=g)
     dense = rows_mask(ptr, idx, rows, 50)
-    assert torch.equal(hits_of(ptr, idx, rows, top), dense.gather(1, top))
+    assert torch.equal(hits_of(ptr, idx, rows, top, 50), dense.gather(1, top))
 
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])

@@ -194,7 +194,7 @@ class KGATRecipe(Recipe):
         scores[batch_entries(known_ptr, known_idx, users)] = float("-inf")     # trained-on items are not ranked
         top = scores.topk(min(max(self.eval_cfg.ks), n_items), dim=1).indices
         n_test = test_ptr[users + 1] - test_ptr[users]
-        return sums_from_hits(hits_of(test_ptr, test_idx, users, top), n_test, tuple(self.eval_cfg.ks),
+        return sums_from_hits(hits_of(test_ptr, test_idx, users, top, n_items), n_test, tuple(self.eval_cfg.ks),
                               self.eval_cfg.ndcg)
 
     def compute_metrics(self, totals):

@@ -138,10 +138,11 @@ def rows_mask(indptr: torch.Tensor, indices: torch.Tensor, rows: torch.Tensor, w
     return out
 
 
-def hits_of(indptr: torch.Tensor, indices: torch.Tensor, rows: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
-    """(len(rows), K) bool: is top[i, j] among the items of CSR row rows[i] (binary search, no dense mask)."""
+def hits_of(indptr: torch.Tensor, indices: torch.Tensor, rows: torch.Tensor, top: torch.Tensor,
+            width: int) -> torch.Tensor:
+    """(len(rows), K) bool: is top[i, j] among the items of CSR row rows[i] (binary search, no dense mask);
+    every id is below width."""
     row_of, cols = batch_entries(indptr, indices, rows)
-    width = int(max(int(top.max()) if top.numel() else 0, int(cols.max()) if cols.numel() else 0)) + 1
     keys = row_of * width + cols                          # sorted: rows in order, columns sorted per row
     query = torch.arange(len(rows), device=top.device)[:, None] * width + top
     pos = torch.searchsorted(keys, query).clamp(max=max(len(keys) - 1, 0))
