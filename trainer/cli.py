@@ -16,6 +16,7 @@ FLAG_KEYS = {
     "lr": "train.lr", "weight_decay": "train.weight_decay", "warmup_steps": "train.warmup_steps",
     "warmup_epochs": "train.warmup_epochs", "amp": "train.amp", "strategy": "dist.strategy",
     "gpu_ids": "dist.gpu_ids", "resume": "ckpt.resume", "run_dir": "run_dir", "seed": "seed",
+    "mode": "model.mode",
 }
 
 
@@ -42,7 +43,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--weight-decay", type=float, help="weight decay")
     g.add_argument("--warmup-steps", type=int, help="linear warmup length in optimizer steps")
     g.add_argument("--warmup-epochs", type=float, help="linear warmup length in epochs")
-    g.add_argument("--amp", choices=["off", "bf16", "fp16"], help="mixed precision (fp16 uses a GradScaler)")
+    g.add_argument("--amp", choices=["off", "bf16", "fp16", "auto"],
+                   help="mixed precision (fp16 uses a GradScaler; auto: bf16/fp16 on GPUs, off on CPUs)")
     g.add_argument("--strategy", choices=["ddp", "dp", "single"],
                    help="ddp: one process per GPU/rank; dp: DataParallel in one process; single")
     g.add_argument("--gpu-ids", type=_gpu_ids, metavar="0,1", help="GPUs for --strategy dp")
@@ -50,6 +52,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                    help="auto: newest valid checkpoint of --run-dir (fresh start if none); or a file")
     g.add_argument("--run-dir", metavar="DIR", help="output folder (default runs/<recipe>-<job id|time>)")
     g.add_argument("--seed", type=int, help="base seed (per-rank seeds are derived from it)")
+    g.add_argument("--mode", choices=["flatten", "average", "first"],
+                   help="har: channel fusion (model.mode): concatenate, average, or the first channel only")
     g.add_argument("overrides", nargs="*", metavar="key=value",
                    help="config overrides, e.g. train.lr=0.01 data.path=DIR model.hidden=64")
     return parser

@@ -38,7 +38,7 @@ class TrainConfig:
     warmup_epochs: float = 0.0            # converted to steps; the larger of the two wins
     min_lr_ratio: float = 0.0             # floor of the decay, as a fraction of the peak lr
     clip_grad_norm: float = 0.0           # 0: no clipping
-    amp: Literal["off", "bf16", "fp16"] = "off"
+    amp: Literal["off", "bf16", "fp16", "auto"] = "off"   # auto: bf16 (else fp16) on CUDA, off on CPU
     eval_every_epochs: int = 1
     eval_batch_size: int = 0              # per rank (0: the training batch size)
     early_stop_patience: int = 0          # epochs without improvement of the primary metric (0: off)
@@ -219,7 +219,10 @@ def default_config(recipe: str) -> Config:
     """Dataclass defaults, with the recipe's own data/model sections."""
     from trainer.recipes.base import get_recipe_class
     cls = get_recipe_class(recipe)
-    return Config(recipe=recipe, data=cls.data_config(), model=cls.model_config(), eval=cls.eval_config())
+    cfg = Config(recipe=recipe, data=cls.data_config(), model=cls.model_config(), eval=cls.eval_config())
+    for key, value in cls.defaults.items():
+        set_key(cfg, key, value, f"recipe {recipe} defaults")
+    return cfg
 
 
 def build_config(recipe: str | None, yaml_path: str | None = None, flags: dict[str, Any] | None = None,

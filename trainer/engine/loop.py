@@ -42,6 +42,7 @@ class TrainState:
     batch_in_epoch: int = 0       # micro-batches this rank consumed in `epoch`
     global_step: int = 0          # optimizer steps
     best: float | None = None     # best value of the primary validation metric
+    best_tie: float | None = None  # the recipe's tie-break metric at that evaluation
     bad_epochs: int = 0           # evaluations without improvement (early stopping)
 
 
@@ -87,6 +88,20 @@ def wrap_model(model: torch.nn.Module, info: DistInfo, dist_cfg, find_unused: bo
     return model
 
 
+def better(value: float, than: float, mode: str) -> bool:
+    """value beats than under mode 'min' or 'max'."""
+    return value < than if mode == "min" else value > than
+
+
+def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype of --amp on this device; auto: bf16 where the GPU supports it, else fp16; None on CPU."""
+    if mode == "auto":
+        if device.type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode)
+
+
 class Loop:
     """One training run; small methods over shared state."""
 
@@ -122,8 +137,8 @@ class Loop:
                                                                            info.world_size)) \
             or build_optimizer(self.model.parameters(), self.tc, info.world_size)
         self.scheduler = build_scheduler(self.optimizer, self.tc, self.steps_per_epoch)
-        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.tc.amp)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.tc.amp == "fp16")
+        self.amp_dtype = amp_dtype(self.tc.amp, self.device)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         log.info("recipe=%s world=%d device=%s batch/rank=%d accum=%d steps/epoch=%d params=%d",
                  cfg.recipe, info.world_size, info.device, self.batch_size, self.accum,
                  self.steps_per_epoch, sum(p.numel() for p in self.model.parameters()))
@@ -364,6 +379,8 @@ class Driver:
             metrics = loop.evaluate_and_log("val", epoch)
             if self.improved(metrics):
                 state.best, state.bad_epochs = float(metrics[self.metric]), 0
+                tie = loop.recipe.tie_break_metric
+                state.best_tie = float(metrics[tie[0]]) if tie and tie[0] in metrics else None
                 if self.cfg.ckpt.save_best:
                     loop.save("best")
             else:
@@ -385,7 +402,13 @@ class Driver:
             raise KeyError(f"recipe {self.cfg.recipe}: primary metric {self.metric!r} not among the "
                            f"validation metrics {sorted(metrics)}")
         value, best = float(metrics[self.metric]), self.loop.state.best
-        return best is None or (value < best if self.mode == "min" else value > best)
+        if best is None:
+            return True
+        if value != best:
+            return better(value, best, self.mode)
+        tie, best_tie = self.loop.recipe.tie_break_metric, self.loop.state.best_tie
+        return bool(tie) and tie[0] in metrics and best_tie is not None and \
+            better(float(metrics[tie[0]]), best_tie, tie[1])
 
     def preempted(self, signum: int) -> FitResult:
         """Checkpoint where we are; rank 0 requeues under Slurm for the requeue signals."""

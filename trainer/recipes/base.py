@@ -15,6 +15,7 @@ import torch
 from trainer.config import EmptyConfig
 
 _BUILTIN: dict[str, str] = {          # name -> "module:Class" (imported on first use)
+    "har": "trainer.recipes.har.recipe:HARRecipe",
     "kgat": "trainer.recipes.kgat.recipe:KGATRecipe",
     "sasrec": "trainer.recipes.sasrec.recipe:SASRecRecipe",
 }
@@ -74,7 +75,9 @@ class Recipe:
     model_config: ClassVar[type] = EmptyConfig
     eval_config: ClassVar[type] = EmptyConfig
     primary_metric: ClassVar[tuple[str, str]] = ("loss", "min")   # (val metric, "min" | "max")
+    tie_break_metric: ClassVar[tuple[str, str] | None] = None     # decides between equal primary values
     find_unused_parameters: ClassVar[bool] = False   # DDP: some steps leave parameters without gradients
+    defaults: ClassVar[dict[str, Any]] = {}          # dotted keys over the engine's defaults (below YAML)
 
     def __init__(self, data_cfg: Any, model_cfg: Any, train_cfg: Any, dist: Any, eval_cfg: Any = None,
                  seed: int = 0):

@@ -1,5 +1,9 @@
-"""HAR data: parsers for the multichannel time-series formats (issue 6; the recipe itself comes next).
+"""HAR data: readers of the multichannel time-series formats, and a synthetic generator.
 
+UCI HAR: `UCI HAR Dataset/{train,test}/Inertial Signals/<signal>_<split>.txt` (one window of 128 values per
+line, 9 signals), `y_<split>.txt` (activity 1-6), `subject_<split>.txt`, `activity_labels.txt`.
+Arrays: `.npz` or `.pt` holding `samples` [N, C, T] and `labels` [N] (TS-TCC's train.pt/val.pt/test.pt),
+optionally `subjects` [N].
 UEA/sktime `.ts` files: `#` comments, `@directive value` header lines up to `@data`, then one case per
 line: the dimensions separated by `:`, each a comma-separated series (`?` = missing, read as NaN), the
 class label last when `@classLabel true`. Equal and unequal lengths are both read (one array per case).
@@ -25,6 +29,7 @@ class Series:
     labels: np.ndarray                    # int64 class indices into class_names
     class_names: list[str]
     header: dict[str, str] = field(default_factory=dict)
+    subjects: np.ndarray | None = None    # int64 subject id per case, where the format records it
 
     @property
     def channels(self) -> int:
@@ -115,3 +120,170 @@ def _layout(header: dict[str, str], path: Path) -> tuple[list[str], bool, int | 
     if dims is not None and not dims.isdigit():
         raise DataError(f"{path}: @dimensions {dims!r} is not an integer")
     return names, has_labels, int(dims) if dims is not None else None
+
+
+# ------------------------------------------------------------------------------ UCI HAR
+
+UCI_SIGNALS = tuple(f"{kind}_{axis}" for kind in ("body_acc", "body_gyro", "total_acc") for axis in "xyz")
+UCI_ACTIVITIES = ("WALKING", "WALKING_UPSTAIRS", "WALKING_DOWNSTAIRS", "SITTING", "STANDING", "LAYING")
+UCI_WINDOW = 128
+
+
+def uci_root(path: str | Path) -> Path | None:
+    """The folder holding train/ and test/ of a UCI HAR copy (path itself or its 'UCI HAR Dataset')."""
+    path = Path(path)
+    for cand in (path, path / "UCI HAR Dataset"):
+        if (cand / "train" / "y_train.txt").exists():
+            return cand
+    return None
+
+
+def _matrix(path: Path, width: int) -> np.ndarray:
+    """Whitespace-separated numbers, `width` per line, as an [lines, width] array."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing") from None
+    lines = text.splitlines()
+    try:
+        flat = np.array(text.split(), dtype=np.float64)
+        if flat.size == len(lines) * width:
+            return flat.reshape(len(lines), width)
+    except ValueError:
+        pass
+    for lineno, line in enumerate(lines, 1):   # slow path: find the first bad line
+        tokens = line.split()
+        if len(tokens) != width:
+            raise DataError(f"{path}:{lineno}: {len(tokens)} values, expected {width}")
+        for k, token in enumerate(tokens, 1):
+            try:
+                float(token)
+            except ValueError:
+                raise DataError(f"{path}:{lineno}: field 'value {k}': {token!r} is not a number") from None
+    raise DataError(f"{path}: blank lines between the rows")
+
+
+def _ids(path: Path, what: str, low: int, high: int | None) -> np.ndarray:
+    """One integer per line in [low, high]."""
+    values = _matrix(path, 1)[:, 0]
+    for lineno, v in enumerate(values, 1):
+        if v != int(v) or v < low or (high is not None and v > high):
+            bound = f"{low}..{high}" if high is not None else f">= {low}"
+            raise DataError(f"{path}:{lineno}: field '{what}': {v:g} is not an integer in {bound}")
+    return values.astype(np.int64)
+
+
+def _activity_names(root: Path) -> list[str]:
+    path = root / "activity_labels.txt"
+    if not path.exists():
+        return list(UCI_ACTIVITIES)
+    names = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 2 or parts[0] != str(len(names) + 1):
+            raise DataError(f"{path}:{lineno}: expected '{len(names) + 1} NAME', got {line!r}")
+        names.append(parts[1])
+    return names
+
+
+def read_uci_har(path: str | Path, split: str) -> Series:
+    """One split ('train' or 'test') of UCI HAR: 9 channels x 128 samples per window."""
+    root = uci_root(path)
+    if root is None:
+        raise DataError(f"{path}: not a UCI HAR folder (no train/y_train.txt; expected 'UCI HAR Dataset/')")
+    folder = root / split
+    names = _activity_names(root)
+    labels = _ids(folder / f"y_{split}.txt", "activity", 1, len(names)) - 1
+    subjects = _ids(folder / f"subject_{split}.txt", "subject", 1, None)
+    channels = []
+    for signal in UCI_SIGNALS:
+        f = folder / "Inertial Signals" / f"{signal}_{split}.txt"
+        channels.append(_matrix(f, UCI_WINDOW).astype(np.float32))
+    for f, n in [(folder / f"subject_{split}.txt", len(subjects))] + \
+            [(folder / "Inertial Signals" / f"{s}_{split}.txt", len(c)) for s, c in zip(UCI_SIGNALS, channels)]:
+        if n != len(labels):
+            raise DataError(f"{f}: {n} lines, but y_{split}.txt has {len(labels)}")
+    stacked = np.stack(channels, axis=1)                        # [N, 9, 128]
+    return Series(list(stacked), labels, names, {"problemname": "UCI HAR"}, subjects)
+
+
+def write_uci_har(root: str | Path, split: str, series: Series) -> Path:
+    """Write a Series of 9 x 128 windows in the UCI HAR layout (for tests and synthetic data)."""
+    folder = Path(root) / split
+    (folder / "Inertial Signals").mkdir(parents=True, exist_ok=True)
+    data = np.stack(series.samples)
+    for c, signal in enumerate(UCI_SIGNALS):
+        np.savetxt(folder / "Inertial Signals" / f"{signal}_{split}.txt", data[:, c], fmt="%.7e")
+    np.savetxt(folder / f"y_{split}.txt", series.labels + 1, fmt="%d")
+    subjects = series.subjects if series.subjects is not None else np.ones(len(series.labels), np.int64)
+    np.savetxt(folder / f"subject_{split}.txt", subjects, fmt="%d")
+    (Path(root) / "activity_labels.txt").write_text(
+        "".join(f"{i} {n}\n" for i, n in enumerate(series.class_names, 1)))
+    return Path(root)
+
+
+# ------------------------------------------------------------------------------ arrays (.npz / .pt)
+
+def read_arrays(path: str | Path, class_names: list[str] | None = None) -> Series:
+    """`samples` [N, C, T] and `labels` [N] (and optional `subjects` [N]) from a .npz or .pt file."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    elif path.suffix == ".pt":
+        import torch
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:   # truncated or not a tensor dict
+            raise DataError(f"{path}: cannot be read as a tensor file ({type(err).__name__}: {err})") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}: expected a dict with 'samples' and 'labels', got {type(obj).__name__}")
+        arrays = {k: (v.numpy() if hasattr(v, "numpy") else np.asarray(v)) for k, v in obj.items()}
+    else:
+        raise DataError(f"{path}: unknown array format (use .npz or .pt)")
+    for key in ("samples", "labels"):
+        if key not in arrays:
+            raise DataError(f"{path}: field {key!r} missing (found {', '.join(sorted(arrays)) or 'nothing'})")
+    x, y = np.asarray(arrays["samples"], dtype=np.float32), np.asarray(arrays["labels"])
+    if x.ndim != 3:
+        raise DataError(f"{path}: field 'samples' has shape {tuple(x.shape)}, expected [N, C, T]")
+    if y.ndim != 1 or len(y) != len(x):
+        raise DataError(f"{path}: field 'labels' has shape {tuple(y.shape)}, expected [{len(x)}]")
+    if y.size and (not np.all(np.equal(np.mod(y, 1), 0)) or y.min() < 0):
+        bad = int(np.flatnonzero((np.mod(y, 1) != 0) | (y < 0))[0])
+        raise DataError(f"{path}: field 'labels'[{bad}] = {y[bad]!r} is not a class index >= 0")
+    y = y.astype(np.int64)
+    subjects = arrays.get("subjects")
+    if subjects is not None and np.asarray(subjects).shape != y.shape:
+        raise DataError(f"{path}: field 'subjects' has shape {np.asarray(subjects).shape}, expected {y.shape}")
+    n_classes = int(y.max()) + 1 if y.size else 0
+    names = class_names or [str(i) for i in range(n_classes)]
+    if y.size and n_classes > len(names):
+        raise DataError(f"{path}: field 'labels' has class {n_classes - 1} but only {len(names)} class names")
+    return Series(list(x), y, names, {"problemname": path.stem},
+                  None if subjects is None else np.asarray(subjects).astype(np.int64))
+
+
+# ------------------------------------------------------------------------------ synthetic
+
+def synthesize(n: int = 600, channels: int = 9, length: int = 128, classes: int = 6, subjects: int = 10,
+               seed: int = 0, noise: float = 0.6) -> Series:
+    """Windows whose class sets the frequency and amplitude pattern of every channel (learnable, not
+    trivial: subject-specific gain and phase, Gaussian noise); subjects are recorded."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(length, dtype=np.float64) / 50.0                # 50 Hz, like UCI HAR
+    freq = 0.8 + 0.6 * rng.random((classes, channels)) * 4        # Hz per (class, channel)
+    amp = 0.5 + rng.random((classes, channels))
+    labels = np.arange(n) % classes
+    rng.shuffle(labels)
+    subject = rng.integers(1, subjects + 1, size=n)
+    gain = 0.7 + 0.6 * rng.random((subjects + 1, channels))
+    phase = rng.uniform(0, 2 * np.pi, size=(n, channels))
+    x = amp[labels][:, :, None] * gain[subject][:, :, None] * \
+        np.sin(2 * np.pi * freq[labels][:, :, None] * t + phase[:, :, None])
+    x += noise * rng.normal(size=x.shape)
+    names = [f"class{k}" for k in range(classes)]
+    return Series(list(x.astype(np.float32)), labels.astype(np.int64), names, {"problemname": "synthetic"},
+                  subject.astype(np.int64))
