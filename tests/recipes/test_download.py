@@ -95,7 +95,7 @@ def test_cli_download_and_unknown_name(tmp_path, server):
     proc = trainer("data", "download", "ml-100k", "--out", str(tmp_path), "--url", server.url, "--sha256", sha)
     assert "ml-100k" in proc.stdout and (tmp_path / "ml-100k" / "u.data").exists()
     bad = trainer("data", "download", "ml-10t", "--out", str(tmp_path), check=False)
-    assert bad.returncode == 2 and "unknown dataset 'ml-10t'; known: amazon-book, last-fm, ml-100k, ml-1m, yelp2018" \
+    assert bad.returncode == 2 and "unknown dataset 'ml-10t'; known: amazon-book, last-fm, ml-100k, ml-1m, uci-har, yelp2018" \
         in bad.stderr
 
 
@@ -162,3 +162,51 @@ def test_kgat_registry_points_at_the_authors_repository():
         assert set(files) == set(dl.KGAT_FILES)
         assert dl.KGAT_BASE.format(name=name).startswith(
             "https://raw.githubusercontent.com/xiangwang1223/knowledge_graph_attention_network/")
+
+
+def uci_archives(tmp_path):
+    """(UCI's wrapper zip, the inner 'UCI HAR Dataset.zip') holding a small dataset in the UCI HAR layout."""
+    from trainer.recipes.har import data as hd
+    src = tmp_path / "src"
+    s = hd.synthesize(n=24, classes=6, subjects=3)
+    hd.write_uci_har(src / "UCI HAR Dataset", "train", s)
+    hd.write_uci_har(src / "UCI HAR Dataset", "test", s)
+    inner = io.BytesIO()
+    with zipfile.ZipFile(inner, "w") as zf:
+        for f in sorted((src / "UCI HAR Dataset").rglob("*.txt")):
+            zf.write(f, str(f.relative_to(src)))
+    outer = io.BytesIO()
+    with zipfile.ZipFile(outer, "w") as zf:
+        zf.writestr("UCI HAR Dataset.names", "names\n")
+        zf.writestr("UCI HAR Dataset.zip", inner.getvalue())
+    return outer.getvalue(), inner.getvalue()
+
+
+def test_uci_har_archive_in_an_archive_is_verified_and_readable(tmp_path):
+    from trainer.recipes.har.data import read_uci_har
+    outer, inner = uci_archives(tmp_path)
+    sha = {k: hashlib.sha256(v).hexdigest() for k, v in (("outer", outer), ("inner", inner))}
+    served = Server(outer)
+    try:
+        root = dl.download_uci_har(tmp_path / "out", url=served.url, sha256=sha["outer"], inner_sha256=sha["inner"])
+        train = read_uci_har(root, "train")
+        assert len(train.samples) == 24 and train.channels == 9 and train.samples[0].shape == (9, 128)
+        # UCI's archive with a tampered inner zip is refused
+        with pytest.raises(dl.DownloadError, match="'UCI HAR Dataset.zip' inside has sha256"):
+            dl.download_uci_har(tmp_path / "out2", url=served.url, sha256=sha["outer"], inner_sha256="1" * 64)
+    finally:
+        served.close()
+    mirror = Server(inner)        # a mirror serving the original inner zip directly
+    try:
+        root = dl.download_uci_har(tmp_path / "out3", url=mirror.url, sha256=sha["outer"], inner_sha256=sha["inner"])
+        assert (root / "test" / "Inertial Signals" / "body_gyro_z_test.txt").exists()
+        with pytest.raises(dl.DownloadError, match="is neither UCI's archive"):
+            dl.download_uci_har(tmp_path / "out4", url=mirror.url, sha256="2" * 64, inner_sha256="3" * 64)
+        assert (tmp_path / "out4" / "uci-har.zip.bad").exists() and not (tmp_path / "out4" / "UCI HAR Dataset").exists()
+    finally:
+        mirror.close()
+
+
+def test_uci_har_registry_is_the_uci_archive_with_both_hashes():
+    assert dl.UCI_HAR_URL.startswith("https://archive.ics.uci.edu/static/public/240/")
+    assert len(dl.UCI_HAR_SHA256) == 64 and len(dl.UCI_HAR_INNER_SHA256) == 64

@@ -94,3 +94,13 @@ def test_parse_override_keeps_strings():
     assert parse_override("data.path=a:b") == ("data.path", "a:b")
     assert parse_override("x={a}") == ("x", "{a}")
     assert parse_override("train.lr = 0.5") == ("train.lr", "0.5")
+
+
+def test_recipe_defaults_sit_between_engine_defaults_and_yaml(tmp_path):
+    cfg = build_config("har")
+    assert (cfg.train.amp, cfg.train.batch_size, cfg.model.mode) == ("auto", 64, "flatten")
+    assert build_config("sasrec").train.amp == "off"                 # other recipes keep the engine's
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  amp: 'off'\n")
+    assert build_config("har", yaml_path=str(path)).train.amp == "off"
+    assert build_config("har", flags={"model.mode": "first"}).model.mode == "first"

@@ -95,3 +95,26 @@ def test_optimizer_uses_configured_betas_and_scaled_lr():
     opt = build_optimizer([torch.nn.Parameter(torch.zeros(2))], tc, world_size=4)
     assert type(opt) is torch.optim.Adam
     assert opt.param_groups[0]["betas"] == (0.9, 0.98) and opt.param_groups[0]["lr"] == pytest.approx(0.04)
+
+
+def test_amp_auto_is_off_on_cpu_and_explicit_modes_map_to_dtypes():
+    from trainer.engine.loop import amp_dtype
+    cpu = torch.device("cpu")
+    assert amp_dtype("auto", cpu) is None and amp_dtype("off", cpu) is None
+    assert amp_dtype("bf16", cpu) is torch.bfloat16 and amp_dtype("fp16", cpu) is torch.float16
+
+
+@pytest.mark.parametrize("best,best_tie,metrics,expected", [
+    (None, None, {"macro_f1": 0.5, "loss": 1.0}, True),
+    (0.9, 0.3, {"macro_f1": 0.95, "loss": 9.0}, True),      # the primary metric decides first
+    (0.9, 0.3, {"macro_f1": 0.8, "loss": 0.1}, False),
+    (1.0, 0.3, {"macro_f1": 1.0, "loss": 0.2}, True),       # equal: the tie-break metric (lower loss)
+    (1.0, 0.3, {"macro_f1": 1.0, "loss": 0.3}, False),
+])
+def test_best_checkpoint_tie_break(best, best_tie, metrics, expected):
+    from trainer.engine.loop import Driver, TrainState
+    driver = Driver.__new__(Driver)
+    driver.metric, driver.mode, driver.cfg = "macro_f1", "max", SimpleNamespace(recipe="har")
+    driver.loop = SimpleNamespace(state=TrainState(best=best, best_tie=best_tie),
+                                  recipe=SimpleNamespace(tie_break_metric=("loss", "min")))
+    assert driver.improved(metrics) is expected

@@ -15,7 +15,8 @@ def add_data_parser(sub) -> None:
     data = sub.add_parser("data", help="download or generate datasets")
     dsub = data.add_subparsers(dest="data_command", required=True)
     dl = dsub.add_parser("download", help="fetch a public dataset (sha256-verified, resumable)")
-    dl.add_argument("name", help="dataset: ml-100k, ml-1m (SASRec); amazon-book, last-fm, yelp2018 (KGAT)")
+    dl.add_argument("name", help="dataset: ml-100k, ml-1m (SASRec); amazon-book, last-fm, yelp2018 (KGAT); "
+                    "uci-har (HAR)")
     dl.add_argument("--out", required=True, help="output folder")
     dl.add_argument("--url", help="mirror URL of the same archive, or of the folder holding a KGAT "
                     "dataset's files (checksums are still enforced)")

@@ -253,7 +253,7 @@ def read_arrays(path: str | Path, class_names: list[str] | None = None) -> Serie
         raise DataError(f"{path}: field 'labels' has shape {tuple(y.shape)}, expected [{len(x)}]")
     if y.size and (not np.all(np.equal(np.mod(y, 1), 0)) or y.min() < 0):
         bad = int(np.flatnonzero((np.mod(y, 1) != 0) | (y < 0))[0])
-        raise DataError(f"{path}: field 'labels'[{bad}] = {y[bad]!r} is not a class index >= 0")
+        raise DataError(f"{path}: field 'labels'[{bad}] = {y[bad].item()!r} is not a class index >= 0")
     y = y.astype(np.int64)
     subjects = arrays.get("subjects")
     if subjects is not None and np.asarray(subjects).shape != y.shape:

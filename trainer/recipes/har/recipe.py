@@ -55,7 +55,7 @@ class HARRecipe(Recipe):
         x, lengths, y = batch
         logits = model(x, lengths).float()
         return {"confusion": confusion_matrix(logits.argmax(1), y, len(self.data.class_names)),
-                "loss_sum": F.cross_entropy(logits, y, reduction="sum").double()}
+                "loss_sum": F.cross_entropy(logits.double(), y, reduction="sum")}
 
     def compute_metrics(self, totals: dict[str, torch.Tensor]) -> dict[str, Any]:
         cm = totals["confusion"]
