@@ -68,10 +68,11 @@ def wait_for_log(path: Path, pattern: str, timeout: float = 120) -> re.Match:
     raise AssertionError(f"{pattern!r} not in {path} after {timeout}s")
 
 
-def one_epoch_job(conf, workdir: Path, script: str, extra: str, timeout: float) -> tuple[str, Path, Path]:
+def one_epoch_job(conf, workdir: Path, script: str, extra: str, timeout: float,
+                  env: dict | None = None) -> tuple[str, Path, Path]:
     """Submit `script --epochs 1` with EXTRA overrides, one CPU per task; (job id, log, run dir) once it
     COMPLETED (the assertion shows the log's tail otherwise)."""
-    job = submit_script(conf, workdir, script, "--cpus-per-task=1", "--time=10", env=dict(EXTRA=extra),
+    job = submit_script(conf, workdir, script, "--cpus-per-task=1", "--time=10", env=dict(EXTRA=extra, **(env or {})),
                         args=("--epochs", "1"))
     info = wait_job(conf, job, timeout=timeout)
     log = workdir / "logs" / f"{script.split('_')[0]}-{job}.out"
@@ -90,6 +91,21 @@ def test_sasrec_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
     assert ckpt["world_size"] == 4 and ckpt["state"]["epoch"] == 1 and ckpt["config"]["data"]["maxlen"] == 16
     assert (run / "config.yaml").exists() and (run / "metrics.jsonl").exists()
     assert f"job {job} restart 0" in log.read_text()
+
+
+def test_har_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
+    """DATA with a space in it reaches the trainer as one argument."""
+    data = tmp_path / "my data"
+    subprocess.run([PY, "-m", "trainer", "data", "synth", "har", "--out", str(data)], cwd=REPO,
+                   env=slurm_env(slurm_cluster), check=True, capture_output=True)
+    extra = "model.width=16 model.embed_dim=16 model.hidden=32 train.tensorboard=false"
+    job, log, run = one_epoch_job(slurm_cluster, tmp_path, "har_1node.sbatch", extra, timeout=300,
+                                  env=dict(DATA=str(data)))
+    assert "world=4" in (run / "train.log").read_text()
+    ckpt = torch.load(run / "checkpoints" / "final.pt", weights_only=True)
+    assert ckpt["world_size"] == 4 and ckpt["recipe"] == "har" and ckpt["config"]["data"]["path"] == str(data)
+    test = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"test"' in x][-1]
+    assert test["cases"] == 150 and len(test["confusion_matrix"]) == 6 and (run / "confusion_test.png").exists()
 
 
 def test_kgat_2node_completes_with_eight_ranks(slurm_cluster, tmp_path):

@@ -3,11 +3,15 @@
     python -m trainer data download ml-100k --out data/
     python -m trainer data synth sasrec --out data/synth-seq --users 800 --items 300
     python -m trainer data synth kgat --out data/kgat-synth --preset amazon-book
+    python -m trainer data synth har --out data/har-synth --preset uci-har     # the UCI HAR layout and sizes
     python -m trainer data convert movielens-kg --src data/ml-100k --out data/ml-100k-kg
 """
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+import numpy as np
 
 
 def add_data_parser(sub) -> None:
@@ -22,13 +26,14 @@ def add_data_parser(sub) -> None:
                     "dataset's files (checksums are still enforced)")
     dl.add_argument("--sha256", help=argparse.SUPPRESS)   # for tests serving a small stand-in archive
     syn = dsub.add_parser("synth", help="write a synthetic dataset usable as data.path")
-    syn.add_argument("kind", choices=["sasrec", "kgat"], help="which recipe's data")
+    syn.add_argument("kind", choices=["sasrec", "kgat", "har"], help="which recipe's data")
     syn.add_argument("--out", required=True, help="output folder")
     syn.add_argument("--users", type=int, default=800)
     syn.add_argument("--items", type=int, default=300)
     syn.add_argument("--mean-len", type=int, default=40, help="sasrec: mean sequence length")
-    syn.add_argument("--preset", choices=["tiny", "amazon-book"], default="tiny",
-                     help="kgat: the statistics to match (amazon-book: the KGAT paper's Table 1)")
+    syn.add_argument("--preset", choices=["tiny", "amazon-book", "uci-har"], default="tiny",
+                     help="kgat: the statistics to match (amazon-book: the KGAT paper's Table 1); "
+                     "har: tiny (600 windows) or uci-har (7352 train / 2947 test windows of 30 subjects)")
     syn.add_argument("--seed", type=int, default=0)
     conv = dsub.add_parser("convert", help="build a dataset from raw files")
     conv.add_argument("kind", choices=["movielens-kg"], help="movielens-kg: KGAT format from MovieLens "
@@ -52,6 +57,8 @@ def run(args) -> int:
         path = build.write(data, args.out, lists)
         print(f"wrote {describe_kgat(data)} to {path}")
         return 0
+    if args.kind == "har":
+        return synth_har(args)
     if args.kind == "kgat":
         from trainer.recipes.kgat import build
         data = build.synthesize(build.Stats(**build.PRESETS[args.preset]), seed=args.seed)
@@ -61,6 +68,25 @@ def run(args) -> int:
     inter = seqdata.synthesize(args.users, args.items, args.mean_len, args.seed)
     path = seqdata.write_udata(inter, f"{args.out}/u.data")
     print(f"wrote {len(inter.users)} interactions of {args.users} users to {path}")
+    return 0
+
+
+def synth_har(args) -> int:
+    """Synthetic windows in the UCI HAR layout (9 signals x 128 samples, 6 activities, subjects)."""
+    from trainer.recipes.har import data as hd
+    from trainer.recipes.har.prepare import subset
+    n_train, n_test = (7352, 2947) if args.preset == "uci-har" else (450, 150)
+    rng = np.random.default_rng(args.seed)
+    test_ids = np.arange(1, 31)[::3] + 1                           # 9 of 30 subjects are the test set, as in UCI HAR
+    train_ids = np.setdiff1d(np.arange(1, 31), test_ids)
+    ids = np.concatenate([rng.choice(train_ids, n_train), rng.choice(test_ids, n_test)])
+    s = hd.synthesize(n=n_train + n_test, seed=args.seed, subject_ids=ids)
+    s.class_names = list(hd.UCI_ACTIVITIES)
+    is_test = np.arange(n_train + n_test) >= n_train
+    root = Path(args.out) / "UCI HAR Dataset"
+    for split, mask in (("train", ~is_test), ("test", is_test)):
+        hd.write_uci_har(root, split, subset(s, mask))
+    print(f"wrote {int((~is_test).sum())} train / {int(is_test.sum())} test windows (9 x 128) to {root}")
     return 0
 
 

@@ -269,7 +269,7 @@ def read_arrays(path: str | Path, class_names: list[str] | None = None) -> Serie
 # ------------------------------------------------------------------------------ synthetic
 
 def synthesize(n: int = 600, channels: int = 9, length: int = 128, classes: int = 6, subjects: int = 10,
-               seed: int = 0, noise: float = 0.6) -> Series:
+               seed: int = 0, noise: float = 0.6, subject_ids: np.ndarray | None = None) -> Series:
     """Windows whose class sets the frequency and amplitude pattern of every channel (learnable, not
     trivial: subject-specific gain and phase, Gaussian noise); subjects are recorded."""
     rng = np.random.default_rng(seed)
@@ -278,7 +278,8 @@ def synthesize(n: int = 600, channels: int = 9, length: int = 128, classes: int 
     amp = 0.5 + rng.random((classes, channels))
     labels = np.arange(n) % classes
     rng.shuffle(labels)
-    subject = rng.integers(1, subjects + 1, size=n)
+    subject = rng.integers(1, subjects + 1, size=n) if subject_ids is None else np.asarray(subject_ids)
+    subjects = int(subject.max())
     gain = 0.7 + 0.6 * rng.random((subjects + 1, channels))
     phase = rng.uniform(0, 2 * np.pi, size=(n, channels))
     x = amp[labels][:, :, None] * gain[subject][:, :, None] * \
