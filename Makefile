@@ -40,6 +40,7 @@ bench: setup
 	$(BIN)/python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2 --section ml100k_original \
 	  --extra model.layer_input=raw
 	$(BIN)/python bench/kgat.py --scale amazon-book
+	$(BIN)/python bench/har.py
 
 test: setup slurm-install
 	$(BIN)/python -m pytest -rs --durations=10 $(PYTEST_ARGS)
