@@ -67,7 +67,8 @@ def throughput(data: Path, steps: int, out: Path) -> list[dict]:
     results = []
     for name, ranks, threads, extra in setups:
         rows, wall = run(["--config", str(REPO / "configs/har/uci-har.yaml"), f"data.path={data}", "--epochs", "1",
-                          f"train.max_steps={steps}", f"train.log_every_steps={max(2, steps // 12)}", "ckpt.every_epochs=0", *extra],
+                          f"train.max_steps={steps}", f"train.log_every_steps={max(2, steps // 12)}",
+                          "ckpt.every_epochs=0", *extra],
                          out / "runs" / f"throughput-{name}", threads=threads, ranks=ranks)
         windows = [r["samples_per_s"] for r in rows if r["split"] == "train" and "samples_per_s" in r]
         rate = statistics.median(windows[1:] or windows)          # the first window includes warm-up
