@@ -5,6 +5,8 @@
     python -m trainer data synth kgat --out data/kgat-synth --preset amazon-book
     python -m trainer data synth har --out data/har-synth --preset uci-har     # the UCI HAR layout and sizes
     python -m trainer data convert movielens-kg --src data/ml-100k --out data/ml-100k-kg
+    python -m trainer data synth video --out data/synth-video                 # real .mp4 files + labels.csv
+    python -m trainer data extract-frames --src data/synth-video --size 128   # -> data/synth-video/.frame-cache
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def add_data_parser(sub) -> None:
                     "dataset's files (checksums are still enforced)")
     dl.add_argument("--sha256", help=argparse.SUPPRESS)   # for tests serving a small stand-in archive
     syn = dsub.add_parser("synth", help="write a synthetic dataset usable as data.path")
-    syn.add_argument("kind", choices=["sasrec", "kgat", "har"], help="which recipe's data")
+    syn.add_argument("kind", choices=["sasrec", "kgat", "har", "video"], help="which recipe's data")
     syn.add_argument("--out", required=True, help="output folder")
     syn.add_argument("--users", type=int, default=800)
     syn.add_argument("--items", type=int, default=300)
@@ -34,7 +36,17 @@ def add_data_parser(sub) -> None:
     syn.add_argument("--preset", choices=["tiny", "amazon-book", "uci-har"], default="tiny",
                      help="kgat: the statistics to match (amazon-book: the KGAT paper's Table 1); "
                      "har: tiny (600 windows) or uci-har (7352 train / 2947 test windows of 30 subjects)")
+    syn.add_argument("--videos", type=int, default=8, help="video: number of .mp4 files")
+    syn.add_argument("--frames", type=int, default=90, help="video: frames per video")
+    syn.add_argument("--classes", type=int, default=4, help="video: motion classes (2-6)")
     syn.add_argument("--seed", type=int, default=0)
+    ex = dsub.add_parser("extract-frames", help="decode videos once into the uint8 frame cache training reads")
+    ex.add_argument("--src", required=True, help="folder of videos (searched recursively)")
+    ex.add_argument("--out", help="cache folder (default SRC/.frame-cache, where training looks)")
+    ex.add_argument("--size", type=int, default=128, help="frames resized to SIZE x SIZE (0: as decoded)")
+    colour = ex.add_mutually_exclusive_group()
+    colour.add_argument("--gray", dest="gray", action="store_true", default=True, help="grayscale (default)")
+    colour.add_argument("--rgb", dest="gray", action="store_false", help="RGB frames")
     conv = dsub.add_parser("convert", help="build a dataset from raw files")
     conv.add_argument("kind", choices=["movielens-kg"], help="movielens-kg: KGAT format from MovieLens "
                       "ratings + item metadata (genres, release year)")
@@ -57,6 +69,13 @@ def run(args) -> int:
         path = build.write(data, args.out, lists)
         print(f"wrote {describe_kgat(data)} to {path}")
         return 0
+    if args.data_command == "extract-frames":
+        return extract(args)
+    if args.kind == "video":
+        from trainer.recipes.video.data import synth_videos
+        path = synth_videos(Path(args.out), args.videos, args.frames, classes=args.classes, seed=args.seed)
+        print(f"wrote {args.videos} videos of {args.frames} frames and labels.csv to {path}")
+        return 0
     if args.kind == "har":
         return synth_har(args)
     if args.kind == "kgat":
@@ -68,6 +87,21 @@ def run(args) -> int:
     inter = seqdata.synthesize(args.users, args.items, args.mean_len, args.seed)
     path = seqdata.write_udata(inter, f"{args.out}/u.data")
     print(f"wrote {len(inter.users)} interactions of {args.users} users to {path}")
+    return 0
+
+
+def extract(args) -> int:
+    """Decode every video under --src into the frame cache (only what is missing or stale)."""
+    from trainer.recipes.video import data as vd
+    src = Path(args.src)
+    videos = vd.find_videos(src)
+    if not videos:
+        print(f"no videos ({', '.join(vd.VIDEO_SUFFIXES)}) under {src}")
+        return 2
+    cache = Path(args.out) if args.out else src / ".frame-cache"
+    manifest = vd.extract_frames(videos, cache, vd.CacheSpec(args.size, args.gray))
+    frames = sum(manifest[name]["frames"] for name in videos)
+    print(f"{len(videos)} videos, {frames} frames cached in {cache} (manifest.json)")
     return 0
 
 

@@ -18,6 +18,7 @@ _BUILTIN: dict[str, str] = {          # name -> "module:Class" (imported on firs
     "har": "trainer.recipes.har.recipe:HARRecipe",
     "kgat": "trainer.recipes.kgat.recipe:KGATRecipe",
     "sasrec": "trainer.recipes.sasrec.recipe:SASRecRecipe",
+    "video": "trainer.recipes.video.recipe:VideoRecipe",
 }
 _REGISTRY: dict[str, Any] = {}
 _PLUGINS_LOADED: set[str] = set()

@@ -7,35 +7,28 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-from typing import Any
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 
-from trainer.engine.metrics import classification_metrics, confusion_matrix
-from trainer.engine.plots import confusion_png
-from trainer.recipes.base import Recipe
+from trainer.recipes.classify import ClassifierRecipe
 from trainer.recipes.har.model import HARModelConfig, HARNet
 from trainer.recipes.har.prepare import HARDataConfig, load
 
 log = logging.getLogger(__name__)
 
 
-class HARRecipe(Recipe):
+class HARRecipe(ClassifierRecipe):
     """Cross-entropy (optional label smoothing) over windows; best checkpoint by validation macro-F1."""
 
     data_config = HARDataConfig
     model_config = HARModelConfig
-    primary_metric = ("macro_f1", "max")
-    tie_break_metric = ("loss", "min")    # small validation sets saturate macro-F1 at 1.0
     defaults = {"train.amp": "auto", "train.batch_size": 64, "train.epochs": 30, "train.lr": 2e-3,
                 "train.weight_decay": 1e-2, "train.warmup_epochs": 1.0}
 
     def build_datasets(self):
-        self.data = load(self.data_cfg, self.seed)
-        d = self.data
+        self.data = d = load(self.data_cfg, self.seed)
+        self.class_names = d.class_names
         sizes = ", ".join(f"{k} {len(v)}" for k, v in d.splits.items())
         log.info("HAR data: %s; %d channels x %d samples, %d classes; %s", d.source, d.channels, d.length,
                  len(d.class_names), sizes)
@@ -46,26 +39,10 @@ class HARRecipe(Recipe):
     def build_model(self):
         return HARNet(self.model_cfg, self.data.channels, self.data.length, len(self.data.class_names))
 
+    def logits(self, model, batch):
+        x, lengths, _ = batch
+        return model(x, lengths)
+
     def training_step(self, model, batch):
-        x, lengths, y = batch
-        logits = model(x, lengths)
-        return F.cross_entropy(logits.float(), y, label_smoothing=self.model_cfg.label_smoothing)
-
-    def eval_step(self, model, batch):
-        x, lengths, y = batch
-        logits = model(x, lengths).float()
-        return {"confusion": confusion_matrix(logits.argmax(1), y, len(self.data.class_names)),
-                "loss_sum": F.cross_entropy(logits.double(), y, reduction="sum")}
-
-    def compute_metrics(self, totals: dict[str, torch.Tensor]) -> dict[str, Any]:
-        cm = totals["confusion"]
-        n = float(cm.sum())
-        out: dict[str, Any] = classification_metrics(cm, self.data.class_names)
-        out.update(loss=float(totals["loss_sum"]) / max(n, 1.0), cases=int(n),
-                   confusion_matrix=cm.long().tolist())
-        return out
-
-    def after_evaluation(self, split, metrics, run_dir, epoch):
-        confusion_png(metrics["confusion_matrix"], self.data.class_names, Path(run_dir) / f"confusion_{split}.png",
-                      f"{split} after epoch {epoch}: accuracy {metrics['accuracy']:.4f}, "
-                      f"macro-F1 {metrics['macro_f1']:.4f}")
+        return F.cross_entropy(self.logits(model, batch).float(), batch[2],
+                               label_smoothing=self.model_cfg.label_smoothing)

@@ -1,0 +1,47 @@
+"""What every classification recipe shares: additive evaluation statistics (confusion matrix, loss sum),
+accuracy / macro-F1 / per-class F1, and the confusion-matrix PNG of each evaluation.
+
+    class MyRecipe(ClassifierRecipe):
+        def logits(self, model, batch): ...      # and class_names, set in build_datasets
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from trainer.engine.metrics import classification_metrics, confusion_matrix
+from trainer.engine.plots import confusion_png
+from trainer.recipes.base import Recipe
+
+
+class ClassifierRecipe(Recipe):
+    """Batches end with the class index; best checkpoint by validation macro-F1 (ties: lower loss)."""
+
+    primary_metric = ("macro_f1", "max")
+    tie_break_metric = ("loss", "min")    # small validation sets saturate macro-F1 at 1.0
+    class_names: list[str] = []
+
+    def logits(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        """[B, classes] scores of a batch."""
+        raise NotImplementedError
+
+    def eval_step(self, model, batch):
+        logits = self.logits(model, batch).float()
+        y = batch[-1]
+        return {"confusion": confusion_matrix(logits.argmax(1), y, len(self.class_names)),
+                "loss_sum": F.cross_entropy(logits.double(), y, reduction="sum")}
+
+    def compute_metrics(self, totals: dict[str, torch.Tensor]) -> dict[str, Any]:
+        cm = totals["confusion"]
+        n = float(cm.sum())
+        out: dict[str, Any] = classification_metrics(cm, self.class_names)
+        out.update(loss=float(totals["loss_sum"]) / max(n, 1.0), cases=int(n), confusion_matrix=cm.long().tolist())
+        return out
+
+    def after_evaluation(self, split, metrics, run_dir, epoch):
+        confusion_png(metrics["confusion_matrix"], self.class_names, Path(run_dir) / f"confusion_{split}.png",
+                      f"{split} after epoch {epoch}: accuracy {metrics['accuracy']:.4f}, "
+                      f"macro-F1 {metrics['macro_f1']:.4f}")

@@ -1,0 +1,84 @@
+"""3D CNNs for clip classification.
+
+    model = Video3DCNN(VideoModelConfig(), in_channels=1, classes=8)
+    logits = model(clips)              # float [B, C, T, H, W] -> [B, classes]
+
+`mouse3d` is the seed's Mouse3DCNN: four Conv3d blocks (32/64/128/256, BatchNorm, ReLU), max-pooling
+(1,2,2) after the first block and (2,2,2) after the others, global average pooling, FC 512 -> 256 ->
+classes with dropout. `light` halves the widths and the head. `r3d_18` is torchvision's (weights=None).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass
+class VideoModelConfig:
+    """Architecture and memory options."""
+
+    arch: Literal["mouse3d", "light", "r3d_18"] = "mouse3d"
+    dropout: float = 0.5
+    grad_checkpoint: bool = False     # recompute each block in the backward pass (less activation memory)
+    label_smoothing: float = 0.0
+
+
+WIDTHS = {"mouse3d": ((32, 64, 128, 256), (512, 256)), "light": ((16, 32, 64, 128), (256, 128))}
+
+
+def block(c_in: int, c_out: int, pool: tuple[int, int, int]) -> nn.Sequential:
+    return nn.Sequential(nn.Conv3d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm3d(c_out),
+                         nn.ReLU(inplace=True), nn.MaxPool3d(pool, ceil_mode=True))
+
+
+class Video3DCNN(nn.Module):
+    """Conv3d blocks -> global average pool -> MLP head."""
+
+    def __init__(self, cfg: VideoModelConfig, in_channels: int, classes: int):
+        super().__init__()
+        self.cfg = cfg
+        widths, fc = WIDTHS[cfg.arch]
+        chans = (in_channels, *widths)
+        self.blocks = nn.ModuleList(block(chans[i], chans[i + 1], (1, 2, 2) if i == 0 else (2, 2, 2))
+                                    for i in range(len(widths)))
+        layers, prev = [], widths[-1]
+        for width in fc:
+            layers += [nn.Dropout(cfg.dropout), nn.Linear(prev, width), nn.ReLU(inplace=True)]
+            prev = width
+        self.head = nn.Sequential(*layers, nn.Dropout(cfg.dropout), nn.Linear(prev, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = checkpoint(b, x, use_reentrant=False) if self.cfg.grad_checkpoint and self.training else b(x)
+        return self.head(x.mean(dim=(2, 3, 4)))
+
+
+def build(cfg: VideoModelConfig, in_channels: int, classes: int) -> nn.Module:
+    if cfg.arch != "r3d_18":
+        return Video3DCNN(cfg, in_channels, classes)
+    try:
+        from torchvision.models.video import r3d_18
+    except ImportError:
+        raise ImportError("model.arch=r3d_18 needs torchvision (pip install torchvision matching your torch); "
+                          "model.arch=mouse3d or light need nothing extra") from None
+    model = r3d_18(weights=None, num_classes=classes)
+    if in_channels != 3:
+        stem = model.stem[0]
+        model.stem[0] = nn.Conv3d(in_channels, stem.out_channels, stem.kernel_size, stem.stride, stem.padding,
+                                  bias=False)
+    return model
+
+
+def train_flops_per_clip(model: nn.Module, clip_shape: tuple[int, int, int, int]) -> float:
+    """FLOPs of one training sample (forward + backward = 3 x forward), counted with torch's FlopCounter."""
+    from torch.utils.flop_counter import FlopCounterMode
+    was = model.training
+    model.eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(torch.zeros(1, *clip_shape))
+    model.train(was)
+    return 3.0 * counter.get_total_flops()
