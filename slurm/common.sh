@@ -67,7 +67,9 @@ wait_forwarding() {
     if [ "$rc" -gt 128 ] && kill -0 "$pid" 2>/dev/null; then continue; fi
     break
   done
-  if [ "$term" = 1 ] || [ "$rc" = 143 ]; then
+  # rc 143 alone is not enough: srun --kill-on-bad-exit also ends healthy tasks with TERM when one crashes;
+  # the trainer leaves RUN_DIR/.preempted only after a signal checkpoint.
+  if [ "$term" = 1 ] || { [ "$rc" = 143 ] && [ -f "$RUN_DIR/.preempted" ]; }; then
     echo "step ended after SIGTERM (rc $rc): waiting up to ${TERM_HOLD_S:-600}s for Slurm to requeue or cancel" >&2
     sleep "${TERM_HOLD_S:-600}" & wait $! || true
   fi

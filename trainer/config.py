@@ -122,6 +122,12 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             value = [value]
         item = args[0] if args else Any
         return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if hint is dict or origin is dict:
+        if isinstance(value, str):
+            value = yaml.safe_load(value) if value.strip() else {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: {value!r} is not a mapping (e.g. {{a: b, c: d}})")
+        return value
     if hint is bool:
         if isinstance(value, bool):
             return value

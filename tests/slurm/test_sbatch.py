@@ -108,6 +108,39 @@ def test_har_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
     assert test["cases"] == 150 and len(test["confusion_matrix"]) == 6 and (run / "confusion_test.png").exists()
 
 
+def test_video_1node_completes_with_three_ranks(slurm_cluster, tmp_path):
+    """Rank 0 builds the frame cache while the others wait, then 3 ranks train (loader workers on)."""
+    data = tmp_path / "videos"
+    subprocess.run([PY, "-m", "trainer", "data", "synth", "video", "--out", str(data), "--videos", "5",
+                    "--frames", "30", "--classes", "3"], cwd=REPO, env=slurm_env(slurm_cluster), check=True,
+                   capture_output=True)
+    extra = ("model.arch=light data.size=32 data.clip_len=5 train.batch_size=8 train.tensorboard=false "
+             "train.num_workers=1")
+    job, log, run = one_epoch_job(slurm_cluster, tmp_path, "video_1node.sbatch", extra, timeout=300,
+                                  env=dict(DATA=str(data), CONFIG=str(REPO / "configs/video/synthetic.yaml")))
+    assert "world=3" in (run / "train.log").read_text()
+    manifest = json.loads((data / ".frame-cache" / "manifest.json").read_text())
+    assert sorted(manifest) == [f"synth{i:02d}.mp4" for i in range(5)] and manifest["synth00.mp4"]["frames"] == 30
+    ckpt = torch.load(run / "checkpoints" / "final.pt", weights_only=True)
+    assert ckpt["world_size"] == 3 and ckpt["recipe"] == "video"
+    test = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"test"' in x][-1]
+    assert test["cases"] == 30 and (run / "confusion_test.png").exists()
+
+
+def test_a_crashing_rank_fails_the_job_at_once(slurm_cluster, tmp_path):
+    """srun --kill-on-bad-exit ends the healthy ranks with TERM (rc 143) when one crashes: without the
+    trainer's .preempted marker the batch shell does not hold the job as if it were being preempted."""
+    data = tmp_path / "videos"
+    subprocess.run([PY, "-m", "trainer", "data", "synth", "video", "--out", str(data), "--videos", "3",
+                    "--frames", "20"], cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
+    job = submit_script(slurm_cluster, tmp_path, "video_1node.sbatch", "--cpus-per-task=1", "--time=10",
+                        env=dict(DATA=str(data)))      # mouse.yaml's merge map does not apply to labels.csv
+    info = wait_job(slurm_cluster, job, timeout=120)
+    log = (tmp_path / "logs" / f"video-{job}.out").read_text()
+    assert info["JobState"] == "FAILED", log[-2000:]
+    assert "data.merge applies to the upstream Annotations/ layout" in log and "waiting up to" not in log
+
+
 def test_kgat_2node_completes_with_eight_ranks(slurm_cluster, tmp_path):
     """The product card's first command on the local 2-node cluster, with a tiny synthetic dataset."""
     data = tmp_path / "data"

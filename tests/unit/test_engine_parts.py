@@ -118,3 +118,21 @@ def test_best_checkpoint_tie_break(best, best_tie, metrics, expected):
     driver.loop = SimpleNamespace(state=TrainState(best=best, best_tie=best_tie),
                                   recipe=SimpleNamespace(tie_break_metric=("loss", "min")))
     assert driver.improved(metrics) is expected
+
+
+def test_throughput_counts_the_time_spent_waiting_for_batches():
+    import time as _time
+    from trainer.engine.metrics import Throughput
+
+    def slow_loader():
+        for i in range(3):
+            _time.sleep(0.02)            # a lower bound on each wait, whatever the machine's load
+            yield i
+
+    meter = Throughput()
+    assert list(meter.timed(slow_loader())) == [0, 1, 2]
+    assert meter.waited >= 0.06
+    rates = meter.rates()
+    assert 0 < rates["data_wait_frac"] <= 1
+    meter.reset()
+    assert meter.waited == 0 and meter.rates()["data_wait_frac"] < 1

@@ -32,6 +32,7 @@ from trainer.recipes.base import Recipe, move_to
 
 log = logging.getLogger(__name__)
 MAX_STEPS = -1  # pseudo-signal: the step budget is spent
+PREEMPTED_MARKER = ".preempted"   # in the run directory while the last stop was a signal checkpoint
 
 
 @dataclass
@@ -236,7 +237,7 @@ class Loop:
         bar = self._progress(epoch, start)
         window = torch.zeros(2, dtype=torch.float64)  # loss sum, samples since the last log line
         epoch_sums = torch.zeros(2, dtype=torch.float64)
-        for micro, batch in enumerate(loader, start=start):
+        for micro, batch in enumerate(self.meter.timed(loader), start=start):
             loss_sum, n = self._micro_step(batch, micro)
             window += torch.tensor([loss_sum, n], dtype=torch.float64)
             epoch_sums += torch.tensor([loss_sum, n], dtype=torch.float64)
@@ -418,6 +419,8 @@ class Driver:
         log.warning("received %s: checkpointing at epoch %d step %d", name, loop.state.epoch,
                     loop.state.global_step)
         loop.save("periodic")
+        if self.info.is_main:     # tells slurm/common.sh this 143 is a checkpointed stop, not a crash
+            (loop.run_dir / PREEMPTED_MARKER).write_text(f"{name} epoch {loop.state.epoch} step {loop.state.global_step}\n")
         requeued = False
         # srun tasks and torchrun inside an allocation requeue here; submitit requeues via checkpoint()
         under_slurm = self.info.launcher in ("slurm", "torchrun") and bool(os.environ.get("SLURM_JOB_ID"))
@@ -455,6 +458,8 @@ def fit(recipe: Recipe, info: DistInfo, cfg: Config) -> FitResult:
     if restarts:
         log.info("SLURM_RESTART_COUNT=%s (job %s)", restarts, info.job_id)
     loop = Loop(recipe, info, cfg)
+    if info.is_main:
+        (loop.run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
     loop.resume()
     preempt = PreemptionHandler().install()
     try:

@@ -59,7 +59,19 @@ class Throughput:
 
     def reset(self) -> None:
         """Start a new window."""
-        self.t0, self.samples, self.steps = time.perf_counter(), 0, 0
+        self.t0, self.samples, self.steps, self.waited = time.perf_counter(), 0, 0, 0.0
+
+    def timed(self, batches):
+        """Yield from batches, adding the time spent waiting for each one (the loader) to the window."""
+        it = iter(batches)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            self.waited += time.perf_counter() - t0
+            yield batch
 
     def update(self, samples: int, steps: int = 0) -> None:
         """Count samples (and optimizer steps) done since the window started."""
@@ -67,6 +79,7 @@ class Throughput:
         self.steps += steps
 
     def rates(self) -> dict[str, float]:
-        """samples_per_s and step_time_s of the window."""
+        """samples_per_s, step_time_s and data_wait_frac (share of the window spent waiting for batches)."""
         dt = max(time.perf_counter() - self.t0, 1e-9)
-        return dict(samples_per_s=self.samples / dt, step_time_s=dt / max(self.steps, 1))
+        return dict(samples_per_s=self.samples / dt, step_time_s=dt / max(self.steps, 1),
+                    data_wait_frac=round(min(self.waited / dt, 1.0), 4))
