@@ -41,6 +41,7 @@ bench: setup
 	  --extra model.layer_input=raw
 	$(BIN)/python bench/kgat.py --scale amazon-book
 	$(BIN)/python bench/har.py
+	$(BIN)/python bench/video.py
 
 test: setup slurm-install
 	$(BIN)/python -m pytest -rs --durations=10 $(PYTEST_ARGS)
