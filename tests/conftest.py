@@ -118,3 +118,22 @@ def slurm_cluster():
 def slurm_env(conf: Path, **extra: str) -> dict[str, str]:
     """Clean environment pointed at the test cluster."""
     return clean_env(SLURM_CONF=str(conf), **extra)
+
+
+def eval_one_and_three(ckpt: Path | str, out: Path, *overrides: str) -> tuple[dict, dict]:
+    """`trainer eval` of a checkpoint in one process and sharded over 3 ranks: the two metric reports."""
+    import json
+    trainer("eval", "--checkpoint", str(ckpt), "--out", str(out / "one.json"), *overrides)
+    run_ranks(3, "eval", "--checkpoint", str(ckpt), "--out", str(out / "three.json"), *overrides)
+    return tuple(json.loads((out / f).read_text()) for f in ("one.json", "three.json"))
+
+
+def train_until_sigterm(module: str, cls: str, kill_at: int, args: tuple[str, ...], run_dir: Path,
+                        timeout: float = 300) -> subprocess.CompletedProcess:
+    """`trainer` ARGS --run-dir RUN_DIR that sends itself SIGTERM at the kill_at-th training_step call."""
+    code = (f"import os,signal,sys,{module} as r;orig=r.{cls}.training_step;n=[0]\n"
+            f"def step(self,m,b):\n n[0]+=1\n if n[0]=={kill_at}: os.kill(os.getpid(),signal.SIGTERM)\n"
+            " return orig(self,m,b)\n"
+            f"r.{cls}.training_step=step\nfrom trainer.__main__ import main;sys.exit(main(sys.argv[1:]))")
+    return subprocess.run([PY, "-c", code, *args, "--run-dir", str(run_dir)], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=timeout)

@@ -1,14 +1,11 @@
 """HAR end to end: 2-rank DDP on BasicMotions (synthetic stand-in without ../shared) beats chance widely,
 sharded evaluation equals single-process, --strategy dp falls back on CPU, bitwise resume mid-epoch."""
-import json
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, assert_bitwise_equal, clean_env, run_ranks, trainer, weights
+from tests.conftest import REPO, assert_bitwise_equal, eval_one_and_three, run_ranks, trainer, train_until_sigterm, \
+    weights
 from trainer.engine.logging import read_metrics
 from trainer.recipes.har import data as hd
 
@@ -54,10 +51,7 @@ def test_two_rank_ddp_beats_chance_by_a_wide_margin(trained):
 
 
 def test_sharded_evaluation_equals_single_process(trained, tmp_path):
-    ckpt = str(trained / "checkpoints" / "final.pt")
-    trainer("eval", "--checkpoint", ckpt, "--out", str(tmp_path / "one.json"), "train.eval_batch_size=7")
-    run_ranks(3, "eval", "--checkpoint", ckpt, "--out", str(tmp_path / "three.json"), "train.eval_batch_size=7")
-    one, three = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "three.json"))
+    one, three = eval_one_and_three(trained / "checkpoints" / "final.pt", tmp_path, "train.eval_batch_size=7")
     for split in ("val", "test"):
         assert one[split]["cases"] == three[split]["cases"] > 0
         assert one[split]["confusion_matrix"] == three[split]["confusion_matrix"]
@@ -78,12 +72,7 @@ def test_resume_mid_epoch_is_bitwise_exact(tmp_path):
     args = ("train", *FAST, "--epochs", "2", "--batch-size", "32", "ckpt.every_epochs=1", "--grad-accum-steps", "2")
     trainer(*args, "--run-dir", str(tmp_path / "ref"))
     kill_at = 13                       # micro-batch 13 of 2 x 9: inside epoch 1, between optimizer steps
-    code = ("import os,signal,sys,trainer.recipes.har.recipe as r;orig=r.HARRecipe.training_step;n=[0]\n"
-            f"def step(self,m,b):\n n[0]+=1\n if n[0]=={kill_at}: os.kill(os.getpid(),signal.SIGTERM)\n"
-            " return orig(self,m,b)\n"
-            "r.HARRecipe.training_step=step\nfrom trainer.__main__ import main;sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", code, *args, "--run-dir", str(tmp_path / "run")], cwd=REPO,
-                          env=clean_env(), capture_output=True, text=True, timeout=300)
+    proc = train_until_sigterm("trainer.recipes.har.recipe", "HARRecipe", kill_at, args, tmp_path / "run")
     assert proc.returncode == 143 and "checkpointing at epoch 1" in proc.stderr, proc.stderr[-2000:]
     trainer(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
     assert_bitwise_equal(weights(tmp_path / "run"), weights(tmp_path / "ref"))

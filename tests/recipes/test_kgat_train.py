@@ -2,14 +2,12 @@
 popularity ranking on recall@20, sharded evaluation equals single-process, bitwise resume mid-KG-phase."""
 import copy
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, assert_bitwise_equal, clean_env, run_ranks, trainer, weights
+from tests.conftest import assert_bitwise_equal, eval_one_and_three, run_ranks, trainer, train_until_sigterm, weights
 from trainer.engine.optim import phased
 from trainer.recipes.kgat import data as D
 from trainer.recipes.kgat.metrics import finalize, topk_sums
@@ -125,10 +123,7 @@ def test_two_rank_ddp_beats_popularity_on_recall20(trained):
 
 
 def test_sharded_evaluation_equals_single_process(trained, tmp_path):
-    ckpt = str(trained / "checkpoints" / "final.pt")
-    trainer("eval", "--checkpoint", ckpt, "--out", str(tmp_path / "one.json"), "train.eval_batch_size=13")
-    run_ranks(3, "eval", "--checkpoint", ckpt, "--out", str(tmp_path / "three.json"), "train.eval_batch_size=13")
-    one, three = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "three.json"))
+    one, three = eval_one_and_three(trained / "checkpoints" / "final.pt", tmp_path, "train.eval_batch_size=13")
     for split in ("val", "test"):
         assert one[split]["users"] == three[split]["users"] > 0
         for key, value in one[split].items():
@@ -142,13 +137,7 @@ def test_resume_in_the_kg_phase_is_bitwise_exact(tmp_path):
     n_cf_steps = len(load_data(D.KGATDataConfig()).pairs("train")[0]) // 128 + 1
     per_epoch = [r["step"] for r in rows(tmp_path / "ref", "train") if "cf_loss" in r][0]
     kill_at = per_epoch + n_cf_steps + 5
-    code = ("import os,signal,sys,trainer.recipes.kgat.recipe as r;"
-            f"orig=r.KGATRecipe.training_step;n=[0]\n"
-            f"def step(self,m,b):\n n[0]+=1\n if n[0]=={kill_at}: os.kill(os.getpid(),signal.SIGTERM)\n"
-            " return orig(self,m,b)\n"
-            "r.KGATRecipe.training_step=step\nfrom trainer.__main__ import main;sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", code, *args, "--run-dir", str(tmp_path / "run")], cwd=REPO,
-                          env=clean_env(), capture_output=True, text=True, timeout=300)
+    proc = train_until_sigterm("trainer.recipes.kgat.recipe", "KGATRecipe", kill_at, args, tmp_path / "run")
     assert proc.returncode == 143 and f"checkpointing at epoch 1 step {kill_at}" in proc.stderr, proc.stderr[-2000:]
     trainer(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
     assert_bitwise_equal(weights(tmp_path / "run"), weights(tmp_path / "ref"))

@@ -1,13 +1,9 @@
 """Video end to end on synthetic H.264 videos: 2-rank DDP (with loader workers reading the memmaps) beats
 chance clearly, sharded evaluation equals single-process, bitwise resume mid-epoch, the class-weight table."""
-import json
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, assert_bitwise_equal, clean_env, run_ranks, trainer, weights
+from tests.conftest import assert_bitwise_equal, eval_one_and_three, run_ranks, trainer, train_until_sigterm, weights
 from trainer.engine.logging import read_metrics
 from trainer.recipes.video.data import synth_videos
 
@@ -42,12 +38,8 @@ def test_two_rank_ddp_beats_chance_clearly(trained):
 
 def test_sharded_evaluation_equals_single_process(trained, tmp_path):
     run_dir, _ = trained
-    ckpt = str(run_dir / "checkpoints" / "final.pt")
-    trainer("eval", "--checkpoint", ckpt, "--out", str(tmp_path / "one.json"), "train.eval_batch_size=7",
-            "train.num_workers=0")
-    run_ranks(3, "eval", "--checkpoint", ckpt, "--out", str(tmp_path / "three.json"), "train.eval_batch_size=7",
-              "train.num_workers=0")
-    one, three = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "three.json"))
+    one, three = eval_one_and_three(run_dir / "checkpoints" / "final.pt", tmp_path, "train.eval_batch_size=7",
+                                    "train.num_workers=0")
     for split in ("val", "test"):
         assert one[split]["cases"] == three[split]["cases"] > 0
         assert one[split]["confusion_matrix"] == three[split]["confusion_matrix"]
@@ -58,12 +50,7 @@ def test_resume_mid_epoch_is_bitwise_exact(tmp_path, videos):
     args = ("train", *FAST, "--epochs", "2", "--batch-size", "16", "train.num_workers=0", f"data.path={videos}")
     trainer(*args, "--run-dir", str(tmp_path / "ref"))
     kill_at = 20                       # epoch 0 has 15 batches of 16 (240 training clips): inside epoch 1
-    code = ("import os,signal,sys,trainer.recipes.video.recipe as r;orig=r.VideoRecipe.training_step;n=[0]\n"
-            f"def step(self,m,b):\n n[0]+=1\n if n[0]=={kill_at}: os.kill(os.getpid(),signal.SIGTERM)\n"
-            " return orig(self,m,b)\n"
-            "r.VideoRecipe.training_step=step\nfrom trainer.__main__ import main;sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", code, *args, "--run-dir", str(tmp_path / "run")], cwd=REPO,
-                          env=clean_env(), capture_output=True, text=True, timeout=300)
+    proc = train_until_sigterm("trainer.recipes.video.recipe", "VideoRecipe", kill_at, args, tmp_path / "run")
     assert proc.returncode == 143 and "checkpointing at epoch 1" in proc.stderr, proc.stderr[-2000:]
     trainer(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
     assert_bitwise_equal(weights(tmp_path / "run"), weights(tmp_path / "ref"))

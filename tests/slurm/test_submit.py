@@ -6,7 +6,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, slurm_env, weights
 from tests.slurm.test_cluster import job_info, wait_job

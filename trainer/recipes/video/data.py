@@ -11,7 +11,6 @@ Annotations, either
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import logging
 import os
@@ -20,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from trainer.data.download import sha256_of
 
 log = logging.getLogger(__name__)
 ACTIONS = ("rest", "paw_withdraw", "paw_lick", "paw_guard", "paw_shake", "flinch", "walk", "active")
@@ -156,14 +157,6 @@ def find_videos(folder: Path) -> dict[str, Path]:
 
 
 # ------------------------------------------------------------------------------ decoding and the frame cache
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def _open(path: Path):
     import av
