@@ -54,3 +54,15 @@ def test_resume_mid_epoch_is_bitwise_exact(tmp_path, videos):
     assert proc.returncode == 143 and "checkpointing at epoch 1" in proc.stderr, proc.stderr[-2000:]
     trainer(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
     assert_bitwise_equal(weights(tmp_path / "run"), weights(tmp_path / "ref"))
+
+
+def test_a_corrupt_video_stops_every_rank_with_its_name(tmp_path, videos):
+    import shutil
+    from tests.conftest import launch_ranks, wait_all
+    data = tmp_path / "data"
+    shutil.copytree(videos, data, ignore=shutil.ignore_patterns(".frame-cache"))
+    (data / "synth03.mp4").write_bytes(b"not a video" * 100)
+    results = wait_all(launch_ranks(2, "train", *FAST, "--epochs", "1", f"data.path={data}",
+                                    "--run-dir", str(tmp_path / "run")), timeout=120)
+    for code, err in results:             # rank 1 learns rank 0's error instead of waiting for a timeout
+        assert code != 0 and "synth03.mp4: unreadable or corrupt video" in err, err[-2000:]

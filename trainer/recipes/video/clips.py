@@ -131,29 +131,28 @@ def weights_table(names: list[str], labels: np.ndarray, weights: torch.Tensor) -
     return "\n".join(lines)
 
 
-def prepare(cfg: VideoDataConfig, seed: int = 0, is_main: bool = True, barrier=lambda: None) -> VideoData:
-    """Annotations, the frame cache (rank 0 extracts what is missing or stale, the others wait), clips."""
+def prepare(cfg: VideoDataConfig, seed: int = 0, is_main: bool = True, share=lambda obj: obj) -> VideoData:
+    """Annotations, the frame cache (rank 0 extracts what is missing or stale while the others wait in
+    `share`, which hands them rank 0's outcome: an error there stops every rank at once), clips."""
     if cfg.clip_len < 1 or cfg.clip_len % 2 == 0:
         raise DataError(f"data.clip_len={cfg.clip_len}: the clip length must be odd (centred on its frame)")
     root = Path(cfg.path) if cfg.path else Path(cfg.cache or "runs/video-synth")
-    if not cfg.path and is_main and not (root / "labels.csv").exists():
-        D.synth_videos(root, cfg.synthetic_videos, cfg.synthetic_frames, classes=cfg.synthetic_classes, seed=seed)
-    barrier()
-    if not root.exists():
-        raise DataError(f"data.path {root} does not exist")
-    annotated, names = load_annotations(cfg, root)
-    found = D.find_videos(root)
-    missing = [a.video for a in annotated if a.video not in found]
-    if missing:
-        raise DataError(f"{root}: annotated video(s) {missing} not found (videos there: {sorted(found)})")
     cache = Path(cfg.cache) if cfg.cache else root / ".frame-cache"
     spec = CacheSpec(cfg.size, cfg.gray)
+    error = None
     if is_main:
-        D.extract_frames({a.video: found[a.video] for a in annotated}, cache, spec)
-    barrier()
+        try:
+            _extract(cfg, root, cache, spec, seed)
+        except DataError as err:
+            error = str(err)
+    error = share(error)
+    if error:
+        raise DataError(error)
+    annotated, names = load_annotations(cfg, root)
+    found = D.find_videos(root)
     manifest = D.read_manifest(cache)
     for a in annotated:
-        reason = D.stale_reason(manifest.get(a.video), found[a.video], cache, spec)
+        reason = D.stale_reason(manifest.get(a.video), found[a.video], cache, spec, deep=False)   # rank 0 hashed
         if reason:
             raise DataError(f"{cache}: frames of {a.video}: {reason}; run `python -m trainer data extract-frames`")
         n = manifest[a.video]["frames"]
@@ -171,6 +170,20 @@ def prepare(cfg: VideoDataConfig, seed: int = 0, is_main: bool = True, barrier=l
     weights = class_weights(splits["train"].labels, len(names))
     channels = 1 if cfg.gray else 3
     return VideoData(splits, names, videos, weights, channels)
+
+
+def _extract(cfg: VideoDataConfig, root: Path, cache: Path, spec: CacheSpec, seed: int) -> None:
+    """Rank 0: synthetic videos when data.path is empty, then the frame cache of every annotated video."""
+    if not cfg.path and not (root / "labels.csv").exists():
+        D.synth_videos(root, cfg.synthetic_videos, cfg.synthetic_frames, classes=cfg.synthetic_classes, seed=seed)
+    if not root.exists():
+        raise DataError(f"data.path {root} does not exist")
+    annotated, _ = load_annotations(cfg, root)
+    found = D.find_videos(root)
+    missing = [a.video for a in annotated if a.video not in found]
+    if missing:
+        raise DataError(f"{root}: annotated video(s) {missing} not found (videos there: {sorted(found)})")
+    D.extract_frames({a.video: found[a.video] for a in annotated}, cache, spec)
 
 
 def _clips(items: list[Labels], manifest: dict, cache: Path, cfg: VideoDataConfig) -> Clips:

@@ -244,15 +244,16 @@ def read_manifest(cache: Path) -> dict:
         raise DataError(f"{path}: not valid JSON ({err}); delete it to rebuild the cache") from None
 
 
-def stale_reason(entry: dict | None, video: Path, cache: Path, spec: CacheSpec) -> str | None:
-    """Why the cached frames of video cannot be used (None: they can)."""
+def stale_reason(entry: dict | None, video: Path, cache: Path, spec: CacheSpec, deep: bool = True) -> str | None:
+    """Why the cached frames of video cannot be used (None: they can); deep=False skips hashing the video
+    (for checks right after extract_frames verified it)."""
     if entry is None:
         return "not cached"
     if entry.get("version") != CACHE_VERSION or entry.get("size") != spec.size or entry.get("gray") != spec.gray:
         return "cached with other settings"
     if not (cache / entry["file"]).exists():
         return "cache file missing"
-    if video.stat().st_size != entry["source_size"] or sha256_of(video) != entry["source_sha256"]:
+    if video.stat().st_size != entry["source_size"] or (deep and sha256_of(video) != entry["source_sha256"]):
         return "the video changed since it was cached"
     return None
 
@@ -260,15 +261,14 @@ def stale_reason(entry: dict | None, video: Path, cache: Path, spec: CacheSpec) 
 def extract_frames(videos: dict[str, Path], cache: Path, spec: CacheSpec, progress: bool = True) -> dict:
     """Bring cache/ up to date for every video (stale or missing entries re-decoded); the manifest."""
     manifest = read_manifest(cache)
-    todo = {name: path for name, path in videos.items()
-            if stale_reason(manifest.get(name), path, cache, spec) is not None}
+    reasons = {name: stale_reason(manifest.get(name), path, cache, spec) for name, path in videos.items()}
+    todo = {name: path for name, path in videos.items() if reasons[name] is not None}
     bar = None
     if progress and todo:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(todo), desc="extract frames", unit="video")
     for name, path in todo.items():
-        reason = stale_reason(manifest.get(name), path, cache, spec)
-        log.info("extracting %s (%s)", path, reason)
+        log.info("extracting %s (%s)", path, reasons[name])
         manifest[name] = cache_entry(path, cache, spec)
         _write_manifest(cache, manifest)      # after each video: an interrupted extraction keeps its work
         if bar is not None:

@@ -31,7 +31,8 @@ class VideoRecipe(ClassifierRecipe):
 
     def build_datasets(self):
         info = self.dist
-        self.data = d = prepare(self.data_cfg, self.seed, is_main=info.is_main, barrier=lambda: runtime.barrier(info))
+        self.data = d = prepare(self.data_cfg, self.seed, is_main=info.is_main,
+                                share=lambda obj: runtime.broadcast_object(obj, info))
         self.class_names = d.class_names
         if info.is_main:
             log.info("videos per split: %s", {k: len(v) for k, v in d.videos.items()})
