@@ -28,6 +28,13 @@ from trainer.cli import FLAG_KEYS, flags_from_args, get_train_parser, parse_args
 SIGNAL_DELAY_S = 120    # USR2 this long before the time limit: enough to write a checkpoint
 
 
+def signal_delay_s(minutes: int) -> int:
+    """SIGNAL_DELAY_S, or half the time limit for short jobs: slurmctld sends the warning at its first
+    check past (limit - delay), so a delay >= the limit would signal the job while it is still starting,
+    before any handler is installed."""
+    return min(SIGNAL_DELAY_S, max(minutes * 60 // 2, 1))
+
+
 def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hpc/submit.py", parents=[get_train_parser()],
@@ -159,7 +166,8 @@ def slurm_parameters(args, folder: Path) -> dict[str, Any]:
     """submitit SlurmExecutor parameters (sbatch names)."""
     params: dict[str, Any] = dict(
         job_name=args.job_name or f"trainer-{args.recipe}", nodes=args.nodes, ntasks_per_node=tasks_per_node(args),
-        time=parse_time_min(args.time), signal_delay_s=SIGNAL_DELAY_S, additional_parameters={"requeue": True})
+        time=parse_time_min(args.time), signal_delay_s=signal_delay_s(parse_time_min(args.time)),
+        additional_parameters={"requeue": True})
     if args.gpus_per_node:
         params["gpus_per_node"] = args.gpus_per_node
     for name in ("cpus_per_task", "partition", "account", "qos", "constraint"):
@@ -213,7 +221,8 @@ def make_executor(args, folder: Path):
     if args.cluster == "local":
         ex = submitit.LocalExecutor(jf, max_num_timeout=args.max_num_timeout, python=container_python(args))
         ex.update_parameters(timeout_min=parse_time_min(args.time), tasks_per_node=tasks_per_node(args),
-                             gpus_per_node=args.gpus_per_node or 0, signal_delay_s=SIGNAL_DELAY_S)
+                             gpus_per_node=args.gpus_per_node or 0,
+                             signal_delay_s=signal_delay_s(parse_time_min(args.time)))
         return ex
     ex = submitit.SlurmExecutor(jf, max_num_timeout=args.max_num_timeout, python=container_python(args))
     ex.update_parameters(**slurm_parameters(args, folder))
