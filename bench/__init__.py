@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench RECIPE ...` runs bench/run.py."""

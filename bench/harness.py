@@ -1,0 +1,48 @@
+"""The benchmark harness's arithmetic, kept free of I/O so it can be tested on synthetic timings.
+
+    stats = step_stats(train_records, warmup=5)        # per-step records of metrics.jsonl (log_every_steps=1)
+    scaling_efficiency(throughput_2, 2, throughput_1)  # 1.0 = perfect linear scaling
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The q-th percentile (0-100) with linear interpolation between order statistics (numpy's default)."""
+    xs = sorted(float(v) for v in values)
+    if not xs:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q={q} is outside 0..100")
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def step_stats(records: list[dict], warmup: int) -> dict[str, float]:
+    """Throughput and step-time statistics from one-step training records after `warmup` steps.
+
+    Each record holds samples_per_s (all ranks), step_time_s and data_wait_frac of one optimizer step, so a
+    step's samples are samples_per_s x step_time_s and its loader wait data_wait_frac x step_time_s; the
+    totals are summed, not the rates averaged (a slow step weighs what it costs)."""
+    steps = [r for r in records if "step_time_s" in r and "samples_per_s" in r][warmup:]
+    if not steps:
+        raise ValueError(f"no training steps after a warm-up of {warmup} (got {len(records)} records)")
+    times = [r["step_time_s"] for r in steps]
+    total = sum(times)
+    samples = sum(r["samples_per_s"] * r["step_time_s"] for r in steps)
+    waited = sum(r.get("data_wait_frac", 0.0) * r["step_time_s"] for r in steps)
+    return dict(steps=len(steps), samples_per_s=samples / total, step_time_median_s=percentile(times, 50),
+                step_time_p90_s=percentile(times, 90), data_wait_frac=waited / total,
+                peak_rss_mb=max((r.get("rss_mb", 0.0) for r in records), default=0.0),
+                peak_gpu_mem_mb=max((r.get("gpu_mem_mb", 0.0) for r in records), default=0.0))
+
+
+def scaling_efficiency(throughput: float, world: int, single: float) -> float:
+    """throughput(world) / (world x throughput(1)) for the same per-rank batch."""
+    if world < 1 or single <= 0:
+        raise ValueError(f"scaling efficiency needs world >= 1 and a positive single-rank throughput "
+                         f"(world={world}, single={single})")
+    return throughput / (world * single)
