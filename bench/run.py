@@ -60,7 +60,6 @@ def run_one(recipe: str, world: int, steps: int, warmup: int, out: Path) -> dict
                   **{k: round(v, 6) for k, v in stats.items() if k != "steps"},
                   eval_time_s=test.get("eval_time_s"), metrics=metrics, wall_s=round(wall, 2),
                   startup_s=round(wall - sum(r["step_time_s"] for r in train), 2))
-    (out / f"{recipe}-w{world}.json").write_text(json.dumps(record, indent=1))
     print(f"{recipe:<7} world {world}: {stats['samples_per_s']:9.1f} samples/s, step {stats['step_time_median_s']:.4f} s "
           f"(p90 {stats['step_time_p90_s']:.4f}), loader wait {stats['data_wait_frac']:.1%}", flush=True)
     return record
@@ -128,7 +127,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     records = [run_one(r, w, args.steps, args.warmup, out) for r in args.recipes for w in sorted(args.world)]
     rows = summarize(records)
-    for r in records:                              # efficiency is known only once world 1 has run
+    for r in records:                              # written once summarize() added the efficiencies
         (out / f"{r['recipe']}-w{r['world']}.json").write_text(json.dumps(r, indent=1))
     import torch
     summary = dict(rows=rows, runs=records, date=time.strftime("%Y-%m-%d %H:%M"),

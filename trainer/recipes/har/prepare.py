@@ -8,7 +8,7 @@ cases to one length (zero padding + per-case lengths for the mask, or linear res
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -63,7 +63,6 @@ class HARData:
     mean: np.ndarray                  # per-channel statistics of the training split
     std: np.ndarray
     source: str = "synthetic"
-    notes: list[str] = field(default_factory=list)
 
     @property
     def channels(self) -> int:

@@ -139,17 +139,16 @@ def prepare(cfg: VideoDataConfig, seed: int = 0, is_main: bool = True, share=lam
     root = Path(cfg.path) if cfg.path else Path(cfg.cache or "runs/video-synth")
     cache = Path(cfg.cache) if cfg.cache else root / ".frame-cache"
     spec = CacheSpec(cfg.size, cfg.gray)
-    error = None
+    error, scanned = None, None
     if is_main:
         try:
-            _extract(cfg, root, cache, spec, seed)
+            scanned = _extract(cfg, root, cache, spec, seed)
         except DataError as err:
             error = str(err)
     error = share(error)
     if error:
         raise DataError(error)
-    annotated, names = load_annotations(cfg, root)
-    found = D.find_videos(root)
+    annotated, names, found = scanned or _scan(cfg, root)
     manifest = D.read_manifest(cache)
     for a in annotated:
         reason = D.stale_reason(manifest.get(a.video), found[a.video], cache, spec, deep=False)   # rank 0 hashed
@@ -172,18 +171,26 @@ def prepare(cfg: VideoDataConfig, seed: int = 0, is_main: bool = True, share=lam
     return VideoData(splits, names, videos, weights, channels)
 
 
-def _extract(cfg: VideoDataConfig, root: Path, cache: Path, spec: CacheSpec, seed: int) -> None:
-    """Rank 0: synthetic videos when data.path is empty, then the frame cache of every annotated video."""
-    if not cfg.path and not (root / "labels.csv").exists():
-        D.synth_videos(root, cfg.synthetic_videos, cfg.synthetic_frames, classes=cfg.synthetic_classes, seed=seed)
+def _scan(cfg: VideoDataConfig, root: Path) -> tuple[list[Labels], list[str], dict[str, Path]]:
+    """(annotations, class names, video file name -> path); every annotated video must exist."""
     if not root.exists():
         raise DataError(f"data.path {root} does not exist")
-    annotated, _ = load_annotations(cfg, root)
+    annotated, names = load_annotations(cfg, root)
     found = D.find_videos(root)
     missing = [a.video for a in annotated if a.video not in found]
     if missing:
         raise DataError(f"{root}: annotated video(s) {missing} not found (videos there: {sorted(found)})")
+    return annotated, names, found
+
+
+def _extract(cfg: VideoDataConfig, root: Path, cache: Path, spec: CacheSpec, seed: int):
+    """Rank 0: synthetic videos when data.path is empty, then the frame cache of every annotated video;
+    returns _scan()'s result so rank 0 does not read the annotations twice."""
+    if not cfg.path and not (root / "labels.csv").exists():
+        D.synth_videos(root, cfg.synthetic_videos, cfg.synthetic_frames, classes=cfg.synthetic_classes, seed=seed)
+    annotated, names, found = _scan(cfg, root)
     D.extract_frames({a.video: found[a.video] for a in annotated}, cache, spec)
+    return annotated, names, found
 
 
 def _clips(items: list[Labels], manifest: dict, cache: Path, cfg: VideoDataConfig) -> Clips:
