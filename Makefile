@@ -4,15 +4,18 @@ VENV          ?= .venv
 BIN           := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS   ?=
+BENCH_ARGS    ?=
+BENCH_SLURM   ?= 1
 HPC_CLUSTER_DIR ?= /tmp/hpc-trainer-slurm
 export HPC_CLUSTER_DIR
 
-.PHONY: setup demo bench test test-fast lint lock image sif slurm-install slurm-up slurm-down slurm-env clean help
+.PHONY: setup demo bench bench-recipes test test-fast lint lock image sif slurm-install slurm-up slurm-down slurm-env clean help
 
 help:
 	@echo "make setup        virtual environment in $(VENV) (torch==$(TORCH_VERSION), CPU build where available)"
 	@echo "make demo         TiSASRec+mHC, 2-process DDP, on generated data (no download)"
-	@echo "make bench        benchmarks (JSON + PNG in bench/results; needs ../shared/data)"
+	@echo "make bench        the harness: every recipe at 1 and 2 ranks, torchrun/srun (bench/results/harness)"
+	@echo "make bench-recipes  accuracy and speed against the reference implementations (needs ../shared/data)"
 	@echo "make test         set up, install Slurm (Debian packages) and run the whole test suite"
 	@echo "make test-fast    unit + multi-process tests only (no Slurm cluster)"
 	@echo "make image / sif  build the Docker / Apptainer image (make lock re-pins docker/requirements.lock)"
@@ -33,8 +36,15 @@ setup: $(VENV)/.installed
 demo: setup
 	$(BIN)/python -m trainer.demo
 
-# benchmarks need the real datasets in ../shared/data (not shipped: licences)
+# the harness (python -m bench): synthetic data, about 6 minutes on 2 cores; the srun figures need the local
+# Slurm cluster, started here unless BENCH_SLURM=0 (it stays up: make slurm-down)
 bench: setup
+	@if [ "$(BENCH_SLURM)" = 1 ]; then $(MAKE) -s slurm-up || echo "no local Slurm cluster: srun figures left out"; fi
+	SLURM_CONF=$(HPC_CLUSTER_DIR)/slurm.conf $(BIN)/python -m bench $(BENCH_ARGS)
+
+# accuracy/speed against the reference implementations; the real datasets in ../shared/data (not shipped:
+# licences); hours on 2 cores
+bench-recipes: setup
 	$(BIN)/python bench/sasrec.py
 	$(BIN)/python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2
 	$(BIN)/python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2 --section ml100k_original \

@@ -2,6 +2,7 @@
 
     stats = step_stats(train_records, warmup=5)        # per-step records of metrics.jsonl (log_every_steps=1)
     scaling_efficiency(throughput_2, 2, throughput_1)  # 1.0 = perfect linear scaling
+    cost_shares(t1, t2, t_shared, sync_wait_s)         # where the step time beyond t1 goes
 """
 from __future__ import annotations
 
@@ -34,8 +35,10 @@ def step_stats(records: list[dict], warmup: int) -> dict[str, float]:
     total = sum(times)
     samples = sum(r["samples_per_s"] * r["step_time_s"] for r in steps)
     waited = sum(r.get("data_wait_frac", 0.0) * r["step_time_s"] for r in steps)
-    return dict(steps=len(steps), samples_per_s=samples / total, step_time_median_s=percentile(times, 50),
-                step_time_p90_s=percentile(times, 90), data_wait_frac=waited / total,
+    synced = sum(r.get("sync_wait_frac", 0.0) * r["step_time_s"] for r in steps)
+    return dict(steps=len(steps), samples_per_s=samples / total, step_time_mean_s=total / len(steps),
+                step_time_median_s=percentile(times, 50),
+                step_time_p90_s=percentile(times, 90), data_wait_frac=waited / total, sync_wait_frac=synced / total,
                 peak_rss_mb=max((r.get("rss_mb", 0.0) for r in records), default=0.0),
                 peak_gpu_mem_mb=max((r.get("gpu_mem_mb", 0.0) for r in records), default=0.0))
 
@@ -46,3 +49,18 @@ def scaling_efficiency(throughput: float, world: int, single: float) -> float:
         raise ValueError(f"scaling efficiency needs world >= 1 and a positive single-rank throughput "
                          f"(world={world}, single={single})")
     return throughput / (world * single)
+
+
+def cost_shares(t1: float, tw: float, t_shared: float, sync_wait_s: float) -> dict[str, float]:
+    """Where a distributed step's time tw goes beyond the single-rank step time t1, as shares of tw.
+
+    With the same per-rank batch, scaling efficiency = t1 / tw, so 1 - efficiency = (tw - t1) / tw splits into
+    machine_sharing (t_shared: the step time of as many independent single-rank processes running at once, no
+    communication), gradient_sync (the step's measured wait for DDP's gradient all-reduce: the all-reduce
+    itself and the wait for the slowest rank) and other (the rest: the loop's small collectives, DDP's
+    bookkeeping); the three sum to 1 - t1 / tw."""
+    if min(t1, tw, t_shared) <= 0 or sync_wait_s < 0:
+        raise ValueError(f"step times must be positive (t1={t1}, tw={tw}, t_shared={t_shared}, "
+                         f"sync_wait_s={sync_wait_s})")
+    sharing, sync = (t_shared - t1) / tw, sync_wait_s / tw
+    return dict(machine_sharing=sharing, gradient_sync=sync, other=(tw - t1) / tw - sharing - sync)

@@ -6,8 +6,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from bench.harness import percentile, scaling_efficiency, step_stats
-from tests.conftest import PY, REPO, clean_env
+from bench.harness import cost_shares, percentile, scaling_efficiency, step_stats
+from tests.conftest import REPO, clean_env
 
 
 @pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])
@@ -21,12 +21,15 @@ def test_percentile_matches_numpy(q):
 def test_step_stats_weigh_steps_by_their_time_and_skip_the_warmup():
     records = [dict(samples_per_s=10.0, step_time_s=5.0, data_wait_frac=1.0, rss_mb=900.0)]   # warm-up step
     records += [dict(samples_per_s=100.0, step_time_s=0.1, data_wait_frac=0.5, rss_mb=100.0),   # 10 samples
-                dict(samples_per_s=20.0, step_time_s=0.5, data_wait_frac=0.0, rss_mb=120.0),    # 10 samples
+                dict(samples_per_s=20.0, step_time_s=0.5, data_wait_frac=0.0, rss_mb=120.0,     # 10 samples
+                     sync_wait_frac=0.1),
                 dict(samples_per_s=40.0, step_time_s=0.25, data_wait_frac=0.2, rss_mb=110.0)]   # 10 samples
     s = step_stats(records, warmup=1)
     assert s["steps"] == 3
     assert s["samples_per_s"] == pytest.approx(30 / 0.85)              # totals, not the mean of the rates
     assert s["data_wait_frac"] == pytest.approx((0.05 + 0.05) / 0.85)
+    assert s["sync_wait_frac"] == pytest.approx(0.05 / 0.85)           # absent = not measured = 0
+    assert s["step_time_mean_s"] == pytest.approx(0.85 / 3)
     assert s["step_time_median_s"] == pytest.approx(0.25) and s["step_time_p90_s"] == pytest.approx(0.45)
     assert s["peak_rss_mb"] == 900.0                                     # peaks include the warm-up
     with pytest.raises(ValueError, match="no training steps after a warm-up of 4"):
@@ -40,14 +43,36 @@ def test_scaling_efficiency():
         scaling_efficiency(1.0, 2, 0.0)
 
 
-def test_bench_smoke_runs_a_recipe_at_two_world_sizes(tmp_path):
-    proc = subprocess.run([PY, "-m", "bench", "har", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)],
-                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    one, two = (json.loads((tmp_path / f"har-w{w}.json").read_text()) for w in (1, 2))
-    assert one["recipe"] == two["recipe"] == "har" and (one["world"], two["world"]) == (1, 2)
-    assert one["steps"] == two["steps"] == 2 and one["samples_per_s"] > 0 and "macro_f1" in one["metrics"]
-    assert "scaling_efficiency" in two and "scaling_efficiency" not in one
+def test_cost_shares_split_one_minus_efficiency():
+    # one rank 0.20 s a step; two independent processes 0.21 s; DDP 0.25 s, of which 0.015 s waiting for gradients
+    c = cost_shares(0.20, 0.25, 0.21, 0.015)
+    assert c["machine_sharing"] == pytest.approx(0.04) and c["gradient_sync"] == pytest.approx(0.06)
+    assert c["other"] == pytest.approx(0.10)
+    assert sum(c.values()) == pytest.approx(1 - 0.20 / 0.25)      # = 1 - scaling efficiency
+    assert cost_shares(0.2, 0.2, 0.19, 0.0)["machine_sharing"] < 0   # noise shows, it is not clipped
+    with pytest.raises(ValueError):
+        cost_shares(0.2, 0.0, 0.2, 0.0)
+
+
+@pytest.mark.slurm
+def test_make_bench_smoke_runs_every_launch_path(tmp_path, slurm_cluster):
+    args = f"har --steps 2 --warmup 1 --repeat 1 --slurm on --out {tmp_path}"
+    proc = subprocess.run(["make", "-s", "bench", "BENCH_SLURM=0", f"HPC_CLUSTER_DIR={slurm_cluster.parent}",
+                           f"BENCH_ARGS={args}"], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                          timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    runs = {(r["launcher"], r["world"]): r for r in
+            (json.loads(p.read_text()) for p in tmp_path.glob("har-*-w*.json"))}
+    assert set(runs) == {("torchrun", 1), ("torchrun", 2), ("independent", 2), ("slurm", 2)}
+    one, ddp, slurm = runs[("torchrun", 1)], runs[("torchrun", 2)], runs[("slurm", 2)]
+    assert all(r["recipe"] == "har" and r["steps"] == 2 and r["samples_per_s"] > 0 for r in runs.values())
+    assert "macro_f1" in one["metrics"] and one["epochs_timed"] == [0] and one["first_step_s"] > 0
+    assert "scaling_efficiency" not in one and {"scaling_efficiency", "costs", "collectives"} <= set(ddp)
+    assert "scaling_efficiency" in slurm and 0 < ddp["sync_wait_frac"] < 1        # measured by the DDP hook
+    assert sum(ddp["costs"].values()) == pytest.approx(
+        1 - one["step_time_mean_s"] / ddp["step_time_mean_s"], abs=1e-3)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["rows"][0]["scaling_efficiency_w2"] == two["scaling_efficiency"]
+    row = summary["rows"][0]
+    assert summary["slurm"] and row["efficiency_ddp"] == ddp["scaling_efficiency"]
+    assert row["slurm_vs_torchrun"] == pytest.approx(slurm["samples_per_s"] / ddp["samples_per_s"], rel=1e-3)
     assert "| har |" in (tmp_path / "summary.md").read_text() and (tmp_path / "summary.png").stat().st_size > 5000

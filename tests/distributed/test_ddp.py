@@ -33,6 +33,15 @@ def test_global_batch_size_with_accumulation_equals_one_big_batch(tmp_path):
     assert_close(weights(tmp_path / "ddp_accum"), big, 1e-6)
     log = (tmp_path / "ddp_accum" / "train.log").read_text()
     assert "batch/rank=4 accum=2" in log
+    # the timed all-reduce hook (train.measure_sync) averages gradients as DDP's own does
+    run_ranks(2, "train", *BASE, "--global-batch-size", "16", "--grad-accum-steps", "2", "train.measure_sync=true",
+              "train.log_every_steps=1", "--run-dir", str(tmp_path / "ddp_timed"))
+    assert_close(weights(tmp_path / "ddp_timed"), big, 1e-6)
+    rows = [json.loads(x) for x in (tmp_path / "ddp_timed" / "metrics.jsonl").read_text().splitlines()]
+    waits = [r["sync_wait_frac"] for r in rows if "step_time_s" in r]
+    assert len(waits) == 6 and all(0 <= w <= 1 for w in waits) and max(waits) > 0
+    assert not any("sync_wait_frac" in json.loads(x) for x in
+                   (tmp_path / "ddp_accum" / "metrics.jsonl").read_text().splitlines())
 
 
 def test_sharded_evaluation_equals_single_process(tmp_path):

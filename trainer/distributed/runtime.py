@@ -125,6 +125,13 @@ def all_reduce(tensor: torch.Tensor, info: DistInfo, op: str = "sum") -> torch.T
     return tensor
 
 
+def broadcast(tensor: torch.Tensor, info: DistInfo, src: int = 0) -> torch.Tensor:
+    """In-place broadcast from rank src; a no-op for a world of one."""
+    if info.distributed:
+        dist.broadcast(tensor, src)
+    return tensor
+
+
 def barrier(info: DistInfo) -> None:
     """Barrier across ranks; a no-op for a world of one."""
     if info.distributed:
@@ -155,4 +162,4 @@ def comm_device(info: DistInfo) -> torch.device:
 
 
 __all__ = ["DistInfo", "init", "teardown", "all_reduce", "barrier", "all_gather_object",
-           "broadcast_object", "choose_device", "choose_backend", "comm_device"]
+           "broadcast", "broadcast_object", "choose_device", "choose_backend", "comm_device"]

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer.config import Config, to_dict
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
-from trainer.engine import checkpoint as ckpt_io
+from trainer.engine import checkpoint as ckpt_io, syncwait
 from trainer.engine.data import ResumableSampler, make_loader, per_rank_batch_size
 from trainer.engine.evaluation import evaluate
 from trainer.engine.logging import MetricsWriter
@@ -71,14 +71,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def wrap_model(model: torch.nn.Module, info: DistInfo, dist_cfg, find_unused: bool = False) -> torch.nn.Module:
+def wrap_model(model: torch.nn.Module, info: DistInfo, dist_cfg, find_unused: bool = False,
+               broadcast_buffers: bool = True) -> torch.nn.Module:
     """DDP for a world > 1, DataParallel for --strategy dp on several GPUs, else the plain module."""
     if info.distributed:
         if dist_cfg.strategy != "ddp":
             raise ValueError(f"--strategy {dist_cfg.strategy} with a world of {info.world_size} processes.\n"
                              f"HINT: use --strategy ddp under srun/torchrun, or launch one process.")
         ids = [info.torch_device.index] if info.device.startswith("cuda") else None
-        return DDP(model, device_ids=ids, find_unused_parameters=dist_cfg.find_unused_parameters or find_unused)
+        return DDP(model, device_ids=ids, find_unused_parameters=dist_cfg.find_unused_parameters or find_unused,
+                   forward_sync_buffers=broadcast_buffers)
     if dist_cfg.strategy == "dp":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         ids = dist_cfg.gpu_ids or list(range(count))
@@ -129,7 +131,10 @@ class Loop:
             raise ValueError(f"recipe {cfg.recipe}: the training split is empty (data.path={self._data_path()})")
         self.model = self.recipe.build_model().to(self.device)
         seed_everything(rank_seed(cfg.seed, info.rank))  # per-rank dropout/sampling streams
-        self.wrapped = wrap_model(self.model, info, cfg.dist, self.recipe.find_unused_parameters)
+        self.wrapped = wrap_model(self.model, info, cfg.dist, self.recipe.find_unused_parameters,
+                                  self.recipe.broadcast_buffers)
+        self.sync_timer = syncwait.attach(self.wrapped) if self.tc.measure_sync and isinstance(self.wrapped, DDP) \
+            else None
         self.sampler = ResumableSampler(len(self.train_set), info.rank, info.world_size, True, cfg.seed)
         plan = self.recipe.epoch_batches(0)
         self.micro_per_epoch = len(plan) if plan is not None else math.ceil(self.sampler.per_rank / self.batch_size)
@@ -225,6 +230,8 @@ class Loop:
             with self.autocast():
                 loss = self.recipe.training_step(self.wrapped, batch)
             self.scaler.scale(loss / self._window_len(micro)).backward()
+        if self.sync_timer is not None:
+            self.meter.update(0, synced=self.sync_timer.take())
         n = self.recipe.batch_size_of(batch)
         return float(loss.detach()) * n, n
 

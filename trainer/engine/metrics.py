@@ -59,7 +59,7 @@ class Throughput:
 
     def reset(self) -> None:
         """Start a new window."""
-        self.t0, self.samples, self.steps, self.waited = time.perf_counter(), 0, 0, 0.0
+        self.t0, self.samples, self.steps, self.waited, self.synced = time.perf_counter(), 0, 0, 0.0, None
 
     def timed(self, batches):
         """Yield from batches, adding the time spent waiting for each one (the loader) to the window."""
@@ -73,13 +73,20 @@ class Throughput:
             self.waited += time.perf_counter() - t0
             yield batch
 
-    def update(self, samples: int, steps: int = 0) -> None:
-        """Count samples (and optimizer steps) done since the window started."""
+    def update(self, samples: int, steps: int = 0, synced: float | None = None) -> None:
+        """Count samples (and optimizer steps) done since the window started, and seconds spent waiting for
+        gradients (train.measure_sync)."""
         self.samples += samples
         self.steps += steps
+        if synced is not None:
+            self.synced = (self.synced or 0.0) + synced
 
     def rates(self) -> dict[str, float]:
-        """samples_per_s, step_time_s and data_wait_frac (share of the window spent waiting for batches)."""
+        """samples_per_s, step_time_s, data_wait_frac (share of the window spent waiting for batches) and,
+        when measured, sync_wait_frac (waiting for the gradient all-reduce)."""
         dt = max(time.perf_counter() - self.t0, 1e-9)
-        return dict(samples_per_s=self.samples / dt, step_time_s=dt / max(self.steps, 1),
-                    data_wait_frac=round(min(self.waited / dt, 1.0), 4))
+        out = dict(samples_per_s=self.samples / dt, step_time_s=dt / max(self.steps, 1),
+                   data_wait_frac=round(min(self.waited / dt, 1.0), 4))
+        if self.synced is not None:
+            out["sync_wait_frac"] = round(min(self.synced / dt, 1.0), 4)
+        return out

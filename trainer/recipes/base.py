@@ -78,6 +78,7 @@ class Recipe:
     primary_metric: ClassVar[tuple[str, str]] = ("loss", "min")   # (val metric, "min" | "max")
     tie_break_metric: ClassVar[tuple[str, str] | None] = None     # decides between equal primary values
     find_unused_parameters: ClassVar[bool] = False   # DDP: some steps leave parameters without gradients
+    broadcast_buffers: ClassVar[bool] = True         # DDP: rank 0's buffers to every rank before each forward
     defaults: ClassVar[dict[str, Any]] = {}          # dotted keys over the engine's defaults (below YAML)
 
     def __init__(self, data_cfg: Any, model_cfg: Any, train_cfg: Any, dist: Any, eval_cfg: Any = None,

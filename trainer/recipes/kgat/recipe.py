@@ -81,6 +81,8 @@ class KGATRecipe(Recipe):
     eval_config = KGATEvalConfig
     primary_metric = ("recall@20", "max")
     find_unused_parameters = True     # the CF loss leaves the TransR parameters out, the KG loss the layers
+    broadcast_buffers = False         # the graph's index buffers are built alike on every rank; attention is
+                                      # sent from rank 0 once per refresh (below), not before every step
 
     def build_datasets(self):
         self.data = load_data(self.data_cfg)
@@ -161,10 +163,11 @@ class KGATRecipe(Recipe):
         if "kg" in self.phase_time and "cf" in self.phase_time:
             self.phase_time["cf"] -= self.phase_time["kg"]
         unwrap(model).refresh_attention()
+        # the same weights give the same attention, but a GPU's scatter order may differ in the last bits
+        runtime.broadcast(unwrap(model).attention, self.dist)
         if unwrap(model).embed.is_cuda:
             torch.cuda.synchronize()
         self.phase_time["attention"] = time.perf_counter() - t0
-        runtime.barrier(self.dist)
 
     def epoch_metrics(self):
         sums = runtime.all_reduce(self.loss_sums.to(runtime.comm_device(self.dist)), self.dist).cpu().tolist()

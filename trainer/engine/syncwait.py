@@ -1,0 +1,46 @@
+"""How long each optimizer step waits for DDP's gradient all-reduce (`train.measure_sync=true`).
+
+A DDP comm hook all-reduces each bucket as DDP's default does, and notes when the bucket was ready and when
+its all-reduce finished; a step's wait is the last finish minus the last ready time, which is when this
+rank's backward had nothing left to compute. It covers the all-reduce itself and the wait for the slowest
+rank. On CUDA the times are the host's view of NCCL's work, so the figure is meant for CPU/gloo.
+"""
+import time
+
+import torch
+import torch.distributed as dist
+
+
+class GradSyncTimer:
+    """DDP comm hook state: the ready and finish times of the current step's buckets."""
+
+    def __init__(self, group=None):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.ready, self.finished = 0.0, 0.0
+
+    def take(self) -> float:
+        """Seconds this step waited for its gradients; resets for the next step."""
+        wait = max(self.finished - self.ready, 0.0)
+        self.ready = self.finished = 0.0
+        return wait
+
+
+# no `from __future__ import annotations` here: DDP checks the hook's annotations as objects
+def timed_allreduce_hook(timer: GradSyncTimer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's default all-reduce (sum, then divide by the world size), timed."""
+    timer.ready = max(timer.ready, time.perf_counter())
+    fut = dist.all_reduce(bucket.buffer(), group=timer.group, async_op=True).get_future()
+
+    def finish(f: torch.futures.Future) -> torch.Tensor:
+        timer.finished = max(timer.finished, time.perf_counter())
+        return f.value()[0].div_(timer.world)
+
+    return fut.then(finish)
+
+
+def attach(ddp: torch.nn.parallel.DistributedDataParallel) -> GradSyncTimer:
+    """Register the timed all-reduce on a DDP module; returns its timer."""
+    timer = GradSyncTimer()
+    ddp.register_comm_hook(timer, timed_allreduce_hook)
+    return timer
