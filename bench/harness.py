@@ -56,11 +56,11 @@ def cost_shares(t1: float, tw: float, t_shared: float, sync_wait_s: float) -> di
 
     With the same per-rank batch, scaling efficiency = t1 / tw, so 1 - efficiency = (tw - t1) / tw splits into
     machine_sharing (t_shared: the step time of as many independent single-rank processes running at once, no
-    communication), gradient_sync (the step's measured wait for DDP's gradient all-reduce: the all-reduce
-    itself and the wait for the slowest rank) and other (the rest: the loop's small collectives, DDP's
-    bookkeeping); the three sum to 1 - t1 / tw."""
+    communication), sync_wait (the step's measured time in collectives: DDP's gradient all-reduce and the
+    loop's per-step agreement, each including the wait for the slowest rank) and other (the rest: DDP's
+    bookkeeping, noise); the three sum to 1 - t1 / tw."""
     if min(t1, tw, t_shared) <= 0 or sync_wait_s < 0:
         raise ValueError(f"step times must be positive (t1={t1}, tw={tw}, t_shared={t_shared}, "
                          f"sync_wait_s={sync_wait_s})")
     sharing, sync = (t_shared - t1) / tw, sync_wait_s / tw
-    return dict(machine_sharing=sharing, gradient_sync=sync, other=(tw - t1) / tw - sharing - sync)
+    return dict(machine_sharing=sharing, sync_wait=sync, other=(tw - t1) / tw - sharing - sync)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-COSTS = (("machine_sharing", "machine sharing"), ("gradient_sync", "gradient sync wait"), ("other", "other"))
+COSTS = (("machine_sharing", "machine sharing"), ("sync_wait", "waiting in collectives"), ("other", "other"))
 
 
 def _f(value, fmt: str = "{:.2f}") -> str:
@@ -26,13 +26,13 @@ def tables(rows: list[dict]) -> str:
                     f"{_f(r.get('efficiency_slurm'), '{:.3f}')} | {_f(r.get('slurm_vs_torchrun'), '{:.3f}')} |")
     cost = ["", f"Where the {w}-rank step time beyond one rank's goes (shares of the {w}-rank step; they add up to "
             "1 - efficiency), and the single-rank figures:", "",
-            "| recipe | machine sharing | gradient sync wait (ms / step; the all-reduce alone) | other | "
+            "| recipe | machine sharing | waiting in collectives (ms / step; the gradient all-reduce alone) | other | "
             "step median / p90 s (1 rank) | "
             f"loader wait 1 / {w} ranks | peak RSS MB | eval s | first step done after s: 1 rank / torchrun / srun |",
             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r.get("costs", {})
-        cost.append(f"| {r['recipe']} | {_pct(c.get('machine_sharing'))} | {_pct(c.get('gradient_sync'))} "
+        cost.append(f"| {r['recipe']} | {_pct(c.get('machine_sharing'))} | {_pct(c.get('sync_wait'))} "
                     f"({_f(r.get('sync_wait_ms'))}; {_f(r.get('allreduce_alone_ms'))}) | {_pct(c.get('other'))} | "
                     f"{_f(r.get('step_time_median_s'), '{:.4f}')} / {_f(r.get('step_time_p90_s'), '{:.4f}')} | "
                     f"{_pct(r.get('data_wait_frac'))} / {_pct(r.get('data_wait_frac_ddp'))} | "

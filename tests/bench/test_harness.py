@@ -46,7 +46,7 @@ def test_scaling_efficiency():
 def test_cost_shares_split_one_minus_efficiency():
     # one rank 0.20 s a step; two independent processes 0.21 s; DDP 0.25 s, of which 0.015 s waiting for gradients
     c = cost_shares(0.20, 0.25, 0.21, 0.015)
-    assert c["machine_sharing"] == pytest.approx(0.04) and c["gradient_sync"] == pytest.approx(0.06)
+    assert c["machine_sharing"] == pytest.approx(0.04) and c["sync_wait"] == pytest.approx(0.06)
     assert c["other"] == pytest.approx(0.10)
     assert sum(c.values()) == pytest.approx(1 - 0.20 / 0.25)      # = 1 - scaling efficiency
     assert cost_shares(0.2, 0.2, 0.19, 0.0)["machine_sharing"] < 0   # noise shows, it is not clipped

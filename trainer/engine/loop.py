@@ -278,7 +278,7 @@ class Loop:
                            pin_memory=self.device.type == "cuda")
 
     def _after_step(self, preempt: PreemptionHandler) -> int:
-        signum = preempt.agreed_signal(self.info)
+        signum = self._timed_sync(preempt.agreed_signal, self.info)
         if signum:
             return signum
         every = self.cfg.ckpt.every_steps
@@ -303,13 +303,22 @@ class Loop:
         if bar is not None:
             bar.close()
 
+    def _timed_sync(self, collective, *args):
+        """A per-step collective; with train.measure_sync its time counts as waiting for the other ranks."""
+        if self.sync_timer is None:
+            return collective(*args)
+        t0 = time.perf_counter()
+        out = collective(*args)
+        self.meter.update(0, synced=time.perf_counter() - t0)
+        return out
+
     def _reduced(self, sums: torch.Tensor) -> torch.Tensor:
         """All-reduce (sum) a small float64 statistics vector across ranks."""
         t = sums.clone().to(runtime.comm_device(self.info))
         return runtime.all_reduce(t, self.info).cpu()
 
     def _log_train(self, epoch: int, window: torch.Tensor, bar) -> None:
-        loss_sum, count = self._reduced(window).tolist()
+        loss_sum, count = self._timed_sync(self._reduced, window).tolist()
         rates = self.meter.rates()
         rates["samples_per_s"] *= self.info.world_size  # every rank runs at the same pace
         self.meter.reset()

@@ -83,7 +83,7 @@ class Throughput:
 
     def rates(self) -> dict[str, float]:
         """samples_per_s, step_time_s, data_wait_frac (share of the window spent waiting for batches) and,
-        when measured, sync_wait_frac (waiting for the gradient all-reduce)."""
+        when measured, sync_wait_frac (waiting in collectives: gradients and the loop's own)."""
         dt = max(time.perf_counter() - self.t0, 1e-9)
         out = dict(samples_per_s=self.samples / dt, step_time_s=dt / max(self.steps, 1),
                    data_wait_frac=round(min(self.waited / dt, 1.0), 4))

@@ -1,4 +1,5 @@
-"""How long each optimizer step waits for DDP's gradient all-reduce (`train.measure_sync=true`).
+"""How long each optimizer step waits for DDP's gradient all-reduce (`train.measure_sync=true`; the loop adds
+the time of its own per-step collectives, the preemption-signal agreement and the logged loss).
 
 A DDP comm hook all-reduces each bucket as DDP's default does, and notes when the bucket was ready and when
 its all-reduce finished; a step's wait is the last finish minus the last ready time, which is when this
