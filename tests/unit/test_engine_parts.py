@@ -136,3 +136,16 @@ def test_throughput_counts_the_time_spent_waiting_for_batches():
     assert 0 < rates["data_wait_frac"] <= 1
     meter.reset()
     assert meter.waited == 0 and meter.rates()["data_wait_frac"] < 1
+
+
+def test_progress_bars_start_no_monitor_thread():
+    # DataLoader workers are forked; tqdm's monitor thread running at a fork once left a worker hung
+    import subprocess
+    import sys
+    code = ("import threading; from tqdm._monitor import TMonitor; from trainer.engine.logging import progress_bar\n"
+            "bar = progress_bar(total=3, disable=False); bar.update(2)\n"
+            "print(sum(isinstance(t, TMonitor) for t in threading.enumerate())); bar.close()\n"
+            "from tqdm.auto import tqdm; tqdm.monitor_interval = 10; other = tqdm(total=3, disable=False)\n"
+            "print(sum(isinstance(t, TMonitor) for t in threading.enumerate())); other.close()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["0", "1"]          # and a plain bar does start one: the check can fail

@@ -58,8 +58,8 @@ def sha256_of(path: Path) -> str:
 
 def _progress(total: int | None, initial: int, name: str):
     try:
-        from tqdm.auto import tqdm
-        return tqdm(total=total, initial=initial, unit="B", unit_scale=True, desc=name, leave=False)
+        from trainer.engine.logging import progress_bar
+        return progress_bar(total=total, initial=initial, unit="B", unit_scale=True, desc=name, leave=False)
     except ImportError:  # tqdm is a dependency; degrade to no bar
         return None
 

@@ -24,7 +24,7 @@ from trainer.distributed.runtime import DistInfo
 from trainer.engine import checkpoint as ckpt_io, syncwait
 from trainer.engine.data import ResumableSampler, make_loader, per_rank_batch_size
 from trainer.engine.evaluation import evaluate
-from trainer.engine.logging import MetricsWriter
+from trainer.engine.logging import MetricsWriter, progress_bar
 from trainer.engine.metrics import SystemStats, Throughput
 from trainer.engine.optim import build_optimizer, build_scheduler, scaled_lr
 from trainer.engine.preemption import PreemptionHandler
@@ -294,9 +294,8 @@ class Loop:
         mode = self.tc.progress
         if not self.info.is_main or mode == "off" or (mode == "auto" and not sys.stderr.isatty()):
             return None
-        from tqdm.auto import tqdm
-        return tqdm(total=self.micro_per_epoch, initial=start, desc=f"epoch {epoch}", unit="batch",
-                    dynamic_ncols=True, leave=False)
+        return progress_bar(total=self.micro_per_epoch, initial=start, desc=f"epoch {epoch}", unit="batch",
+                            dynamic_ncols=True, leave=False)
 
     @staticmethod
     def _close_bar(bar) -> None:

@@ -265,8 +265,8 @@ def extract_frames(videos: dict[str, Path], cache: Path, spec: CacheSpec, progre
     todo = {name: path for name, path in videos.items() if reasons[name] is not None}
     bar = None
     if progress and todo:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(todo), desc="extract frames", unit="video")
+        from trainer.engine.logging import progress_bar
+        bar = progress_bar(total=len(todo), desc="extract frames", unit="video")
     for name, path in todo.items():
         log.info("extracting %s (%s)", path, reasons[name])
         manifest[name] = cache_entry(path, cache, spec)
