@@ -98,12 +98,13 @@ def trainer_args(recipe: str, run_dir: Path, steps: int, warmup: int, max_world:
             str(preset.batch), *preset.args, *data, *COMMON, f"train.max_steps={warmup + steps}"]
 
 
-def commands(launcher: str, world: int, args: list[str], conf: str | None, tag: str) -> list[list[str]]:
-    """The processes of one run (started together)."""
+def commands(launcher: str, world: int, args_for: Callable[[Path], list[str]], dirs: list[Path],
+             tag: str) -> list[list[str]]:
+    """The processes of one run (started together); args_for(run_dir) gives the trainer's arguments."""
     py = sys.executable
     if launcher == "independent":
-        return [[py, *args[:args.index("--run-dir") + 1], f"{args[args.index('--run-dir') + 1]}-{i}",
-                 *args[args.index("--run-dir") + 2:]] for i in range(world)]
+        return [[py, *args_for(d)] for d in dirs]
+    args = args_for(dirs[0])
     if launcher == "slurm":
         return [["srun", f"--nodes={world}", "--ntasks-per-node=1", "--cpus-per-task=1", "--time=20",
                  f"--job-name=bench-{tag}", py, *args]]
@@ -148,20 +149,24 @@ def run_one(recipe: str, launcher: str, world: int, steps: int, warmup: int, max
     """Train `recipe` for warmup + steps optimizer steps; the run's record."""
     tag = f"{recipe}-{launcher}-w{world}-r{rep}"
     run_dir = out / "runs" / tag
-    for d in run_dirs(launcher, world, run_dir):
+    dirs = run_dirs(launcher, world, run_dir)
+    for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
-    args = trainer_args(recipe, run_dir, steps, warmup, max_world, out)
     env = clean_env(SLURM_CONF=conf) if conf else clean_env()
+    cmds = commands(launcher, world, lambda d: trainer_args(recipe, d, steps, warmup, max_world, out), dirs, tag)
+    # output to files, not pipes: a process blocked on a full pipe while another is awaited would skew its timing
+    logs = [run_dir.parent / f"{tag}-{i}.out" for i in range(len(cmds))]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
     launched = time.time()
-    cmds = commands(launcher, world, args, conf, tag)
-    procs = [subprocess.Popen(c, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for c in cmds]
-    for cmd, proc in zip(cmds, procs):
-        _, err = proc.communicate()
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{err[-3000:]}")
+    procs = []
+    for cmd, log in zip(cmds, logs):
+        with open(log, "w") as f:
+            procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, text=True))
+    for cmd, proc, log in zip(cmds, procs, logs):
+        if proc.wait() != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{log.read_text()[-3000:]}")
     wall = time.time() - launched
-    parts = [read_run(d, warmup, launched) for d in run_dirs(launcher, world, run_dir)]
+    parts = [read_run(d, warmup, launched) for d in dirs]
     stats = combine(parts) if launcher == "independent" else parts[0]
     if stats["epochs_timed"] != [0]:
         print(f"WARNING {tag}: the timed steps span epochs {stats['epochs_timed']}: partial batches and epoch "
