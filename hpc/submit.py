@@ -93,9 +93,11 @@ def parse_sweeps(items: list[str]) -> list[list[str]]:
     return [list(combo) for combo in itertools.product(*axes)] if axes else [[]]
 
 
-def combo_name(overrides: list[str]) -> str:
-    """A directory name for one sweep point: 'train.lr=0.01' -> 'train.lr-0.01'."""
-    return "_".join(re.sub(r"[^A-Za-z0-9.+-]", "-", o.replace("=", "-")) for o in overrides) or "run"
+def combo_name(index: int, overrides: list[str]) -> str:
+    """A directory name for sweep point `index`: (0, ['train.lr=0.01']) -> '000-train.lr-0.01'. The index
+    keeps it unique; the slug (lossy: 'a b' and 'a_b' look alike) is only there to be read."""
+    slug = "_".join(re.sub(r"[^A-Za-z0-9.+-]", "-", o.replace("=", "-")) for o in overrides)
+    return f"{index:03d}-{slug[:80]}" if slug else f"{index:03d}"
 
 
 def check_config(args, extra: list[str]):
@@ -125,8 +127,17 @@ def validate(args) -> None:
     if found is not None and args.gpus_per_node > found[1]:
         raise SubmitError(f"--gpus-per-node {args.gpus_per_node}: nodes of partition {found[0]!r} have at "
                           f"most {found[1]} GPUs (ask `sinfo -N -o '%P %G'`)")
+    from trainer.config import to_dict
+    seen: dict[str, list[str]] = {}
     for extra in parse_sweeps(args.sweep):
-        args.recipe = check_config(args, extra).recipe  # the recipe may come from the YAML file
+        cfg = check_config(args, extra)
+        args.recipe = cfg.recipe  # the recipe may come from the YAML file
+        key = json.dumps(to_dict(cfg), sort_keys=True, default=str)
+        if key in seen:
+            raise SubmitError(f"--sweep: the points {' '.join(seen[key])} and {' '.join(extra)} give the same "
+                              f"configuration: each run would resume from and overwrite the other's "
+                              f"checkpoints (drop the repeated value)")
+        seen[key] = extra
 
 
 # ------------------------------------------------------------------------------------------ job description
@@ -150,7 +161,7 @@ def trainer_argv(args, run_dir: Path, extra: list[str]) -> list[str]:
 def run_dirs(args, sweeps: list[list[str]]) -> list[Path]:
     """--run-dir (default runs/<recipe>-<time>), with one sub-folder per sweep point."""
     base = Path(args.run_dir or f"runs/{args.recipe or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    return [base] if sweeps == [[]] else [base / combo_name(extra) for extra in sweeps]
+    return [base] if sweeps == [[]] else [base / combo_name(i, extra) for i, extra in enumerate(sweeps)]
 
 
 def container_python(args) -> str | None:

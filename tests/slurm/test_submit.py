@@ -137,7 +137,6 @@ def test_sweep_is_a_job_array_with_one_run_dir_per_point(slurm_cluster, tmp_path
     jobs = re.findall(r"submitted job (\d+_\d+)", proc.stdout)
     assert len(jobs) == 4 and len({j.split("_")[0] for j in jobs}) == 1      # one array, four tasks
     assert proc.stdout.count(": COMPLETED {") == 4
-    for lr in ("0.1", "0.01"):
-        for hidden in ("4", "8"):
-            cfg = (tmp_path / "sw" / f"train.lr-{lr}_model.hidden-{hidden}" / "config.yaml").read_text()
-            assert f"lr: {lr}" in cfg and f"hidden: {hidden}" in cfg
+    for i, (lr, hidden) in enumerate([("0.1", "4"), ("0.1", "8"), ("0.01", "4"), ("0.01", "8")]):
+        cfg = (tmp_path / "sw" / f"{i:03d}-train.lr-{lr}_model.hidden-{hidden}" / "config.yaml").read_text()
+        assert f"lr: {lr}" in cfg and f"hidden: {hidden}" in cfg

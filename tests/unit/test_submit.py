@@ -36,7 +36,7 @@ def test_sweep_product_and_names():
     combos = submit.parse_sweeps(["train.lr=0.1,0.01", "model.hidden=8,16"])
     assert combos == [["train.lr=0.1", "model.hidden=8"], ["train.lr=0.1", "model.hidden=16"],
                       ["train.lr=0.01", "model.hidden=8"], ["train.lr=0.01", "model.hidden=16"]]
-    assert submit.combo_name(combos[0]) == "train.lr-0.1_model.hidden-8"
+    assert submit.combo_name(0, combos[0]) == "000-train.lr-0.1_model.hidden-8"
     assert submit.parse_sweeps([]) == [[]]
     for bad in (["train.lr"], ["=1,2"], ["train.lr="]):
         with pytest.raises(SubmitError, match="--sweep"):
@@ -105,7 +105,25 @@ def test_dry_run_sweep_is_a_job_array_and_pyxis_args():
     assert "--container-image 'nvcr.io#nvidia/pytorch:24.05-py3'" in proc.stdout
     assert "python -u -m submitit.core._submit" in proc.stdout
     runs = [line.split("--run-dir ")[1].split()[0] for line in proc.stderr.splitlines() if "# task" in line]
-    assert runs == ["/runs/sw/train.lr-0.1", "/runs/sw/train.lr-0.01", "/runs/sw/train.lr-0.001"]
+    assert runs == ["/runs/sw/000-train.lr-0.1", "/runs/sw/001-train.lr-0.01", "/runs/sw/002-train.lr-0.001"]
+
+
+def test_sweep_points_that_look_alike_get_their_own_run_dirs():
+    """Seen on main: 'a b' and 'a_b' both became data.path--d-a-b, so two array tasks shared a run dir."""
+    proc = dry_run("--recipe", "toy", "--folder", "/jobs/s", "--run-dir", "/runs/sw",
+                   "--sweep", "data.path=/d/a b,/d/a_b", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    tasks = [shlex.split(line.split("# task: ")[1]) for line in proc.stderr.splitlines() if "# task" in line]
+    runs = [argv[argv.index("--run-dir") + 1] for argv in tasks]
+    assert runs == ["/runs/sw/000-data.path--d-a-b", "/runs/sw/001-data.path--d-a-b"]
+    assert [argv[-1] for argv in tasks] == ["data.path=/d/a b", "data.path=/d/a_b"]
+
+
+@pytest.mark.parametrize("sweep", [["train.lr=0.1,0.1"], ["train.lr=0.1,0.10"], ["train.lr=0.1,0.2", "train.lr=0.1"]])
+def test_sweep_points_with_the_same_configuration_are_refused(sweep):
+    argv = [a for s in sweep for a in ("--sweep", s)]
+    proc = dry_run("--recipe", "toy", "--folder", "/jobs/s", *argv, "--dry-run")
+    assert proc.returncode == 2 and "give the same configuration" in proc.stderr, proc.stderr
 
 
 def test_dry_run_container_wraps_python(tmp_path):

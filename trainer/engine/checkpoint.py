@@ -1,6 +1,7 @@
 """Atomic, validated checkpoints: write to a temp file, fsync, rename; load with weights_only=True."""
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import platform
@@ -14,6 +15,7 @@ import torch
 
 log = logging.getLogger(__name__)
 PERIODIC = re.compile(r"^step-(\d+)\.pt$")
+TEMPORARY = re.compile(r"^\..+\.pt\.tmp\.\d+$")   # atomic_save's, left by a killed save
 
 
 class CheckpointError(RuntimeError):
@@ -58,15 +60,24 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    """torch.save to a temporary file in the same folder, fsync, then rename over path."""
+    """torch.save to a temporary file in the same folder, fsync, then rename over path.
+
+    A failed write (disk full, file too large, quota) raises CheckpointError naming the file; the
+    temporary is removed and the previous file at `path` is untouched."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    sink = None
     try:
         with open(tmp, "wb") as fh:
-            torch.save(obj, fh)
+            sink = _Sink(fh)
+            torch.save(obj, sink)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:  # torch.save turns a failed write into a RuntimeError
+        raise CheckpointError(f"could not write checkpoint {path}: {_why(sink.error if sink and sink.error else err)}.\n"
+                              f"HINT: free space or raise the quota of {path.parent}; the checkpoints "
+                              f"already there are intact.") from None
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -75,6 +86,29 @@ def atomic_save(obj: Any, path: Path) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+class _Sink:
+    """A file wrapper that remembers the OSError of a failed write (torch.save reports only its position)."""
+
+    def __init__(self, fh):
+        self.fh, self.error = fh, None
+
+    def write(self, data) -> int:
+        try:
+            return self.fh.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def _why(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.errno is not None:
+        return f"{os.strerror(err.errno)} (errno {errno.errorcode.get(err.errno, err.errno)})"
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 def load(path: str | Path, map_location: str = "cpu") -> dict[str, Any]:
@@ -112,48 +146,108 @@ def check_compatible(ckpt: dict[str, Any], recipe: str, model: torch.nn.Module, 
                               f"(see the checkpoint's config).")
 
 
+def step_of(path: Path) -> int:
+    """The step number of a periodic checkpoint's name."""
+    return int(PERIODIC.match(path.name).group(1))
+
+
+def set_aside(path: Path, suffix: str) -> Path:
+    """Rename path to path+suffix (never over an existing file): kept for inspection, never deleted."""
+    target = path.with_name(path.name + suffix)
+    n = 1
+    while target.exists():
+        target, n = path.with_name(f"{path.name}{suffix}.{n}"), n + 1
+    os.replace(path, target)
+    return target
+
+
 class CheckpointManager:
-    """Names, writes and finds the checkpoints of one run directory (rank 0 writes)."""
+    """Names, writes, prunes and finds the checkpoints of one run directory (rank 0 writes)."""
 
     def __init__(self, run_dir: str | Path, keep_last: int = 3):
         self.dir = Path(run_dir) / "checkpoints"
-        self.keep_last = keep_last
+        self.keep_last = keep_last   # 0: keep every periodic checkpoint
 
     def periodic_path(self, global_step: int) -> Path:
         """step-00000123.pt."""
         return self.dir / f"step-{global_step:08d}.pt"
 
+    def periodic(self) -> list[Path]:
+        """Periodic checkpoints, oldest step first."""
+        return sorted((p for p in self.dir.glob("step-*.pt") if PERIODIC.match(p.name)), key=step_of)
+
+    def existing(self) -> list[Path]:
+        """Every checkpoint file a run could resume from or overwrite (periodic, best, final)."""
+        return sorted(p for p in self.dir.glob("*.pt") if p.is_file()) if self.dir.is_dir() else []
+
     def save(self, state: dict[str, Any], kind: str) -> Path:
-        """kind: 'periodic', 'best' or 'final'. Periodic files beyond keep_last are removed."""
+        """kind: 'periodic', 'best' or 'final'. Older periodic files beyond keep_last are removed."""
         path = self.periodic_path(state["global_step"]) if kind == "periodic" else self.dir / f"{kind}.pt"
         atomic_save(state, path)
         if kind == "periodic":
-            self._prune()
+            self._prune(path)
         return path
 
-    def _prune(self) -> None:
-        periodic = sorted(p for p in self.dir.glob("step-*.pt") if PERIODIC.match(p.name))
-        for old in periodic[: max(len(periodic) - max(self.keep_last, 1), 0)]:
+    def _prune(self, written: Path) -> None:
+        """Remove the oldest periodic files older than `written`: never `written` itself, never a newer one
+        (files of a higher step are not this run's history; resume() sets them aside instead)."""
+        if self.keep_last <= 0:
+            return
+        older = [p for p in self.periodic() if step_of(p) < step_of(written)]
+        for old in older[: max(len(older) - (self.keep_last - 1), 0)]:
             old.unlink(missing_ok=True)
+
+    def remove_temporaries(self) -> list[Path]:
+        """Delete the temporaries of saves that were killed half-way (they never become checkpoints)."""
+        found = [p for p in self.dir.glob(".*.tmp.*") if TEMPORARY.match(p.name)] if self.dir.is_dir() else []
+        for tmp in found:
+            tmp.unlink(missing_ok=True)
+            log.warning("removed %s, the temporary of a checkpoint save that was interrupted", tmp)
+        return found
+
+    def set_aside_newer(self, step: int) -> list[Path]:
+        """After resuming at `step`: periodic/final files of a later step belong to an abandoned history;
+        rename them *.superseded so that neither pruning nor a later `--resume auto` picks them."""
+        moved = []
+        for path in self.candidates():
+            try:
+                later = (step_of(path) if PERIODIC.match(path.name) else load(path)["global_step"]) > step
+            except CheckpointError:
+                continue
+            if later:
+                moved.append(set_aside(path, ".superseded"))
+                log.warning("%s is from a later step than the resumed one (%d): kept as %s", path, step,
+                            moved[-1].name)
+        return moved
 
     def candidates(self) -> list[Path]:
         """Resumable checkpoints, newest first (final, then periodic by step)."""
-        periodic = sorted((p for p in self.dir.glob("step-*.pt") if PERIODIC.match(p.name)),
-                          key=lambda p: int(PERIODIC.match(p.name).group(1)), reverse=True)
         final = [self.dir / "final.pt"] if (self.dir / "final.pt").exists() else []
-        return final + periodic
+        return final + self.periodic()[::-1]
 
     def newest_valid(self) -> tuple[Path, dict[str, Any]] | None:
-        """The newest checkpoint that loads; truncated or corrupt ones are skipped with a warning."""
+        """The newest checkpoint that loads. Truncated or corrupt ones are moved aside as *.corrupt (kept,
+        never deleted) with a warning, so that neither a requeue nor pruning meets them again."""
         best: tuple[int, Path, dict] | None = None
         for path in self.candidates():
             try:
                 ckpt = load(path)
             except CheckpointError as err:
-                log.warning("skipping %s", err)
+                log.warning("skipping %s; moved aside as %s", err, set_aside(path, ".corrupt").name)
                 continue
             if best is None or ckpt["global_step"] > best[0]:
                 best = (ckpt["global_step"], path, ckpt)
             if path.name != "final.pt":
                 break
         return (best[1], best[2]) if best else None
+
+
+def refuse_fresh_run(run_dir: str | Path) -> None:
+    """A run without --resume must not start in a run directory that already holds checkpoints: its
+    periodic files would interleave with the old ones and best/final would be overwritten."""
+    found = CheckpointManager(run_dir).existing()
+    if found:
+        names = ", ".join(p.name for p in found[:4]) + (", ..." if len(found) > 4 else "")
+        raise CheckpointError(f"run directory {run_dir} already holds checkpoints ({names}) and this run "
+                              f"was started without --resume.\nHINT: continue that run with --resume auto, "
+                              f"or start a new one with another --run-dir.")

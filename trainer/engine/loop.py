@@ -204,6 +204,8 @@ class Loop:
             self.state.batch_in_epoch = 0
         log.info("resumed from %s: epoch %d, batch %d, step %d", path, self.state.epoch,
                  self.state.batch_in_epoch, self.state.global_step)
+        if self.info.is_main:
+            self.ckpts.set_aside_newer(self.state.global_step)
 
     # ---------------------------------------------------------------- training
     def _window_len(self, micro: int) -> int:
@@ -465,6 +467,23 @@ class Driver:
                 loop.last_metrics["test_best"] = metrics
         log.info("training %s after %d steps", status, loop.state.global_step)
         return FitResult(status, 0, False, loop.state.global_step, loop.last_metrics)
+
+
+def claim_run_dir(run_dir: str | Path, resume: str, info: DistInfo) -> None:
+    """Before anything is written: remove temporaries of interrupted saves and refuse a fresh run into a
+    run directory with checkpoints. Rank 0 looks (run directories need not be shared); all ranks raise."""
+    problem = None
+    if info.is_main:
+        manager = ckpt_io.CheckpointManager(run_dir)
+        manager.remove_temporaries()
+        try:
+            if not resume:
+                ckpt_io.refuse_fresh_run(run_dir)
+        except ckpt_io.CheckpointError as err:
+            problem = str(err)
+    problem = runtime.broadcast_object(problem, info)
+    if problem:
+        raise ckpt_io.CheckpointError(problem)
 
 
 def fit(recipe: Recipe, info: DistInfo, cfg: Config) -> FitResult:

@@ -1,0 +1,85 @@
+"""Run directories that are not clean: stale and corrupt checkpoints, a fresh run into an old directory,
+killed saves, and a disk that fills up during a checkpoint write. Nothing already saved may be lost."""
+import resource
+import signal
+import subprocess
+
+import pytest
+import torch
+
+from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, trainer, weights
+
+RUN = ("--recipe", "toy", "--epochs", "3", "--seed", "3", "train.tensorboard=false", "ckpt.every_epochs=0",
+       "ckpt.every_steps=8", "ckpt.keep_last=2")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("ref")
+    trainer("train", *RUN, "--run-dir", str(run_dir))
+    return weights(run_dir)
+
+
+def test_stale_corrupt_checkpoints_neither_eat_new_ones_nor_get_resumed(tmp_path, reference):
+    """The case seen on main: corrupt step-800/900 in the run dir, a 24-step run that is preempted and
+    requeued. The corrupt files are kept aside, every new checkpoint survives, the resume is bitwise."""
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    for step in (800, 900):
+        (ckpts / f"step-{step:08d}.pt").write_bytes(b"\0" * 4096)
+    first = trainer("train", *RUN, "--run-dir", str(tmp_path / "run"), "--resume", "auto",
+                    "data.signal_at_step=19", check=False)
+    assert first.returncode == 128 + signal.SIGTERM, first.stderr[-3000:]
+    assert "moved aside as step-00000900.pt.corrupt" in first.stderr
+    assert sorted(p.name for p in ckpts.iterdir()) == [
+        "best.pt", "step-00000016.pt", "step-00000019.pt", "step-00000800.pt.corrupt", "step-00000900.pt.corrupt"]
+    second = trainer("train", *RUN, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
+    assert "step-00000019.pt: epoch 2, batch 3, step 19" in second.stderr
+    assert_bitwise_equal(weights(tmp_path / "run"), reference)
+
+
+def test_fresh_run_into_an_old_run_directory_is_refused_and_changes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    trainer("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir))
+    before = {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    again = trainer("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir), "--lr", "0.5", check=False)
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert f"run directory {run_dir} already holds checkpoints (best.pt, final.pt)" in again.stderr
+    assert "--resume auto" in again.stderr and "another --run-dir" in again.stderr
+    assert {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_temporaries_of_a_killed_save_are_removed_at_the_next_start(tmp_path, reference):
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    (ckpts / ".step-00000008.pt.tmp.31337").write_bytes(b"\0" * 100)
+    out = trainer("train", *RUN, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
+    assert "removed" in out.stderr and ".step-00000008.pt.tmp.31337" in out.stderr
+    assert not list(ckpts.glob(".*tmp*"))
+    assert_bitwise_equal(weights(tmp_path / "run"), reference)
+
+
+def _file_size_limit(limit: int):
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_full_disk_during_a_checkpoint_write_is_an_error_naming_the_file(tmp_path):
+    """RLIMIT_FSIZE makes the write fail as a full disk or quota would; the earlier checkpoint survives."""
+    run_dir = tmp_path / "run"
+    big = ("model.hidden=2048", "ckpt.every_epochs=1", "ckpt.every_steps=0")    # ~200 KB of weights + Adam
+    trainer("train", *RUN, *big, "--epochs", "1", "--run-dir", str(run_dir))
+    saved = {p: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()}
+    assert sorted(p.name for p in saved) == ["best.pt", "final.pt"] and min(map(len, saved.values())) > 150_000
+    proc = subprocess.run([PY, "-m", "trainer", "train", *RUN, *big, "--epochs", "3", "--run-dir", str(run_dir),
+                           "--resume", "auto"], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                          timeout=180, preexec_fn=_file_size_limit(100_000))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    # the first write after the resume: the improved validation metric's best.pt
+    assert f"could not write checkpoint {run_dir}/checkpoints/best.pt: File too large" in proc.stderr
+    assert {p: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()} == saved
+    assert torch.load(run_dir / "checkpoints" / "final.pt", weights_only=True)["global_step"] == 8
+    assert not list((run_dir / "checkpoints").glob(".*tmp*"))
