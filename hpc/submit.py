@@ -106,8 +106,38 @@ def check_config(args, extra: list[str]):
     return build_config(args.recipe, args.config, flags_from_args(args), list(args.overrides) + extra)
 
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+NAME = r"[A-Za-z0-9_.+-]+"
+# what Slurm accepts in each field that submitit writes into an `#SBATCH --key=value` line (unquoted)
+SLURM_FIELDS = {
+    "job_name": (r"[A-Za-z0-9_.+@%:=-]{1,200}", "letters, digits and _ . + @ % : = -"),
+    "partition": (f"{NAME}(,{NAME})*", "partition names, comma separated"),
+    "account": (NAME, "letters, digits and _ . + -"),
+    "qos": (f"{NAME}(,{NAME})*", "QOS names, comma separated"),
+    "constraint": (r"[A-Za-z0-9_.+\-&|,*\[\]():!]+", "feature names with & | , * [ ] ( ) : !"),
+}
+
+
+def check_text_fields(args) -> None:
+    """No control characters in any option (a newline in a field becomes a line of the batch script), and
+    the fields written into #SBATCH lines hold only what Slurm accepts there."""
+    for dest, value in sorted(vars(args).items()):
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if isinstance(item, str) and CONTROL.search(item):
+                flag = "--" + dest.replace("_", "-") if dest != "overrides" else "key=value override"
+                bad = CONTROL.search(item).group()
+                raise SubmitError(f"{flag} {item!r}: control character {bad!r} not allowed "
+                                  f"(it would end a line of the batch script)")
+    for dest, (pattern, allowed) in SLURM_FIELDS.items():
+        value = getattr(args, dest, None)
+        if value is not None and not re.fullmatch(pattern, value):
+            raise SubmitError(f"--{dest.replace('_', '-')} {value!r}: Slurm takes {allowed} here")
+
+
 def validate(args) -> None:
     """Everything that can be checked before submitting; raises SubmitError with a hint."""
+    check_text_fields(args)
     if args.nodes < 1 or (args.gpus_per_node or 0) < 0:
         raise SubmitError("--nodes must be >= 1 and --gpus-per-node >= 0")
     tasks_per_node(args)

@@ -26,6 +26,16 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 # MASTER_ADDR/MASTER_PORT: the trainer derives them from SLURM_STEP_NODELIST and SLURM_JOB_ID
 # (no scontrol needed inside containers); export them here only to override.
 
+# ---------------------------------------------------------------- knobs
+# Knobs come from the submitting shell: a newline would cut EXTRA short (read takes one line) and a
+# control character in a path is never what was meant. Values are otherwise used literally (quoted).
+for knob in IMAGE CONFIG EXTRA PYTHON RUN_DIR TRAINER_HOME DATA; do
+  if [[ "${!knob:-}" =~ [[:cntrl:]] ]]; then
+    echo "common.sh: $knob holds a control character (newline, tab, ...): refused; value: $(printf '%q' "${!knob}")" >&2
+    exit 2
+  fi
+done
+
 # ---------------------------------------------------------------- where things are
 TRAINER_HOME=${TRAINER_HOME:-$SLURM_SUBMIT_DIR}
 RUN_DIR=${RUN_DIR:-$SLURM_SUBMIT_DIR/runs/$SLURM_JOB_ID}
@@ -45,7 +55,7 @@ else
   LAUNCH=("${PYTHON:-python3}")
 fi
 
-# shellcheck disable=SC2034
+# shellcheck disable=SC2034  # split on spaces only: read -a does no globbing and no expansion
 read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 
 echo "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST: run dir $RUN_DIR" >&2

@@ -169,3 +169,49 @@ def test_debug_and_local_clusters_run_without_slurm(tmp_path, cluster, tasks):
 def test_the_time_limit_warning_never_comes_at_the_start(minutes, delay):
     from hpc.submit import signal_delay_s
     assert signal_delay_s(minutes) == delay
+
+
+HOSTILE = ["evil\n#SBATCH --nodes=64", "evil\nrm -rf ~", "a\rb", "tab\there", "nul\x00x", "esc\x1b[2J"]
+
+
+def main_in_process(argv, capsys, monkeypatch):
+    """hpc/submit.py's main() in this process (fast, and argv may hold a NUL): (exit code, stdout, stderr)."""
+    monkeypatch.setenv("TRAINER_PLUGINS", "tests.toy_recipe")
+    code = submit.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("flag", ["--job-name", "--account", "--qos", "--constraint", "--partition", "--folder",
+                                  "--container-image", "--container-mounts", "--mem", "--time", "--run-dir"])
+@pytest.mark.parametrize("value", HOSTILE)
+def test_control_characters_are_refused_before_anything_is_written(flag, value, tmp_path, capsys, monkeypatch):
+    """Seen on main: a newline in --job-name became a shell line and dropped the #SBATCH lines after it."""
+    folder = tmp_path / "jobs"
+    argv = ["--recipe", "toy", flag, value] + (["--folder", str(folder)] if flag != "--folder" else [])
+    code, out, err = main_in_process([*argv, "--dry-run"], capsys, monkeypatch)
+    assert code == 2 and out == "", out
+    assert f"error: {flag} {value!r}: control character" in err, err
+    assert not folder.exists()
+    code, out, err = main_in_process(argv, capsys, monkeypatch)          # a real submission: refused too
+    assert code == 2 and "control character" in err and not folder.exists()
+
+
+@pytest.mark.parametrize("flag,value", [("--job-name", "my job"), ("--job-name", "a;b"), ("--account", "lab$(id)"),
+                                        ("--qos", "normal high"), ("--partition", "gpu;ls"),
+                                        ("--constraint", "a100 `id`"), ("--job-name", "")])
+def test_slurm_fields_take_only_what_slurm_accepts(flag, value, capsys, monkeypatch):
+    code, _, err = main_in_process(["--recipe", "toy", flag, value, "--folder", "/jobs/f", "--dry-run"], capsys,
+                                   monkeypatch)
+    assert code == 2 and f"error: {flag} {value!r}: Slurm takes" in err, err
+
+
+def test_ordinary_slurm_field_values_pass():
+    """End to end (a subprocess, as a user runs it); sinfo is kept out of reach so the partition is not asked."""
+    proc = dry_run("--recipe", "toy", "--job-name", "sasrec_ml-1m.v2", "--account", "lab-01", "--qos", "normal",
+                   "--constraint", "a100&ib|[h100*2]", "--partition", "gpu", "--folder", "/jobs/f", "--dry-run",
+                   env=clean_env(PATH=str(Path(sys.executable).parent) + ":/bin"))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "#SBATCH --job-name=sasrec_ml-1m.v2" in lines and "#SBATCH --constraint='a100&ib|[h100*2]'" in lines
+    assert "#SBATCH --requeue" in lines and any(line.startswith("#SBATCH --signal=") for line in lines)

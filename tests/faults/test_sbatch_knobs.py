@@ -1,0 +1,63 @@
+"""The sbatch scripts' environment knobs (CONFIG, EXTRA, RUN_DIR, IMAGE, DATA, PYTHON) with hostile values:
+used literally, never evaluated; control characters refused before srun. The real scripts run in bash
+with a stand-in `srun` that records its argument vector (no cluster needed for what the shell does)."""
+import os
+import subprocess
+
+import pytest
+
+from tests.conftest import REPO
+
+MARK = "$(touch PWNED)"
+
+
+def run_script(tmp_path, script="sasrec_1node.sbatch", **knobs):
+    """(exit code, stderr, srun's argv or None) of `bash slurm/SCRIPT` under a fake job environment."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "srun").write_text('#!/bin/bash\nprintf "%s\\0" "$@" > "$ARGV_OUT"\n')
+    (fake / "srun").chmod(0o755)
+    out = tmp_path / "argv"
+    out.unlink(missing_ok=True)
+    env = dict(PATH=f"{fake}:/usr/bin:/bin", HOME=str(tmp_path), SLURM_SUBMIT_DIR=str(tmp_path),
+               TRAINER_HOME=str(REPO), SLURM_JOB_ID="77", SLURM_JOB_NODELIST="node1", ARGV_OUT=str(out),
+               TERM_HOLD_S="0", **knobs)
+    proc = subprocess.run(["bash", str(REPO / "slurm" / script)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    argv = out.read_text().split("\0")[:-1] if out.exists() else None
+    return proc.returncode, proc.stderr, argv
+
+
+def after(argv, flag):
+    return argv[argv.index(flag) + 1]
+
+
+@pytest.mark.parametrize("knob", ["CONFIG", "EXTRA", "RUN_DIR", "IMAGE", "PYTHON", "DATA"])
+@pytest.mark.parametrize("value", ["a\n#SBATCH --nodes=64", "x\ntouch PWNED", "a\tb", "a\rb", "a\x1bb"])
+def test_control_characters_in_a_knob_stop_the_job_before_srun(tmp_path, knob, value):
+    script = "video_1node.sbatch" if knob == "DATA" else "sasrec_1node.sbatch"
+    code, err, argv = run_script(tmp_path, script, **{knob: value})
+    assert code == 2 and f"common.sh: {knob} holds a control character" in err, err
+    assert argv is None and not (tmp_path / "PWNED").exists()
+
+
+def test_hostile_values_are_passed_literally_and_never_evaluated(tmp_path):
+    image = tmp_path / f"img {MARK}.sif"
+    image.write_bytes(b"SIF")
+    run_dir = tmp_path / f"runs/a b;{MARK}"
+    code, err, argv = run_script(tmp_path, CONFIG=f"/cfg/{MARK}`touch PWNED`.yaml", RUN_DIR=str(run_dir),
+                                 EXTRA=f"train.lr=0.1 {MARK} `touch PWNED` * ;touch PWNED", IMAGE=str(image))
+    assert code == 0, err
+    assert not (tmp_path / "PWNED").exists()
+    assert argv[argv.index("exec"):argv.index("exec") + 6] == ["exec", "--nv", "--bind", str(tmp_path), str(image),
+                                                              "python"]
+    assert after(argv, "--config") == f"/cfg/{MARK}`touch PWNED`.yaml"
+    assert after(argv, "--run-dir") == str(run_dir) and run_dir.is_dir()
+    assert argv[-8:] == ["train.lr=0.1", "$(touch", "PWNED)", "`touch", "PWNED`", "*", ";touch", "PWNED"]
+
+
+def test_data_and_python_knobs_are_literal(tmp_path):
+    code, err, argv = run_script(tmp_path, "video_1node.sbatch", DATA=f"/d/{MARK} x", PYTHON=f"/py/{MARK}")
+    assert code == 0, err
+    assert f"data.path=/d/{MARK} x" in argv and argv[1] == f"/py/{MARK}"
+    assert not (tmp_path / "PWNED").exists() and not os.path.exists(os.path.join(REPO, "PWNED"))
