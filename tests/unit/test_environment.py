@@ -117,6 +117,18 @@ def test_port_from_job_id_range_and_spread():
     assert len(ports) == 100 and all(15000 <= p < 30000 for p in ports)
 
 
+def test_ports_differ_for_two_steps_of_a_job_and_for_job_ids_15000_apart():
+    """Seen on main: both cases gave the same MASTER_PORT (15000 + job id mod 15000)."""
+    step = lambda job, s: SlurmEnvironment(dict(SRUN_2x2, SLURM_JOB_ID=job, SLURM_STEP_ID=s)).master_port  # noqa: E731
+    assert step("4242", "0") != step("4242", "1") != step("4242", "2") != step("4242", "0")
+    for job in (4242, 15000, 123456):
+        assert len({port_from_job_id(str(job + k * 15000)) for k in range(50)}) == 50
+    assert 15000 <= port_from_job_id("9999999999", 99) < 30000
+    # the batch script (no step) and MASTER_PORT still work as before
+    assert SlurmEnvironment(BATCH_SCRIPT).master_port == port_from_job_id("9")
+    assert SlurmEnvironment(dict(SRUN_2x2, SLURM_STEP_ID="3", MASTER_PORT="2345")).master_port == 2345
+
+
 @pytest.mark.parametrize("spec,counts", [("2(x3),1", [2, 2, 2, 1]), ("4", [4]), ("1,2(x2)", [1, 2, 2])])
 def test_tasks_per_node(spec, counts):
     assert parse_tasks_per_node(spec) == counts

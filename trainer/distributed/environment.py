@@ -37,10 +37,12 @@ def _int(env: Mapping[str, str], name: str, launcher: str, default: int | None =
         raise LaunchError(f"{launcher}: {name}={raw!r} is not an integer.") from None
 
 
-def port_from_job_id(job_id: str) -> int:
-    """A port derived from the job id, so two jobs sharing a node do not pick the same one."""
-    digits = re.sub(r"\D", "", str(job_id)) or "0"
-    return PORT_BASE + int(digits) % PORT_SPAN
+def port_from_job_id(job_id: str, step_id: str | int = 0) -> int:
+    """A port derived from the job and step ids, so that jobs and steps sharing a node differ: consecutive
+    job ids, job ids PORT_SPAN apart (the wrap-around shifts by a prime) and two srun steps of one job."""
+    job = int(re.sub(r"\D", "", str(job_id)) or 0)
+    step = int(step_id) if str(step_id).isdigit() else 0
+    return PORT_BASE + (job + (job // PORT_SPAN) * 7919 + step * 1009) % PORT_SPAN
 
 
 def parse_tasks_per_node(spec: str) -> list[int]:
@@ -288,7 +290,8 @@ class SlurmEnvironment(LaunchEnvironment):
         """MASTER_PORT if set, else derived from SLURM_JOB_ID."""
         if self.env.get("MASTER_PORT"):
             return _int(self.env, "MASTER_PORT", self.name)
-        return port_from_job_id(_get(self.env, "SLURM_JOB_ID", self.name))
+        step = self.env.get("SLURM_STEP_ID", self.env.get("SLURM_STEPID", "0")) if self.in_step else "0"
+        return port_from_job_id(_get(self.env, "SLURM_JOB_ID", self.name), step)
 
     def validate(self, strategy: str = "ddp") -> None:
         """Also: tasks vs nodes x tasks-per-node, and python without srun."""
