@@ -1,4 +1,6 @@
 """Launcher detection, layout and validation from tables of environment dicts."""
+import re
+
 import pytest
 
 from trainer.distributed.environment import (LaunchError, LocalEnvironment, SlurmEnvironment,
@@ -132,3 +134,14 @@ def test_ports_differ_for_two_steps_of_a_job_and_for_job_ids_15000_apart():
 @pytest.mark.parametrize("spec,counts", [("2(x3),1", [2, 2, 2, 1]), ("4", [4]), ("1,2(x2)", [1, 2, 2])])
 def test_tasks_per_node(spec, counts):
     assert parse_tasks_per_node(spec) == counts
+
+
+@pytest.mark.parametrize("var", ["SLURM_NTASKS_PER_NODE", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID",
+                                 "SLURM_NODEID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "MASTER_PORT"])
+@pytest.mark.parametrize("value", ["four", "2.5", "4(x2)", " "])
+def test_a_non_integer_slurm_count_is_an_error_naming_the_variable(var, value):
+    """Seen on main: SLURM_NTASKS_PER_NODE=four ended in a ValueError traceback from int()."""
+    env = SlurmEnvironment(dict(SRUN_2x2, **{var: value}))
+    with pytest.raises(LaunchError, match=re.escape(f"{var}='{value}' is not an integer")):
+        env.validate()
+        env.master_port

@@ -111,7 +111,7 @@ class LaunchEnvironment:
     @property
     def master_port(self) -> int:
         """Port of rank 0 for the rendezvous."""
-        return int(self.env.get("MASTER_PORT") or 29500)
+        return _int(self.env, "MASTER_PORT", self.name, default=29500)
 
     @property
     def job_id(self) -> str | None:
@@ -303,11 +303,11 @@ class SlurmEnvironment(LaunchEnvironment):
                     f"started without srun, so it would run as a world of one.\n"
                     f"HINT: launch it with `srun python -m trainer ...` (or torchrun), not plain `python`.")
             return
-        tpn = self.env.get("SLURM_NTASKS_PER_NODE")
-        if tpn and self.world_size != self.num_nodes * int(tpn):
+        tpn = _int(self.env, "SLURM_NTASKS_PER_NODE", self.name, default=0)
+        if tpn and self.world_size != self.num_nodes * tpn:
             raise LaunchError(
                 f"slurm: SLURM_NTASKS={self.world_size} but {self.num_nodes} node(s) x "
-                f"SLURM_NTASKS_PER_NODE={tpn} = {self.num_nodes * int(tpn)}.\n"
+                f"SLURM_NTASKS_PER_NODE={tpn} = {self.num_nodes * tpn}.\n"
                 f"HINT: give either --ntasks or --ntasks-per-node, not conflicting values of both.")
         super().validate(strategy)
 
