@@ -138,8 +138,11 @@ def check_text_fields(args) -> None:
 def validate(args) -> None:
     """Everything that can be checked before submitting; raises SubmitError with a hint."""
     check_text_fields(args)
-    if args.nodes < 1 or (args.gpus_per_node or 0) < 0:
-        raise SubmitError("--nodes must be >= 1 and --gpus-per-node >= 0")
+    for flag, value, low in (("--nodes", args.nodes, 1), ("--gpus-per-node", args.gpus_per_node, 0),
+                             ("--tasks-per-node", args.tasks_per_node, 1), ("--cpus-per-task", args.cpus_per_task, 1),
+                             ("--max-num-timeout", args.max_num_timeout, 0)):
+        if value is not None and value < low:
+            raise SubmitError(f"{flag} {value}: must be >= {low}")
     tasks_per_node(args)
     if args.cluster in ("local", "debug") and args.nodes > 1:
         raise SubmitError(f"--nodes {args.nodes} with --cluster {args.cluster}: local runs use this one machine "

@@ -9,9 +9,11 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from trainer.bounds import FRACTION, POSITIVE, Bound
 from trainer.recipes.base import Recipe, register_recipe
 
 
@@ -19,6 +21,8 @@ from trainer.recipes.base import Recipe, register_recipe
 class ToyDataConfig:
     """Synthetic regression data, plus test hooks."""
 
+    bounds: ClassVar[dict[str, Bound]] = dict(n_train=POSITIVE, n_val=POSITIVE, n_test=POSITIVE, features=POSITIVE,
+                                              signal_rank=Bound(-1))
     path: str = ""
     n_train: int = 256
     n_val: int = 61               # odd on purpose: uneven evaluation shards
@@ -36,6 +40,7 @@ class ToyDataConfig:
 class ToyModelConfig:
     """Two-layer MLP."""
 
+    bounds: ClassVar[dict[str, Bound]] = dict(hidden=POSITIVE, dropout=FRACTION)
     hidden: int = 16
     dropout: float = 0.1
 

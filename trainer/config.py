@@ -9,9 +9,11 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
+
+from trainer.bounds import FRACTION, POSITIVE, Bound, out_of_range
 
 
 class ConfigError(ValueError):
@@ -22,6 +24,13 @@ class ConfigError(ValueError):
 class TrainConfig:
     """Optimisation and loop settings shared by every recipe."""
 
+    bounds: ClassVar[dict[str, Bound]] = dict(
+        epochs=POSITIVE, max_steps=Bound(0, zero="no limit"), batch_size=POSITIVE,
+        global_batch_size=Bound(0, zero="off: --batch-size is per rank"), grad_accum_steps=POSITIVE,
+        lr=Bound(0, lo_open=True), momentum=Bound(0, 1), betas=FRACTION, min_lr_ratio=Bound(0, 1),
+        clip_grad_norm=Bound(0, zero="no clipping"), eval_every_epochs=POSITIVE,
+        eval_batch_size=Bound(0, zero="the training batch size"), early_stop_patience=Bound(0, zero="off"),
+        log_every_steps=POSITIVE, num_workers=Bound(0, zero="load in the training process"))
     epochs: int = 10
     max_steps: int = 0                    # stop after this many optimizer steps (0: no limit)
     batch_size: int = 32                  # per rank (per GPU)
@@ -53,6 +62,9 @@ class TrainConfig:
 class CheckpointConfig:
     """When checkpoints are written and how a run resumes."""
 
+    bounds: ClassVar[dict[str, Bound]] = dict(
+        every_epochs=Bound(0, zero="never by epoch"), every_steps=Bound(0, zero="never by step"),
+        keep_last=Bound(0, zero="keep every periodic checkpoint"))
     every_epochs: int = 1                 # 0: never by epoch
     every_steps: int = 0                  # 0: never by step
     keep_last: int = 3                    # periodic checkpoints kept (best/final are separate)
@@ -65,6 +77,7 @@ class CheckpointConfig:
 class DistConfig:
     """How processes and devices are used."""
 
+    bounds: ClassVar[dict[str, Bound]] = dict(timeout_s=Bound(0, lo_open=True))
     strategy: Literal["ddp", "dp", "single"] = "ddp"
     gpu_ids: list[int] = field(default_factory=list)     # DataParallel devices (default: all)
     backend: Literal["auto", "nccl", "gloo"] = "auto"
@@ -81,6 +94,7 @@ class EmptyConfig:
 class Config:
     """The whole resolved configuration of a run."""
 
+    bounds: ClassVar[dict[str, Bound]] = dict(seed=Bound(0, 2**32 - 1))
     recipe: str = ""
     run_dir: str = ""
     seed: int = 0
@@ -184,7 +198,11 @@ def set_key(cfg: Any, dotted: str, value: Any, source: str) -> None:
     if dataclasses.is_dataclass(getattr(parent, parts[-1])):
         apply_dict(cfg, value, source, prefix=f"{dotted}.")
     else:
-        setattr(parent, parts[-1], _coerce(value, hint, f"{source}: {dotted}"))
+        value = _coerce(value, hint, f"{source}: {dotted}")
+        problem = out_of_range(parent, parts[-1], value)
+        if problem:
+            raise ConfigError(f"{source}: {dotted} = {value!r} is out of range: {problem}")
+        setattr(parent, parts[-1], value)
 
 
 def apply_dict(cfg: Any, values: Any, source: str, prefix: str = "") -> None:

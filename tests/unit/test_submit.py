@@ -141,6 +141,11 @@ def test_dry_run_container_wraps_python(tmp_path):
     (["--recipe", "toy", "--tasks-per-node", "2", "--cluster", "debug"], "use --cluster local"),
     (["--recipe", "toy", "--time", "soon"], "--time 'soon'"),
     (["--recipe", "toy", "--mem", "lots"], "--mem 'lots'"),
+    (["--recipe", "toy", "--nodes", "0"], "--nodes 0: must be >= 1"),
+    (["--recipe", "toy", "--cpus-per-task", "-2"], "--cpus-per-task -2: must be >= 1"),
+    (["--recipe", "toy", "--tasks-per-node", "0"], "--tasks-per-node 0: must be >= 1"),
+    (["--recipe", "toy", "--max-num-timeout", "-1"], "--max-num-timeout -1: must be >= 0"),
+    (["--recipe", "toy", "--epochs", "-3"], "train.epochs = -3 is out of range"),
     (["--recipe", "toy", "--sweep", "train.lr=a,b"], "train.lr"),
     (["--config", "/no/such.yaml"], "/no/such.yaml"),
 ])

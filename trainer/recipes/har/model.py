@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.bounds import FRACTION, POSITIVE, Bound
+
 
 @dataclass
 class HARModelConfig:
     """Encoder, fusion and head."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(width=POSITIVE, depth=POSITIVE, kernel_size=POSITIVE, patch=POSITIVE, heads=POSITIVE,
+                                              embed_dim=POSITIVE, hidden=Bound(0, zero="a linear head"),
+                                              dropout=FRACTION, label_smoothing=FRACTION)
 
     mode: Literal["flatten", "average", "first"] = "flatten"
     encoder: Literal["cnn", "transformer"] = "cnn"

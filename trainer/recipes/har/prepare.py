@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 
+from trainer.bounds import FRACTION, POSITIVE, Bound
 from trainer.recipes.har import data as D
 from trainer.recipes.har.data import DataError, Series
 
@@ -24,6 +25,10 @@ log = logging.getLogger(__name__)
 @dataclass
 class HARDataConfig:
     """Where the windows come from and how they are split and normalised."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(val_fraction=FRACTION, length=Bound(0, zero="the longest case"),
+                                              synthetic_cases=POSITIVE, synthetic_channels=POSITIVE,
+                                              synthetic_length=POSITIVE, synthetic_classes=Bound(2))
 
     path: str = ""                    # UCI HAR folder, UEA folder (*_TRAIN.ts), arrays folder or file; "": synthetic
     format: Literal["auto", "uci-har", "ts", "arrays"] = "auto"

@@ -13,10 +13,12 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
+
+from trainer.bounds import POSITIVE, Bound
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,12 @@ class DataError(ValueError):
 @dataclass
 class KGATDataConfig:
     """Where the data comes from and how it is split."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(val_fraction=Bound(0, 1, hi_open=True, zero="the test split is used"),
+                                              kg_batch_size=Bound(0, zero="twice the CF batch"),
+                                              synthetic_users=POSITIVE, synthetic_items=POSITIVE,
+                                              synthetic_entities=POSITIVE, synthetic_relations=POSITIVE,
+                                              synthetic_triples=POSITIVE, synthetic_interactions=POSITIVE)
 
     path: str = ""                 # folder in the KGAT format; "" = synthetic data generated in memory
     val_fraction: float = 0.1      # of each user's train items, held out for early stopping (0: use test)

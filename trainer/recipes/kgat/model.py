@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.bounds import FRACTION, POSITIVE, Bound
+
 ATTENTION_CHUNK = 1 << 20          # edges per chunk when refreshing attention (bounds peak memory)
 
 
 @dataclass
 class KGATModelConfig:
+    bounds: ClassVar[dict[str, Bound]] = dict(embed_dim=POSITIVE, relation_dim=POSITIVE, layers=POSITIVE,
+                                              mess_dropout=FRACTION)
     embed_dim: int = 64
     relation_dim: int = 64
     layers: list[int] = field(default_factory=lambda: [64, 32, 16])

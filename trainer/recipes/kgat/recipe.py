@@ -8,11 +8,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 
+from trainer.bounds import POSITIVE, Bound
 from trainer.distributed import runtime
 from trainer.engine.data import per_rank_batch_size
 from trainer.engine.optim import optimizer_spec, phased
@@ -30,6 +31,8 @@ SPLITS = ("val", "test")
 @dataclass
 class KGATEvalConfig:
     """Full-ranking evaluation over every item a user has not trained on."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(ks=POSITIVE)
 
     ks: list[int] = field(default_factory=lambda: list(KS))
     ndcg: Literal["standard", "original"] = "standard"   # original: the KGAT code's inflated IDCG

@@ -12,10 +12,12 @@ import csv
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
+
+from trainer.bounds import POSITIVE, Bound
 
 log = logging.getLogger(__name__)
 FOLDER_FILES = ("u.data", "ratings.dat", "ratings.csv", "interactions.tsv", "interactions.csv", "ratings.tsv")
@@ -31,6 +33,10 @@ class DataError(ValueError):
 @dataclass
 class SeqDataConfig:
     """Where the interactions come from and how they are cut into samples."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(kcore=Bound(0, zero="no filtering"), maxlen=POSITIVE, train_negatives=POSITIVE,
+                                              synthetic_users=POSITIVE, synthetic_items=Bound(2),
+                                              synthetic_mean_len=POSITIVE)
 
     path: str = ""                        # file or folder; "" = synthetic data generated in memory
     format: Literal["auto", "pairs", "udata", "dat", "csv"] = "auto"

@@ -7,17 +7,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from trainer.bounds import FRACTION, POSITIVE, Bound
+
 
 @dataclass
 class SeqRecConfig:
     """Model variant and sizes. time=False -> SASRec attention; mhc=False -> plain residuals."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(hidden=POSITIVE, blocks=POSITIVE, heads=POSITIVE, dropout=FRACTION,
+                                              time_span=POSITIVE, mhc_streams=POSITIVE, mhc_sinkhorn_iters=POSITIVE,
+                                              length_buckets=POSITIVE)
 
     hidden: int = 50
     blocks: int = 2

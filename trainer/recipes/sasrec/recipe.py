@@ -6,10 +6,12 @@ model.mhc=false -> TiSASRec, both false -> SASRec.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from trainer.bounds import POSITIVE, Bound
 from trainer.recipes.base import Recipe, unwrap
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.model import SeqRec, SeqRecConfig
@@ -20,6 +22,8 @@ KS = (5, 10, 20)
 @dataclass
 class SeqEvalConfig:
     """Evaluation protocol."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(negatives=POSITIVE, max_users=Bound(0, zero="every user"))
 
     negatives: int = 100          # sampled protocol: the target plus this many never-seen items
     max_users: int = 0            # 0: every user (the reference ports silently stop at 10,000)

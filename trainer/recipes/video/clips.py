@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import ClassVar
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from trainer.bounds import FRACTION, POSITIVE, Bound
 from trainer.recipes.video import data as D
 from trainer.recipes.video.data import CacheSpec, DataError, Labels
 
@@ -22,6 +24,11 @@ log = logging.getLogger(__name__)
 @dataclass
 class VideoDataConfig:
     """Videos, annotations, frame cache, clips and the video-level split."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(size=Bound(0, zero="as decoded"), clip_len=POSITIVE, clip_stride=POSITIVE,
+                                              sample_every=POSITIVE, val_fraction=FRACTION, test_fraction=FRACTION,
+                                              synthetic_videos=POSITIVE, synthetic_frames=POSITIVE,
+                                              synthetic_classes=Bound(2))
 
     path: str = ""                    # videos + Annotations/ or labels.csv; "": synthetic videos in the cache folder
     annotations: str = "auto"         # auto | upstream | csv (a labels.csv path may be given instead)
