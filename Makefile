@@ -6,8 +6,7 @@ TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS   ?=
 BENCH_ARGS    ?=
 BENCH_SLURM   ?= 1
-HPC_CLUSTER_DIR ?= /tmp/hpc-trainer-slurm
-export HPC_CLUSTER_DIR
+# the local cluster's directory: fresh and private at each start (hpc/cluster/where.sh); HPC_CLUSTER_DIR picks one
 
 .PHONY: setup demo bench bench-recipes test test-fast lint lock image sif slurm-install slurm-up slurm-down slurm-env clean help
 
@@ -40,7 +39,7 @@ demo: setup
 # Slurm cluster, started here unless BENCH_SLURM=0 (it stays up: make slurm-down)
 bench: setup
 	@if [ "$(BENCH_SLURM)" = 1 ]; then $(MAKE) -s slurm-up || echo "no local Slurm cluster: srun figures left out"; fi
-	SLURM_CONF=$(HPC_CLUSTER_DIR)/slurm.conf $(BIN)/python -m bench $(BENCH_ARGS)
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # accuracy/speed against the reference implementations; the real datasets in ../shared/data (not shipped:
 # licences); hours on 2 cores
@@ -87,7 +86,7 @@ slurm-down:
 	bash hpc/cluster/stop.sh
 
 slurm-env:
-	@echo "export SLURM_CONF=$(HPC_CLUSTER_DIR)/slurm.conf"
+	@bash -c 'source hpc/cluster/where.sh; d=$$(cluster_dir); if [ -n "$$d" ]; then echo "export SLURM_CONF=$$d/slurm.conf"; else echo "echo no local cluster: make slurm-up >&2"; fi'
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

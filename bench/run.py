@@ -73,8 +73,9 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def slurm_conf() -> tuple[str | None, str]:
     """(slurm.conf of a cluster that answers, why not)."""
-    conf = os.environ.get("SLURM_CONF") or str(Path(os.environ.get("HPC_CLUSTER_DIR", "/tmp/hpc-trainer-slurm"))
-                                               / "slurm.conf")
+    from hpc.slurm_info import local_cluster_dir
+    where = local_cluster_dir()
+    conf = os.environ.get("SLURM_CONF") or (str(where / "slurm.conf") if where else "(no local cluster started)")
     if shutil.which("srun") is None:
         return None, "srun is not on PATH (make slurm-install)"
     if not Path(conf).exists():

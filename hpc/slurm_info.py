@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 
 class SubmitError(ValueError):
@@ -77,3 +79,14 @@ def srun_supports(flag: str) -> bool:
         return False
     proc = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=30)
     return flag in proc.stdout + proc.stderr
+
+
+def local_cluster_dir() -> Path | None:
+    """The directory of the local test cluster (hpc/cluster/where.sh): HPC_CLUSTER_DIR, else the path that
+    start.sh recorded in the user's state directory; None when there is none."""
+    if os.environ.get("HPC_CLUSTER_DIR"):
+        return Path(os.environ["HPC_CLUSTER_DIR"])
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    pointer = Path(os.environ.get("HPC_CLUSTER_POINTER") or Path(state) / "hpc-trainer" / "cluster-dir")
+    text = pointer.read_text().strip() if pointer.is_file() else ""
+    return Path(text) if text else None

@@ -95,22 +95,25 @@ def assert_close(a: dict, b: dict, tol: float) -> None:
 
 
 # ------------------------------------------------------------------ local Slurm cluster
-CLUSTER_DIR = Path(os.environ.get("HPC_CLUSTER_DIR", "/tmp/hpc-trainer-slurm"))
+def cluster_running(where: Path | None) -> bool:
+    pid = where / "slurmctld.pid" if where else None
+    return bool(pid and pid.exists() and subprocess.run(["kill", "-0", pid.read_text().strip()]).returncode == 0)
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """The local Slurm cluster (started here if not running, stopped at the end if we started it)."""
+    from hpc.slurm_info import local_cluster_dir
     if shutil.which("slurmctld") is None or shutil.which("munged") is None:
         pytest.skip("Slurm is not installed (run `make slurm-install`, or `make test` which does it)")
     if os.geteuid() != 0:
         pytest.skip("the local Slurm cluster needs root (mknod, /etc/hosts)")
-    pid = CLUSTER_DIR / "slurmctld.pid"
-    running = pid.exists() and subprocess.run(["kill", "-0", pid.read_text().strip()]).returncode == 0
-    env = dict(os.environ, HPC_CLUSTER_DIR=str(CLUSTER_DIR))
+    running = cluster_running(local_cluster_dir())
     if not running:
-        subprocess.run(["bash", str(REPO / "hpc/cluster/start.sh")], check=True, env=env, timeout=180)
-    yield CLUSTER_DIR / "slurm.conf"
+        subprocess.run(["bash", str(REPO / "hpc/cluster/start.sh")], check=True, timeout=180)
+    where = local_cluster_dir()
+    env = dict(os.environ, HPC_CLUSTER_DIR=str(where))
+    yield where / "slurm.conf"
     if not running:
         subprocess.run(["bash", str(REPO / "hpc/cluster/stop.sh")], env=env, timeout=120)
 

@@ -2,12 +2,14 @@
 # Start a throw-away Slurm cluster on this machine for tests and demos:
 #   munged + mariadbd + slurmdbd + slurmctld + N slurmd ("slurmd -N nodeI"; Debian builds Slurm
 #   with MULTIPLE_SLURMD), each node advertising CPUS cpus and GPUS fake GPUs (gres on char devices).
-# Everything lives under $HPC_CLUSTER_DIR; clients need `source $HPC_CLUSTER_DIR/env.sh`
+# Everything lives in a fresh private directory (see where.sh); clients need `source DIR/env.sh`
 # (or: eval "$(make -s slurm-env)").  Stop with hpc/cluster/stop.sh (our pid files only).
 # Needs root: it adds "127.0.0.1 nodeI" lines to /etc/hosts and mknod's the fake GPU devices.
+# Every daemon listens on 127.0.0.1 only; the accounting database gets a random password.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-DIR=${HPC_CLUSTER_DIR:-/tmp/hpc-trainer-slurm}
+# shellcheck source=hpc/cluster/where.sh
+source "$HERE/where.sh"
 NNODES=${HPC_CLUSTER_NODES:-2}
 CPUS=${HPC_CLUSTER_CPUS:-4}          # advertised per node; more than the real cores is fine (overcommit)
 GPUS=${HPC_CLUSTER_GPUS:-4}          # fake GPUs per node: CUDA_VISIBLE_DEVICES is set, CUDA is not there
@@ -19,17 +21,35 @@ ACCOUNTING=${HPC_CLUSTER_ACCOUNTING:-1}
 ADDR=127.0.0.1
 T0=$(date +%s.%N)
 
-if [ -s "$DIR/slurmctld.pid" ] && kill -0 "$(cat "$DIR/slurmctld.pid")" 2>/dev/null; then
+DIR=$(cluster_dir)
+if [ -n "$DIR" ] && ours "$DIR" && [ -s "$DIR/slurmctld.pid" ] && kill -0 "$(cat "$DIR/slurmctld.pid")" 2>/dev/null; then
   echo "cluster already running in $DIR (source $DIR/env.sh)"; exit 0
 fi
 for exe in munged slurmctld slurmd; do
   command -v $exe >/dev/null || { echo "$exe not found: run hpc/cluster/install.sh (make slurm-install)" >&2; exit 1; }
 done
 command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null || ACCOUNTING=0
-rm -rf "$DIR"
+if [ -n "${HPC_CLUSTER_DIR:-}" ]; then
+  DIR=$HPC_CLUSTER_DIR
+  if [ -e "$DIR" ] || [ -L "$DIR" ]; then
+    if ! ours "$DIR"; then
+      echo "start.sh: $DIR exists and is not a cluster directory of this user (no $MARKER, or a symlink, or" \
+           "another owner): refusing to use or remove it. Unset HPC_CLUSTER_DIR or name a new path." >&2
+      exit 1
+    fi
+    rm -rf -- "$DIR"
+  fi
+  mkdir -m 0711 -- "$DIR"          # fails if anything appeared at that path in the meantime
+else
+  DIR=$(mktemp -d "${TMPDIR:-/tmp}/hpc-trainer-slurm.XXXXXXXX")
+fi
+touch "$DIR/$MARKER"
+mkdir -p "$(dirname "$POINTER")"
+echo "$DIR" > "$POINTER"
 trap 'echo "start.sh failed at line $LINENO; stopping what started (logs in $DIR/log)" >&2; HPC_CLUSTER_DIR="$DIR" bash "$HERE/stop.sh" >&2' ERR
 mkdir -p "$DIR"/{munge,munge-key,state,spool,log,fakegpu}
-chmod 755 "$DIR" "$DIR/munge"; chmod 700 "$DIR/munge-key"
+# others may traverse (munged wants a world-executable path to its socket) but not list or read
+chmod 711 "$DIR"; chmod 755 "$DIR/munge"; chmod 700 "$DIR"/{munge-key,state,spool,log}
 # munged refuses a socket whose parent folders are not world-executable
 p="$DIR"; while [ "$p" != / ]; do chmod o+x "$p" 2>/dev/null || true; p=$(dirname "$p"); done
 
@@ -55,13 +75,15 @@ if [ "$ACCOUNTING" = 1 ]; then
       --port="$MYSQL_PORT" --bind-address=127.0.0.1 --skip-name-resolve --log-error="$DIR/log/mariadbd.log" \
       --innodb-buffer-pool-size=64M </dev/null >/dev/null 2>&1
   for _ in $(seq 1 300); do mariadb-admin -S "$M/mysql.sock" ping >/dev/null 2>&1 && break; sleep 0.1; done
-  mariadb -S "$M/mysql.sock" -e "CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm';
+  DB_PASS=$(head -c 24 /dev/urandom | base64 | tr -dc 'A-Za-z0-9')
+  mariadb -S "$M/mysql.sock" -e "CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
       GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
   cat > "$DIR/slurmdbd.conf" <<CONF
 AuthType=auth/munge
 AuthInfo=socket=$DIR/munge/munge.sock
 DbdHost=localhost
 DbdAddr=127.0.0.1
+CommunicationParameters=NoInAddrAny
 DbdPort=$DBD_PORT
 SlurmUser=root
 PidFile=$DIR/slurmdbd.pid
@@ -70,7 +92,7 @@ StorageType=accounting_storage/mysql
 StorageHost=127.0.0.1
 StoragePort=$MYSQL_PORT
 StorageUser=slurm
-StoragePass=slurm
+StoragePass=$DB_PASS
 StorageLoc=slurm_acct_db
 CONF
   chmod 600 "$DIR/slurmdbd.conf"
@@ -99,6 +121,8 @@ SlurmctldPidFile=$DIR/slurmctld.pid
 SlurmdPidFile=$DIR/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdLogFile=$DIR/log/slurmd-%n.log
+# bind to SlurmctldHost/NodeAddr/DbdAddr (127.0.0.1), not to every interface
+CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Stop only the daemons that start.sh started (pids from its pid files) and undo its /etc/hosts lines.
-DIR=${HPC_CLUSTER_DIR:-/tmp/hpc-trainer-slurm}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=hpc/cluster/where.sh
+source "$HERE/where.sh"
+DIR=$(cluster_dir)
+if [ -z "$DIR" ] || ! ours "$DIR"; then echo "no local slurm cluster to stop${DIR:+ ($DIR is not ours)}"; exit 0; fi
 if [ -f "$DIR/slurm.conf" ] && [ -s "$DIR/slurmctld.pid" ] && kill -0 "$(cat "$DIR/slurmctld.pid")" 2>/dev/null; then
   export SLURM_CONF="$DIR/slurm.conf"
   ids=$(squeue -h -o %A 2>/dev/null || true)

@@ -57,8 +57,8 @@ def test_cost_shares_split_one_minus_efficiency():
 @pytest.mark.slurm
 def test_make_bench_smoke_runs_every_launch_path(tmp_path, slurm_cluster):
     args = f"har --steps 2 --warmup 1 --repeat 1 --slurm on --out {tmp_path}"
-    proc = subprocess.run(["make", "-s", "bench", "BENCH_SLURM=0", f"HPC_CLUSTER_DIR={slurm_cluster.parent}",
-                           f"BENCH_ARGS={args}"], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+    proc = subprocess.run(["make", "-s", "bench", "BENCH_SLURM=0", f"BENCH_ARGS={args}"], cwd=REPO,
+                          env=clean_env(HPC_CLUSTER_DIR=str(slurm_cluster.parent)), capture_output=True, text=True,
                           timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     runs = {(r["launcher"], r["world"]): r for r in

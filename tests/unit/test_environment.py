@@ -145,3 +145,24 @@ def test_a_non_integer_slurm_count_is_an_error_naming_the_variable(var, value):
     with pytest.raises(LaunchError, match=re.escape(f"{var}='{value}' is not an integer")):
         env.validate()
         env.master_port
+
+
+@pytest.mark.parametrize("env,requeue_id", [
+    (SRUN_2x2, "4242"),
+    (dict(SRUN_2x2, SLURM_JOB_ID="500", SLURM_ARRAY_JOB_ID="500", SLURM_ARRAY_TASK_ID="0"), "500_0"),
+    (dict(SRUN_2x2, SLURM_JOB_ID="503", SLURM_ARRAY_JOB_ID="500", SLURM_ARRAY_TASK_ID="2"), "500_2"),
+    (dict(SRUN_2x2, **TORCHRUN, SLURM_ARRAY_JOB_ID="4242", SLURM_ARRAY_TASK_ID="1"), "4242_1"),  # torchrun in sbatch
+    (TORCHRUN, None),                     # torchrun outside Slurm: nothing to requeue
+    (SUBMITIT, None),                     # submitit requeues through its own checkpoint()
+    ({}, None),
+])
+def test_the_job_to_requeue_is_the_array_task_not_the_array(env, requeue_id):
+    """Seen on main: `scontrol requeue $SLURM_JOB_ID` from array task 0 named the array, requeueing every task."""
+    assert select_environment(env).requeue_id == requeue_id
+
+
+def test_restart_count():
+    assert select_environment(dict(SRUN_2x2, SLURM_RESTART_COUNT="2")).restart_count == 2
+    assert select_environment(SRUN_2x2).restart_count == 0
+    with pytest.raises(LaunchError, match="SLURM_RESTART_COUNT='x'"):
+        select_environment(dict(SRUN_2x2, SLURM_RESTART_COUNT="x")).restart_count

@@ -45,6 +45,15 @@ def port_from_job_id(job_id: str, step_id: str | int = 0) -> int:
     return PORT_BASE + (job + (job // PORT_SPAN) * 7919 + step * 1009) % PORT_SPAN
 
 
+def slurm_job_to_requeue(env: Mapping[str, str]) -> str | None:
+    """SLURM_JOB_ID, or ARRAYID_TASKID inside a job array: `scontrol requeue` of an array task's job id can
+    name the whole array (task 0's job id is the array's), which would restart every task."""
+    if not env.get("SLURM_JOB_ID"):
+        return None
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else env["SLURM_JOB_ID"]
+
+
 def parse_tasks_per_node(spec: str) -> list[int]:
     """Expand Slurm's compressed task counts: '2(x3),1' -> [2, 2, 2, 1]."""
     counts: list[int] = []
@@ -68,7 +77,6 @@ class LaunchEnvironment:
     """Base class: where this process sits in the job, read from environment variables."""
 
     name: ClassVar[str] = "base"
-    can_requeue: ClassVar[bool] = False
 
     def __init__(self, env: Mapping[str, str] | None = None):
         self.env = dict(os.environ if env is None else env)
@@ -122,6 +130,16 @@ class LaunchEnvironment:
     def init_method(self) -> str:
         """Rendezvous URL for init_process_group."""
         return f"tcp://{self.master_addr}:{self.master_port}"
+
+    @property
+    def requeue_id(self) -> str | None:
+        """The Slurm job rank 0 requeues after a signal checkpoint; None where the launcher does not."""
+        return None
+
+    @property
+    def restart_count(self) -> int:
+        """How often Slurm restarted this job (SLURM_RESTART_COUNT; 0 outside Slurm)."""
+        return _int(self.env, "SLURM_RESTART_COUNT", self.name, default=0)
 
     def validate(self, strategy: str = "ddp") -> None:
         """Raise LaunchError with a HINT when the layout cannot work."""
@@ -207,12 +225,16 @@ class TorchrunEnvironment(LaunchEnvironment):
         """env:// so that torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE) is used when present."""
         return "env://"
 
+    @property
+    def requeue_id(self) -> str | None:
+        """Inside an sbatch allocation: the job (or array task) torchrun runs in."""
+        return slurm_job_to_requeue(self.env)
+
 
 class SlurmEnvironment(LaunchEnvironment):
     """Tasks started by `srun` (a plain `python` in a batch script is a world of one, checked)."""
 
     name = "slurm"
-    can_requeue = True
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
@@ -293,6 +315,11 @@ class SlurmEnvironment(LaunchEnvironment):
         step = self.env.get("SLURM_STEP_ID", self.env.get("SLURM_STEPID", "0")) if self.in_step else "0"
         return port_from_job_id(_get(self.env, "SLURM_JOB_ID", self.name), step)
 
+    @property
+    def requeue_id(self) -> str | None:
+        """SLURM_JOB_ID, or ARRAYID_TASKID for an array task."""
+        return slurm_job_to_requeue(self.env)
+
     def validate(self, strategy: str = "ddp") -> None:
         """Also: tasks vs nodes x tasks-per-node, and python without srun."""
         asked = _int(self.env, "SLURM_NTASKS", self.name, default=1)
@@ -316,7 +343,6 @@ class SubmititEnvironment(SlurmEnvironment):
     """A task started by submitit (its Slurm or local executor)."""
 
     name = "submitit"
-    can_requeue = False  # submitit's own checkpoint() path requeues
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
@@ -369,6 +395,11 @@ class SubmititEnvironment(SlurmEnvironment):
         if self.is_local and not self.env.get("MASTER_PORT"):
             return port_from_job_id(_get(self.env, "SUBMITIT_LOCAL_JOB_ID", self.name))
         return super().master_port
+
+    @property
+    def requeue_id(self) -> str | None:
+        """None: submitit's own checkpoint() path requeues."""
+        return None
 
     @property
     def job_id(self) -> str | None:

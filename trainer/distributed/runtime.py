@@ -33,6 +33,8 @@ class DistInfo:
     launcher: str = "local"
     local_world_size: int = 1
     job_id: str | None = None
+    requeue_id: str | None = None     # the Slurm job rank 0 requeues after a signal checkpoint (None: none)
+    restart_count: int = 0            # SLURM_RESTART_COUNT
 
     @property
     def is_main(self) -> bool:
@@ -92,7 +94,8 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
         dist.init_process_group(backend, init_method=url, rank=env.rank, world_size=world, timeout=timeout)
     return DistInfo(rank=env.rank, local_rank=env.local_rank, world_size=world, node_rank=env.node_rank,
                     device=device, backend=backend, launcher=env.name,
-                    local_world_size=env.local_world_size, job_id=env.job_id)
+                    local_world_size=env.local_world_size, job_id=env.job_id, requeue_id=env.requeue_id,
+                    restart_count=env.restart_count)
 
 
 def teardown(info: DistInfo, clean: bool = True) -> None:

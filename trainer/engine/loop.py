@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -440,10 +439,9 @@ class Driver:
             (loop.run_dir / PREEMPTED_MARKER).write_text(f"{name} epoch {loop.state.epoch} step {loop.state.global_step}\n")
         requeued = False
         # srun tasks and torchrun inside an allocation requeue here; submitit requeues via checkpoint()
-        under_slurm = self.info.launcher in ("slurm", "torchrun") and bool(os.environ.get("SLURM_JOB_ID"))
-        if self.info.is_main and name in self.cfg.ckpt.requeue_signals and under_slurm:
+        if self.info.is_main and name in self.cfg.ckpt.requeue_signals and self.info.requeue_id:
             from trainer.engine.preemption import requeue_slurm_job
-            requeued = requeue_slurm_job(os.environ["SLURM_JOB_ID"])
+            requeued = requeue_slurm_job(self.info.requeue_id)
         requeued = bool(runtime.broadcast_object(requeued, self.info))
         return FitResult("preempted", signum, requeued, loop.state.global_step, loop.last_metrics)
 
@@ -488,9 +486,8 @@ def claim_run_dir(run_dir: str | Path, resume: str, info: DistInfo) -> None:
 
 def fit(recipe: Recipe, info: DistInfo, cfg: Config) -> FitResult:
     """Train recipe under the given process layout; checkpoints and logs go to cfg.run_dir."""
-    restarts = os.environ.get("SLURM_RESTART_COUNT")
-    if restarts:
-        log.info("SLURM_RESTART_COUNT=%s (job %s)", restarts, info.job_id)
+    if info.restart_count:
+        log.info("SLURM_RESTART_COUNT=%d (job %s)", info.restart_count, info.job_id)
     loop = Loop(recipe, info, cfg)
     if info.is_main:
         (loop.run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
