@@ -224,12 +224,15 @@ def slurm_parameters(args, folder: Path) -> dict[str, Any]:
     if args.cpus_per_task:
         # Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation
         params["setup"] = ["export SRUN_CPUS_PER_TASK=\"$SLURM_CPUS_PER_TASK\""]
+    # a rank that dies (an exception, a failed save) ends the step at once instead of leaving the others
+    # in a collective or the rendezvous until dist.timeout_s
+    params["srun_args"] = ["--kill-on-bad-exit=1"]
     if args.container_image:
         mounts = args.container_mounts or f"{Path.cwd()}:{Path.cwd()}"
         if str(folder) not in mounts and not str(folder).startswith(str(Path.cwd())):
             mounts += f",{folder}:{folder}"
-        params["srun_args"] = ["--container-image", args.container_image, "--container-mounts", mounts,
-                               "--container-workdir", str(Path.cwd())]
+        params["srun_args"] += ["--container-image", args.container_image, "--container-mounts", mounts,
+                                "--container-workdir", str(Path.cwd())]
     return params
 
 

@@ -66,12 +66,25 @@ def make_split(n: int, features: int, noise: float, seed: int) -> torch.utils.da
     return torch.utils.data.TensorDataset(x, y)
 
 
+def _fail_before_rendezvous() -> None:
+    """Test hook: the rank named by TOY_FAIL_RANK fails while its config is built, before the process group
+    forms (as a node that cannot read its config or data would); the other ranks then wait in the rendezvous."""
+    rank = os.environ.get("SLURM_PROCID") if os.environ.get("SUBMITIT_EXECUTOR") else None
+    if os.environ.get("TOY_FAIL_RANK") and rank == os.environ["TOY_FAIL_RANK"]:
+        raise RuntimeError(f"toy: rank {rank} fails before the rendezvous (TOY_FAIL_RANK)")
+
+
 @register_recipe("toy")
 class ToyRecipe(Recipe):
     """Regression with MSE; primary metric val mse (lower is better)."""
 
     data_config = ToyDataConfig
-    model_config = ToyModelConfig
+
+    @classmethod
+    def model_config(cls):
+        _fail_before_rendezvous()
+        return ToyModelConfig()
+
     primary_metric = ("mse", "min")
 
     def build_datasets(self):

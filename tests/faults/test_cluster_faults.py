@@ -96,3 +96,23 @@ def test_start_refuses_a_directory_it_did_not_make(slurm_cluster, tmp_path, kind
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "refusing to use or remove it" in proc.stderr, proc.stderr
     assert (victim / "precious").read_text() == "keep me" and sorted(os.listdir(victim)) == ["precious"]
+
+
+def test_a_rank_that_dies_ends_the_submitit_job_at_once(slurm_cluster, tmp_path):
+    """Seen on main: submitit's srun line had no --kill-on-bad-exit, so when one rank died before the
+    rendezvous, the others waited in it for dist.timeout_s (1800 s). Now the step ends when that rank does."""
+    from tests.slurm.test_submit import job_id, submit_py
+    t0 = time.monotonic()
+    proc = submit_py(slurm_cluster, "--recipe", "toy", "--tasks-per-node", "3", "--time", "00:10:00",
+                     "--folder", str(tmp_path / "sub"), "--run-dir", str(tmp_path / "run"), "--follow",
+                     env=slurm_env(slurm_cluster, TOY_FAIL_RANK="1"), timeout=240)
+    elapsed = time.monotonic() - t0
+    job = job_id(proc.stdout)
+    assert proc.returncode == 1 and f"job {job}: FAILED" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ran = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "ElapsedRaw"], env=slurm_env(slurm_cluster),
+                         text=True, capture_output=True, timeout=30).stdout.split()
+    assert ran and int(ran[0]) < 60, f"the job ran {ran} s before it failed"
+    log = (tmp_path / "sub" / job / f"{job}_1_log.err").read_text()
+    assert "toy: rank 1 fails before the rendezvous" in log
+    print(f"rank 1 died before the rendezvous: the job ran {ran[0]} s and was FAILED; --follow returned "
+          f"{elapsed:.1f} s after submission")

@@ -64,10 +64,10 @@ def atomic_save(obj: Any, path: Path) -> None:
 
     A failed write (disk full, file too large, quota) raises CheckpointError naming the file; the
     temporary is removed and the previous file at `path` is untouched."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     sink = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as fh:
             sink = _Sink(fh)
             torch.save(obj, sink)
