@@ -25,7 +25,8 @@ class TrainConfig:
     """Optimisation and loop settings shared by every recipe."""
 
     bounds: ClassVar[dict[str, Bound]] = dict(
-        epochs=POSITIVE, max_steps=Bound(0, zero="no limit"), batch_size=POSITIVE,
+        epochs=Bound(0, zero="no training: the initial weights are saved and evaluated"),
+        max_steps=Bound(0, zero="no limit"), batch_size=POSITIVE,
         global_batch_size=Bound(0, zero="off: --batch-size is per rank"), grad_accum_steps=POSITIVE,
         lr=Bound(0, lo_open=True), momentum=Bound(0, 1), betas=FRACTION, min_lr_ratio=Bound(0, 1),
         clip_grad_norm=Bound(0, zero="no clipping"), eval_every_epochs=POSITIVE,

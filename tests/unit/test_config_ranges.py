@@ -68,7 +68,7 @@ def test_out_of_range_values_are_refused_naming_key_and_value(recipe, key):
 
 
 @pytest.mark.parametrize("key,value,message", [
-    ("train.epochs", "-3", "train.epochs = -3 is out of range: must be >= 1"),
+    ("train.epochs", "-3", "train.epochs = -3 is out of range: must be >= 0 (0: no training"),
     ("train.grad_accum_steps", "-5", "train.grad_accum_steps = -5 is out of range: must be >= 1"),
     ("ckpt.keep_last", "-2", "ckpt.keep_last = -2 is out of range: must be >= 0 (0: keep every periodic checkpoint)"),
     ("dist.timeout_s", "-1", "dist.timeout_s = -1.0 is out of range: must be > 0"),
