@@ -33,6 +33,7 @@ class ToyDataConfig:
     signal_at_step: int = 0       # send self_signal at this training step of this process (0: never)
     signal_name: str = "SIGTERM"
     signal_rank: int = 0          # which rank signals itself (-1: every rank)
+    signal_workers: bool = False  # also signal this process's children (DataLoader workers), as Slurm does
     step_sleep: float = 0.0       # seconds per training step, to keep a job running long enough
 
 
@@ -109,7 +110,14 @@ class ToyRecipe(Recipe):
         if d.step_sleep:
             time.sleep(d.step_sleep)
         if d.signal_at_step and self.steps_seen == d.signal_at_step and d.signal_rank in (-1, self.dist.rank):
-            os.kill(os.getpid(), getattr(signal, d.signal_name))
+            sig = getattr(signal, d.signal_name)
+            if d.signal_workers:
+                import psutil
+                children = psutil.Process().children(recursive=True)
+                assert children, "signal_workers: no worker processes (train.num_workers=0?)"
+                for child in children:
+                    os.kill(child.pid, sig)
+            os.kill(os.getpid(), sig)
 
     def eval_step(self, model, batch):
         x, y = batch

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import signal
 from typing import Iterator
 
 import torch
@@ -53,13 +54,26 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def ignore_preemption_signals(worker_id: int) -> None:
+    """DataLoader worker_init_fn. Slurm (scancel --signal, preemption, the time-limit warning) signals every
+    process of a task, loader workers included; torch's worker handler dies on a SIGTERM not sent by its
+    parent, and USR1/USR2 end a process by default, after which the training process raises "DataLoader
+    worker is killed by signal" instead of checkpointing. The training process decides; workers go on (they
+    exit with it: their watchdog follows the parent, and Slurm's final SIGKILL reaches them too)."""
+    for sig in PREEMPTION_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def make_loader(dataset: Dataset, sampler: Sampler, batch_size: int, num_workers: int, collate_fn,
                 seed: int, pin_memory: bool = False) -> DataLoader:
     """A DataLoader with its own generator, so creating it never consumes the global RNG."""
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                       collate_fn=collate_fn, pin_memory=pin_memory, drop_last=False,
-                      generator=torch.Generator().manual_seed(seed),
-                      persistent_workers=False)
+                      generator=torch.Generator().manual_seed(seed), persistent_workers=False,
+                      worker_init_fn=ignore_preemption_signals if num_workers > 0 else None)
 
 
 def per_rank_batch_size(train_cfg, world_size: int) -> int:
