@@ -4,6 +4,7 @@ import functools
 import hashlib
 import http.server
 import io
+import re
 import threading
 import zipfile
 
@@ -157,11 +158,57 @@ def test_kgat_pinned_hashes_are_enforced(tmp_path, kgat_mirror):
     assert (tmp_path / "amazon-book" / "train.txt.part.bad").exists()
 
 
-def test_kgat_registry_points_at_the_authors_repository():
+def test_kgat_registry_points_at_a_pinned_commit_of_the_authors_repository(tmp_path, monkeypatch):
+    """A branch name would let the files change under the same URL; a commit cannot."""
+    assert set(dl.KGAT_COMMITS) == set(dl.KGAT_DATASETS)
     for name, files in dl.KGAT_DATASETS.items():
         assert set(files) == set(dl.KGAT_FILES)
-        assert dl.KGAT_BASE.format(name=name).startswith(
-            "https://raw.githubusercontent.com/xiangwang1223/knowledge_graph_attention_network/")
+        assert re.fullmatch(r"[0-9a-f]{40}", dl.KGAT_COMMITS[name])
+    asked = []
+    monkeypatch.setattr(dl, "fetch", lambda url, dest, sha: asked.append(url) or (_ for _ in ()).throw(
+        dl.DownloadError("stop")))
+    with pytest.raises(dl.DownloadError):
+        dl.download_kgat("last-fm", tmp_path)
+    assert asked[0] == ("https://raw.githubusercontent.com/xiangwang1223/knowledge_graph_attention_network/"
+                        f"{dl.KGAT_COMMITS['last-fm']}/Data/last-fm/train.txt")
+    assert "master" not in asked[0] and "main" not in asked[0].split("/")
+
+
+def _zip_with(path, name, data=b"x", symlink=False):
+    with zipfile.ZipFile(path, "w") as zf:
+        info = zipfile.ZipInfo(name)
+        if symlink:
+            info.external_attr = (0o120777 << 16)
+        zf.writestr(info, data)
+    return zipfile.ZipFile(path)
+
+
+@pytest.mark.parametrize("member,why", [("../escape.txt", "unsafe member path"),
+                                        ("a/../../escape.txt", "unsafe member path"),
+                                        ("/tmp/absolute-escape.txt", "unsafe member path"),
+                                        ("out-sibling/../../out-evil/x.txt", "unsafe member path")])
+def test_extraction_refuses_members_outside_the_folder(tmp_path, member, why):
+    out = tmp_path / "out"
+    out.mkdir()
+    with _zip_with(tmp_path / "a.zip", member) as zf, pytest.raises(dl.DownloadError, match=why):
+        dl.safe_extract(zf, out, tmp_path / "a.zip")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a.zip", "out"]
+
+
+def test_extraction_refuses_symlink_members_and_paths_through_symlinks(tmp_path):
+    out, outside = tmp_path / "out", tmp_path / "outside"
+    out.mkdir(), outside.mkdir()
+    with _zip_with(tmp_path / "l.zip", "link", b"/etc/passwd", symlink=True) as zf, \
+            pytest.raises(dl.DownloadError, match="symbolic link"):
+        dl.safe_extract(zf, out, tmp_path / "l.zip")
+    (out / "data").symlink_to(outside)               # left by an earlier, hostile archive or user
+    with _zip_with(tmp_path / "t.zip", "data/planted.txt") as zf, \
+            pytest.raises(dl.DownloadError, match="unsafe member path 'data/planted.txt'"):
+        dl.safe_extract(zf, out, tmp_path / "t.zip")
+    assert not list(outside.iterdir())
+    with _zip_with(tmp_path / "ok.zip", "sub/fine.txt", b"ok") as zf:    # an ordinary member still works
+        dl.safe_extract(zf, out, tmp_path / "ok.zip")
+    assert (out / "sub" / "fine.txt").read_bytes() == b"ok"
 
 
 def uci_archives(tmp_path):

@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import urllib.error
 import urllib.request
 import zipfile
@@ -126,17 +127,25 @@ def download(name: str, out: str | Path, url: str | None = None, sha256: str | N
 
 
 def safe_extract(zf: zipfile.ZipFile, out: Path, archive: Path) -> None:
-    """Extract every member, refusing paths that escape the output folder."""
-    for member in zf.namelist():
-        target = (out / member).resolve()
-        if not str(target).startswith(str(out.resolve())):
-            raise DownloadError(f"{archive}: unsafe member path {member!r}")
+    """Extract every member, refusing any whose resolved path leaves the output folder (`../`, absolute
+    names, or a path through a symlink already in out/) and members stored as symlinks."""
+    root = out.resolve()
+    for info in zf.infolist():
+        target = (out / info.filename).resolve()
+        if not target.is_relative_to(root) or target == root and not info.is_dir():
+            raise DownloadError(f"{archive}: unsafe member path {info.filename!r} (outside {out})")
+        if stat.S_ISLNK(info.external_attr >> 16):
+            raise DownloadError(f"{archive}: member {info.filename!r} is a symbolic link (refused)")
     zf.extractall(out)
 
 
 # ------------------------------------------------------------------------------ KGAT datasets (file by file)
 
-KGAT_BASE = "https://raw.githubusercontent.com/xiangwang1223/knowledge_graph_attention_network/master/Data/{name}/"
+KGAT_REPO = "https://raw.githubusercontent.com/xiangwang1223/knowledge_graph_attention_network"
+# a commit, never a branch: the commit that added each dataset's files to the authors' repository
+KGAT_COMMITS = {"amazon-book": "7bbdb5d080093e9680c97eff76b78278a8500034",
+                "last-fm": "a018ee4b71ed9ff4af0167474121eaed1bd8f57d",
+                "yelp2018": "0fc6fb2107aed63e48a750ff78f1d4cd8ba9aff2"}
 KGAT_FILES = ("train.txt", "test.txt", "kg_final.txt.zip", "item_list.txt", "entity_list.txt",
               "relation_list.txt", "user_list.txt")
 # Pinned sha256 per file. None: not pinned yet (this project's build machines cannot reach GitHub); the
@@ -166,7 +175,7 @@ def download_kgat(name: str, out: str | Path, base_url: str | None = None,
     pinned = dict(KGAT_DATASETS[name] if pinned is None else pinned)
     sums_path = folder / SUMS
     recorded = _read_sums(sums_path)
-    base = (base_url or KGAT_BASE.format(name=name)).rstrip("/") + "/"
+    base = (base_url or f"{KGAT_REPO}/{KGAT_COMMITS[name]}/Data/{name}").rstrip("/") + "/"
     for fname, digest in pinned.items():
         expected = digest or recorded.get(fname)
         path = fetch(base + fname, folder / fname, expected)
