@@ -11,6 +11,7 @@ class label last when `@classLabel true`. Equal and unequal lengths are both rea
 from __future__ import annotations
 
 import math
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -230,8 +231,11 @@ def read_arrays(path: str | Path, class_names: list[str] | None = None) -> Serie
     """`samples` [N, C, T] and `labels` [N] (and optional `subjects` [N]) from a .npz or .pt file."""
     path = Path(path)
     if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:   # truncated, garbage, pickled objects
+            raise DataError(f"{path}: cannot be read as a .npz file ({type(err).__name__}: {err})") from None
     elif path.suffix == ".pt":
         import torch
         try:

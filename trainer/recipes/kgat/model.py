@@ -8,6 +8,7 @@ representation the concatenation of every layer, BPR loss for CF and a TransR ma
 from __future__ import annotations
 
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -130,8 +131,15 @@ class KGAT(nn.Module):
 
     def load_pretrained(self, path: str, n_items: int) -> None:
         """BPR-MF embeddings (mf.npz: user_embed (U, D), item_embed (I, D)) as the initial node embeddings."""
-        with np.load(path) as mf:
-            users, items = torch.from_numpy(mf["user_embed"]), torch.from_numpy(mf["item_embed"])
+        try:
+            with np.load(path, allow_pickle=False) as mf:
+                arrays = {k: torch.from_numpy(mf[k]) for k in mf.files if k in ("user_embed", "item_embed")}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:   # truncated, garbage, pickled
+            raise ValueError(f"{path}: cannot be read as a .npz file ({type(err).__name__}: {err})") from None
+        for key in ("user_embed", "item_embed"):
+            if key not in arrays:
+                raise ValueError(f"{path}: field {key!r} missing (expected user_embed and item_embed)")
+        users, items = arrays["user_embed"], arrays["item_embed"]
         if users.shape != (self.n_users, self.cfg.embed_dim) or items.shape != (n_items, self.cfg.embed_dim):
             raise ValueError(f"{path}: user_embed {tuple(users.shape)} / item_embed {tuple(items.shape)} do not match "
                              f"({self.n_users}, {self.cfg.embed_dim}) / ({n_items}, {self.cfg.embed_dim})")

@@ -244,6 +244,14 @@ def read_manifest(cache: Path) -> dict:
         raise DataError(f"{path}: not valid JSON ({err}); delete it to rebuild the cache") from None
 
 
+def cached_shape(path: Path) -> tuple[int, ...] | None:
+    """Shape of a cached .npy whose data is all there (None: truncated, garbage or unreadable)."""
+    try:
+        return tuple(np.load(path, mmap_mode="r").shape)
+    except (ValueError, OSError, EOFError):   # numpy: "mmap length is greater than file size", bad header
+        return None
+
+
 def stale_reason(entry: dict | None, video: Path, cache: Path, spec: CacheSpec, deep: bool = True) -> str | None:
     """Why the cached frames of video cannot be used (None: they can); deep=False skips hashing the video
     (for checks right after extract_frames verified it)."""
@@ -253,6 +261,8 @@ def stale_reason(entry: dict | None, video: Path, cache: Path, spec: CacheSpec, 
         return "cached with other settings"
     if not (cache / entry["file"]).exists():
         return "cache file missing"
+    if cached_shape(cache / entry["file"]) != (entry["frames"], *entry["shape"]):
+        return "cache file truncated or corrupt"
     if video.stat().st_size != entry["source_size"] or (deep and sha256_of(video) != entry["source_sha256"]):
         return "the video changed since it was cached"
     return None
