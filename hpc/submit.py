@@ -186,7 +186,7 @@ def trainer_argv(args, run_dir: Path, extra: list[str]) -> list[str]:
             value = str(Path(value).resolve())
         if dest == "gpu_ids":
             value = ",".join(map(str, value))
-        argv += [f"--{dest.replace('_', '-')}", str(value)]
+        argv += [f"--{dest.replace('_', '-')}"] if value is True else [f"--{dest.replace('_', '-')}", str(value)]
     argv += ["--run-dir", str(run_dir), "--resume", args.resume or "auto"]
     return argv + list(args.overrides) + extra
 

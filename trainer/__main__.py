@@ -40,13 +40,18 @@ def build_recipe(cfg, info):
 def run_train(args):
     """Train from parsed `train` arguments; returns (FitResult, resolved Config). Used by hpc/task.py."""
     from trainer.engine.logging import setup_logging
-    from trainer.engine.loop import claim_run_dir, fit
+    from trainer.engine.loop import fit
+    from trainer.engine.rundir import claim_run_dir, make_private
     cfg = build_config(args.recipe, args.config, flags_from_args(args), args.overrides)
+    if cfg.private:
+        make_private()          # before anything is created: logs, checkpoints, TensorBoard, caches
     info = runtime.init(select_environment(), cfg.dist)
     ok = False
     try:
         cfg.run_dir = resolve_run_dir(cfg, info)
         claim_run_dir(cfg.run_dir, cfg.ckpt.resume, info)
+        if cfg.private and info.is_main:
+            make_private(cfg.run_dir)
         setup_logging(info, cfg.run_dir)
         if info.is_main:
             save_config(cfg, Path(cfg.run_dir) / "config.yaml")

@@ -16,7 +16,7 @@ FLAG_KEYS = {
     "lr": "train.lr", "weight_decay": "train.weight_decay", "warmup_steps": "train.warmup_steps",
     "warmup_epochs": "train.warmup_epochs", "amp": "train.amp", "strategy": "dist.strategy",
     "gpu_ids": "dist.gpu_ids", "resume": "ckpt.resume", "run_dir": "run_dir", "seed": "seed",
-    "mode": "model.mode",
+    "mode": "model.mode", "private": "private",
 }
 
 
@@ -52,6 +52,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                    help="auto: newest valid checkpoint of --run-dir (fresh start if none); or a file")
     g.add_argument("--run-dir", metavar="DIR", help="output folder (default runs/<recipe>-<job id|time>)")
     g.add_argument("--seed", type=int, help="base seed (per-rank seeds are derived from it)")
+    g.add_argument("--private", action="store_const", const=True,
+                   help="run directory, checkpoints and logs readable by you only (umask 077; an existing "
+                        "run directory is tightened), for shared file systems")
     g.add_argument("--mode", choices=["flatten", "average", "first"],
                    help="har: channel fusion (model.mode): concatenate, average, or the first channel only")
     g.add_argument("overrides", nargs="*", metavar="key=value",

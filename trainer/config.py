@@ -99,6 +99,7 @@ class Config:
     recipe: str = ""
     run_dir: str = ""
     seed: int = 0
+    private: bool = False                 # run directory, checkpoints and logs readable by the owner only
     train: TrainConfig = field(default_factory=TrainConfig)
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
     dist: DistConfig = field(default_factory=DistConfig)

@@ -467,23 +467,6 @@ class Driver:
         return FitResult(status, 0, False, loop.state.global_step, loop.last_metrics)
 
 
-def claim_run_dir(run_dir: str | Path, resume: str, info: DistInfo) -> None:
-    """Before anything is written: remove temporaries of interrupted saves and refuse a fresh run into a
-    run directory with checkpoints. Rank 0 looks (run directories need not be shared); all ranks raise."""
-    problem = None
-    if info.is_main:
-        manager = ckpt_io.CheckpointManager(run_dir)
-        manager.remove_temporaries()
-        try:
-            if not resume:
-                ckpt_io.refuse_fresh_run(run_dir)
-        except ckpt_io.CheckpointError as err:
-            problem = str(err)
-    problem = runtime.broadcast_object(problem, info)
-    if problem:
-        raise ckpt_io.CheckpointError(problem)
-
-
 def fit(recipe: Recipe, info: DistInfo, cfg: Config) -> FitResult:
     """Train recipe under the given process layout; checkpoints and logs go to cfg.run_dir."""
     if info.restart_count:
