@@ -8,13 +8,14 @@ BENCH_ARGS    ?=
 BENCH_SLURM   ?= 1
 # the local cluster's directory: fresh and private at each start (hpc/cluster/where.sh); HPC_CLUSTER_DIR picks one
 
-.PHONY: setup demo bench bench-recipes test test-fast lint lock image sif slurm-install slurm-up slurm-down slurm-env clean help
+.PHONY: setup demo bench bench-recipes faults-report test test-fast lint lock image sif slurm-install slurm-up slurm-down slurm-env clean help
 
 help:
 	@echo "make setup        virtual environment in $(VENV) (torch==$(TORCH_VERSION), CPU build where available)"
 	@echo "make demo         TiSASRec+mHC, 2-process DDP, on generated data (no download)"
 	@echo "make bench        the harness: every recipe at 1 and 2 ranks, torchrun/srun (bench/results/harness)"
 	@echo "make bench-recipes  accuracy and speed against the reference implementations (needs ../shared/data)"
+	@echo "make faults-report  the fault tests with their time-to-exit figures (bench/results/faults.md)"
 	@echo "make test         set up, install Slurm (Debian packages) and run the whole test suite"
 	@echo "make test-fast    unit + multi-process tests only (no Slurm cluster)"
 	@echo "make image / sif  build the Docker / Apptainer image (make lock re-pins docker/requirements.lock)"
@@ -51,6 +52,13 @@ bench-recipes: setup
 	$(BIN)/python bench/kgat.py --scale amazon-book
 	$(BIN)/python bench/har.py
 	$(BIN)/python bench/video.py
+
+# the fault tests with their measurements recorded: bench/results/faults.{jsonl,md} (the README's fault table)
+faults-report: setup slurm-install
+	rm -f bench/results/faults.jsonl
+	FAULT_FIGURES=$(CURDIR)/bench/results/faults.jsonl $(BIN)/python -m pytest -q tests/faults \
+		tests/distributed/test_resume_and_faults.py $(PYTEST_ARGS)
+	$(BIN)/python -m bench.faults bench/results/faults.jsonl
 
 test: setup slurm-install
 	$(BIN)/python -m pytest -rs --durations=10 $(PYTEST_ARGS)

@@ -26,6 +26,17 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def record_fault(fault: str, **figures) -> None:
+    """A measured figure of a fault test (time to exit, steps lost), appended as one JSON line to the file
+    named by FAULT_FIGURES (make faults-report); nothing when it is unset. The README's fault table is
+    made from these lines."""
+    target = os.environ.get("FAULT_FIGURES")
+    if target:
+        import json
+        with open(target, "a") as fh:
+            fh.write(json.dumps(dict(fault=fault, **figures), sort_keys=True) + "\n")
+
+
 def free_port() -> int:
     """A TCP port that is free right now on loopback."""
     with socket.socket() as s:

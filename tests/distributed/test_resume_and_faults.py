@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from tests.conftest import (assert_bitwise_equal, launch_ranks, run_ranks, trainer, wait_all, weights)
+from tests.conftest import (assert_bitwise_equal, launch_ranks, record_fault, run_ranks, trainer, wait_all,
+                            weights)
 
 # 256 samples / batch 32 = 8 steps per epoch; dropout on, so RNG restore matters
 RUN = ("--recipe", "toy", "--epochs", "3", "--seed", "3", "train.tensorboard=false", "ckpt.every_epochs=1")
@@ -29,6 +30,8 @@ def test_sigterm_then_resume_is_bitwise_equal(tmp_path, reference, step, where):
     assert f"resumed from {run_dir}/checkpoints/step-{step:08d}.pt: epoch {epoch}, batch {batch}" \
         in second.stderr
     assert_bitwise_equal(weights(tmp_path / "run"), reference)
+    record_fault(f"SIGTERM {where} (1 process)", steps_lost=0, outcome="checkpoint at the signal's step, exit 143, "
+                 "bitwise resume")
 
 
 def test_two_ranks_agree_on_one_ranks_signal_and_resume_bitwise(tmp_path):
@@ -53,7 +56,10 @@ def test_truncated_newest_checkpoint_is_skipped_on_resume(tmp_path, reference):
     second = trainer("train", *RUN, "--run-dir", str(run_dir), "--resume", "auto")
     assert "skipping checkpoint" in second.stderr and "step-00000011.pt is truncated" in second.stderr
     assert "resumed from" in second.stderr and "step-00000008.pt" in second.stderr
+    assert (run_dir / "checkpoints" / "step-00000011.pt.corrupt").exists()      # kept for inspection
     assert_bitwise_equal(weights(run_dir), reference)
+    record_fault("newest checkpoint truncated (node died mid-copy)", steps_lost=11 - 8,
+                 outcome="moved aside as *.corrupt, resumed from the previous one, bitwise equal at the end")
 
 
 def test_foreign_or_misshaped_checkpoint_is_refused(tmp_path):
@@ -90,5 +96,7 @@ def test_dead_or_hung_rank_makes_the_other_exit_nonzero(tmp_path, how):
         for p in procs:
             p.wait()
     elapsed = time.monotonic() - t0
+    record_fault(f"{how} of one rank of 2 (dist.timeout_s={timeout_s})", exit_s=round(elapsed, 1),
+                 outcome="the other rank exits non-zero (time from launch; the fault comes at step 20)")
     assert rc0 != 0, "rank 0 should fail when its peer is gone"
     assert elapsed < timeout_s + 90

@@ -3,11 +3,12 @@ killed saves, and a disk that fills up during a checkpoint write. Nothing alread
 import resource
 import signal
 import subprocess
+import time
 
 import pytest
 import torch
 
-from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, trainer, weights
+from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, record_fault, trainer, weights
 
 RUN = ("--recipe", "toy", "--epochs", "3", "--seed", "3", "train.tensorboard=false", "ckpt.every_epochs=0",
        "ckpt.every_steps=8", "ckpt.keep_last=2")
@@ -36,13 +37,18 @@ def test_stale_corrupt_checkpoints_neither_eat_new_ones_nor_get_resumed(tmp_path
     second = trainer("train", *RUN, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
     assert "step-00000019.pt: epoch 2, batch 3, step 19" in second.stderr
     assert_bitwise_equal(weights(tmp_path / "run"), reference)
+    record_fault("stale corrupt step-800/900 checkpoints in the run dir, then SIGTERM and requeue", steps_lost=0,
+                 outcome="kept as *.corrupt; every new checkpoint kept; bitwise resume")
 
 
 def test_fresh_run_into_an_old_run_directory_is_refused_and_changes_nothing(tmp_path):
     run_dir = tmp_path / "run"
     trainer("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir))
     before = {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    t0 = time.monotonic()
     again = trainer("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir), "--lr", "0.5", check=False)
+    record_fault("fresh run (no --resume) into a run dir with checkpoints", exit_s=round(time.monotonic() - t0, 2),
+                 steps_lost=0, outcome="refused, exit 2, nothing in the run dir changed")
     assert again.returncode == 2 and "Traceback" not in again.stderr
     assert f"run directory {run_dir} already holds checkpoints (best.pt, final.pt)" in again.stderr
     assert "--resume auto" in again.stderr and "another --run-dir" in again.stderr
@@ -73,6 +79,7 @@ def test_a_full_disk_during_a_checkpoint_write_is_an_error_naming_the_file(tmp_p
     trainer("train", *RUN, *big, "--epochs", "1", "--run-dir", str(run_dir))
     saved = {p: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()}
     assert sorted(p.name for p in saved) == ["best.pt", "final.pt"] and min(map(len, saved.values())) > 150_000
+    t0 = time.monotonic()
     proc = subprocess.run([PY, "-m", "trainer", "train", *RUN, *big, "--epochs", "3", "--run-dir", str(run_dir),
                            "--resume", "auto"], cwd=REPO, env=clean_env(), capture_output=True, text=True,
                           timeout=180, preexec_fn=_file_size_limit(100_000))
@@ -82,4 +89,7 @@ def test_a_full_disk_during_a_checkpoint_write_is_an_error_naming_the_file(tmp_p
     assert f"could not write checkpoint {run_dir}/checkpoints/best.pt: File too large" in proc.stderr
     assert {p: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()} == saved
     assert torch.load(run_dir / "checkpoints" / "final.pt", weights_only=True)["global_step"] == 8
+    record_fault("disk full / file too large while writing a checkpoint", exit_s=round(time.monotonic() - t0, 2),
+                 steps_lost=8, outcome="exit 2 naming the file; earlier checkpoints intact (steps since the "
+                 "last written checkpoint are lost)")
     assert not list((run_dir / "checkpoints").glob(".*tmp*"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, assert_bitwise_equal, slurm_env, trainer, weights
+from tests.conftest import REPO, assert_bitwise_equal, record_fault, slurm_env, trainer, weights
 from tests.slurm.test_cluster import TOY, job_info, trainer_cmd, wait_job
 
 pytestmark = pytest.mark.slurm
@@ -92,8 +92,8 @@ def test_start_refuses_a_directory_it_did_not_make(slurm_cluster, tmp_path, kind
     target = victim if kind == "foreign directory" else tmp_path / "link"
     if kind == "symlink":
         target.symlink_to(victim)
-    proc = subprocess.run(["bash", str(REPO / "hpc/cluster/start.sh")], env=dict(os.environ, HPC_CLUSTER_DIR=str(target)),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["bash", str(REPO / "hpc/cluster/start.sh")], capture_output=True, text=True,
+                          env=dict(os.environ, HPC_CLUSTER_DIR=str(target)), timeout=60)
     assert proc.returncode == 1 and "refusing to use or remove it" in proc.stderr, proc.stderr
     assert (victim / "precious").read_text() == "keep me" and sorted(os.listdir(victim)) == ["precious"]
 
@@ -114,5 +114,5 @@ def test_a_rank_that_dies_ends_the_submitit_job_at_once(slurm_cluster, tmp_path)
     assert ran and int(ran[0]) < 60, f"the job ran {ran} s before it failed"
     log = (tmp_path / "sub" / job / f"{job}_1_log.err").read_text()
     assert "toy: rank 1 fails before the rendezvous" in log
-    print(f"rank 1 died before the rendezvous: the job ran {ran[0]} s and was FAILED; --follow returned "
-          f"{elapsed:.1f} s after submission")
+    record_fault("a rank dies before the rendezvous (submitit, 3 ranks)", exit_s=int(ran[0]), steps_lost=0,
+                 outcome="job FAILED, that rank's error in its log", follow_returned_s=round(elapsed, 1))

@@ -75,7 +75,8 @@ def atomic_save(obj: Any, path: Path) -> None:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except (OSError, RuntimeError) as err:  # torch.save turns a failed write into a RuntimeError
-        raise CheckpointError(f"could not write checkpoint {path}: {_why(sink.error if sink and sink.error else err)}.\n"
+        cause = sink.error if sink is not None and sink.error is not None else err
+        raise CheckpointError(f"could not write checkpoint {path}: {_why(cause)}.\n"
                               f"HINT: free space or raise the quota of {path.parent}; the checkpoints "
                               f"already there are intact.") from None
     finally:

@@ -23,7 +23,8 @@ from trainer.bounds import FRACTION, POSITIVE, Bound
 class HARModelConfig:
     """Encoder, fusion and head."""
 
-    bounds: ClassVar[dict[str, Bound]] = dict(width=POSITIVE, depth=POSITIVE, kernel_size=POSITIVE, patch=POSITIVE, heads=POSITIVE,
+    bounds: ClassVar[dict[str, Bound]] = dict(width=POSITIVE, depth=POSITIVE, kernel_size=POSITIVE, patch=POSITIVE,
+                                              heads=POSITIVE,
                                               embed_dim=POSITIVE, hidden=Bound(0, zero="a linear head"),
                                               dropout=FRACTION, label_smoothing=FRACTION)
 

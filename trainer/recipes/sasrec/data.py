@@ -34,7 +34,8 @@ class DataError(ValueError):
 class SeqDataConfig:
     """Where the interactions come from and how they are cut into samples."""
 
-    bounds: ClassVar[dict[str, Bound]] = dict(kcore=Bound(0, zero="no filtering"), maxlen=POSITIVE, train_negatives=POSITIVE,
+    bounds: ClassVar[dict[str, Bound]] = dict(kcore=Bound(0, zero="no filtering"), maxlen=POSITIVE,
+                                              train_negatives=POSITIVE,
                                               synthetic_users=POSITIVE, synthetic_items=Bound(2),
                                               synthetic_mean_len=POSITIVE)
 
