@@ -142,14 +142,16 @@ def safe_extract(zf: zipfile.ZipFile, out: Path, archive: Path) -> None:
 # ------------------------------------------------------------------------------ KGAT datasets (file by file)
 
 KGAT_REPO = "https://raw.githubusercontent.com/xiangwang1223/knowledge_graph_attention_network"
-# a commit, never a branch: the commit that added each dataset's files to the authors' repository
-KGAT_COMMITS = {"amazon-book": "7bbdb5d080093e9680c97eff76b78278a8500034",
+# a commit, never a branch. amazon-book: the commit other importers of this release pin (their audit reads
+# kg_final.txt.zip from it); last-fm, yelp2018: the commits that added those datasets' files (a public code
+# index). No machine of this project reaches GitHub, so the files' sha256 are recorded at the first download.
+KGAT_COMMITS = {"amazon-book": "c03737be46ac26a0b5431efe149828e982ffbbfb",
                 "last-fm": "a018ee4b71ed9ff4af0167474121eaed1bd8f57d",
                 "yelp2018": "0fc6fb2107aed63e48a750ff78f1d4cd8ba9aff2"}
 KGAT_FILES = ("train.txt", "test.txt", "kg_final.txt.zip", "item_list.txt", "entity_list.txt",
               "relation_list.txt", "user_list.txt")
-# Pinned sha256 per file. None: not pinned yet (this project's build machines cannot reach GitHub); the
-# first download records the hashes in DIR/SHA256SUMS and every later run is verified against them.
+# Pinned sha256 per file. None: not pinned yet (no machine of this project can reach GitHub); the first
+# download records the hashes in DIR/SHA256SUMS and every later run is verified against them.
 KGAT_DATASETS: dict[str, dict[str, str | None]] = {
     name: {f: None for f in KGAT_FILES} for name in ("amazon-book", "last-fm", "yelp2018")
 }
