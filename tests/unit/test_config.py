@@ -50,7 +50,7 @@ def test_override_type_conversion(text, key, value):
 
 @pytest.mark.parametrize("text,message", [
     ("train.lrr=1", "Valid keys under train: train.epochs"),
-    ("nope=1", "Valid keys: recipe, run_dir, seed, train.epochs"),
+    ("nope=1", "Valid keys: recipe, run_dir, seed, private, train.epochs"),
     ("model.depth=3", "model.hidden"),
     ("train.epochs=1.5", "not a valid int"),
     ("train.amp=fp8", "not one of off, bf16, fp16"),
