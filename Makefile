@@ -57,7 +57,7 @@ bench-recipes: setup
 faults-report: setup slurm-install
 	rm -f bench/results/faults.jsonl
 	FAULT_FIGURES=$(CURDIR)/bench/results/faults.jsonl $(BIN)/python -m pytest -q tests/faults \
-		tests/distributed/test_resume_and_faults.py $(PYTEST_ARGS)
+		tests/distributed/test_resume_and_faults.py tests/unit/test_submit.py $(PYTEST_ARGS)
 	$(BIN)/python -m bench.faults bench/results/faults.jsonl
 
 test: setup slurm-install

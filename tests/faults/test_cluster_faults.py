@@ -43,6 +43,8 @@ def test_preempting_the_array_task_that_holds_the_array_id_requeues_that_task_on
     assert not any("resumed from" in log or "received SIGUSR1" in log for log in others)
     for t in range(3):   # the preempted task's final weights equal the uninterrupted run's, the others' too
         assert_bitwise_equal(weights(tmp_path / f"run-{t}"), weights(tmp_path / "ref"))
+    record_fault("USR1 to the array task that holds the array's job id (3-task array)", steps_lost=0,
+                 outcome="only that task requeued (restarts 1, 0, 0), bitwise resume")
 
 
 def _listening(pid: int) -> list[str]:

@@ -1,11 +1,12 @@
 """Truncated or garbage data files: a clear error naming the file (no traceback), or, for the frame cache
 that the trainer owns, a rebuild of the damaged entry."""
 import shutil
+import time
 
 import numpy as np
 import pytest
 
-from tests.conftest import trainer
+from tests.conftest import record_fault, trainer
 from trainer.recipes.video import data as D
 
 
@@ -22,10 +23,13 @@ def test_a_damaged_npz_data_file_is_an_error_naming_it(tmp_path, damage):
     path = tmp_path / "train.npz"
     blob = path.read_bytes()
     path.write_bytes({"truncated": blob[: len(blob) // 2], "garbage": b"\x89junk" * 100, "empty": b""}[damage])
+    t0 = time.monotonic()
     proc = trainer("train", "--recipe", "har", "--epochs", "1", f"data.path={tmp_path}", "--run-dir",
                    str(tmp_path / "run"), check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"{path}: cannot be read as a .npz file" in proc.stderr
+    record_fault(f"{damage} .npz data file (har)", exit_s=round(time.monotonic() - t0, 2), steps_lost=0,
+                 outcome="exit 2 naming the file")
 
 
 @pytest.mark.parametrize("damage", ["truncated", "missing field"])

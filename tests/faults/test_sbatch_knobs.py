@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, record_fault
 
 MARK = "$(touch PWNED)"
 
@@ -39,6 +39,8 @@ def test_control_characters_in_a_knob_stop_the_job_before_srun(tmp_path, knob, v
     code, err, argv = run_script(tmp_path, script, **{knob: value})
     assert code == 2 and f"common.sh: {knob} holds a control character" in err, err
     assert argv is None and not (tmp_path / "PWNED").exists()
+    record_fault("control character in an sbatch knob (CONFIG, EXTRA, RUN_DIR, IMAGE, PYTHON, DATA)", steps_lost=0,
+                 outcome="job stops before srun naming the knob (exit 2)")
 
 
 def test_hostile_values_are_passed_literally_and_never_evaluated(tmp_path):

@@ -82,3 +82,5 @@ def test_preempting_a_job_step_with_loader_workers_requeues_and_resumes(slurm_cl
     assert "killed by signal" not in text and f"received {name}: checkpointing" in text
     assert re.search(r"resumed from \S+step-(\d+)\.pt", text)
     assert_bitwise_equal(weights(run_dir), reference)
+    record_fault(f"{how} of a 2-node srun job step with loader workers (num_workers=2)", steps_lost=0,
+                 outcome="agreed checkpoint, Slurm restarts the job, bitwise resume")

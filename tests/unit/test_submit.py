@@ -9,7 +9,7 @@ import pytest
 from hpc import submit
 from hpc.slurm_info import SubmitError, gres_gpus, parse_time_min
 from hpc.task import TrainTask
-from tests.conftest import PY, REPO, clean_env
+from tests.conftest import PY, REPO, clean_env, record_fault
 
 GOLDEN = REPO / "tests" / "golden"
 
@@ -200,6 +200,8 @@ def test_control_characters_are_refused_before_anything_is_written(flag, value, 
     assert not folder.exists()
     code, out, err = main_in_process(argv, capsys, monkeypatch)          # a real submission: refused too
     assert code == 2 and "control character" in err and not folder.exists()
+    record_fault("newline or other control character in a hpc/submit.py option", steps_lost=0,
+                 outcome="refused before anything is written or submitted, naming the flag")
 
 
 @pytest.mark.parametrize("flag,value", [("--job-name", "my job"), ("--job-name", "a;b"), ("--account", "lab$(id)"),
