@@ -74,13 +74,22 @@ def test_preempting_a_job_step_with_loader_workers_requeues_and_resumes(slurm_cl
         time.sleep(0.1)
     # every process of the step (both ranks and their loader workers) gets the signal
     command = ["scancel", "--signal=USR1", job] if how == "USR1" else ["scontrol", "requeue", job]
+    t0 = time.monotonic()
     subprocess.run(command, env=slurm_env(slurm_cluster), check=True)
+    name = "SIGUSR1" if how == "USR1" else "SIGTERM"
+    checkpointed = None
+    while checkpointed is None and time.monotonic() - t0 < 120:
+        log = out.read_text()
+        if re.search(rf"received {name}: checkpointing[^\n]*\n(.*\n)*.*saved periodic checkpoint", log):
+            checkpointed = time.monotonic() - t0
+        time.sleep(0.05)
     info = wait_job(slurm_cluster, job, timeout=300, restarts=1)
     text = out.read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-3000:]
-    name = "SIGUSR1" if how == "USR1" else "SIGTERM"
     assert "killed by signal" not in text and f"received {name}: checkpointing" in text
     assert re.search(r"resumed from \S+step-(\d+)\.pt", text)
     assert_bitwise_equal(weights(run_dir), reference)
+    assert checkpointed is not None
     record_fault(f"{how} of a 2-node srun job step with loader workers (num_workers=2)", steps_lost=0,
-                 outcome="agreed checkpoint, Slurm restarts the job, bitwise resume")
+                 exit_s=round(checkpointed, 2),
+                 outcome="agreed checkpoint (time: signal to checkpoint written), Slurm restarts the job, bitwise resume")
