@@ -59,7 +59,7 @@ def test_truncated_newest_checkpoint_is_skipped_on_resume(tmp_path, reference):
     assert (run_dir / "checkpoints" / "step-00000011.pt.corrupt").exists()      # kept for inspection
     assert_bitwise_equal(weights(run_dir), reference)
     record_fault("newest checkpoint truncated (node died mid-copy)", steps_lost=11 - 8,
-                 outcome="moved aside as *.corrupt, resumed from the previous one, bitwise equal at the end")
+                 outcome="moved aside as `*.corrupt`, resumed from the previous one, bitwise equal at the end")
 
 
 def test_foreign_or_misshaped_checkpoint_is_refused(tmp_path):

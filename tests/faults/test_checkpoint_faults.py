@@ -38,7 +38,7 @@ def test_stale_corrupt_checkpoints_neither_eat_new_ones_nor_get_resumed(tmp_path
     assert "step-00000019.pt: epoch 2, batch 3, step 19" in second.stderr
     assert_bitwise_equal(weights(tmp_path / "run"), reference)
     record_fault("stale corrupt step-800/900 checkpoints in the run dir, then SIGTERM and requeue", steps_lost=0,
-                 outcome="kept as *.corrupt; every new checkpoint kept; bitwise resume")
+                 outcome="kept as `*.corrupt`; every new checkpoint kept; bitwise resume")
 
 
 def test_fresh_run_into_an_old_run_directory_is_refused_and_changes_nothing(tmp_path):
