@@ -369,7 +369,7 @@ def describe(jobs, dirs: list[Path]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from submitit.core.utils import FailedJobError
     parser = get_parser()
-    args = parse_args(parser, argv)
+    args = parse_args(parser, argv, seed_flags=True)
     try:
         if args.dry_run:
             validate(args)

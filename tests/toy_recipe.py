@@ -35,6 +35,8 @@ class ToyDataConfig:
     signal_rank: int = 0          # which rank signals itself (-1: every rank)
     signal_workers: bool = False  # also signal this process's children (DataLoader workers), as Slurm does
     step_sleep: float = 0.0       # seconds per training step, to keep a job running long enough
+    nan_at_step: int = 0          # the loss of this training step of this process is NaN (0: never)
+    nan_rank: int = 0             # which rank sees it
 
 
 @dataclass
@@ -102,7 +104,11 @@ class ToyRecipe(Recipe):
     def training_step(self, model, batch):
         self._test_hooks()
         x, y = batch
-        return torch.nn.functional.mse_loss(model(x), y)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        d = self.data_cfg
+        if d.nan_at_step and self.steps_seen == d.nan_at_step and self.dist.rank == d.nan_rank:
+            loss = loss * float("nan")
+        return loss
 
     def _test_hooks(self) -> None:
         d = self.data_cfg

@@ -15,7 +15,7 @@ from trainer.cli import flags_from_args, get_parser, parse_args
 from trainer.config import ConfigError, build_config, from_dict, parse_override, save_config, set_key
 from trainer.distributed import runtime
 from trainer.distributed.environment import LaunchError, select_environment
-from trainer.data.download import DownloadError
+from trainer.data.download import DownloadError, check_data_path
 from trainer.engine.checkpoint import CheckpointError
 
 log = logging.getLogger("trainer")
@@ -43,6 +43,7 @@ def run_train(args):
     from trainer.engine.loop import fit
     from trainer.engine.rundir import claim_run_dir, make_private
     cfg = build_config(args.recipe, args.config, flags_from_args(args), args.overrides)
+    check_data_path(str(getattr(cfg.data, "path", "")))
     if cfg.private:
         make_private()          # before anything is created: logs, checkpoints, TensorBoard, caches
     info = runtime.init(select_environment(), cfg.dist)
@@ -120,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, LaunchError, CheckpointError, DownloadError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except ArithmeticError as err:     # NonFiniteLossError: the run diverged
+        print(f"error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

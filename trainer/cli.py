@@ -15,7 +15,7 @@ FLAG_KEYS = {
     "global_batch_size": "train.global_batch_size", "grad_accum_steps": "train.grad_accum_steps",
     "lr": "train.lr", "weight_decay": "train.weight_decay", "warmup_steps": "train.warmup_steps",
     "warmup_epochs": "train.warmup_epochs", "amp": "train.amp", "strategy": "dist.strategy",
-    "gpu_ids": "dist.gpu_ids", "resume": "ckpt.resume", "run_dir": "run_dir", "seed": "seed",
+    "gpu_ids": "dist.gpu_ids", "resume": "ckpt.resume", "init_from": "ckpt.init_from", "run_dir": "run_dir", "seed": "seed",
     "mode": "model.mode", "private": "private",
 }
 
@@ -50,6 +50,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--gpu-ids", type=_gpu_ids, metavar="0,1", help="GPUs for --strategy dp")
     g.add_argument("--resume", metavar="auto|PATH",
                    help="auto: newest valid checkpoint of --run-dir (fresh start if none); or a file")
+    g.add_argument("--init-from", metavar="CKPT",
+                   help="a fresh run starts from this checkpoint's weights (not its optimizer or step); "
+                        "ignored when --resume finds a checkpoint")
     g.add_argument("--run-dir", metavar="DIR", help="output folder (default runs/<recipe>-<job id|time>)")
     g.add_argument("--seed", type=int, help="base seed (per-rank seeds are derived from it)")
     g.add_argument("--private", action="store_const", const=True,
@@ -94,8 +97,19 @@ def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return {key: getattr(args, dest) for dest, key in FLAG_KEYS.items() if getattr(args, dest, None) is not None}
 
 
-def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
-    """parse_args that also accepts key=value overrides between and after the flags."""
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None = None,
+               seed_flags: bool | None = None) -> argparse.Namespace:
+    """parse_args that also accepts key=value overrides between and after the flags, and (for `train` and
+    hpc/submit.py) the seed guides' flags: aliases of the same meaning, or an error naming the replacement."""
+    import sys
+    from trainer.seedflags import SeedFlagError, strip_launcher_args, translate
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = strip_launcher_args(argv)
+        if seed_flags or (seed_flags is None and argv[:1] == ["train"]):
+            argv = translate(argv)
+    except SeedFlagError as err:
+        parser.error(str(err))
     args, extra = parser.parse_known_args(argv)
     stray = [x for x in extra if x.startswith("-") or "=" not in x]
     if stray or (extra and not hasattr(args, "overrides")):

@@ -71,6 +71,7 @@ class CheckpointConfig:
     keep_last: int = 3                    # periodic checkpoints kept (best/final are separate)
     save_best: bool = True
     resume: str = ""                      # "" (fresh), "auto" (newest valid in run_dir), or a path
+    init_from: str = ""                   # a fresh start takes its weights (only) from this checkpoint
     requeue_signals: list[str] = field(default_factory=lambda: ["SIGUSR1", "SIGUSR2"])
 
 

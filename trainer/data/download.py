@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import stat
 import urllib.error
@@ -199,6 +200,7 @@ def download_kgat(name: str, out: str | Path, base_url: str | None = None,
 
 UCI_HAR_URL = "https://archive.ics.uci.edu/static/public/240/human+activity+recognition+using+smartphones.zip"
 UCI_HAR_SHA256 = "c00b803081a5c797cd5e4b83700a9810b38d53d9d84e01917e090e1fdbc81031"   # UCI's wrapper archive
+UCI_HAR_ROOT = "UCI HAR Dataset"             # the folder the archive unpacks to
 UCI_HAR_INNER = "UCI HAR Dataset.zip"       # the original 2012 archive inside it (also what mirrors serve)
 UCI_HAR_INNER_SHA256 = "2045e435c955214b38145fb5fa00776c72814f01b203fec405152dac7d5bfeb0"
 
@@ -233,7 +235,32 @@ def download_uci_har(out: str | Path, url: str | None = None, sha256: str | None
         os.replace(tmp, inner)
     with zipfile.ZipFile(inner) as zf:
         safe_extract(zf, out, inner)
-    root = out / "UCI HAR Dataset"
+    root = out / UCI_HAR_ROOT
     if not (root / "train" / "y_train.txt").exists():
         raise DownloadError(f"{inner}: extracted, but {root}/train/y_train.txt is missing")
     return root
+
+
+# ------------------------------------------------------------------------------ where a missing dataset comes from
+
+def download_hint(path: str | Path) -> str:
+    """How to get the dataset a missing data.path names (the folders the `data download` commands write)."""
+    path = Path(path)
+    parent = shlex.quote(str(path.parent) + "/")
+    if path.name in REMOTES or path.name in KGAT_DATASETS:
+        return f"python -m trainer data download {path.name} --out {parent}"
+    if path.name == UCI_HAR_ROOT:
+        return f"python -m trainer data download uci-har --out {parent}"
+    if path.name == "ml-100k-kg":
+        src = shlex.quote(str(path.parent / "ml-100k"))
+        return (f"python -m trainer data download ml-100k --out {parent} && python -m trainer data convert "
+                f"movielens-kg --src {src} --out {shlex.quote(str(path))}")
+    return "copy the dataset there"
+
+
+def check_data_path(path: str) -> None:
+    """A data.path that names nothing stops the run before any process group forms, saying where the data
+    comes from (generated data is used only when data.path is empty, as in the recipes' defaults)."""
+    if path and not Path(path).exists():
+        raise DownloadError(f"data.path {path} does not exist.\nHINT: {download_hint(path)}, or set "
+                            f"data.path=DIR where it is (data.path= with no value trains on generated data)")

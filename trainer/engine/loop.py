@@ -31,6 +31,10 @@ from trainer.recipes.base import Recipe, move_to
 
 log = logging.getLogger(__name__)
 MAX_STEPS = -1  # pseudo-signal: the step budget is spent
+
+
+class NonFiniteLossError(ArithmeticError):
+    """The training loss became NaN or infinite; the message names the step and the last good checkpoint."""
 PREEMPTED_MARKER = ".preempted"   # in the run directory while the last stop was a signal checkpoint
 
 
@@ -176,17 +180,30 @@ class Loop:
         runtime.barrier(self.info)
 
     def resume(self) -> None:
-        """Restore from --resume PATH or the newest valid checkpoint of the run directory."""
+        """Restore from --resume PATH or the newest valid checkpoint of the run directory; a run that starts
+        fresh takes its initial weights from --init-from (weights only) when given."""
+        if not self._restore() and self.cfg.ckpt.init_from:
+            self._init_from(self.cfg.ckpt.init_from)
+
+    def _init_from(self, path: str) -> None:
+        """Weights of another run's checkpoint; optimizer, schedule, step and RNG start fresh."""
+        ckpt = ckpt_io.load(path)
+        ckpt_io.check_compatible(ckpt, self.cfg.recipe, self.model, path)
+        self.model.load_state_dict(ckpt["model"])
+        log.info("initial weights from %s (step %d of that run); optimizer, schedule and step start fresh",
+                 path, ckpt["global_step"])
+
+    def _restore(self) -> bool:
         spec = self.cfg.ckpt.resume
         if not spec:
-            return
+            return False
         path = spec
         if spec == "auto":
             found = self.ckpts.newest_valid() if self.info.is_main else None
             path = runtime.broadcast_object(str(found[0]) if found else None, self.info)
             if path is None:
                 log.info("--resume auto: no checkpoint in %s, starting fresh", self.ckpts.dir)
-                return
+                return False
         ckpt = ckpt_io.load(path)
         ckpt_io.check_compatible(ckpt, self.cfg.recipe, self.model, path)
         self.model.load_state_dict(ckpt["model"])
@@ -205,6 +222,7 @@ class Loop:
                  self.state.batch_in_epoch, self.state.global_step)
         if self.info.is_main:
             self.ckpts.set_aside_newer(self.state.global_step)
+        return True
 
     # ---------------------------------------------------------------- training
     def _window_len(self, micro: int) -> int:
@@ -245,8 +263,10 @@ class Loop:
         bar = self._progress(epoch, start)
         window = torch.zeros(2, dtype=torch.float64)  # loss sum, samples since the last log line
         epoch_sums = torch.zeros(2, dtype=torch.float64)
+        bad_loss = False
         for micro, batch in enumerate(self.meter.timed(loader), start=start):
             loss_sum, n = self._micro_step(batch, micro)
+            bad_loss = bad_loss or not math.isfinite(loss_sum)
             window += torch.tensor([loss_sum, n], dtype=torch.float64)
             epoch_sums += torch.tensor([loss_sum, n], dtype=torch.float64)
             self.meter.update(n)
@@ -260,7 +280,7 @@ class Loop:
             if self.state.global_step % max(self.tc.log_every_steps, 1) == 0:
                 self._log_train(epoch, window, bar)
                 window.zero_()
-            stop = self._after_step(preempt)
+            stop = self._after_step(preempt, bad_loss)
             if stop:
                 self._close_bar(bar)
                 return stop
@@ -278,8 +298,10 @@ class Loop:
                            self.recipe.collate_fn(), rank_seed(self.cfg.seed, self.info.rank, epoch),
                            pin_memory=self.device.type == "cuda")
 
-    def _after_step(self, preempt: PreemptionHandler) -> int:
-        signum = self._timed_sync(preempt.agreed_signal, self.info)
+    def _after_step(self, preempt: PreemptionHandler, bad_loss: bool = False) -> int:
+        signum, bad = self._timed_sync(preempt.agreed_signal, self.info, bad_loss)
+        if bad:
+            self._stop_on_bad_loss()
         if signum:
             return signum
         every = self.cfg.ckpt.every_steps
@@ -289,6 +311,18 @@ class Loop:
         if 0 < self.tc.max_steps <= self.state.global_step:
             return MAX_STEPS
         return 0
+
+    def _stop_on_bad_loss(self) -> None:
+        """A NaN/inf loss on any rank: stop before anything else is written; the checkpoints on disk were
+        all written before it, so the last good one stays the newest."""
+        newest = self.ckpts.candidates()[:1] if self.info.is_main else []
+        last = f"the last good checkpoint is {newest[0]}" if newest else "no checkpoint was written yet"
+        if not self.info.is_main:
+            last = "rank 0 names the last good checkpoint"
+        raise NonFiniteLossError(
+            f"non-finite loss at step {self.state.global_step} (epoch {self.state.epoch}, batch "
+            f"{self.state.batch_in_epoch}); training stopped, {last}.\nHINT: lower --lr, set train.clip_grad_norm, "
+            f"use --amp bf16 instead of fp16, check the data for NaN/inf; continue with --resume auto.")
 
     # ---------------------------------------------------------------- logging
     def _progress(self, epoch: int, start: int):

@@ -43,13 +43,14 @@ class PreemptionHandler:
             signal.signal(sig, old)
         self._old.clear()
 
-    def agreed_signal(self, info: runtime.DistInfo) -> int:
-        """The signal any rank received (max over ranks), 0 if none: every rank gets the same answer."""
+    def agreed_signal(self, info: runtime.DistInfo, bad_loss: bool = False) -> tuple[int, bool]:
+        """(the signal any rank received, 0 if none; whether any rank saw a non-finite loss), the same on
+        every rank: one max all-reduce per step carries both."""
         if not info.distributed:
-            return self.received
-        flag = torch.tensor([self.received], dtype=torch.int64, device=runtime.comm_device(info))
+            return self.received, bad_loss
+        flag = torch.tensor([self.received, int(bad_loss)], dtype=torch.int64, device=runtime.comm_device(info))
         runtime.all_reduce(flag, info, op="max")
-        return int(flag.item())
+        return int(flag[0].item()), bool(flag[1].item())
 
 
 def requeue_slurm_job(job_id: str) -> bool:
