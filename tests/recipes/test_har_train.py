@@ -63,7 +63,7 @@ def test_sharded_evaluation_equals_single_process(trained, tmp_path):
 def test_dp_without_cuda_falls_back_to_one_device_with_a_warning(tmp_path):
     proc = trainer("train", *FAST, "--epochs", "1", "--strategy", "dp", "--gpu-ids", "0,1", "--mode", "average",
                    "--run-dir", str(tmp_path))
-    assert "--strategy dp needs two or more CUDA devices (found 0): using one device" in proc.stderr
+    assert "--strategy dp needs two or more CUDA devices (no CUDA here): using one device (cpu)" in proc.stderr
     assert read_metrics(tmp_path, "test")[-1]["cases"] > 0
     assert "mode: average" in (tmp_path / "config.yaml").read_text()
 

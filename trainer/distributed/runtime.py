@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.distributed.environment import LaunchEnvironment, visible_gpu_count
+from trainer.distributed.environment import LaunchEnvironment, LaunchError, visible_gpu_count
 
 log = logging.getLogger(__name__)
 _TEARDOWN_KEY = "trainer/teardown"
@@ -34,6 +34,7 @@ class DistInfo:
     local_world_size: int = 1
     job_id: str | None = None
     requeue_id: str | None = None     # the Slurm job rank 0 requeues after a signal checkpoint (None: none)
+    dp_devices: tuple[int, ...] = ()  # --strategy dp: the CUDA devices DataParallel spreads each batch over
     restart_count: int = 0            # SLURM_RESTART_COUNT
 
     @property
@@ -45,6 +46,12 @@ class DistInfo:
     def distributed(self) -> bool:
         """True when a process group with more than one rank exists."""
         return self.world_size > 1
+
+    @property
+    def replicas(self) -> int:
+        """GPUs this process's batch is spread over (DataParallel); --batch-size is per GPU under dp as
+        under ddp (the seed's rule), and lr scaling counts them."""
+        return len(self.dp_devices) if len(self.dp_devices) >= 2 else 1
 
     @property
     def torch_device(self) -> torch.device:
@@ -61,6 +68,23 @@ def choose_device(local_rank: int, visible_gpus: int, cuda_available: bool, stra
     if visible_gpus < 0:  # CUDA_VISIBLE_DEVICES unset: every GPU of the node is visible
         return f"cuda:{local_rank}"
     return f"cuda:{local_rank % visible_gpus}"
+
+
+def dp_device_ids(gpu_ids: list[int], device_count: int, visible: str | None = None) -> tuple[int, ...]:
+    """The devices of --strategy dp: --gpu-ids (checked against the visible devices) or all of them;
+    () without CUDA (the caller falls back to one device with a warning)."""
+    if device_count <= 0:
+        return ()
+    ids = list(gpu_ids) or list(range(device_count))
+    where = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+    bad = [i for i in ids if not 0 <= i < device_count]
+    if bad:
+        raise LaunchError(f"--gpu-ids {','.join(map(str, ids))}: {device_count} CUDA device(s) are visible{where}, "
+                          f"ids 0..{device_count - 1}; {','.join(map(str, bad))} is not one of them.\n"
+                          f"HINT: ids count the visible devices from 0 (after CUDA_VISIBLE_DEVICES).")
+    if len(set(ids)) != len(ids):
+        raise LaunchError(f"--gpu-ids {','.join(map(str, ids))}: a device is listed twice")
+    return tuple(ids)
 
 
 def choose_backend(requested: str, device: str) -> str:
@@ -82,6 +106,11 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
     if gpus < 0 and cuda:
         gpus = torch.cuda.device_count()
     device = choose_device(env.local_rank, gpus, cuda, strategy)
+    dp_devices: tuple[int, ...] = ()
+    if strategy == "dp" and device.startswith("cuda"):
+        dp_devices = dp_device_ids(list(getattr(dist_cfg, "gpu_ids", [])), torch.cuda.device_count(),
+                                   env.env.get("CUDA_VISIBLE_DEVICES"))
+        device = f"cuda:{dp_devices[0]}"      # DataParallel wants the module on device_ids[0]
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     world = env.world_size
@@ -95,7 +124,7 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
     return DistInfo(rank=env.rank, local_rank=env.local_rank, world_size=world, node_rank=env.node_rank,
                     device=device, backend=backend, launcher=env.name,
                     local_world_size=env.local_world_size, job_id=env.job_id, requeue_id=env.requeue_id,
-                    restart_count=env.restart_count)
+                    restart_count=env.restart_count, dp_devices=dp_devices)
 
 
 def teardown(info: DistInfo, clean: bool = True) -> None:

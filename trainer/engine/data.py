@@ -76,8 +76,9 @@ def make_loader(dataset: Dataset, sampler: Sampler, batch_size: int, num_workers
                       worker_init_fn=ignore_preemption_signals if num_workers > 0 else None)
 
 
-def per_rank_batch_size(train_cfg, world_size: int) -> int:
-    """Per-rank micro-batch size: --batch-size, or --global-batch-size / (world x accumulation)."""
+def per_rank_batch_size(train_cfg, world_size: int, replicas: int = 1) -> int:
+    """Per-rank (per-process) micro-batch size: --batch-size per GPU x the GPUs DataParallel spreads the
+    process's batch over (replicas), or --global-batch-size / (world x accumulation)."""
     accum = max(train_cfg.grad_accum_steps, 1)
     if train_cfg.global_batch_size > 0:
         div = world_size * accum
@@ -88,4 +89,4 @@ def per_rank_batch_size(train_cfg, world_size: int) -> int:
         return train_cfg.global_batch_size // div
     if train_cfg.batch_size <= 0:
         raise ValueError(f"batch size must be positive, got {train_cfg.batch_size}")
-    return train_cfg.batch_size
+    return train_cfg.batch_size * replicas

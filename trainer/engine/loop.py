@@ -85,12 +85,11 @@ def wrap_model(model: torch.nn.Module, info: DistInfo, dist_cfg, find_unused: bo
         return DDP(model, device_ids=ids, find_unused_parameters=dist_cfg.find_unused_parameters or find_unused,
                    forward_sync_buffers=broadcast_buffers)
     if dist_cfg.strategy == "dp":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        ids = dist_cfg.gpu_ids or list(range(count))
-        if count < 2 or len(ids) < 2:
-            log.warning("--strategy dp needs two or more CUDA devices (found %d): using one device", count)
+        if len(info.dp_devices) < 2:
+            log.warning("--strategy dp needs two or more CUDA devices (%s): using one device (%s)",
+                        f"--gpu-ids {list(info.dp_devices)}" if info.dp_devices else "no CUDA here", info.device)
             return model
-        return torch.nn.DataParallel(model, device_ids=ids)
+        return torch.nn.DataParallel(model, device_ids=list(info.dp_devices))
     return model
 
 
@@ -126,7 +125,7 @@ class Loop:
     # ---------------------------------------------------------------- set-up
     def _setup(self) -> None:
         cfg, info = self.cfg, self.info
-        self.batch_size = per_rank_batch_size(self.tc, info.world_size)
+        self.batch_size = per_rank_batch_size(self.tc, info.world_size, info.replicas)
         self.accum = max(self.tc.grad_accum_steps, 1)
         seed_everything(cfg.seed)  # same data and initial weights on every rank
         self.train_set, self.eval_sets = self.recipe.build_datasets()
@@ -142,9 +141,9 @@ class Loop:
         plan = self.recipe.epoch_batches(0)
         self.micro_per_epoch = len(plan) if plan is not None else math.ceil(self.sampler.per_rank / self.batch_size)
         self.steps_per_epoch = math.ceil(self.micro_per_epoch / self.accum)
-        self.optimizer = self.recipe.build_optimizer(self.model, scaled_lr(self.tc.lr, self.tc.lr_scaling,
-                                                                           info.world_size)) \
-            or build_optimizer(self.model.parameters(), self.tc, info.world_size)
+        gpus = info.world_size * info.replicas      # what lr scaling counts: every GPU a batch is spread over
+        self.optimizer = self.recipe.build_optimizer(self.model, scaled_lr(self.tc.lr, self.tc.lr_scaling, gpus)) \
+            or build_optimizer(self.model.parameters(), self.tc, gpus)
         self.scheduler = build_scheduler(self.optimizer, self.tc, self.steps_per_epoch)
         self.amp_dtype = amp_dtype(self.tc.amp, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)

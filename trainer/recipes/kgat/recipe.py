@@ -96,7 +96,7 @@ class KGATRecipe(Recipe):
         if self.train_cfg.grad_accum_steps != 1:
             raise ValueError("kgat: train.grad_accum_steps must be 1 (each step is one CF or KG batch; "
                              "raise --batch-size instead)")
-        self.cf_batch = per_rank_batch_size(self.train_cfg, self.dist.world_size)
+        self.cf_batch = per_rank_batch_size(self.train_cfg, self.dist.world_size, self.dist.replicas)
         self.kg_batch = self.data_cfg.kg_batch_size or 2 * self.cf_batch
         known_val = self.data.train
         known_test = [np.union1d(a, b) for a, b in zip(self.data.train, self.data.val)] \
