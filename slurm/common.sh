@@ -4,7 +4,8 @@
 #   IMAGE=trainer.sif   run every task in `apptainer exec --nv IMAGE` (else plain $PYTHON)
 #   CONFIG=FILE         YAML config (each script has a default)
 #   EXTRA="k=v k2=v2"   key=value overrides appended to the trainer command (no spaces inside a value)
-#   PYTHON=python3      interpreter when IMAGE is not set (e.g. .venv/bin/python)
+#   PYTHON=python3      interpreter when IMAGE is not set (default: TRAINER_HOME/.venv/bin/python if
+#                       it exists, else python3; checked once here, before srun, that it imports torch)
 #   RUN_DIR=DIR         default $SLURM_SUBMIT_DIR/runs/$SLURM_JOB_ID (stable across requeues)
 #   TRAINER_HOME=DIR    the repository (default $SLURM_SUBMIT_DIR: submit from the repository root)
 
@@ -52,7 +53,18 @@ if [ -n "${IMAGE:-}" ]; then
   # --nv: the host's NVIDIA driver inside; the submit directory holds data, configs and runs
   LAUNCH=(apptainer exec --nv --bind "$SLURM_SUBMIT_DIR" "$IMAGE" python)
 else
-  LAUNCH=("${PYTHON:-python3}")
+  if [ -z "${PYTHON:-}" ]; then
+    PYTHON=python3
+    if [ -x "$TRAINER_HOME/.venv/bin/python" ]; then PYTHON=$TRAINER_HOME/.venv/bin/python; fi
+  fi
+  # once here rather than a ModuleNotFoundError from every rank
+  if ! "$PYTHON" -c "import torch, trainer" >/dev/null 2>&1; then
+    echo "common.sh: $PYTHON cannot import torch and trainer (no virtual environment active?)." >&2
+    echo "  run \`make setup\` in $TRAINER_HOME (the scripts then find its .venv), or submit with" >&2
+    echo "  PYTHON=/path/to/venv/bin/python sbatch ..., or IMAGE=hpc-trainer.sif sbatch ..." >&2
+    exit 2
+  fi
+  LAUNCH=("$PYTHON")
 fi
 
 # shellcheck disable=SC2034  # split on spaces only: read -a does no globbing and no expansion

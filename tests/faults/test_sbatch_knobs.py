@@ -3,6 +3,7 @@ used literally, never evaluated; control characters refused before srun. The rea
 with a stand-in `srun` that records its argument vector (no cluster needed for what the shell does)."""
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -21,7 +22,8 @@ def run_script(tmp_path, script="sasrec_1node.sbatch", **knobs):
     out.unlink(missing_ok=True)
     env = dict(PATH=f"{fake}:/usr/bin:/bin", HOME=str(tmp_path), SLURM_SUBMIT_DIR=str(tmp_path),
                TRAINER_HOME=str(REPO), SLURM_JOB_ID="77", SLURM_JOB_NODELIST="node1", ARGV_OUT=str(out),
-               TERM_HOLD_S="0", **knobs)
+               TERM_HOLD_S="0")
+    env.update(knobs)
     proc = subprocess.run(["bash", str(REPO / "slurm" / script)], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=60)
     argv = out.read_text().split("\0")[:-1] if out.exists() else None
@@ -59,7 +61,35 @@ def test_hostile_values_are_passed_literally_and_never_evaluated(tmp_path):
 
 
 def test_data_and_python_knobs_are_literal(tmp_path):
-    code, err, argv = run_script(tmp_path, "video_1node.sbatch", DATA=f"/d/{MARK} x", PYTHON=f"/py/{MARK}")
+    python = tmp_path / f"py {MARK}"                       # a wrapper: a symlink would leave the venv behind
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    code, err, argv = run_script(tmp_path, "video_1node.sbatch", DATA=f"/d/{MARK} x", PYTHON=str(python))
     assert code == 0, err
-    assert f"data.path=/d/{MARK} x" in argv and argv[1] == f"/py/{MARK}"
+    assert f"data.path=/d/{MARK} x" in argv and argv[1] == str(python)
     assert not (tmp_path / "PWNED").exists() and not os.path.exists(os.path.join(REPO, "PWNED"))
+
+
+def test_without_python_the_repository_venv_is_used(tmp_path):
+    """PYTHON unset and no venv active (PATH's python3 has no torch): the repository's own .venv."""
+    venv_python = REPO / ".venv" / "bin" / "python"
+    if not venv_python.exists():
+        pytest.skip(f"{venv_python} does not exist (make setup creates it)")
+    code, err, argv = run_script(tmp_path)
+    assert code == 0, err
+    assert argv[1] == str(venv_python)
+
+
+def test_an_interpreter_without_torch_stops_once_before_srun(tmp_path):
+    """On main every rank printed `ModuleNotFoundError: No module named 'torch'`."""
+    home = tmp_path / "home"
+    (home / "slurm").mkdir(parents=True)
+    for script in ("common.sh", "sasrec_1node.sbatch"):
+        (home / "slurm" / script).write_text((REPO / "slurm" / script).read_text())
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "python3").write_text("#!/bin/sh\nexit 1\n")        # an interpreter without torch
+    (bare / "python3").chmod(0o755)
+    code, err, argv = run_script(tmp_path, TRAINER_HOME=str(home), PATH=f"{tmp_path}/bin:{bare}:/usr/bin:/bin")
+    assert code == 2 and argv is None
+    assert "common.sh: python3 cannot import torch and trainer" in err and "PYTHON=/path/to/venv/bin/python" in err
