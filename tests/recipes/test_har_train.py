@@ -48,6 +48,10 @@ def test_two_rank_ddp_beats_chance_by_a_wide_margin(trained):
     assert ckpt["state"]["best"] == max(r["macro_f1"] for r in val)
     train = [r for r in read_metrics(trained, "train") if "samples_per_s" in r]
     assert train and all(r["samples_per_s"] > 0 for r in train)
+    # the seeds log training accuracy: one record per epoch, over both ranks' batches
+    epochs = [r for r in read_metrics(trained, "train") if "accuracy" in r]
+    assert len(epochs) == len(val) and all(0 <= r["accuracy"] <= 1 for r in epochs)
+    assert epochs[-1]["accuracy"] > 0.25                 # chance, on batches trained with dropout
 
 
 def test_sharded_evaluation_equals_single_process(trained, tmp_path):

@@ -34,6 +34,8 @@ def test_two_rank_ddp_beats_chance_clearly(trained):
     assert (run_dir / "confusion_test.png").exists() and (run_dir / "confusion_val.png").exists()
     log = (run_dir / "train.log").read_text()
     assert "Class Distribution and Weights" in log and "world=2" in log
+    train = [r for r in read_metrics(run_dir, "train") if "accuracy" in r]     # the seed's train accuracy
+    assert train and all(0 <= r["accuracy"] <= 1 for r in train)
 
 
 def test_sharded_evaluation_equals_single_process(trained, tmp_path):

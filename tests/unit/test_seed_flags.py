@@ -16,6 +16,7 @@ def config_of(*argv):
     (["--num-workers=4"], "train.num_workers", 4),
     (["--batch_size_per_gpu", "2048"], "train.batch_size", 2048),
     (["--maxlen", "100"], "data.maxlen", 100),
+    (["--warmup_steps=500"], "train.warmup_steps", 500),
     (["--backend=gloo"], "dist.backend", "gloo"),
     (["--no_mhc"], "model.mhc", False),
     (["--no_time"], "model.time", False),
@@ -31,6 +32,7 @@ def test_seed_flags_with_the_same_meaning_are_aliases(argv, key, value):
 
 def test_every_alias_is_in_the_table():
     assert set(seedflags.ALIASES) == {"--num_workers", "--num-workers", "--batch_size_per_gpu", "--maxlen", "--backend",
+                                      "--warmup_steps",
                                       "--no_mhc", "--no_time", "--mhc_no_amp", "--multi_gpu", "--multi-gpu"}
 
 

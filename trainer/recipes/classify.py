@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from trainer.distributed import runtime
 from trainer.engine.metrics import classification_metrics, confusion_matrix
 from trainer.engine.plots import confusion_png
 from trainer.recipes.base import Recipe
@@ -27,6 +28,21 @@ class ClassifierRecipe(Recipe):
     def logits(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         """[B, classes] scores of a batch."""
         raise NotImplementedError
+
+    def counted(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """logits, after adding the batch to the epoch's training accuracy (the seeds log it)."""
+        hits = torch.stack([(logits.detach().argmax(1) == y).sum(), torch.tensor(len(y), device=y.device)])
+        self._train_hits = getattr(self, "_train_hits", torch.zeros(2, dtype=torch.float64)) + hits.double().cpu()
+        return logits
+
+    def on_epoch_start(self, epoch: int, model: torch.nn.Module) -> None:
+        self._train_hits = torch.zeros(2, dtype=torch.float64)
+
+    def epoch_metrics(self) -> dict[str, float]:
+        """Training accuracy of the epoch over every rank (dropout on, as the batches were trained)."""
+        hits = getattr(self, "_train_hits", torch.zeros(2, dtype=torch.float64))
+        correct, total = runtime.all_reduce(hits.to(runtime.comm_device(self.dist)), self.dist).cpu().tolist()
+        return {"accuracy": correct / total} if total else {}
 
     def eval_step(self, model, batch):
         logits = self.logits(model, batch).float()

@@ -44,5 +44,5 @@ class HARRecipe(ClassifierRecipe):
         return model(x, lengths)
 
     def training_step(self, model, batch):
-        return F.cross_entropy(self.logits(model, batch).float(), batch[2],
+        return F.cross_entropy(self.counted(self.logits(model, batch).float(), batch[2]), batch[2],
                                label_smoothing=self.model_cfg.label_smoothing)

@@ -37,6 +37,7 @@ class SASRecRecipe(Recipe):
     model_config = SeqRecConfig
     eval_config = SeqEvalConfig
     primary_metric = ("ndcg@10", "max")
+    defaults = {"train.clip_grad_norm": 1.0}     # the seed's main.py always clips (max norm 1)
 
     def build_datasets(self):
         d, e = self.data_cfg, self.eval_cfg
