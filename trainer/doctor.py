@@ -48,18 +48,34 @@ def rank_facts(env, info) -> dict:
                 cpus_bound=len(os.sched_getaffinity(0)))
 
 
-def port_check(env) -> str | None:
-    """On the rank that will host the rendezvous: None if MASTER_PORT can be bound, else the problem."""
+def port_check(env) -> tuple[str, str | None]:
+    """(what was checked, the problem or None), under every launcher. torchrun's agent already listens on
+    MASTER_PORT, so every rank must reach it; elsewhere rank 0 must be able to bind it (a local run only
+    needs it for a later torchrun/srun launch with the same port)."""
+    port = env.master_port
+    if env.name == "torchrun":
+        what = f"rendezvous store {env.master_addr}:{port} reachable"
+        if port == 0:
+            return what, None
+        try:
+            with socket.create_connection((env.master_addr, port), timeout=5):
+                pass
+        except OSError as err:
+            return what, (f"the rendezvous store {env.master_addr}:{port} cannot be reached ({err.strerror})\n"
+                          "HINT: the torchrun agent on the first node is gone or a firewall is in the way; "
+                          "check --rdzv-endpoint / --master-addr and --master-port")
+        return what, None
+    what = f"MASTER_PORT {port} free on {socket.gethostname()}"
     if env.rank != 0:
-        return None
+        return what, None
     try:
         with socket.socket() as s:
-            s.bind(("", env.master_port))
+            s.bind(("", port))
     except OSError as err:
-        return (f"MASTER_PORT {env.master_port} on {socket.gethostname()} is in use ({err.strerror})\n"
-                "HINT: another job on this node holds it: export MASTER_PORT=<free port> (the default is "
-                "derived from SLURM_JOB_ID; torchrun needs --master-port)")
-    return None
+        return what, (f"MASTER_PORT {port} on {socket.gethostname()} is in use ({err.strerror})\n"
+                      "HINT: another job on this node holds it: export MASTER_PORT=<free port> (the default is "
+                      "derived from SLURM_JOB_ID and the step id; torchrun needs --master-port)")
+    return what, None
 
 
 def allreduce_check(info, size_mb: float) -> dict:
@@ -82,13 +98,18 @@ def allreduce_check(info, size_mb: float) -> dict:
                 bandwidth_gb_s=round(buf.numel() * 4 / dt / 1e9, 3), size_mb=size_mb)
 
 
-def checks(env, facts: list[dict], ar: dict) -> list[dict]:
-    """Checks with a HINT each: scontrol, MASTER_ADDR, CPUs vs threads, all_reduce."""
+def checks(env, facts: list[dict], ar: dict, port: tuple[str, str | None] | None = None) -> list[dict]:
+    """Checks with a HINT each: the rendezvous port, scontrol, MASTER_ADDR, CPUs vs threads, all_reduce."""
     out = []
 
     def add(name, ok, detail, hint="", warn_only=False):
         level = "ok" if ok else ("warn" if warn_only else "fail")
         out.append(dict(check=name, ok=bool(ok), level=level, detail=detail, hint="" if ok else hint))
+
+    if port is not None:
+        what, problem = port
+        first, _, hint = (problem or "").partition("\nHINT: ")
+        add(what, problem is None, first or "ok", hint, warn_only=env.world_size == 1)
 
     if os.environ.get("SLURM_JOB_ID"):
         exe = shutil.which("scontrol")
@@ -155,10 +176,9 @@ def render(report: dict) -> str:
 def run_doctor(args) -> int:
     env = select_environment()
     try:
-        # torchrun's agent already holds the port it hands to the workers: nothing to check there
-        problem = port_check(env) if env.name in ("slurm", "submitit") and env.world_size > 1 else None
-        if problem:
-            print(f"doctor: [FAIL] {problem}")
+        port = port_check(env)
+        if port[1] and env.world_size > 1:      # the process group could not form: say why now
+            print(f"doctor: [FAIL] {port[1]}")
             return 2
         info = runtime.init(env, DistConfig(timeout_s=args.timeout))
     except LaunchError as err:
@@ -169,7 +189,7 @@ def run_doctor(args) -> int:
         ar = allreduce_check(info, args.bandwidth_mb)
         report = dict(launcher=env.name, world_size=info.world_size, ranks=facts, allreduce=ar,
                       versions=versions(), slurm={k: os.environ[k] for k in SLURM_VARS if k in os.environ})
-        report["checks"] = checks(env, facts, ar)
+        report["checks"] = checks(env, facts, ar, port if info.is_main else None)
         if info.is_main:
             print(json.dumps(report) if args.json else render(report), flush=True)
     finally:
