@@ -80,6 +80,8 @@ def translate(argv: list[str]) -> list[str]:
             value, i = argv[i], i + 1
         if name in LAUNCHER:
             check_local_rank(name, value)
+        elif name == "--inference_only" and str(value).lower() in ("false", "0"):
+            continue                     # seed 001's resume command spells out the default: train
         elif name in ALIASES:
             key, fixed = ALIASES[name]
             if fixed is None and value is None:

@@ -37,12 +37,15 @@ def datasets(tmp_path_factory):
             "video": root / "video"}
 
 
-def runnable(command: str, run_dir, data: dict) -> tuple[list[str], dict]:
-    """The README command, made tiny: 2 processes at most, 1 epoch, free ports, the run dir in tmp."""
+def runnable(command: str, run_dir, data: dict, port: int | None = None) -> tuple[list[str], dict]:
+    """The README command, made tiny: 2 processes at most (1 per node for two-node rows), 1 epoch, free
+    ports, this machine as the master, the run dir in tmp."""
     words, env = shlex.split(command), clean_env()
+    per_node = "1" if "--nnodes=2" in command else "2"
+    port = port or free_port()
     while "=" in words[0] and not words[0].startswith("-"):            # VAR=value prefixes
-        key, _ = words.pop(0).split("=", 1)
-        env[key] = str(free_port()) if key == "MASTER_PORT" else _
+        key, value = words.pop(0).split("=", 1)
+        env[key] = str(port) if key == "MASTER_PORT" else value
     out = [PY, "-m", "torch.distributed.run"] if words[0] == "torchrun" else [PY]
     words = words[1:]
     recipe = RECIPE[re.search(r"configs/(\w+)/", command).group(1)]
@@ -52,11 +55,13 @@ def runnable(command: str, run_dir, data: dict) -> tuple[list[str], dict]:
     while i < len(words):
         word = words[i]
         if re.fullmatch(r"--nproc[_-]per[_-]node=\d+", word):
-            word = word.split("=")[0] + "=2"
+            word = word.split("=")[0] + "=" + per_node
         elif re.fullmatch(r"--nproc[_-]per[_-]node", word):
-            words[i + 1] = "2"
+            words[i + 1] = per_node
         elif re.fullmatch(r"--master[_-]port=\d+", word):
-            word = word.split("=")[0] + f"={free_port()}"
+            word = word.split("=")[0] + f"={port}"
+        elif re.fullmatch(r"--master[_-]addr=\S+", word):
+            word = word.split("=")[0] + "=127.0.0.1"
         elif word == "--epochs":
             words[i + 1] = "1"
         elif word == "--run-dir":
@@ -76,13 +81,29 @@ COMMANDS = readme_commands()
 
 
 def test_the_tables_are_there():
-    assert len(COMMANDS) >= 12 and all("-m trainer train --config configs/" in c for c in COMMANDS)
+    assert len(COMMANDS) >= 25 and all("-m trainer train --config configs/" in c for c in COMMANDS)
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[f"row{i}" for i in range(len(COMMANDS))])
 def test_readme_seed_command_runs(command, tmp_path, datasets):
-    argv, env = runnable(command, tmp_path, datasets)
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{shlex.join(argv)}\n{proc.stderr[-3000:]}"
-    finals = list(tmp_path.rglob("checkpoints/final.pt"))
-    assert len(finals) == 1, f"{shlex.join(argv)}: {finals}"
+    if "--init-from" in command:             # the checkpoint it names: a tiny run of the same recipe
+        source = command.split("--init-from ")[1].split()[0]
+        first = command.split(" --init-from")[0].replace("--run-dir runs/tisasrec_resume", "--run-dir source")
+        argv, env = runnable(first, tmp_path, datasets)
+        subprocess.run(argv, cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+        command = command.replace(source, str(tmp_path / "source" / "checkpoints" / "final.pt"))
+    if "--nnodes=2" in command:              # both "nodes" on this machine, as two torchrun agents
+        port = free_port()
+        procs = []
+        for node in (0, 1):
+            argv, env = runnable(command.replace("--node_rank=0", f"--node_rank={node}"), tmp_path, datasets, port)
+            procs.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+        outs = [p.communicate(timeout=300) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    else:
+        argv, env = runnable(command, tmp_path, datasets)
+        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"{shlex.join(argv)}\n{proc.stderr[-3000:]}"
+    finals = [p for p in tmp_path.rglob("checkpoints/final.pt") if "source" not in p.parts]
+    assert len(finals) == 1, f"{command}: {finals}"

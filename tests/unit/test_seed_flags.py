@@ -71,3 +71,9 @@ def test_hpc_submit_takes_the_seed_flags_too(capsys):
     with pytest.raises(SystemExit):
         parse_args(submit.get_parser(), ["--recipe", "sasrec", "--use_amp"], seed_flags=True)
     assert "--amp bf16" in capsys.readouterr().err
+
+
+def test_inference_only_false_is_the_default_and_accepted():
+    """Seed 001's resume command spells it out; =true (or the bare flag) is refused above."""
+    cfg = config_of("--recipe", "sasrec", "--inference_only=false")
+    assert cfg.recipe == "sasrec"
