@@ -56,6 +56,9 @@ def run_train(args):
         setup_logging(info, cfg.run_dir)
         if info.is_main:
             save_config(cfg, Path(cfg.run_dir) / "config.yaml")
+            if hasattr(cfg.data, "path") and not cfg.data.path:
+                log.warning("data.path is empty: training on the recipe's generated data (set data.path=DIR, or "
+                            "use a configs/<recipe>/<dataset>.yaml, for a real dataset)")
         recipe = build_recipe(cfg, info)
         result = fit(recipe, info, cfg)
         ok = True
