@@ -124,10 +124,10 @@ def check_text_fields(args) -> None:
     for dest, value in sorted(vars(args).items()):
         values = value if isinstance(value, list) else [value]
         for item in values:
-            if isinstance(item, str) and CONTROL.search(item):
+            bad = CONTROL.search(item) if isinstance(item, str) else None
+            if bad:
                 flag = "--" + dest.replace("_", "-") if dest != "overrides" else "key=value override"
-                bad = CONTROL.search(item).group()
-                raise SubmitError(f"{flag} {item!r}: control character {bad!r} not allowed "
+                raise SubmitError(f"{flag} {item!r}: control character {bad.group()!r} not allowed "
                                   f"(it would end a line of the batch script)")
     for dest, (pattern, allowed) in SLURM_FIELDS.items():
         value = getattr(args, dest, None)

@@ -124,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, LaunchError, CheckpointError, DownloadError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    except ArithmeticError as err:     # NonFiniteLossError: the run diverged
+    except ArithmeticError as err:
+        from trainer.engine.loop import NonFiniteLossError
+        if not isinstance(err, NonFiniteLossError):      # a bug, not a diverged run: keep the traceback
+            raise
         print(f"error: {err}", file=sys.stderr)
         return 1
 

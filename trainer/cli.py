@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from trainer.recipes.base import recipe_names
@@ -15,8 +16,8 @@ FLAG_KEYS = {
     "global_batch_size": "train.global_batch_size", "grad_accum_steps": "train.grad_accum_steps",
     "lr": "train.lr", "weight_decay": "train.weight_decay", "warmup_steps": "train.warmup_steps",
     "warmup_epochs": "train.warmup_epochs", "amp": "train.amp", "strategy": "dist.strategy",
-    "gpu_ids": "dist.gpu_ids", "resume": "ckpt.resume", "init_from": "ckpt.init_from", "run_dir": "run_dir", "seed": "seed",
-    "mode": "model.mode", "private": "private",
+    "gpu_ids": "dist.gpu_ids", "resume": "ckpt.resume", "init_from": "ckpt.init_from", "run_dir": "run_dir",
+    "seed": "seed", "mode": "model.mode", "private": "private",
 }
 
 
@@ -101,7 +102,6 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None = None,
                seed_flags: bool | None = None) -> argparse.Namespace:
     """parse_args that also accepts key=value overrides between and after the flags, and (for `train` and
     hpc/submit.py) the seed guides' flags: aliases of the same meaning, or an error naming the replacement."""
-    import sys
     from trainer.seedflags import SeedFlagError, strip_launcher_args, translate
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -62,25 +62,24 @@ def dataset_replacement(name: str | None, recipe: str | None) -> str:
 
 
 def _takes_value(name: str) -> bool:
-    return name in LAUNCHER or name == "--dataset" or (name in ALIASES and ALIASES[name][1] is None) \
+    return name == "--dataset" or (name in ALIASES and ALIASES[name][1] is None) \
         or name in REPLACEMENTS and name not in ("--use_amp", "--inference_only")
 
 
 def translate(argv: list[str]) -> list[str]:
-    """argv with the seed aliases turned into key=value overrides; SeedFlagError for a refused flag."""
+    """argv (launcher arguments already stripped) with the seed aliases turned into key=value overrides;
+    SeedFlagError for a refused flag."""
     out, i = [], 0
     recipe = next((argv[j + 1] for j, a in enumerate(argv[:-1]) if a == "--recipe"), None)
     while i < len(argv):
         name, value = _split(argv[i])
         i += 1
-        if name not in LAUNCHER and name not in ALIASES and name not in REPLACEMENTS and name != "--dataset":
+        if name not in ALIASES and name not in REPLACEMENTS and name != "--dataset":
             out.append(argv[i - 1])
             continue
         if _takes_value(name) and value is None and i < len(argv) and not argv[i].startswith("--"):
             value, i = argv[i], i + 1
-        if name in LAUNCHER:
-            check_local_rank(name, value)
-        elif name == "--inference_only" and str(value).lower() in ("false", "0"):
+        if name == "--inference_only" and str(value).lower() in ("false", "0"):
             continue                     # seed 001's resume command spells out the default: train
         elif name in ALIASES:
             key, fixed = ALIASES[name]

@@ -54,7 +54,7 @@ def test_checkpoints_of_a_later_step_are_set_aside_after_resuming_an_earlier_one
     for step in (8, 16, 24):
         m.save(_ckpt(step), "periodic")
     m.save(_ckpt(24), "final")
-    moved = m.set_aside_newer(8)
+    moved = m.set_aside_newer(8, m.periodic_path(8))
     assert sorted(p.name for p in moved) == ["final.pt.superseded", "step-00000016.pt.superseded",
                                              "step-00000024.pt.superseded"]
     assert [p.name for p in m.candidates()] == ["step-00000008.pt"]

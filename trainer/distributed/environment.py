@@ -46,8 +46,8 @@ def port_from_job_id(job_id: str, step_id: str | int = 0) -> int:
 
 
 def slurm_job_to_requeue(env: Mapping[str, str]) -> str | None:
-    """SLURM_JOB_ID, or ARRAYID_TASKID inside a job array: `scontrol requeue` of an array task's job id can
-    name the whole array (task 0's job id is the array's), which would restart every task."""
+    """SLURM_JOB_ID, or ARRAYID_TASKID inside a job array: one task's job id is the array's own (on Slurm
+    22.05 the last task started), and `scontrol requeue` of it would restart every task."""
     if not env.get("SLURM_JOB_ID"):
         return None
     array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")

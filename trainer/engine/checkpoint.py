@@ -147,6 +147,11 @@ def check_compatible(ckpt: dict[str, Any], recipe: str, model: torch.nn.Module, 
                               f"(see the checkpoint's config).")
 
 
+def _global_step(path: Path) -> int:
+    """global_step of a checkpoint without reading its tensors (they stay memory-mapped)."""
+    return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+
+
 def step_of(path: Path) -> int:
     """The step number of a periodic checkpoint's name."""
     return int(PERIODIC.match(path.name).group(1))
@@ -206,14 +211,16 @@ class CheckpointManager:
             log.warning("removed %s, the temporary of a checkpoint save that was interrupted", tmp)
         return found
 
-    def set_aside_newer(self, step: int) -> list[Path]:
-        """After resuming at `step`: periodic/final files of a later step belong to an abandoned history;
-        rename them *.superseded so that neither pruning nor a later `--resume auto` picks them."""
+    def set_aside_newer(self, step: int, resumed: str | Path) -> list[Path]:
+        """After resuming `resumed` at `step`: periodic/final files of a later step belong to an abandoned
+        history; rename them *.superseded so that neither pruning nor a later `--resume auto` picks them."""
         moved = []
         for path in self.candidates():
+            if path.resolve() == Path(resumed).resolve():
+                continue
             try:
-                later = (step_of(path) if PERIODIC.match(path.name) else load(path)["global_step"]) > step
-            except CheckpointError:
+                later = (step_of(path) if PERIODIC.match(path.name) else _global_step(path)) > step
+            except Exception:  # unreadable: newest_valid sets it aside when it meets it
                 continue
             if later:
                 moved.append(set_aside(path, ".superseded"))

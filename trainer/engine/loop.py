@@ -220,7 +220,7 @@ class Loop:
         log.info("resumed from %s: epoch %d, batch %d, step %d", path, self.state.epoch,
                  self.state.batch_in_epoch, self.state.global_step)
         if self.info.is_main:
-            self.ckpts.set_aside_newer(self.state.global_step)
+            self.ckpts.set_aside_newer(self.state.global_step, path)
         return True
 
     # ---------------------------------------------------------------- training
@@ -314,9 +314,10 @@ class Loop:
     def _stop_on_bad_loss(self) -> None:
         """A NaN/inf loss on any rank: stop before anything else is written; the checkpoints on disk were
         all written before it, so the last good one stays the newest."""
-        newest = self.ckpts.candidates()[:1] if self.info.is_main else []
-        last = f"the last good checkpoint is {newest[0]}" if newest else "no checkpoint was written yet"
-        if not self.info.is_main:
+        if self.info.is_main:
+            newest = self.ckpts.candidates()[:1]
+            last = f"the last good checkpoint is {newest[0]}" if newest else "no checkpoint was written yet"
+        else:
             last = "rank 0 names the last good checkpoint"
         raise NonFiniteLossError(
             f"non-finite loss at step {self.state.global_step} (epoch {self.state.epoch}, batch "
