@@ -8,7 +8,7 @@ BENCH_ARGS    ?=
 BENCH_SLURM   ?= 1
 # the local cluster's directory: fresh and private at each start (hpc/cluster/where.sh); HPC_CLUSTER_DIR picks one
 
-.PHONY: setup demo bench bench-recipes faults-report test test-fast lint lock image sif slurm-install slurm-up slurm-down slurm-env clean help
+.PHONY: setup demo bench bench-recipes faults-report test test-fast lint ruff lock image sif slurm-install slurm-up slurm-down slurm-env clean help
 
 help:
 	@echo "make setup        virtual environment in $(VENV) (torch==$(TORCH_VERSION), CPU build where available)"
@@ -18,6 +18,7 @@ help:
 	@echo "make faults-report  the fault tests with their time-to-exit figures (bench/results/faults.md)"
 	@echo "make test         set up, install Slurm (Debian packages) and run the whole test suite"
 	@echo "make test-fast    unit + multi-process tests only (no Slurm cluster)"
+	@echo "make lint         ruff, shellcheck, hadolint (ruff also runs in make test)"
 	@echo "make image / sif  build the Docker / Apptainer image (make lock re-pins docker/requirements.lock)"
 	@echo "make slurm-up     start the local Slurm cluster (2 nodes x 4 CPUs x 4 fake GPUs)"
 	@echo "make slurm-down   stop it;  eval \"\$$(make -s slurm-env)\" points a shell at it"
@@ -60,13 +61,17 @@ faults-report: setup slurm-install
 		tests/distributed/test_resume_and_faults.py tests/unit/test_submit.py $(PYTEST_ARGS)
 	$(BIN)/python -m bench.faults bench/results/faults.jsonl
 
-test: setup slurm-install
+test: setup slurm-install ruff
 	$(BIN)/python -m pytest -rs --durations=10 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -rs -m "not slurm" $(PYTEST_ARGS)
 
-lint: setup
+# the Python linter (pinned in the test extra, settings in pyproject.toml); part of `make test`
+ruff: setup
+	$(BIN)/ruff check .
+
+lint: setup ruff
 	$(BIN)/python -m compileall -q trainer hpc tests
 	$(BIN)/shellcheck -x slurm/common.sh slurm/*.sbatch hpc/cluster/*.sh .ci/run
 	$(BIN)/hadolint Dockerfile

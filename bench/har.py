@@ -137,7 +137,8 @@ def main(argv=None) -> int:
     import torch
     report = dict(recipe="har", seeds=args.seeds, basicmotions_data=str(basic),
                   basicmotions=basicmotions(basic, args.seeds, args.modes.split(","), out),
-                  throughput_data="real UCI HAR" if args.uci else f"synthetic, UCI HAR layout, {args.synth_preset} size",
+                  throughput_data="real UCI HAR" if args.uci
+                  else f"synthetic, UCI HAR layout, {args.synth_preset} size",
                   throughput=throughput(Path(args.uci) if args.uci else synth, args.steps, out),
                   uci_har=uci_accuracy(Path(args.uci), out) if args.uci else
                   dict(skipped="no --uci folder (archive.ics.uci.edu is not reachable from the build machines)"),

@@ -165,7 +165,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "kgat.json"                       # sections this run does not redo are kept
     report: dict = json.loads(path.read_text()) if path.exists() else {}
-    report.update(recipe="kgat", reference=REFERENCE, machine=dict(cpus=os.cpu_count(), threads=env()["OMP_NUM_THREADS"]))
+    report.update(recipe="kgat", reference=REFERENCE,
+                  machine=dict(cpus=os.cpu_count(), threads=env()["OMP_NUM_THREADS"]))
     if args.data:
         report[args.section] = movielens(args.data, out, args.epochs, args.seeds, args.extra)
     if args.scale:

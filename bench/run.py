@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import re
@@ -21,7 +20,6 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -33,32 +31,12 @@ from bench.harness import cost_shares, scaling_efficiency, step_stats  # noqa: E
 from bench.report import plot, tables  # noqa: E402
 
 
-@dataclass(frozen=True)
-class Preset:
-    """CPU-sized settings of a recipe and the synthetic-data overrides that give at least n training samples."""
-    batch: int
-    args: tuple[str, ...]
-    data: Callable[[int], list[str]]
+def presets() -> dict:
+    """The registered recipes' bench presets (trainer/recipes/<name>/spec.py: `bench`)."""
+    from trainer.registry import specs
+    return {s.name: s.bench for s in specs() if s.bench is not None}
 
 
-def _video_data(n: int) -> list[str]:
-    videos = 10                                    # 2 validate, 2 test (data.*_fraction 0.2): 6 train videos
-    frames = max(60, math.ceil(n / 6 * 1.05))
-    return [f"data.synthetic_videos={videos}", f"data.synthetic_frames={frames}"]
-
-
-PRESETS = {
-    # one training sequence per user
-    "sasrec": Preset(64, ("data.maxlen=50", "model.hidden=32", "eval.max_users=200"),
-                     lambda n: [f"data.synthetic_users={max(800, math.ceil(n * 1.1))}"]),
-    # CF steps only: the epoch's CF phase comes first; train.txt keeps 0.8 x 0.9 of the interactions
-    "kgat": Preset(1024, ("data.synthetic_users=3000", "data.synthetic_items=2000", "data.synthetic_entities=4000",
-                          "data.synthetic_triples=20000"),
-                   lambda n: [f"data.synthetic_interactions={max(6000, math.ceil(n / 0.72 * 1.05))}"]),
-    # the synthetic cases' test and validation splits go by subject: about half of the cases train
-    "har": Preset(64, (), lambda n: [f"data.synthetic_cases={max(600, math.ceil(n / 0.5 * 1.1))}"]),
-    "video": Preset(8, ("model.arch=light", "data.size=64", "data.clip_len=9", "train.num_workers=1"), _video_data),
-}
 COMMON = ("--epochs", "100000", "train.log_every_steps=1", "train.eval_every_epochs=100000", "ckpt.every_epochs=0",
           "train.tensorboard=false", "train.progress=off", "ckpt.save_best=false", "train.measure_sync=true")
 LAUNCHERS = ("torchrun", "independent", "slurm")
@@ -68,7 +46,8 @@ def clean_env(**extra: str) -> dict[str, str]:
     """This environment without a surrounding Slurm job's variables (they would make the trainer a Slurm
     task), one thread per rank."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
-    return dict(env, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **extra)
+    path = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))   # plugins stay importable
+    return dict(env, OMP_NUM_THREADS="1", PYTHONPATH=path, **extra)
 
 
 def slurm_conf() -> tuple[str | None, str]:
@@ -91,10 +70,8 @@ def slurm_conf() -> tuple[str | None, str]:
 
 
 def trainer_args(recipe: str, run_dir: Path, steps: int, warmup: int, max_world: int, out: Path) -> list[str]:
-    preset = PRESETS[recipe]
-    data = preset.data(max_world * (warmup + steps) * preset.batch)
-    if recipe == "video":                          # the synthetic videos' size is part of the cache's name
-        data.append(f"data.cache={out / 'data' / ('video-' + '-'.join(d.split('=')[1] for d in data))}")
+    preset = presets()[recipe]
+    data = preset.data(max_world * (warmup + steps) * preset.batch, out)
     return ["-m", "trainer", "train", "--recipe", recipe, "--run-dir", str(run_dir), "--batch-size",
             str(preset.batch), *preset.args, *data, *COMMON, f"train.max_steps={warmup + steps}"]
 
@@ -173,7 +150,7 @@ def run_one(recipe: str, launcher: str, world: int, steps: int, warmup: int, max
         print(f"WARNING {tag}: the timed steps span epochs {stats['epochs_timed']}: partial batches and epoch "
               f"start-up are in the figures (fewer --steps, or a larger preset)", file=sys.stderr)
     record = dict(recipe=recipe, launcher=launcher, world=world, threads_per_rank=1,
-                  batch_per_rank=PRESETS[recipe].batch, warmup=warmup, wall_s=round(wall, 2),
+                  batch_per_rank=presets()[recipe].batch, warmup=warmup, wall_s=round(wall, 2),
                   **{k: round(v, 6) if isinstance(v, float) else v for k, v in stats.items()})
     print(f"{recipe:<7} {launcher:<11} world {world} #{rep}: {record['samples_per_s']:9.1f} samples/s, step "
           f"{record['step_time_median_s']:.4f} s (p90 {record['step_time_p90_s']:.4f}), loader wait "
@@ -228,7 +205,8 @@ def summarize(records: list[dict]) -> list[dict]:
             ddp, shared, slurm = (runs.get((launcher, w)) for launcher in LAUNCHERS)
             row = dict(recipe=recipe, world=w)
             if base:
-                row.update(samples_per_s_1=round(base["samples_per_s"], 2), step_time_median_s=base["step_time_median_s"],
+                row.update(samples_per_s_1=round(base["samples_per_s"], 2),
+                           step_time_median_s=base["step_time_median_s"],
                            step_time_p90_s=base["step_time_p90_s"], data_wait_frac=base["data_wait_frac"],
                            peak_rss_mb=base["peak_rss_mb"], eval_time_s=base["eval_time_s"],
                            first_step_s_1=base["first_step_s"], params=base["params"])
@@ -257,7 +235,8 @@ def machine() -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("recipes", nargs="*", default=list(PRESETS), help=f"any of {', '.join(PRESETS)} (default all)")
+    known = presets()
+    p.add_argument("recipes", nargs="*", default=list(known), help=f"any of {', '.join(known)} (default all)")
     p.add_argument("--world", type=int, nargs="+", default=[1, 2], help="world sizes (default 1 2)")
     p.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first")
@@ -267,9 +246,9 @@ def main(argv=None) -> int:
                    help="also launch through srun on a Slurm cluster (auto: when one answers)")
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "harness"))
     args = p.parse_args(argv)
-    unknown = [r for r in args.recipes if r not in PRESETS]
+    unknown = [r for r in args.recipes if r not in known]
     if unknown:
-        p.error(f"unknown recipe(s) {unknown}; choose from {', '.join(PRESETS)}")
+        p.error(f"unknown recipe(s) {unknown}; choose from {', '.join(known)}")
     if min(args.world) < 1 or args.steps < 1 or args.warmup < 0 or args.repeat < 1:
         p.error("--world >= 1, --steps >= 1, --warmup >= 0 and --repeat >= 1")
     conf, why = slurm_conf() if args.slurm != "off" else (None, "--slurm off")
@@ -277,7 +256,7 @@ def main(argv=None) -> int:
         p.error(f"--slurm on: {why}")
     if conf is None:
         print(f"Slurm launch path not measured: {why}", flush=True)
-    out = Path(args.out)
+    out = Path(args.out).resolve()       # the trainer runs with cwd=REPO
     out.mkdir(parents=True, exist_ok=True)
     worlds, top = sorted(set(args.world)), max(args.world)
     records: list[dict] = []

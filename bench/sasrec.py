@@ -95,6 +95,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results = [run_variant(v, args.data, args.epochs, out, args.seed) for v in args.variants.split(",")]
     import platform
+
     import torch
     report = dict(recipe="sasrec", dataset="ml-100k", reference=REFERENCE, results=results,
                   machine=dict(cpus=os.cpu_count(), python=platform.python_version(), torch=str(torch.__version__),

@@ -1,6 +1,6 @@
 """Submit trainer runs to Slurm through submitit (or run them locally), one task per GPU.
 
-    python hpc/submit.py --recipe sasrec --config configs/sasrec/ml-1m.yaml --nodes 2 --gpus-per-node 4 \\
+    trainer-submit --recipe sasrec --config configs/sasrec/ml-1m.yaml --nodes 2 --gpus-per-node 4 \\
         --time 04:00:00 --partition gpu --follow
     python hpc/submit.py --recipe sasrec --nodes 1 --tasks-per-node 4 --dry-run data.path=data/ml-1m
     python hpc/submit.py --recipe sasrec --sweep train.lr=0.001,0.0003 --sweep model.hidden=64,128 ...
@@ -19,11 +19,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # `python hpc/submit.py`: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from hpc.slurm_info import SubmitError, parse_time_min, partition_gpus, srun_supports  # noqa: E402
-from trainer.cli import FLAG_KEYS, flags_from_args, get_train_parser, parse_args  # noqa: E402
+try:    # `python hpc/submit.py` works where the project is installed (make setup: pip install -e .)
+    from hpc.slurm_info import SubmitError, parse_time_min, partition_gpus, srun_supports
+    from trainer.cli import flag_keys, flags_from_args, get_train_parser, parse_args
+except ModuleNotFoundError as err:   # e.g. a Python other than the project's venv
+    if err.name not in ("hpc", "trainer"):
+        raise
+    sys.exit(f"error: {sys.executable} does not have the hpc-trainer package installed ({err}).\n"
+             f"HINT: run `make setup` and use .venv/bin/python, or `pip install -e .` in the repository; "
+             f"the installed command is `trainer-submit`.")
 
 SIGNAL_DELAY_S = 120    # USR2 this long before the time limit: enough to write a checkpoint
 
@@ -178,7 +182,7 @@ def validate(args) -> None:
 def trainer_argv(args, run_dir: Path, extra: list[str]) -> list[str]:
     """The `python -m trainer train` arguments of one run (absolute paths: tasks may start elsewhere)."""
     argv = []
-    for dest in ("recipe", "config", *FLAG_KEYS):
+    for dest in ("recipe", "config", *flag_keys()):
         value = getattr(args, dest, None)
         if value is None or dest in ("run_dir", "resume"):
             continue

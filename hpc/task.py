@@ -23,13 +23,6 @@ from typing import Any
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
 
-def _global_rank() -> int:
-    for name in ("SUBMITIT_LOCAL_GLOBALID", "SLURM_PROCID", "RANK"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 0
-
-
 def _bind_threads() -> None:
     """One OpenMP pool per task sized by --cpus-per-task (Slurm no longer exports OMP_NUM_THREADS)."""
     cpus = os.environ.get("SLURM_CPUS_PER_TASK", "")
@@ -50,22 +43,24 @@ class TrainTask:
     def __call__(self) -> dict[str, Any]:
         from trainer.__main__ import run_train
         from trainer.cli import get_parser, parse_args
+        from trainer.distributed.environment import select_environment
         _bind_threads()
         logging.getLogger("submitit").propagate = False   # it has its own handler: no doubled lines
         args = parse_args(get_parser(), ["train", *self.argv])
         result, cfg = run_train(args)
+        where = select_environment()          # the launch facts, as the trainer read them
         summary = dict(status=result.status, global_step=result.global_step, metrics=result.metrics,
-                       run_dir=os.path.abspath(cfg.run_dir), restarts=int(os.environ.get("SLURM_RESTART_COUNT", 0)))
+                       run_dir=os.path.abspath(cfg.run_dir), restarts=where.restart_count)
         if result.status == "preempted":
-            self._after_preemption(result.signal)
+            self._after_preemption(result.signal, where.rank)
         return summary
 
-    def _after_preemption(self, signum: int) -> None:
+    def _after_preemption(self, signum: int, rank: int) -> None:
         """Every rank has saved the same checkpoint; now requeue (rank 0) or leave without a result."""
         if os.environ.get("SUBMITIT_EXECUTOR") not in ("slurm", "local"):
             return  # in-process (debug): report the preempted status to the caller
         handler = signal.getsignal(signal.SIGUSR2)
-        if signum in REQUEUE_SIGNALS and _global_rank() == 0 and callable(handler):
+        if signum in REQUEUE_SIGNALS and rank == 0 and callable(handler):
             handler(signal.SIGUSR2, None)  # submitit: checkpoint(), then requeue or raise
         if signum not in REQUEUE_SIGNALS:
             time.sleep(float(os.environ.get("TERM_HOLD_S", 600)))

@@ -14,7 +14,9 @@ from typing import ClassVar
 import torch
 
 from trainer.bounds import FRACTION, POSITIVE, Bound
-from trainer.recipes.base import Recipe, register_recipe
+from trainer.engine.recipe import Recipe
+from trainer.registry import register
+from trainer.spec import RecipeSpec
 
 
 @dataclass
@@ -77,16 +79,13 @@ def _fail_before_rendezvous() -> None:
         raise RuntimeError(f"toy: rank {rank} fails before the rendezvous (TOY_FAIL_RANK)")
 
 
-@register_recipe("toy")
+def _toy_model_config() -> ToyModelConfig:
+    _fail_before_rendezvous()
+    return ToyModelConfig()
+
+
 class ToyRecipe(Recipe):
     """Regression with MSE; primary metric val mse (lower is better)."""
-
-    data_config = ToyDataConfig
-
-    @classmethod
-    def model_config(cls):
-        _fail_before_rendezvous()
-        return ToyModelConfig()
 
     primary_metric = ("mse", "min")
 
@@ -132,3 +131,7 @@ class ToyRecipe(Recipe):
 
     def compute_metrics(self, totals):
         return {"mse": float(totals["sq_err"] / totals["count"]), "count": int(totals["count"])}
+
+
+register(RecipeSpec(name="toy", recipe=ToyRecipe, summary="test-only MLP regression", data_config=ToyDataConfig,
+                    model_config=_toy_model_config))

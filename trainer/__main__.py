@@ -13,9 +13,9 @@ from pathlib import Path
 
 from trainer.cli import flags_from_args, get_parser, parse_args
 from trainer.config import ConfigError, build_config, from_dict, parse_override, save_config, set_key
+from trainer.data.download import DownloadError, check_data_path
 from trainer.distributed import runtime
 from trainer.distributed.environment import LaunchError, select_environment
-from trainer.data.download import DownloadError, check_data_path
 from trainer.engine.checkpoint import CheckpointError
 
 log = logging.getLogger("trainer")
@@ -33,8 +33,8 @@ def resolve_run_dir(cfg, info) -> str:
 
 def build_recipe(cfg, info):
     """The recipe object, given only its own config sections."""
-    from trainer.recipes.base import get_recipe_class
-    return get_recipe_class(cfg.recipe)(cfg.data, cfg.model, cfg.train, info, eval_cfg=cfg.eval, seed=cfg.seed)
+    from trainer.registry import get_spec
+    return get_spec(cfg.recipe).recipe_class()(cfg.data, cfg.model, cfg.train, info, eval_cfg=cfg.eval, seed=cfg.seed)
 
 
 def run_train(args):

@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Any
 
-from trainer.recipes.base import recipe_names
+from trainer.registry import recipe_names, specs
 
 # CLI flag (argparse dest) -> config key; flags sit between the YAML file and key=value overrides
 FLAG_KEYS = {
@@ -17,8 +17,14 @@ FLAG_KEYS = {
     "lr": "train.lr", "weight_decay": "train.weight_decay", "warmup_steps": "train.warmup_steps",
     "warmup_epochs": "train.warmup_epochs", "amp": "train.amp", "strategy": "dist.strategy",
     "gpu_ids": "dist.gpu_ids", "resume": "ckpt.resume", "init_from": "ckpt.init_from", "run_dir": "run_dir",
-    "seed": "seed", "mode": "model.mode", "private": "private",
+    "seed": "seed", "private": "private",
 }
+
+
+def flag_keys() -> dict[str, str]:
+    """FLAG_KEYS plus the recipes' own flags (their specs' `flags`)."""
+    extra = {f.name.lstrip("-").replace("-", "_"): f.key for s in specs() for f in s.flags}
+    return {**FLAG_KEYS, **extra}
 
 
 def _gpu_ids(text: str) -> list[int]:
@@ -59,8 +65,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--private", action="store_const", const=True,
                    help="run directory, checkpoints and logs readable by you only (umask 077; an existing "
                         "run directory is tightened), for shared file systems")
-    g.add_argument("--mode", choices=["flatten", "average", "first"],
-                   help="har: channel fusion (model.mode): concatenate, average, or the first channel only")
+    for spec in specs():
+        for flag in spec.flags:
+            g.add_argument(flag.name, type=flag.type, choices=flag.choices, help=f"{spec.name}: {flag.help}")
     g.add_argument("overrides", nargs="*", metavar="key=value",
                    help="config overrides, e.g. train.lr=0.01 data.path=DIR model.hidden=64")
     return parser
@@ -95,7 +102,7 @@ def get_parser() -> argparse.ArgumentParser:
 
 def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """{config key: value} for the flags that were given."""
-    return {key: getattr(args, dest) for dest, key in FLAG_KEYS.items() if getattr(args, dest, None) is not None}
+    return {key: getattr(args, dest) for dest, key in flag_keys().items() if getattr(args, dest, None) is not None}
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None = None,

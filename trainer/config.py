@@ -14,6 +14,8 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from trainer.bounds import FRACTION, POSITIVE, Bound, out_of_range
+from trainer.registry import get_spec
+from trainer.spec import EmptyConfig
 
 
 class ConfigError(ValueError):
@@ -85,11 +87,6 @@ class DistConfig:
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     timeout_s: float = 1800.0            # process-group timeout: a dead rank ends the others
     find_unused_parameters: bool = False
-
-
-@dataclass
-class EmptyConfig:
-    """Placeholder for a recipe without options in a section."""
 
 
 @dataclass
@@ -245,10 +242,9 @@ def load_yaml(path: str | Path) -> dict:
 
 def default_config(recipe: str) -> Config:
     """Dataclass defaults, with the recipe's own data/model sections."""
-    from trainer.recipes.base import get_recipe_class
-    cls = get_recipe_class(recipe)
-    cfg = Config(recipe=recipe, data=cls.data_config(), model=cls.model_config(), eval=cls.eval_config())
-    for key, value in cls.defaults.items():
+    spec = get_spec(recipe)
+    cfg = Config(recipe=recipe, data=spec.data_config(), model=spec.model_config(), eval=spec.eval_config())
+    for key, value in spec.defaults.items():
         set_key(cfg, key, value, f"recipe {recipe} defaults")
     return cfg
 

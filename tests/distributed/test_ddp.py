@@ -1,8 +1,8 @@
 """Real multi-process gloo training on CPU: DDP equivalence, sharded evaluation, accumulation, torchrun."""
 import json
+import subprocess
 
 from tests.conftest import PY, REPO, assert_close, clean_env, free_port, run_ranks, trainer, weights
-import subprocess
 
 # plain SGD and no dropout: the comparison is about data and gradient handling, not RNG streams
 BASE = ("--recipe", "toy", "--epochs", "1", "--seed", "7", "train.optimizer=sgd", "train.lr=0.05",

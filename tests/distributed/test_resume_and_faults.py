@@ -4,8 +4,7 @@ import time
 
 import pytest
 
-from tests.conftest import (assert_bitwise_equal, launch_ranks, record_fault, run_ranks, trainer, wait_all,
-                            weights)
+from tests.conftest import assert_bitwise_equal, launch_ranks, record_fault, run_ranks, trainer, wait_all, weights
 
 # 256 samples / batch 32 = 8 steps per epoch; dropout on, so RNG restore matters
 RUN = ("--recipe", "toy", "--epochs", "3", "--seed", "3", "train.tensorboard=false", "ckpt.every_epochs=1")

@@ -10,8 +10,9 @@ from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, launch_ran
 RUN = ("--recipe", "toy", "--epochs", "1", "--seed", "2", "train.tensorboard=false")
 
 
-@pytest.mark.parametrize("launcher", [["-m", "torch.distributed.launch"], ["-m", "torch.distributed.launch",
-                                                                           "--use-env"], ["-m", "torch.distributed.run"]])
+@pytest.mark.parametrize("launcher", [["-m", "torch.distributed.launch"],
+                                      ["-m", "torch.distributed.launch", "--use-env"],
+                                      ["-m", "torch.distributed.run"]])
 def test_two_processes_under_the_seed_launchers(tmp_path, launcher):
     """torch.distributed.launch passes --local-rank=N to the script (unless --use-env)."""
     proc = subprocess.run([PY, *launcher, "--nproc-per-node", "2", "-m", "trainer", "train", *RUN,

@@ -11,8 +11,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import (PY, REPO, assert_bitwise_equal, clean_env, record_fault, run_ranks, slurm_env,
-                            weights)
+from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, record_fault, run_ranks, slurm_env, weights
 from tests.slurm.test_cluster import TOY, sbatch, trainer_cmd, wait_job
 
 ARGS = (*TOY, "--epochs", "3", "train.num_workers=2", "ckpt.every_steps=4", "data.step_sleep=0.05")
@@ -92,4 +91,5 @@ def test_preempting_a_job_step_with_loader_workers_requeues_and_resumes(slurm_cl
     assert checkpointed is not None
     record_fault(f"{how} of a 2-node srun job step with loader workers (num_workers=2)", steps_lost=0,
                  exit_s=round(checkpointed, 2),
-                 outcome="agreed checkpoint (time: signal to checkpoint written), Slurm restarts the job, bitwise resume")
+                 outcome="agreed checkpoint (time: signal to checkpoint written), Slurm restarts the job, "
+                         "bitwise resume")

@@ -3,8 +3,8 @@ and errors that name the file, line and field."""
 import math
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 from tests.conftest import REPO
 from trainer.recipes.har.data import DataError, read_ts
@@ -94,7 +94,8 @@ def test_uci_har_layout_reads_nine_signals_labels_and_subjects(tmp_path):
 
 
 @pytest.mark.parametrize("target,edit,message", [
-    ("train/y_train.txt", lambda t: t.replace("\n", "\n7\n", 1), "y_train.txt:2: field 'activity': 7 is not an integer in 1..6"),
+    ("train/y_train.txt", lambda t: t.replace("\n", "\n7\n", 1),
+     "y_train.txt:2: field 'activity': 7 is not an integer in 1..6"),
     ("train/subject_train.txt", lambda t: "0\n" + t.split("\n", 1)[1], "subject_train.txt:1: field 'subject': 0"),
     ("train/Inertial Signals/total_acc_z_train.txt", lambda t: t.replace("e", "x", 1),
      "total_acc_z_train.txt:1: field 'value 1'"),

@@ -4,8 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, assert_bitwise_equal, eval_one_and_three, run_ranks, trainer, train_until_sigterm, \
-    weights
+from tests.conftest import (
+    REPO,
+    assert_bitwise_equal,
+    eval_one_and_three,
+    run_ranks,
+    train_until_sigterm,
+    trainer,
+    weights,
+)
 from trainer.engine.logging import read_metrics
 from trainer.recipes.har import data as hd
 

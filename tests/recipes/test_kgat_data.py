@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import PY, REPO, clean_env
 from trainer.recipes.kgat import build
 from trainer.recipes.kgat import data as kd
-from tests.conftest import PY, REPO, clean_env
 
 ML100K = REPO.parent / "shared" / "data" / "ml-100k"
 

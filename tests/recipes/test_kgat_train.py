@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import assert_bitwise_equal, eval_one_and_three, run_ranks, trainer, train_until_sigterm, weights
+from tests.conftest import assert_bitwise_equal, eval_one_and_three, run_ranks, train_until_sigterm, trainer, weights
 from trainer.engine.optim import phased
 from trainer.recipes.kgat import data as D
+from trainer.recipes.kgat.config import KGATDataConfig
 from trainer.recipes.kgat.metrics import finalize, topk_sums
 from trainer.recipes.kgat.recipe import load_data
 from trainer.recipes.kgat.sampling import EpochPlan, PhaseSampler, rows_mask
@@ -25,7 +26,7 @@ def rows(run_dir, split):
 
 
 def sampler():
-    data = load_data(D.KGATDataConfig())
+    data = load_data(KGATDataConfig())
     return data, PhaseSampler(data, D.build_ckg(data))
 
 
@@ -88,7 +89,7 @@ def test_phased_optimizer_keeps_one_state_per_phase_and_round_trips():
     assert torch.equal(w, w2)
 
 
-def popularity_recall20(cfg: D.KGATDataConfig) -> float:
+def popularity_recall20(cfg: KGATDataConfig) -> float:
     """recall@20 of ranking the items by training popularity (train and validation items excluded)."""
     d = load_data(cfg)
     pop = torch.tensor(np.bincount(np.concatenate(d.train), minlength=d.n_items), dtype=torch.float64)
@@ -109,7 +110,7 @@ def trained(tmp_path_factory):
 
 
 def test_two_rank_ddp_beats_popularity_on_recall20(trained):
-    baseline = popularity_recall20(D.KGATDataConfig())
+    baseline = popularity_recall20(KGATDataConfig())
     test = rows(trained, "test")[-1]
     assert test["users"] == 300 and test["recall@100"] >= test["recall@20"]
     assert test["recall@20"] > baseline + 0.05, (test["recall@20"], baseline)
@@ -134,7 +135,7 @@ def test_resume_in_the_kg_phase_is_bitwise_exact(tmp_path):
     args = ("train", *SMALL, "--epochs", "2", "--batch-size", "128", "ckpt.every_epochs=1")
     trainer(*args, "--run-dir", str(tmp_path / "ref"))
     # SIGTERM 5 steps into epoch 1's KG phase (epoch length: the step of the first epoch's summary)
-    n_cf_steps = len(load_data(D.KGATDataConfig()).pairs("train")[0]) // 128 + 1
+    n_cf_steps = len(load_data(KGATDataConfig()).pairs("train")[0]) // 128 + 1
     per_epoch = [r["step"] for r in rows(tmp_path / "ref", "train") if "cf_loss" in r][0]
     kill_at = per_epoch + n_cf_steps + 5
     proc = train_until_sigterm("trainer.recipes.kgat.recipe", "KGATRecipe", kill_at, args, tmp_path / "run")

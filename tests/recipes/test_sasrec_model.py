@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.recipes.sasrec.model import MHCMaps, SeqRec, SeqRecConfig, SelfAttention, sinkhorn
+from trainer.recipes.sasrec.model import MHCMaps, SelfAttention, SeqRec, SeqRecConfig, sinkhorn
 from trainer.recipes.sasrec.recipe import rank_stats
 
 VARIANTS = [dict(time=t, mhc=m) for t in (True, False) for m in (True, False)]

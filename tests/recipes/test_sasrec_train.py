@@ -10,13 +10,14 @@ import torch
 
 from tests.conftest import REPO, assert_bitwise_equal, clean_env, run_ranks, trainer, weights
 from trainer.recipes.sasrec import data as D
+from trainer.recipes.sasrec.config import SeqDataConfig
 
 SMALL = ("--recipe", "sasrec", "--seed", "11", "train.tensorboard=false", "data.synthetic_users=300",
          "data.synthetic_items=120", "data.synthetic_mean_len=25", "data.maxlen=24", "model.hidden=32",
          "model.heads=2", "train.lr=0.005", "train.eval_every_epochs=5")
 
 
-def popularity_ndcg10(cfg: D.SeqDataConfig, seed: int) -> float:
+def popularity_ndcg10(cfg: SeqDataConfig, seed: int) -> float:
     """NDCG@10 of ranking the sampled candidates by training popularity (ties in its favour)."""
     split = D.Split(D.load(cfg))
     pop = D.popularity_scores(split)
@@ -43,7 +44,7 @@ def trained(tmp_path_factory):
 
 
 def test_two_rank_ddp_beats_popularity(trained):
-    cfg = D.SeqDataConfig(synthetic_users=300, synthetic_items=120, synthetic_mean_len=25, maxlen=24)
+    cfg = SeqDataConfig(synthetic_users=300, synthetic_items=120, synthetic_mean_len=25, maxlen=24)
     baseline = popularity_ndcg10(cfg, 11)
     test = rows(trained, "test")[-1]
     assert [r["checkpoint"] for r in rows(trained, "test")] == ["final", "best"]   # best reported last

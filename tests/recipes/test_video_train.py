@@ -3,7 +3,7 @@ chance clearly, sharded evaluation equals single-process, bitwise resume mid-epo
 import numpy as np
 import pytest
 
-from tests.conftest import assert_bitwise_equal, eval_one_and_three, run_ranks, trainer, train_until_sigterm, weights
+from tests.conftest import assert_bitwise_equal, eval_one_and_three, run_ranks, train_until_sigterm, trainer, weights
 from trainer.engine.logging import read_metrics
 from trainer.recipes.video.data import synth_videos
 
@@ -60,6 +60,7 @@ def test_resume_mid_epoch_is_bitwise_exact(tmp_path, videos):
 
 def test_a_corrupt_video_stops_every_rank_with_its_name(tmp_path, videos):
     import shutil
+
     from tests.conftest import launch_ranks, wait_all
     data = tmp_path / "data"
     shutil.copytree(videos, data, ignore=shutil.ignore_patterns(".frame-cache"))

@@ -11,7 +11,7 @@ import torch
 
 from tests.conftest import PY, REPO, slurm_env
 from tests.slurm.test_cluster import wait_job
-from trainer.recipes.kgat.data import KGATDataConfig
+from trainer.recipes.kgat.config import KGATDataConfig
 from trainer.recipes.kgat.recipe import load_data
 
 SCRIPTS = sorted((REPO / "slurm").glob("*.sbatch"))
@@ -217,7 +217,8 @@ def test_image_runs_tasks_through_apptainer(slurm_cluster, tmp_path):
     info = wait_job(slurm_cluster, job, timeout=240)
     assert info["JobState"] == "COMPLETED", (tmp_path / "logs" / f"sasrec-{job}.out").read_text()[-3000:]
     calls = (tmp_path / "apptainer.calls").read_text().splitlines()
-    assert len(calls) == 2 and all(c.startswith(f"apptainer exec --nv --bind {tmp_path} {image} python -m trainer train")
+    assert len(calls) == 2 and all(
+        c.startswith(f"apptainer exec --nv --bind {tmp_path} {image} python -m trainer train")
                                    for c in calls)
     missing = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", "--ntasks-per-node=1",
                             "--gpus-per-node=1", "--cpus-per-task=1", env=dict(env, IMAGE=str(tmp_path / "no.sif")))

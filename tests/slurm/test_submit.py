@@ -6,7 +6,6 @@ import subprocess
 import time
 from pathlib import Path
 
-
 from tests.conftest import PY, REPO, assert_bitwise_equal, slurm_env, weights
 from tests.slurm.test_cluster import job_info, wait_job
 
@@ -40,7 +39,8 @@ def test_sasrec_eight_ranks_on_two_nodes(slurm_cluster, tmp_path):
     job = job_id(proc.stdout)
     final = next(line for line in proc.stdout.splitlines() if line.startswith(f"job {job}: "))
     result = json.loads(final.split(" ", 3)[3])
-    assert final.split()[2] == "COMPLETED" and result["status"] == "completed" and "ndcg@10" in result["metrics"]["test"]
+    assert final.split()[2] == "COMPLETED" and result["status"] == "completed"
+    assert "ndcg@10" in result["metrics"]["test"]
     assert sacct_state(slurm_cluster, job) == "COMPLETED"
     log = (tmp_path / "run" / "train.log").read_text()
     assert "world=8" in log and "launcher=submitit" in log.replace(" ", "=") or "world=8" in log

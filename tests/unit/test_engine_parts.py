@@ -122,6 +122,7 @@ def test_best_checkpoint_tie_break(best, best_tie, metrics, expected):
 
 def test_throughput_counts_the_time_spent_waiting_for_batches():
     import time as _time
+
     from trainer.engine.metrics import Throughput
 
     def slow_loader():

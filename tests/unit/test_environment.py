@@ -3,9 +3,16 @@ import re
 
 import pytest
 
-from trainer.distributed.environment import (LaunchError, LocalEnvironment, SlurmEnvironment,
-                                             SubmititEnvironment, TorchrunEnvironment, parse_tasks_per_node,
-                                             port_from_job_id, select_environment)
+from trainer.distributed.environment import (
+    LaunchError,
+    LocalEnvironment,
+    SlurmEnvironment,
+    SubmititEnvironment,
+    TorchrunEnvironment,
+    parse_tasks_per_node,
+    port_from_job_id,
+    select_environment,
+)
 from trainer.distributed.runtime import choose_backend, choose_device
 
 SRUN_2x2 = dict(SLURM_JOB_ID="4242", SLURM_PROCID="3", SLURM_LOCALID="1", SLURM_NODEID="1", SLURM_STEP_ID="0",
@@ -159,6 +166,12 @@ def test_a_non_integer_slurm_count_is_an_error_naming_the_variable(var, value):
 def test_the_job_to_requeue_is_the_array_task_not_the_array(env, requeue_id):
     """Seen on main: `scontrol requeue $SLURM_JOB_ID` from array task 0 named the array, requeueing every task."""
     assert select_environment(env).requeue_id == requeue_id
+
+
+@pytest.mark.parametrize("env,can", [(SRUN_2x2, True), (TORCHRUN, False), (SUBMITIT, True), ({}, False),
+                                     (dict(SUBMITIT, SUBMITIT_EXECUTOR="local"), False)])
+def test_can_requeue_is_a_launch_fact_of_the_environment(env, can):
+    assert select_environment(env).can_requeue is can
 
 
 def test_restart_count():

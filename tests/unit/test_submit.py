@@ -56,7 +56,8 @@ def test_trainer_argv_round_trips_through_the_trainer_parser(tmp_path, monkeypat
     from trainer.cli import flags_from_args, get_parser, parse_args
     back = parse_args(get_parser(), ["train", *argv])
     assert back.recipe == "sasrec" and back.run_dir == str(tmp_path / "run") and back.resume == "auto"
-    assert flags_from_args(back) == dict(flags_from_args(args), run_dir=str(tmp_path / "run"), **{"ckpt.resume": "auto"})
+    expected = dict(flags_from_args(args), run_dir=str(tmp_path / "run"), **{"ckpt.resume": "auto"})
+    assert flags_from_args(back) == expected
     assert back.overrides == ["model.hidden=8", "train.batch_size=16", "model.blocks=1"]
 
 

@@ -137,6 +137,11 @@ class LaunchEnvironment:
         return None
 
     @property
+    def can_requeue(self) -> bool:
+        """A requeue follows a signal checkpoint: rank 0 runs `scontrol requeue requeue_id` (or submitit does)."""
+        return self.requeue_id is not None
+
+    @property
     def restart_count(self) -> int:
         """How often Slurm restarted this job (SLURM_RESTART_COUNT; 0 outside Slurm)."""
         return _int(self.env, "SLURM_RESTART_COUNT", self.name, default=0)
@@ -400,6 +405,11 @@ class SubmititEnvironment(SlurmEnvironment):
     def requeue_id(self) -> str | None:
         """None: submitit's own checkpoint() path requeues."""
         return None
+
+    @property
+    def can_requeue(self) -> bool:
+        """submitit's Slurm executor requeues through TrainTask.checkpoint(); its local executor does not."""
+        return not self.is_local
 
     @property
     def job_id(self) -> str | None:

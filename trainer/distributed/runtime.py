@@ -35,7 +35,8 @@ class DistInfo:
     job_id: str | None = None
     requeue_id: str | None = None     # the Slurm job rank 0 requeues after a signal checkpoint (None: none)
     dp_devices: tuple[int, ...] = ()  # --strategy dp: the CUDA devices DataParallel spreads each batch over
-    restart_count: int = 0            # SLURM_RESTART_COUNT
+    restart_count: int = 0            # how often the scheduler restarted this job (SLURM_RESTART_COUNT)
+    can_requeue: bool = False         # a requeue follows a signal checkpoint (scontrol requeue or submitit)
 
     @property
     def is_main(self) -> bool:
@@ -124,7 +125,8 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
     return DistInfo(rank=env.rank, local_rank=env.local_rank, world_size=world, node_rank=env.node_rank,
                     device=device, backend=backend, launcher=env.name,
                     local_world_size=env.local_world_size, job_id=env.job_id, requeue_id=env.requeue_id,
-                    restart_count=env.restart_count, dp_devices=dp_devices)
+                    restart_count=env.restart_count, can_requeue=env.can_requeue,
+                    dp_devices=dp_devices)
 
 
 def teardown(info: DistInfo, clean: bool = True) -> None:

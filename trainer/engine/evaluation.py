@@ -9,7 +9,7 @@ import torch
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine.data import ShardSampler, make_loader
-from trainer.recipes.base import Recipe, move_to
+from trainer.engine.recipe import Recipe, move_to
 
 
 @torch.no_grad()

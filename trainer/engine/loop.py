@@ -20,14 +20,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer.config import Config, to_dict
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
-from trainer.engine import checkpoint as ckpt_io, syncwait
+from trainer.engine import checkpoint as ckpt_io
+from trainer.engine import syncwait
 from trainer.engine.data import ResumableSampler, make_loader, per_rank_batch_size
 from trainer.engine.evaluation import evaluate
 from trainer.engine.logging import MetricsWriter, progress_bar
 from trainer.engine.metrics import SystemStats, Throughput
 from trainer.engine.optim import build_optimizer, build_scheduler, scaled_lr
 from trainer.engine.preemption import PreemptionHandler
-from trainer.recipes.base import Recipe, move_to
+from trainer.engine.recipe import Recipe, move_to
 
 log = logging.getLogger(__name__)
 MAX_STEPS = -1  # pseudo-signal: the step budget is spent
@@ -470,10 +471,12 @@ class Driver:
                     loop.state.global_step)
         loop.save("periodic")
         if self.info.is_main:     # tells slurm/common.sh this 143 is a checkpointed stop, not a crash
-            (loop.run_dir / PREEMPTED_MARKER).write_text(f"{name} epoch {loop.state.epoch} step {loop.state.global_step}\n")
+            marker = f"{name} epoch {loop.state.epoch} step {loop.state.global_step}\n"
+            (loop.run_dir / PREEMPTED_MARKER).write_text(marker)
         requeued = False
         # srun tasks and torchrun inside an allocation requeue here; submitit requeues via checkpoint()
-        if self.info.is_main and name in self.cfg.ckpt.requeue_signals and self.info.requeue_id:
+        if self.info.is_main and name in self.cfg.ckpt.requeue_signals and self.info.can_requeue \
+                and self.info.requeue_id:
             from trainer.engine.preemption import requeue_slurm_job
             requeued = requeue_slurm_job(self.info.requeue_id)
         requeued = bool(runtime.broadcast_object(requeued, self.info))
@@ -504,7 +507,7 @@ class Driver:
 def fit(recipe: Recipe, info: DistInfo, cfg: Config) -> FitResult:
     """Train recipe under the given process layout; checkpoints and logs go to cfg.run_dir."""
     if info.restart_count:
-        log.info("SLURM_RESTART_COUNT=%d (job %s)", info.restart_count, info.job_id)
+        log.info("restart %d of job %s (launcher %s)", info.restart_count, info.job_id, info.launcher)
     loop = Loop(recipe, info, cfg)
     if info.is_main:
         (loop.run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)

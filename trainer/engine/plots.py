@@ -12,7 +12,8 @@ log = logging.getLogger(__name__)
 CELL, PAD = 44, 8
 
 
-def confusion_png(cm: Sequence[Sequence[float]], names: Sequence[str], path: str | Path, title: str = "") -> Path | None:
+def confusion_png(cm: Sequence[Sequence[float]], names: Sequence[str], path: str | Path,
+                  title: str = "") -> Path | None:
     """A confusion matrix (rows: true class, columns: predicted) as a PNG heat map with counts; the colour
     of a cell is its share of the row, so rare classes stay readable. None when Pillow is missing."""
     try:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from trainer.distributed import runtime
 from trainer.engine.metrics import classification_metrics, confusion_matrix
 from trainer.engine.plots import confusion_png
-from trainer.recipes.base import Recipe
+from trainer.engine.recipe import Recipe
 
 
 class ClassifierRecipe(Recipe):

@@ -79,7 +79,8 @@ def read_ts(path: str | Path) -> Series:
                 continue
             if not in_data:
                 if not line.startswith("@"):
-                    raise DataError(f"{path}:{lineno}: expected a @directive or @data before the cases, got {line[:40]!r}")
+                    raise DataError(f"{path}:{lineno}: expected a @directive or @data before the cases, "
+                                    f"got {line[:40]!r}")
                 key, _, value = line[1:].partition(" ")
                 if key.lower() == "data":
                     in_data = True

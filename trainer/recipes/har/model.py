@@ -9,36 +9,12 @@ average takes their mean (E), first encodes channel 0 only (E; the other channel
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.bounds import FRACTION, POSITIVE, Bound
-
-
-@dataclass
-class HARModelConfig:
-    """Encoder, fusion and head."""
-
-    bounds: ClassVar[dict[str, Bound]] = dict(width=POSITIVE, depth=POSITIVE, kernel_size=POSITIVE, patch=POSITIVE,
-                                              heads=POSITIVE,
-                                              embed_dim=POSITIVE, hidden=Bound(0, zero="a linear head"),
-                                              dropout=FRACTION, label_smoothing=FRACTION)
-
-    mode: Literal["flatten", "average", "first"] = "flatten"
-    encoder: Literal["cnn", "transformer"] = "cnn"
-    width: int = 64                   # conv channels / transformer width
-    depth: int = 3                    # conv blocks (each halves the length) / transformer layers
-    kernel_size: int = 7
-    patch: int = 16                   # transformer: samples per patch
-    heads: int = 4
-    embed_dim: int = 64               # per-channel embedding E
-    hidden: int = 128                 # head hidden units (0: a linear head)
-    dropout: float = 0.3
-    label_smoothing: float = 0.0
+from trainer.recipes.har.config import HARModelConfig
 
 
 def valid_mask(lengths: torch.Tensor, size: int, full: int) -> torch.Tensor:

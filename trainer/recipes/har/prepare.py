@@ -10,37 +10,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 
-from trainer.bounds import FRACTION, POSITIVE, Bound
 from trainer.recipes.har import data as D
+from trainer.recipes.har.config import HARDataConfig
 from trainer.recipes.har.data import DataError, Series
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class HARDataConfig:
-    """Where the windows come from and how they are split and normalised."""
-
-    bounds: ClassVar[dict[str, Bound]] = dict(val_fraction=FRACTION, length=Bound(0, zero="the longest case"),
-                                              synthetic_cases=POSITIVE, synthetic_channels=POSITIVE,
-                                              synthetic_length=POSITIVE, synthetic_classes=Bound(2))
-
-    path: str = ""                    # UCI HAR folder, UEA folder (*_TRAIN.ts), arrays folder or file; "": synthetic
-    format: Literal["auto", "uci-har", "ts", "arrays"] = "auto"
-    val_fraction: float = 0.2         # of the training cases, when the dataset has no validation file
-    val_split: Literal["auto", "subject", "stratified"] = "auto"   # auto: by subject where subjects are known
-    standardize: bool = True          # per channel, statistics of the training split only
-    length_mode: Literal["pad", "resample"] = "pad"
-    length: int = 0                   # target length (0: the longest case; resample: the longest training case)
-    synthetic_cases: int = 600        # synthetic data (data.path empty): cases, channels, length, classes
-    synthetic_channels: int = 9
-    synthetic_length: int = 128
-    synthetic_classes: int = 6
 
 
 @dataclass
@@ -242,3 +220,18 @@ def load(cfg: HARDataConfig, seed: int = 0) -> HARData:
         log.warning("data.length=%d is shorter than the longest case (%d): cases are truncated", length, longest)
     splits = {k: to_windows(s, mean, std, length, cfg.length_mode) for k, s in raw.items() if s.samples}
     return HARData(splits, names, mean, std, source)
+
+
+def write_synthetic_uci(out: str | Path, n_train: int, n_test: int, seed: int = 0) -> Path:
+    """Synthetic windows written in the UCI HAR layout; 9 of 30 subjects are the test set, as in UCI HAR."""
+    rng = np.random.default_rng(seed)
+    test_ids = np.arange(1, 31)[::3] + 1
+    train_ids = np.setdiff1d(np.arange(1, 31), test_ids)
+    ids = np.concatenate([rng.choice(train_ids, n_train), rng.choice(test_ids, n_test)])
+    s = D.synthesize(n=n_train + n_test, seed=seed, subject_ids=ids)
+    s.class_names = list(D.UCI_ACTIVITIES)
+    is_test = np.arange(n_train + n_test) >= n_train
+    root = Path(out) / "UCI HAR Dataset"
+    for split, mask in (("train", ~is_test), ("test", is_test)):
+        D.write_uci_har(root, split, subset(s, mask))
+    return root

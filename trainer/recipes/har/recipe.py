@@ -12,8 +12,8 @@ import numpy as np
 import torch.nn.functional as F
 
 from trainer.recipes.classify import ClassifierRecipe
-from trainer.recipes.har.model import HARModelConfig, HARNet
-from trainer.recipes.har.prepare import HARDataConfig, load
+from trainer.recipes.har.model import HARNet
+from trainer.recipes.har.prepare import load
 
 log = logging.getLogger(__name__)
 
@@ -21,10 +21,6 @@ log = logging.getLogger(__name__)
 class HARRecipe(ClassifierRecipe):
     """Cross-entropy (optional label smoothing) over windows; best checkpoint by validation macro-F1."""
 
-    data_config = HARDataConfig
-    model_config = HARModelConfig
-    defaults = {"train.amp": "auto", "train.batch_size": 64, "train.epochs": 30, "train.lr": 2e-3,
-                "train.weight_decay": 1e-2, "train.warmup_epochs": 1.0}
 
     def build_datasets(self):
         self.data = d = load(self.data_cfg, self.seed)

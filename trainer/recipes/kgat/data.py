@@ -13,42 +13,15 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
 
 import numpy as np
 import torch
-
-from trainer.bounds import POSITIVE, Bound
 
 log = logging.getLogger(__name__)
 
 
 class DataError(ValueError):
     """Malformed input; the message names the file, line and field."""
-
-
-@dataclass
-class KGATDataConfig:
-    """Where the data comes from and how it is split."""
-
-    bounds: ClassVar[dict[str, Bound]] = dict(val_fraction=Bound(0, 1, hi_open=True, zero="the test split is used"),
-                                              kg_batch_size=Bound(0, zero="twice the CF batch"),
-                                              synthetic_users=POSITIVE, synthetic_items=POSITIVE,
-                                              synthetic_entities=POSITIVE, synthetic_relations=POSITIVE,
-                                              synthetic_triples=POSITIVE, synthetic_interactions=POSITIVE)
-
-    path: str = ""                 # folder in the KGAT format; "" = synthetic data generated in memory
-    val_fraction: float = 0.1      # of each user's train items, held out for early stopping (0: use test)
-    split_seed: int = 2019
-    laplacian: Literal["random-walk", "symmetric"] = "random-walk"
-    kg_batch_size: int = 0         # KG triples per rank and step (0: twice the CF batch, the seed's rule)
-    synthetic_users: int = 300
-    synthetic_items: int = 200
-    synthetic_entities: int = 400  # including the items
-    synthetic_relations: int = 4
-    synthetic_triples: int = 2400
-    synthetic_interactions: int = 6000
-    synthetic_seed: int = 0
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-KS = (20, 40, 60, 80, 100)
+from trainer.recipes.kgat.config import KS
 
 
 def _discounts(n: int, device) -> torch.Tensor:

@@ -9,35 +9,15 @@ from __future__ import annotations
 
 import warnings
 import zipfile
-from dataclasses import dataclass, field
-from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.bounds import FRACTION, POSITIVE, Bound
+from trainer.recipes.kgat.config import KGATModelConfig
 
 ATTENTION_CHUNK = 1 << 20          # edges per chunk when refreshing attention (bounds peak memory)
-
-
-@dataclass
-class KGATModelConfig:
-    bounds: ClassVar[dict[str, Bound]] = dict(embed_dim=POSITIVE, relation_dim=POSITIVE, layers=POSITIVE,
-                                              mess_dropout=FRACTION)
-    embed_dim: int = 64
-    relation_dim: int = 64
-    layers: list[int] = field(default_factory=lambda: [64, 32, 16])
-    mess_dropout: float = 0.1
-    aggregator: Literal["bi-interaction", "gcn", "graphsage"] = "bi-interaction"
-    cf_l2: float = 1e-5
-    kg_l2: float = 1e-5
-    pretrain: str = ""             # mf.npz with user_embed/item_embed from BPR-MF ("" = random init)
-    phase_optimizers: Literal["separate", "shared"] = "separate"   # one optimizer state per phase (original)
-    # what the next layer reads: "raw" (the original TF code: the un-normalised output; only the copies
-    # concatenated into the final embedding are L2-normalised) or "normalized" (the PyTorch ports)
-    layer_input: Literal["raw", "normalized"] = "raw"
 
 
 def l2_mean(x: torch.Tensor) -> torch.Tensor:

@@ -7,35 +7,23 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 
-from trainer.bounds import POSITIVE, Bound
 from trainer.distributed import runtime
 from trainer.engine.data import per_rank_batch_size
 from trainer.engine.optim import optimizer_spec, phased
-from trainer.recipes.base import Recipe, unwrap
+from trainer.engine.recipe import Recipe, unwrap
 from trainer.recipes.kgat import build
 from trainer.recipes.kgat import data as D
-from trainer.recipes.kgat.metrics import KS, finalize, sums_from_hits
-from trainer.recipes.kgat.model import KGAT, KGATModelConfig
+from trainer.recipes.kgat.config import KGATDataConfig
+from trainer.recipes.kgat.metrics import finalize, sums_from_hits
+from trainer.recipes.kgat.model import KGAT
 from trainer.recipes.kgat.sampling import EpochPlan, PhaseSampler, batch_entries, csr, hits_of
 
 log = logging.getLogger(__name__)
 SPLITS = ("val", "test")
-
-
-@dataclass
-class KGATEvalConfig:
-    """Full-ranking evaluation over every item a user has not trained on."""
-
-    bounds: ClassVar[dict[str, Bound]] = dict(ks=POSITIVE)
-
-    ks: list[int] = field(default_factory=lambda: list(KS))
-    ndcg: Literal["standard", "original"] = "standard"   # original: the KGAT code's inflated IDCG
 
 
 class Users(torch.utils.data.Dataset):
@@ -65,7 +53,7 @@ class Interactions(torch.utils.data.Dataset):
         return int(self.users[i]), int(self.items[i])
 
 
-def load_data(cfg: D.KGATDataConfig) -> D.KGATData:
+def load_data(cfg: KGATDataConfig) -> D.KGATData:
     """The folder at cfg.path (KGAT format), or synthetic data; with the validation hold-out."""
     if cfg.path:
         data = D.load(cfg.path)
@@ -79,9 +67,6 @@ def load_data(cfg: D.KGATDataConfig) -> D.KGATData:
 class KGATRecipe(Recipe):
     """BPR on propagated embeddings (CF phase) and TransR (KG phase), attention refreshed every epoch."""
 
-    data_config = D.KGATDataConfig
-    model_config = KGATModelConfig
-    eval_config = KGATEvalConfig
     primary_metric = ("recall@20", "max")
     find_unused_parameters = True     # the CF loss leaves the TransR parameters out, the KG loss the layers
     broadcast_buffers = False         # the graph's index buffers are built alike on every rank; attention is

@@ -12,12 +12,11 @@ import csv
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 
-from trainer.bounds import POSITIVE, Bound
+from trainer.recipes.sasrec.config import SeqDataConfig
 
 log = logging.getLogger(__name__)
 FOLDER_FILES = ("u.data", "ratings.dat", "ratings.csv", "interactions.tsv", "interactions.csv", "ratings.tsv")
@@ -28,26 +27,6 @@ TIME_COLS = ("timestamp", "time", "ts", "datetime")
 
 class DataError(ValueError):
     """Malformed input; the message names the file, line and field."""
-
-
-@dataclass
-class SeqDataConfig:
-    """Where the interactions come from and how they are cut into samples."""
-
-    bounds: ClassVar[dict[str, Bound]] = dict(kcore=Bound(0, zero="no filtering"), maxlen=POSITIVE,
-                                              train_negatives=POSITIVE,
-                                              synthetic_users=POSITIVE, synthetic_items=Bound(2),
-                                              synthetic_mean_len=POSITIVE)
-
-    path: str = ""                        # file or folder; "" = synthetic data generated in memory
-    format: Literal["auto", "pairs", "udata", "dat", "csv"] = "auto"
-    kcore: int = 0                        # keep users and items with >= k interactions (TiSASRec: 5)
-    maxlen: int = 50                      # sequence length fed to the model
-    train_negatives: int = 1              # sampled negatives per position
-    synthetic_users: int = 800
-    synthetic_items: int = 300
-    synthetic_mean_len: int = 40
-    synthetic_seed: int = 0
 
 
 @dataclass

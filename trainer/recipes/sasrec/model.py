@@ -6,41 +6,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainer.bounds import FRACTION, POSITIVE, Bound
-
-
-@dataclass
-class SeqRecConfig:
-    """Model variant and sizes. time=False -> SASRec attention; mhc=False -> plain residuals."""
-
-    bounds: ClassVar[dict[str, Bound]] = dict(hidden=POSITIVE, blocks=POSITIVE, heads=POSITIVE, dropout=FRACTION,
-                                              time_span=POSITIVE, mhc_streams=POSITIVE, mhc_sinkhorn_iters=POSITIVE,
-                                              length_buckets=POSITIVE)
-
-    hidden: int = 50
-    blocks: int = 2
-    heads: int = 1
-    dropout: float = 0.2
-    norm: Literal["pre", "post"] = "pre"       # pre-LN (the maintained port) or post-LN (the paper)
-    time: bool = True                          # TiSASRec time-interval aware attention
-    time_span: int = 256                       # intervals are clipped at this many (rescaled) units
-    mhc: bool = True                           # manifold-constrained hyper-connections
-    mhc_streams: int = 4
-    mhc_sinkhorn_iters: int = 20
-    mhc_gate_init: float = 0.01
-    mhc_fp32: bool = True                      # mHC maps in fp32 under AMP (the seed's --mhc_no_amp)
-    loss: Literal["bce", "sampled_softmax"] = "bce"
-    l2_emb: float = 0.0
-    grad_checkpoint: bool = False
-    length_buckets: int = 4                    # rows sorted by length, each bucket trimmed of padding
+from trainer.recipes.sasrec.config import SeqRecConfig
 
 
 def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:

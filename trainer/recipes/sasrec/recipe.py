@@ -5,39 +5,20 @@ model.mhc=false -> TiSASRec, both false -> SASRec.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 import torch.nn.functional as F
 
-from trainer.bounds import POSITIVE, Bound
-from trainer.recipes.base import Recipe, unwrap
+from trainer.engine.recipe import Recipe, unwrap
 from trainer.recipes.sasrec import data as D
-from trainer.recipes.sasrec.model import SeqRec, SeqRecConfig
+from trainer.recipes.sasrec.model import SeqRec
 
 KS = (5, 10, 20)
-
-
-@dataclass
-class SeqEvalConfig:
-    """Evaluation protocol."""
-
-    bounds: ClassVar[dict[str, Bound]] = dict(negatives=POSITIVE, max_users=Bound(0, zero="every user"))
-
-    negatives: int = 100          # sampled protocol: the target plus this many never-seen items
-    max_users: int = 0            # 0: every user (the reference ports silently stop at 10,000)
-    full_ranking: bool = True     # also rank all items (history excluded): full_hr/ndcg/recall@5,10,20
 
 
 class SASRecRecipe(Recipe):
     """Next-item prediction with BCE (or sampled softmax) on sampled negatives."""
 
-    data_config = D.SeqDataConfig
-    model_config = SeqRecConfig
-    eval_config = SeqEvalConfig
     primary_metric = ("ndcg@10", "max")
-    defaults = {"train.clip_grad_norm": 1.0}     # the seed's main.py always clips (max norm 1)
 
     def build_datasets(self):
         d, e = self.data_cfg, self.eval_cfg

@@ -7,45 +7,17 @@ labelled with the centre frame's class. Videos are split whole (no video in two 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from trainer.bounds import FRACTION, POSITIVE, Bound
 from trainer.recipes.video import data as D
+from trainer.recipes.video.config import VideoDataConfig
 from trainer.recipes.video.data import CacheSpec, DataError, Labels
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class VideoDataConfig:
-    """Videos, annotations, frame cache, clips and the video-level split."""
-
-    bounds: ClassVar[dict[str, Bound]] = dict(size=Bound(0, zero="as decoded"), clip_len=POSITIVE, clip_stride=POSITIVE,
-                                              sample_every=POSITIVE, val_fraction=FRACTION, test_fraction=FRACTION,
-                                              synthetic_videos=POSITIVE, synthetic_frames=POSITIVE,
-                                              synthetic_classes=Bound(2))
-
-    path: str = ""                    # videos + Annotations/ or labels.csv; "": synthetic videos in the cache folder
-    annotations: str = "auto"         # auto | upstream | csv (a labels.csv path may be given instead)
-    merge: dict = field(default_factory=dict)   # upstream action merges, e.g. {paw_guard: paw_withdraw}
-    cache: str = ""                   # frame cache folder ("": <path>/.frame-cache)
-    size: int = 128                   # frames resized to size x size (0: as decoded)
-    gray: bool = True
-    clip_len: int = 17                # T, odd
-    clip_stride: int = 1              # frames between the clip's frames
-    sample_every: int = 1             # use every k-th labelled frame as a clip centre
-    val_fraction: float = 0.2         # of the videos
-    test_fraction: float = 0.2
-    val_videos: list[str] = field(default_factory=list)     # explicit split (file names) instead of fractions
-    test_videos: list[str] = field(default_factory=list)
-    synthetic_videos: int = 8         # synthetic data (path empty)
-    synthetic_frames: int = 90
-    synthetic_classes: int = 4
 
 
 class Clips(torch.utils.data.Dataset):
@@ -209,5 +181,7 @@ def _clips(items: list[Labels], manifest: dict, cache: Path, cfg: VideoDataConfi
         vid.append(np.full(len(a.frames[keep]), v))
         centres.append(a.frames[keep])
         labels.append(a.labels[keep])
-    cat = (lambda xs: np.concatenate(xs).astype(np.int64))
+
+    def cat(xs):
+        return np.concatenate(xs).astype(np.int64)
     return Clips(files, lengths, cat(vid), cat(centres), cat(labels), cfg.clip_len, cfg.clip_stride)

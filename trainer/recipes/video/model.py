@@ -9,27 +9,11 @@ classes with dropout. `light` halves the widths and the head. `r3d_18` is torchv
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar, Literal
-
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainer.bounds import FRACTION, Bound
-
-
-@dataclass
-class VideoModelConfig:
-    """Architecture and memory options."""
-
-    bounds: ClassVar[dict[str, Bound]] = dict(dropout=FRACTION, label_smoothing=FRACTION)
-
-    arch: Literal["mouse3d", "light", "r3d_18"] = "mouse3d"
-    dropout: float = 0.5
-    grad_checkpoint: bool = False     # recompute each block in the backward pass (less activation memory)
-    label_smoothing: float = 0.0
-
+from trainer.recipes.video.config import VideoModelConfig
 
 WIDTHS = {"mouse3d": ((32, 64, 128, 256), (512, 256)), "light": ((16, 32, 64, 128), (256, 128))}
 

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from trainer.distributed import runtime
 from trainer.recipes.classify import ClassifierRecipe
-from trainer.recipes.video.clips import VideoDataConfig, prepare, weights_table
-from trainer.recipes.video.model import VideoModelConfig, build
+from trainer.recipes.video.clips import prepare, weights_table
+from trainer.recipes.video.model import build
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +23,6 @@ log = logging.getLogger(__name__)
 class VideoRecipe(ClassifierRecipe):
     """Clips arrive as uint8 (4x less to copy); they become floats in [-1, 1] on the device."""
 
-    data_config = VideoDataConfig
-    model_config = VideoModelConfig
-    defaults = {"train.amp": "auto", "train.batch_size": 16, "train.epochs": 20, "train.lr": 1e-3,
-                "train.weight_decay": 1e-2, "train.warmup_epochs": 1.0, "train.clip_grad_norm": 1.0,
-                "train.num_workers": 2}
 
     def build_datasets(self):
         info = self.dist

@@ -1,65 +1,13 @@
-"""The Recipe protocol and the registry of recipes by name.
+"""The interface a recipe implements, and the batch helpers the engine and recipes share.
 
-A recipe builds its data, model, loss and evaluator from its own config sections only. Built-in
-recipes are listed by import path (nothing heavy is imported to list them); out-of-tree recipes are
-loaded from the modules named in TRAINER_PLUGINS (comma-separated), which call register_recipe().
+    class MyRecipe(Recipe):          # trainer/recipes/<name>/recipe.py; its spec.py registers it
+        def build_datasets(self): ...
 """
 from __future__ import annotations
 
-import importlib
-import os
 from typing import Any, ClassVar, Sequence
 
 import torch
-
-from trainer.config import EmptyConfig
-
-_BUILTIN: dict[str, str] = {          # name -> "module:Class" (imported on first use)
-    "har": "trainer.recipes.har.recipe:HARRecipe",
-    "kgat": "trainer.recipes.kgat.recipe:KGATRecipe",
-    "sasrec": "trainer.recipes.sasrec.recipe:SASRecRecipe",
-    "video": "trainer.recipes.video.recipe:VideoRecipe",
-}
-_REGISTRY: dict[str, Any] = {}
-_PLUGINS_LOADED: set[str] = set()
-
-
-def register_recipe(name: str, target: Any = None):
-    """Register a Recipe class (or 'module:Class') under name; usable as a decorator."""
-    def deco(obj):
-        _REGISTRY[name] = obj
-        if isinstance(obj, type):
-            obj.name = name
-        return obj
-    return deco(target) if target is not None else deco
-
-
-def _load_plugins() -> None:
-    """Import the modules listed in TRAINER_PLUGINS once each."""
-    for mod in filter(None, (m.strip() for m in os.environ.get("TRAINER_PLUGINS", "").split(","))):
-        if mod not in _PLUGINS_LOADED:
-            _PLUGINS_LOADED.add(mod)
-            importlib.import_module(mod)
-
-
-def recipe_names() -> list[str]:
-    """Every registered recipe name, sorted."""
-    _load_plugins()
-    return sorted(set(_BUILTIN) | set(_REGISTRY))
-
-
-def get_recipe_class(name: str) -> type["Recipe"]:
-    """The Recipe class registered under name, or a ValueError listing the known names."""
-    _load_plugins()
-    target = _REGISTRY.get(name, _BUILTIN.get(name))
-    if target is None:
-        raise ValueError(f"unknown recipe {name!r}; registered recipes: {', '.join(recipe_names()) or 'none'}")
-    if isinstance(target, str):
-        module, attr = target.split(":")
-        target = getattr(importlib.import_module(module), attr)
-        _REGISTRY[name] = target
-        target.name = name
-    return target
 
 
 class Recipe:
@@ -72,20 +20,15 @@ class Recipe:
     """
 
     name: ClassVar[str] = "base"
-    data_config: ClassVar[type] = EmptyConfig
-    model_config: ClassVar[type] = EmptyConfig
-    eval_config: ClassVar[type] = EmptyConfig
     primary_metric: ClassVar[tuple[str, str]] = ("loss", "min")   # (val metric, "min" | "max")
     tie_break_metric: ClassVar[tuple[str, str] | None] = None     # decides between equal primary values
     find_unused_parameters: ClassVar[bool] = False   # DDP: some steps leave parameters without gradients
     broadcast_buffers: ClassVar[bool] = True         # DDP: rank 0's buffers to every rank before each forward
-    defaults: ClassVar[dict[str, Any]] = {}          # dotted keys over the engine's defaults (below YAML)
 
     def __init__(self, data_cfg: Any, model_cfg: Any, train_cfg: Any, dist: Any, eval_cfg: Any = None,
-                 seed: int = 0):
+                 seed: int = 0, loss_cfg: Any = None):
         self.data_cfg, self.model_cfg, self.train_cfg, self.dist = data_cfg, model_cfg, train_cfg, dist
-        self.eval_cfg = eval_cfg if eval_cfg is not None else self.eval_config()
-        self.seed = seed
+        self.eval_cfg, self.loss_cfg, self.seed = eval_cfg, loss_cfg, seed
 
     def build_datasets(self) -> tuple[torch.utils.data.Dataset, dict[str, torch.utils.data.Dataset]]:
         """(training set, {"val": ..., "test": ...}); evaluation sets may be empty."""
@@ -155,8 +98,6 @@ def move_to(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(move_to(v, device, non_blocking) for v in batch)
     return batch
-
-
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -1,0 +1,51 @@
+"""README "How to add a recipe", followed literally: its files are written to a scratch folder and its
+commands run there. A fifth recipe gets train, eval, data synth and a bench preset without any file of the
+repository changing."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from tests.conftest import REPO, clean_env
+
+
+def readme_section() -> str:
+    text = (REPO / "README.md").read_text()
+    return text.split("## How to add a recipe\n", 1)[1].split("\n## ", 1)[0]
+
+
+def blocks(section: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", section, re.S)
+
+
+def test_readme_recipe_folder_trains_evaluates_synthesizes_and_benches(tmp_path):
+    section = readme_section()
+    files = blocks(section, "python")
+    assert len(files) == 4, "the section shows config.py, recipe.py, data.py and spec.py"
+    for code in files:
+        name = re.match(r"# (\S+\.py)", code).group(1)
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(code)
+    (tmp_path / "tinyreg" / "__init__.py").touch()
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
+    script = blocks(section, "bash")
+    assert len(script) == 1
+    env = clean_env(REPO=str(REPO), PATH=f"{Path(os.sys.executable).parent}:{os.environ['PATH']}")
+    env.pop("TRAINER_PLUGINS")
+    out = subprocess.run(["bash", "-euxc", script[0]], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = (tmp_path / "data/tinyreg/points.csv").read_text().splitlines()
+    assert len(rows) == 400                                     # data synth tinyreg --points 400
+    val = [json.loads(line) for line in (tmp_path / "runs/tinyreg/metrics.jsonl").read_text().splitlines()
+           if '"split": "val"' in line]
+    assert len(val) == 4 and val[-1]["mse"] < val[0]["mse"]     # it learns
+    evaluated, _ = json.JSONDecoder().raw_decode(out.stdout[out.stdout.index('{\n "checkpoint"'):])
+    assert evaluated["test"]["mse"] < 0.5                        # `trainer eval` of the final checkpoint
+    bench = json.loads((tmp_path / "runs/bench-tinyreg/tinyreg-torchrun-w1.json").read_text())
+    assert bench["recipe"] == "tinyreg" and bench["batch_per_rank"] == 32 and bench["samples_per_s"] > 0
+    after = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
+    assert after == before, "adding a recipe changed files of the repository"

@@ -1,0 +1,106 @@
+"""The layout DESIGN.md's Direction asks for, checked on the source: no import circles in trainer/ and hpc/,
+a submitter that never imports torch, launch facts only through DistInfo, and small functions and classes."""
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+from tests.conftest import PY, REPO, clean_env
+
+PACKAGES = ("trainer", "hpc")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for pkg in PACKAGES:
+        for path in (REPO / pkg).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports_of(path: Path, name: str, known: dict[str, Path]) -> set[str]:
+    """Every project module path imports, at any depth of the file (function-level imports count too)."""
+    is_pkg = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".")[: len(name.split(".")) - node.level + (1 if is_pkg else 0)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        out |= {t for t in targets if t in known and t != name}
+    return out
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_circle_in_trainer_and_hpc():
+    known = modules()
+    graph = {name: imports_of(path, name, known) for name, path in known.items()}
+    assert sum(map(len, graph.values())) > 100, "the walker found the imports"
+    assert "trainer.engine.recipe" in graph["trainer.recipes.sasrec.recipe"]
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_cycle_finder_finds_a_planted_circle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+def test_engine_does_not_import_recipes():
+    known = modules()
+    for name, path in known.items():
+        if name.startswith("trainer.engine"):
+            assert not {m for m in imports_of(path, name, known) if m.startswith("trainer.recipes")}, name
+
+
+def test_submit_help_and_dry_run_never_import_torch(tmp_path):
+    probe = ("import runpy, sys\nsys.argv = ['hpc/submit.py'] + sys.argv[1:]\n"
+             "try:\n    runpy.run_path('hpc/submit.py', run_name='__main__')\nexcept SystemExit as e:\n"
+             "    code = e.code\nprint('TORCH', 'torch' in sys.modules, 'EXIT', code)\n")
+    for argv in (["--help"], ["--recipe", "sasrec", "--nodes", "2", "--dry-run", "--run-dir", str(tmp_path / "r"),
+                              "model.hidden=16"]):
+        env = clean_env(TRAINER_PLUGINS="")          # the built-in recipes only (the toy plugin imports torch)
+        out = subprocess.run([PY, "-c", probe, *argv], cwd=REPO, env=env, capture_output=True, text=True)
+        assert "TORCH False EXIT 0" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "#SBATCH --nodes=2" in out.stdout
+
+
+def test_submit_is_installed_as_a_console_script():
+    script = Path(PY).parent / "trainer-submit"
+    assert script.exists(), "pip install -e . installs trainer-submit"
+    out = subprocess.run([str(script), "--help"], cwd="/", env=clean_env(), capture_output=True, text=True)
+    assert out.returncode == 0 and "--gpus-per-node" in out.stdout
+    assert "sys.path.insert" not in (REPO / "hpc/submit.py").read_text()
+
+
+def test_engine_reads_no_slurm_variable():
+    for path in (REPO / "trainer/engine").rglob("*.py"):
+        text = path.read_text()
+        assert "SLURM_" not in text and "os.environ" not in text.replace("os.environ.get(\"TERM", ""), path

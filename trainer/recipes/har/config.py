@@ -1,0 +1,50 @@
+"""The har recipe's config sections (no torch here: the CLI, config and hpc/submit.py read them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from trainer.bounds import FRACTION, POSITIVE, Bound
+
+
+@dataclass
+class HARDataConfig:
+    """Where the windows come from and how they are split and normalised."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(val_fraction=FRACTION, length=Bound(0, zero="the longest case"),
+                                              synthetic_cases=POSITIVE, synthetic_channels=POSITIVE,
+                                              synthetic_length=POSITIVE, synthetic_classes=Bound(2))
+
+    path: str = ""                    # UCI HAR folder, UEA folder (*_TRAIN.ts), arrays folder or file; "": synthetic
+    format: Literal["auto", "uci-har", "ts", "arrays"] = "auto"
+    val_fraction: float = 0.2         # of the training cases, when the dataset has no validation file
+    val_split: Literal["auto", "subject", "stratified"] = "auto"   # auto: by subject where subjects are known
+    standardize: bool = True          # per channel, statistics of the training split only
+    length_mode: Literal["pad", "resample"] = "pad"
+    length: int = 0                   # target length (0: the longest case; resample: the longest training case)
+    synthetic_cases: int = 600        # synthetic data (data.path empty): cases, channels, length, classes
+    synthetic_channels: int = 9
+    synthetic_length: int = 128
+    synthetic_classes: int = 6
+
+
+@dataclass
+class HARModelConfig:
+    """Encoder, fusion and head."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(width=POSITIVE, depth=POSITIVE, kernel_size=POSITIVE, patch=POSITIVE,
+                                              heads=POSITIVE,
+                                              embed_dim=POSITIVE, hidden=Bound(0, zero="a linear head"),
+                                              dropout=FRACTION, label_smoothing=FRACTION)
+
+    mode: Literal["flatten", "average", "first"] = "flatten"
+    encoder: Literal["cnn", "transformer"] = "cnn"
+    width: int = 64                   # conv channels / transformer width
+    depth: int = 3                    # conv blocks (each halves the length) / transformer layers
+    kernel_size: int = 7
+    patch: int = 16                   # transformer: samples per patch
+    heads: int = 4
+    embed_dim: int = 64               # per-channel embedding E
+    hidden: int = 128                 # head hidden units (0: a linear head)
+    dropout: float = 0.3
+    label_smoothing: float = 0.0

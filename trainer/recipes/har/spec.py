@@ -1,0 +1,40 @@
+"""HAR time-series classifier: what the trainer needs to know about this recipe (no torch imported here)."""
+from __future__ import annotations
+
+import argparse
+import math
+
+from trainer.recipes.har.config import HARDataConfig, HARModelConfig
+from trainer.spec import BenchPreset, DataCommand, Flag, RecipeSpec
+
+UCI_SIZES = {"tiny": (450, 150), "uci-har": (7352, 2947)}     # train / test windows
+
+
+def _synth_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", choices=list(UCI_SIZES), default="tiny",
+                   help="tiny (600 windows) or uci-har (7352 train / 2947 test windows of 30 subjects)")
+
+
+def _synth(args: argparse.Namespace) -> int:
+    """Synthetic windows in the UCI HAR layout (9 signals x 128 samples, 6 activities, subjects)."""
+    from trainer.recipes.har.prepare import write_synthetic_uci
+    n_train, n_test = UCI_SIZES[args.preset]
+    root = write_synthetic_uci(args.out, n_train, n_test, args.seed)
+    print(f"wrote {n_train} train / {n_test} test windows (9 x 128) to {root}")
+    return 0
+
+
+SPEC = RecipeSpec(
+    name="har",
+    recipe="trainer.recipes.har.recipe:HARRecipe",
+    summary="HAR time-series classifier (accelerometer/gyroscope windows)",
+    data_config=HARDataConfig, model_config=HARModelConfig,
+    defaults={"train.amp": "auto", "train.batch_size": 64, "train.epochs": 30, "train.lr": 2e-3,
+              "train.weight_decay": 1e-2, "train.warmup_epochs": 1.0},
+    flags=(Flag("--mode", "model.mode", "channel fusion (model.mode): concatenate, average, or the first "
+                "channel only", choices=("flatten", "average", "first")),),
+    synth=DataCommand("windows in the UCI HAR layout", _synth_arguments, _synth),
+    datasets=("uci-har",),
+    # the synthetic cases' test and validation splits go by subject: about half of the cases train
+    bench=BenchPreset(64, (), lambda n, out: [f"data.synthetic_cases={max(600, math.ceil(n / 0.5 * 1.1))}"]),
+)

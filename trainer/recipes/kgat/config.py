@@ -1,0 +1,61 @@
+"""The kgat recipe's config sections (no torch here: the CLI, config and hpc/submit.py read them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from trainer.bounds import FRACTION, POSITIVE, Bound
+
+KS = (20, 40, 60, 80, 100)          # cut-offs of recall/ndcg@K (the KGAT paper's)
+
+
+@dataclass
+class KGATDataConfig:
+    """Where the data comes from and how it is split."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(val_fraction=Bound(0, 1, hi_open=True, zero="the test split is used"),
+                                              kg_batch_size=Bound(0, zero="twice the CF batch"),
+                                              synthetic_users=POSITIVE, synthetic_items=POSITIVE,
+                                              synthetic_entities=POSITIVE, synthetic_relations=POSITIVE,
+                                              synthetic_triples=POSITIVE, synthetic_interactions=POSITIVE)
+
+    path: str = ""                 # folder in the KGAT format; "" = synthetic data generated in memory
+    val_fraction: float = 0.1      # of each user's train items, held out for early stopping (0: use test)
+    split_seed: int = 2019
+    laplacian: Literal["random-walk", "symmetric"] = "random-walk"
+    kg_batch_size: int = 0         # KG triples per rank and step (0: twice the CF batch, the seed's rule)
+    synthetic_users: int = 300
+    synthetic_items: int = 200
+    synthetic_entities: int = 400  # including the items
+    synthetic_relations: int = 4
+    synthetic_triples: int = 2400
+    synthetic_interactions: int = 6000
+    synthetic_seed: int = 0
+
+
+@dataclass
+class KGATModelConfig:
+    bounds: ClassVar[dict[str, Bound]] = dict(embed_dim=POSITIVE, relation_dim=POSITIVE, layers=POSITIVE,
+                                              mess_dropout=FRACTION)
+    embed_dim: int = 64
+    relation_dim: int = 64
+    layers: list[int] = field(default_factory=lambda: [64, 32, 16])
+    mess_dropout: float = 0.1
+    aggregator: Literal["bi-interaction", "gcn", "graphsage"] = "bi-interaction"
+    cf_l2: float = 1e-5
+    kg_l2: float = 1e-5
+    pretrain: str = ""             # mf.npz with user_embed/item_embed from BPR-MF ("" = random init)
+    phase_optimizers: Literal["separate", "shared"] = "separate"   # one optimizer state per phase (original)
+    # what the next layer reads: "raw" (the original TF code: the un-normalised output; only the copies
+    # concatenated into the final embedding are L2-normalised) or "normalized" (the PyTorch ports)
+    layer_input: Literal["raw", "normalized"] = "raw"
+
+
+@dataclass
+class KGATEvalConfig:
+    """Full-ranking evaluation over every item a user has not trained on."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(ks=POSITIVE)
+
+    ks: list[int] = field(default_factory=lambda: list(KS))
+    ndcg: Literal["standard", "original"] = "standard"   # original: the KGAT code's inflated IDCG

@@ -1,0 +1,60 @@
+"""KGAT: what the trainer needs to know about this recipe (no torch imported here)."""
+from __future__ import annotations
+
+import argparse
+import math
+
+from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATModelConfig
+from trainer.spec import BenchPreset, DataCommand, RecipeSpec
+
+PRESET_NAMES = ("tiny", "amazon-book")
+
+
+def describe(data) -> str:
+    """One line of a KGAT dataset's sizes."""
+    n_train, n_test = sum(map(len, data.train)), sum(map(len, data.test))
+    return (f"{data.n_users} users, {data.n_items} items, {data.n_entities} entities, {data.n_relations} "
+            f"relations, {len(data.kg)} triples, {n_train} train / {n_test} test interactions")
+
+
+def _synth_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", choices=PRESET_NAMES, default="tiny",
+                   help="the statistics to match (amazon-book: the KGAT paper's Table 1)")
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from trainer.recipes.kgat import build
+    data = build.synthesize(build.Stats(**build.PRESETS[args.preset]), seed=args.seed)
+    print(f"wrote {describe(data)} to {build.write(data, args.out)}")
+    return 0
+
+
+def _convert_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--src", required=True, help="ml-100k or ml-1m folder (u.data+u.item, ratings.dat+movies.dat)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--test-fraction", type=float, default=0.2, help="per-user random test share (0.2)")
+    p.add_argument("--seed", type=int, default=2019)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from trainer.recipes.kgat import build
+    data, lists = build.convert_movielens(args.src, args.test_fraction, args.seed)
+    path = build.write(data, args.out, lists)
+    print(f"wrote {describe(data)} to {path}")
+    return 0
+
+
+SPEC = RecipeSpec(
+    name="kgat",
+    recipe="trainer.recipes.kgat.recipe:KGATRecipe",
+    summary="KGAT knowledge-graph recommender",
+    data_config=KGATDataConfig, model_config=KGATModelConfig, eval_config=KGATEvalConfig,
+    synth=DataCommand("clustered users/items/entities in the KGAT file format", _synth_arguments, _synth),
+    converters={"movielens-kg": DataCommand("KGAT format from MovieLens ratings + item metadata (genres, "
+                                            "release year)", _convert_arguments, _convert)},
+    datasets=("amazon-book", "last-fm", "yelp2018"),
+    # CF steps only: the epoch's CF phase comes first; train.txt keeps 0.8 x 0.9 of the interactions
+    bench=BenchPreset(1024, ("data.synthetic_users=3000", "data.synthetic_items=2000", "data.synthetic_entities=4000",
+                             "data.synthetic_triples=20000"),
+                      lambda n, out: [f"data.synthetic_interactions={max(6000, math.ceil(n / 0.72 * 1.05))}"]),
+)

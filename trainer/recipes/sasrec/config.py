@@ -1,0 +1,64 @@
+"""The sasrec recipe's config sections (no torch here: the CLI, config and hpc/submit.py read them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from trainer.bounds import FRACTION, POSITIVE, Bound
+
+
+@dataclass
+class SeqDataConfig:
+    """Where the interactions come from and how they are cut into samples."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(kcore=Bound(0, zero="no filtering"), maxlen=POSITIVE,
+                                              train_negatives=POSITIVE,
+                                              synthetic_users=POSITIVE, synthetic_items=Bound(2),
+                                              synthetic_mean_len=POSITIVE)
+
+    path: str = ""                        # file or folder; "" = synthetic data generated in memory
+    format: Literal["auto", "pairs", "udata", "dat", "csv"] = "auto"
+    kcore: int = 0                        # keep users and items with >= k interactions (TiSASRec: 5)
+    maxlen: int = 50                      # sequence length fed to the model
+    train_negatives: int = 1              # sampled negatives per position
+    synthetic_users: int = 800
+    synthetic_items: int = 300
+    synthetic_mean_len: int = 40
+    synthetic_seed: int = 0
+
+
+@dataclass
+class SeqRecConfig:
+    """Model variant and sizes. time=False -> SASRec attention; mhc=False -> plain residuals."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(hidden=POSITIVE, blocks=POSITIVE, heads=POSITIVE, dropout=FRACTION,
+                                              time_span=POSITIVE, mhc_streams=POSITIVE, mhc_sinkhorn_iters=POSITIVE,
+                                              length_buckets=POSITIVE)
+
+    hidden: int = 50
+    blocks: int = 2
+    heads: int = 1
+    dropout: float = 0.2
+    norm: Literal["pre", "post"] = "pre"       # pre-LN (the maintained port) or post-LN (the paper)
+    time: bool = True                          # TiSASRec time-interval aware attention
+    time_span: int = 256                       # intervals are clipped at this many (rescaled) units
+    mhc: bool = True                           # manifold-constrained hyper-connections
+    mhc_streams: int = 4
+    mhc_sinkhorn_iters: int = 20
+    mhc_gate_init: float = 0.01
+    mhc_fp32: bool = True                      # mHC maps in fp32 under AMP (the seed's --mhc_no_amp)
+    loss: Literal["bce", "sampled_softmax"] = "bce"
+    l2_emb: float = 0.0
+    grad_checkpoint: bool = False
+    length_buckets: int = 4                    # rows sorted by length, each bucket trimmed of padding
+
+
+@dataclass
+class SeqEvalConfig:
+    """Evaluation protocol."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(negatives=POSITIVE, max_users=Bound(0, zero="every user"))
+
+    negatives: int = 100          # sampled protocol: the target plus this many never-seen items
+    max_users: int = 0            # 0: every user (the reference ports silently stop at 10,000)
+    full_ranking: bool = True     # also rank all items (history excluded): full_hr/ndcg/recall@5,10,20

@@ -1,0 +1,46 @@
+"""The video recipe's config sections (no torch here: the CLI, config and hpc/submit.py read them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from trainer.bounds import FRACTION, POSITIVE, Bound
+
+
+@dataclass
+class VideoDataConfig:
+    """Videos, annotations, frame cache, clips and the video-level split."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(size=Bound(0, zero="as decoded"), clip_len=POSITIVE, clip_stride=POSITIVE,
+                                              sample_every=POSITIVE, val_fraction=FRACTION, test_fraction=FRACTION,
+                                              synthetic_videos=POSITIVE, synthetic_frames=POSITIVE,
+                                              synthetic_classes=Bound(2))
+
+    path: str = ""                    # videos + Annotations/ or labels.csv; "": synthetic videos in the cache folder
+    annotations: str = "auto"         # auto | upstream | csv (a labels.csv path may be given instead)
+    merge: dict = field(default_factory=dict)   # upstream action merges, e.g. {paw_guard: paw_withdraw}
+    cache: str = ""                   # frame cache folder ("": <path>/.frame-cache)
+    size: int = 128                   # frames resized to size x size (0: as decoded)
+    gray: bool = True
+    clip_len: int = 17                # T, odd
+    clip_stride: int = 1              # frames between the clip's frames
+    sample_every: int = 1             # use every k-th labelled frame as a clip centre
+    val_fraction: float = 0.2         # of the videos
+    test_fraction: float = 0.2
+    val_videos: list[str] = field(default_factory=list)     # explicit split (file names) instead of fractions
+    test_videos: list[str] = field(default_factory=list)
+    synthetic_videos: int = 8         # synthetic data (path empty)
+    synthetic_frames: int = 90
+    synthetic_classes: int = 4
+
+
+@dataclass
+class VideoModelConfig:
+    """Architecture and memory options."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(dropout=FRACTION, label_smoothing=FRACTION)
+
+    arch: Literal["mouse3d", "light", "r3d_18"] = "mouse3d"
+    dropout: float = 0.5
+    grad_checkpoint: bool = False     # recompute each block in the backward pass (less activation memory)
+    label_smoothing: float = 0.0

@@ -1,0 +1,61 @@
+"""Recipes by name. Built-in recipes are the folders of trainer/recipes/ that hold a spec.py with SPEC;
+out-of-tree ones come from the modules named in TRAINER_PLUGINS (comma-separated), which call register().
+Nothing here imports torch.
+
+    from trainer.registry import get_spec, recipe_names
+    get_spec("har").recipe_class()
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+
+from trainer.spec import RecipeSpec
+
+_SPECS: dict[str, RecipeSpec] = {}
+_LOADED: set[str] = set()
+
+
+def register(spec: RecipeSpec) -> RecipeSpec:
+    """Make spec known under spec.name (a later registration of the same name replaces it)."""
+    _SPECS[spec.name] = spec
+    return spec
+
+
+def _load_modules() -> None:
+    """Import every built-in recipe's spec module and every TRAINER_PLUGINS module, once each."""
+    import trainer.recipes as pkg
+    builtin = [f"trainer.recipes.{m.name}.spec" for m in pkgutil.iter_modules(pkg.__path__) if m.ispkg]
+    plugins = [m.strip() for m in os.environ.get("TRAINER_PLUGINS", "").split(",") if m.strip()]
+    for name in builtin + plugins:
+        if name in _LOADED:
+            continue
+        _LOADED.add(name)
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if name in builtin and err.name == name:
+                continue            # a helper package without a spec (e.g. shared code)
+            raise
+        spec = getattr(module, "SPEC", None)
+        if isinstance(spec, RecipeSpec):
+            register(spec)
+
+
+def specs() -> list[RecipeSpec]:
+    """Every registered recipe, by name."""
+    _load_modules()
+    return [_SPECS[name] for name in sorted(_SPECS)]
+
+
+def recipe_names() -> list[str]:
+    return [s.name for s in specs()]
+
+
+def get_spec(name: str) -> RecipeSpec:
+    """The spec registered under name, or a ValueError listing the known names."""
+    _load_modules()
+    if name not in _SPECS:
+        raise ValueError(f"unknown recipe {name!r}; registered recipes: {', '.join(recipe_names()) or 'none'}")
+    return _SPECS[name]
