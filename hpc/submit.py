@@ -3,7 +3,7 @@
     trainer-submit --recipe sasrec --config configs/sasrec/ml-1m.yaml --nodes 2 --gpus-per-node 4 \\
         --time 04:00:00 --partition gpu --follow
     python hpc/submit.py --recipe sasrec --nodes 1 --tasks-per-node 4 --dry-run data.path=data/ml-1m
-    python hpc/submit.py --recipe sasrec --sweep train.lr=0.001,0.0003 --sweep model.hidden=64,128 ...
+    python hpc/submit.py --recipe sasrec --sweep train.lr=0.001,0.0003 --sweep model.width=64,128 ...
 
 Every trainer flag and key=value override is accepted and validated before anything is submitted.
 """

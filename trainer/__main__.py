@@ -34,7 +34,8 @@ def resolve_run_dir(cfg, info) -> str:
 def build_recipe(cfg, info):
     """The recipe object, given only its own config sections."""
     from trainer.registry import get_spec
-    return get_spec(cfg.recipe).recipe_class()(cfg.data, cfg.model, cfg.train, info, eval_cfg=cfg.eval, seed=cfg.seed)
+    return get_spec(cfg.recipe).recipe_class()(cfg.data, cfg.model, cfg.train, info, eval_cfg=cfg.eval, seed=cfg.seed,
+                                                      loss_cfg=cfg.loss)
 
 
 def run_train(args):
@@ -76,23 +77,22 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from trainer.engine import checkpoint as ckpt_io
+    from trainer.engine.build import build_for_eval
+    from trainer.engine.evaluation import evaluate_split
     from trainer.engine.logging import setup_logging
-    from trainer.engine.loop import Loop
     ckpt = ckpt_io.load(args.checkpoint)
     cfg = from_dict(ckpt["config"])
     for text in args.overrides:
         set_key(cfg, *parse_override(text), f"override {text!r}")
-    cfg.ckpt.resume, cfg.train.tensorboard = "", False
     info = runtime.init(select_environment(), cfg.dist)
     ok = False
     try:
         setup_logging(info)
-        recipe = build_recipe(cfg, info)
-        loop = Loop(recipe, info, cfg)
-        ckpt_io.check_compatible(ckpt, cfg.recipe, loop.model, args.checkpoint)
-        loop.model.load_state_dict(ckpt["model"])
-        splits = [s for s in args.splits.split(",") if s in loop.eval_sets]
-        results = {split: loop.evaluate(split) for split in splits}
+        run = build_for_eval(build_recipe(cfg, info), info, cfg)
+        ckpt_io.check_compatible(ckpt, cfg.recipe, run.model, args.checkpoint)
+        run.model.load_state_dict(ckpt["model"])
+        splits = [s for s in args.splits.split(",") if s in run.eval_sets]
+        results = {split: evaluate_split(run, split) for split in splits}
         ok = True
     finally:
         runtime.teardown(info, clean=ok)

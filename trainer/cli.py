@@ -69,7 +69,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         for flag in spec.flags:
             g.add_argument(flag.name, type=flag.type, choices=flag.choices, help=f"{spec.name}: {flag.help}")
     g.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="config overrides, e.g. train.lr=0.01 data.path=DIR model.hidden=64")
+                   help="config overrides, e.g. train.lr=0.01 data.path=DIR model.width=64")
     return parser
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -104,6 +105,7 @@ class Config:
     data: Any = field(default_factory=EmptyConfig)
     model: Any = field(default_factory=EmptyConfig)
     eval: Any = field(default_factory=EmptyConfig)
+    loss: Any = field(default_factory=EmptyConfig)
 
 
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
@@ -191,8 +193,20 @@ def _node_for(cfg: Any, parts: list[str], source: str, dotted: str) -> tuple[Any
     raise ConfigError(f"{source}: empty config key")
 
 
+def renamed_key(cfg: Any, dotted: str, source: str) -> str:
+    """A deprecated key's new name (the recipe spec's `renamed`), with a warning; other keys unchanged."""
+    new = getattr(cfg, "_renamed", {}).get(dotted)
+    if new is None:
+        return dotted
+    # attributed to the config's source, not to this line: the user's file or flag is what must change
+    warnings.warn_explicit(f"config key {dotted!r} is deprecated and will be removed in the next release; use "
+                           f"{new!r} (README: Config names)", FutureWarning, filename=source, lineno=0)
+    return new
+
+
 def set_key(cfg: Any, dotted: str, value: Any, source: str) -> None:
     """Set cfg.<dotted> = value with type conversion; an unknown key lists the valid ones."""
+    dotted = renamed_key(cfg, dotted, source)
     parts = dotted.split(".")
     parent, hint = _node_for(cfg, parts, source, dotted)
     if dataclasses.is_dataclass(getattr(parent, parts[-1])):
@@ -243,7 +257,9 @@ def load_yaml(path: str | Path) -> dict:
 def default_config(recipe: str) -> Config:
     """Dataclass defaults, with the recipe's own data/model sections."""
     spec = get_spec(recipe)
-    cfg = Config(recipe=recipe, data=spec.data_config(), model=spec.model_config(), eval=spec.eval_config())
+    cfg = Config(recipe=recipe, data=spec.data_config(), model=spec.model_config(), eval=spec.eval_config(),
+                 loss=spec.loss_config())
+    cfg._renamed = dict(spec.renamed)      # not a field: neither saved nor listed among the keys
     for key, value in spec.defaults.items():
         set_key(cfg, key, value, f"recipe {recipe} defaults")
     return cfg

@@ -9,9 +9,9 @@ import pytest
 from tests.conftest import PY, REPO, clean_env, free_port
 
 TINY = {   # per recipe: tiny model settings, put before the row's own arguments (the row's values win)
-    "kgat": ["model.embed_dim=8", "model.relation_dim=8", "model.layers=[8]", "train.eval_batch_size=64"],
-    "sasrec": ["data.maxlen=16", "model.hidden=8", "model.blocks=1", "model.heads=1", "data.kcore=0"],
-    "har": ["model.width=8", "model.embed_dim=8", "model.hidden=16", "model.depth=2"],
+    "kgat": ["model.width=8", "model.relation_width=8", "model.layer_widths=[8]", "train.eval_batch_size=64"],
+    "sasrec": ["data.maxlen=16", "model.width=8", "model.depth=1", "model.heads=1", "data.kcore=0"],
+    "har": ["model.width=8", "model.channel_width=8", "model.head_width=16", "model.depth=2"],
     "video": ["data.merge={}", "data.size=32", "data.clip_len=5", "model.arch=light", "train.batch_size=8"],
 }
 RECIPE = {"kgat": "kgat", "sasrec": "sasrec", "tisasrec": "sasrec", "har": "har", "video": "video"}

@@ -42,7 +42,7 @@ def test_a_damaged_kgat_pretrain_file_is_an_error_naming_it(tmp_path, damage):
     else:
         np.savez(mf, user_embed=np.zeros((300, 8), np.float32))
         expected = f"{mf}: field 'item_embed' missing"
-    proc = trainer("train", "--recipe", "kgat", "--epochs", "1", f"model.pretrain={mf}", "model.embed_dim=8",
+    proc = trainer("train", "--recipe", "kgat", "--epochs", "1", f"model.pretrain={mf}", "model.width=8",
                    "--run-dir", str(tmp_path / "run"), check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert expected in proc.stderr

@@ -1,10 +1,10 @@
 """HAR model: the three fusion modes' shapes, `first` never reads the other channels, padding is masked,
 and throughput counts windows (not channel series)."""
-import dataclasses
 
 import pytest
 import torch
 
+from trainer.recipes.har.config import HARLossConfig
 from trainer.recipes.har.model import HARModelConfig, HARNet, masked_pool, valid_mask
 
 B, C, T, E, K = 5, 9, 128, 16, 6
@@ -12,7 +12,7 @@ B, C, T, E, K = 5, 9, 128, 16, 6
 
 def net(**kw):
     torch.manual_seed(0)
-    cfg = HARModelConfig(embed_dim=E, width=8, hidden=12, **kw)
+    cfg = HARModelConfig(channel_width=E, width=8, head_width=12, **kw)
     return HARNet(cfg, C, T, K).eval()
 
 
@@ -62,10 +62,10 @@ def test_transformer_padding_beyond_the_length_changes_nothing():
 
 def test_label_smoothing_and_throughput_counts_windows():
     from trainer.recipes.har.recipe import HARRecipe
-    recipe = HARRecipe(None, dataclasses.replace(HARModelConfig(), label_smoothing=0.1), None, None)
+    recipe = HARRecipe(None, HARModelConfig(), None, None, loss_cfg=HARLossConfig(label_smoothing=0.1))
     batch = (torch.randn(7, C, T), torch.full((7,), T), torch.zeros(7, dtype=torch.long))
     assert recipe.batch_size_of(batch) == 7                   # windows, not 7 x 9 channel series
     model = net()
     smooth = recipe.training_step(model, batch)
-    plain = HARRecipe(None, HARModelConfig(), None, None).training_step(model, batch)
+    plain = HARRecipe(None, HARModelConfig(), None, None, loss_cfg=HARLossConfig()).training_step(model, batch)
     assert smooth.item() != pytest.approx(plain.item())

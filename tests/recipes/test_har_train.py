@@ -17,7 +17,7 @@ from trainer.engine.logging import read_metrics
 from trainer.recipes.har import data as hd
 
 BASIC = REPO.parent / "shared" / "data" / "BasicMotions"
-FAST = ("--recipe", "har", "train.tensorboard=false", "model.width=16", "model.embed_dim=16", "model.hidden=32")
+FAST = ("--recipe", "har", "train.tensorboard=false", "model.width=16", "model.channel_width=16", "model.head_width=32")
 
 
 @pytest.fixture(scope="module")

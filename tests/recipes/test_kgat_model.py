@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from trainer.recipes.kgat import build
 from trainer.recipes.kgat import data as kd
+from trainer.recipes.kgat.config import KGATLossConfig
 from trainer.recipes.kgat.model import KGAT, KGATModelConfig, l2_mean, sparse_softmax
 
 
@@ -14,10 +15,10 @@ def small_graph():
     return d, kd.build_ckg(d)
 
 
-def model_for(d, g, **cfg) -> KGAT:
+def model_for(d, g, cf_l2: float = 1e-5, kg_l2: float = 1e-5, **cfg) -> KGAT:
     torch.manual_seed(0)
-    m = KGAT(KGATModelConfig(embed_dim=8, relation_dim=6, layers=[8, 4], **cfg), d.n_entities, d.n_users,
-             g.n_relations, len(g.heads))
+    m = KGAT(KGATModelConfig(width=8, relation_width=6, layer_widths=[8, 4], **cfg), d.n_entities, d.n_users,
+             g.n_relations, len(g.heads), loss=KGATLossConfig(cf_l2=cf_l2, kg_l2=kg_l2))
     m.set_graph(g.heads, g.rels, g.tails, g.weights)
     return m
 
@@ -80,7 +81,7 @@ def test_propagation_shapes_normalisation_and_gradients(aggregator):
 
 def test_bpr_loss_equals_hand_computation():
     d, g = small_graph()
-    m = model_for(d, g, mess_dropout=0.0, cf_l2=0.1)
+    m = model_for(d, g, dropout=0.0, cf_l2=0.1)
     users, pos, neg = torch.tensor([0, 3]), torch.tensor([1, 2]), torch.tensor([5, 6])
     emb = m.propagate().detach()
     u, p, n = emb[users + d.n_entities], emb[pos], emb[neg]
@@ -147,7 +148,7 @@ def test_attention_is_saved_and_the_graph_is_not():
 
 def test_propagation_gradient_uses_the_transpose_and_matches_a_dense_reference():
     d, g = small_graph()
-    m = model_for(d, g, mess_dropout=0.0)
+    m = model_for(d, g, dropout=0.0)
     m.refresh_attention()
     assert torch.allclose(m.adj_t.to_dense(), m.adj.to_dense().T)
     x = torch.randn(g.n_nodes, 5, dtype=torch.float32, requires_grad=True)
@@ -161,7 +162,7 @@ def test_propagation_gradient_uses_the_transpose_and_matches_a_dense_reference()
 
 def test_layer_input_raw_follows_the_original_and_normalized_the_ports():
     d, g = small_graph()
-    raw, port = model_for(d, g, mess_dropout=0.0), model_for(d, g, mess_dropout=0.0, layer_input="normalized")
+    raw, port = model_for(d, g, dropout=0.0), model_for(d, g, dropout=0.0, layer_input="normalized")
     port.load_state_dict(raw.state_dict())
     a, b = raw.propagate().detach(), port.propagate().detach()
     assert torch.equal(a[:, :16], b[:, :16])             # the ego embedding and the first layer agree

@@ -16,8 +16,8 @@ from trainer.recipes.kgat.recipe import load_data
 from trainer.recipes.kgat.sampling import EpochPlan, PhaseSampler, rows_mask
 
 SMALL = ("--recipe", "kgat", "--seed", "5", "train.tensorboard=false", "train.optimizer=adam",
-         "train.schedule=constant", "--lr", "0.01", "model.layers=[32,16]", "model.embed_dim=32",
-         "model.relation_dim=32")
+         "train.schedule=constant", "--lr", "0.01", "model.layer_widths=[32,16]", "model.width=32",
+         "model.relation_width=32")
 
 
 def rows(run_dir, split):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from trainer.recipes.sasrec import data as D
-from trainer.recipes.sasrec.config import SeqDataConfig
+from trainer.recipes.sasrec.config import SeqDataConfig, SeqEvalConfig
 
 SHARED_ML100K = Path(__file__).resolve().parents[3] / "shared" / "data" / "ml-100k"
 
@@ -108,7 +108,7 @@ def test_empty_train_users_and_split_errors(tmp_path):
     from trainer.distributed.runtime import DistInfo
     from trainer.recipes.sasrec.recipe import SASRecRecipe
     p = write(tmp_path, "u.data", "1\t1\t5\t1\n2\t2\t5\t1\n2\t3\t5\t2\n")
-    recipe = SASRecRecipe(SeqDataConfig(path=str(p)), None, TrainConfig(), DistInfo())
+    recipe = SASRecRecipe(SeqDataConfig(path=str(p)), None, TrainConfig(), DistInfo(), eval_cfg=SeqEvalConfig())
     with pytest.raises(D.DataError, match="no user has 3 or more interactions"):
         recipe.build_datasets()
 

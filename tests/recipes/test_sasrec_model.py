@@ -23,7 +23,7 @@ def batch(b=3, t=12, items=30, seed=0):
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"time={v['time']},mhc={v['mhc']}")
 def test_causal_future_items_do_not_change_past_logits(variant):
     torch.manual_seed(0)
-    model = SeqRec(SeqRecConfig(hidden=16, heads=2, **variant), num_items=30, maxlen=12).eval()
+    model = SeqRec(SeqRecConfig(width=16, heads=2, **variant), num_items=30, maxlen=12).eval()
     seq, time = batch()
     h1 = model.features(seq, time)
     seq2, time2 = seq.clone(), time.clone()
@@ -54,7 +54,7 @@ def slow_time_attention(att: SelfAttention, x, seq, time, span):
 
 def test_time_interval_attention_matches_slow_reference():
     torch.manual_seed(1)
-    cfg = SeqRecConfig(hidden=8, heads=1, time=True, mhc=False, time_span=6, dropout=0.0)
+    cfg = SeqRecConfig(width=8, heads=1, time=True, mhc=False, time_span=6, dropout=0.0)
     model = SeqRec(cfg, num_items=30, maxlen=12).eval()
     seq, time = batch()
     x = torch.randn(3, 12, 8)
@@ -97,7 +97,7 @@ def test_mhc_starts_near_identity_and_keeps_streams():
 def test_mhc_streams_diverge_inside_the_network():
     """The streams are kept (B, T, n, D) between blocks: after training-like updates they differ."""
     torch.manual_seed(3)
-    model = SeqRec(SeqRecConfig(hidden=16, mhc_gate_init=0.5, dropout=0.0), num_items=30, maxlen=12)
+    model = SeqRec(SeqRecConfig(width=16, mhc_gate_init=0.5, dropout=0.0), num_items=30, maxlen=12)
     seen = []
     model.blocks[1].register_forward_pre_hook(lambda m, args: seen.append(args[0]))
     model.features(*batch())
@@ -107,9 +107,9 @@ def test_mhc_streams_diverge_inside_the_network():
 
 def test_loss_variants_and_gradient_checkpointing_agree():
     torch.manual_seed(4)
-    cfg = SeqRecConfig(hidden=16, dropout=0.0)
+    cfg = SeqRecConfig(width=16, dropout=0.0)
     a = SeqRec(cfg, 30, 12)
-    b = SeqRec(SeqRecConfig(hidden=16, dropout=0.0, grad_checkpoint=True), 30, 12)
+    b = SeqRec(SeqRecConfig(width=16, dropout=0.0, grad_checkpoint=True), 30, 12)
     b.load_state_dict(a.state_dict())
     seq, time = batch()
     pos, neg = seq.roll(-1, 1), torch.randint(1, 31, (3, 12, 2))
@@ -138,7 +138,7 @@ def test_length_buckets_compute_the_same_function(variant):
     """Trimming each length bucket's common padding changes nothing: padded keys are masked and
     positions keep their full-length index."""
     torch.manual_seed(5)
-    cfg = SeqRecConfig(hidden=16, heads=2, dropout=0.0, **variant)
+    cfg = SeqRecConfig(width=16, heads=2, dropout=0.0, **variant)
     full = SeqRec(SeqRecConfig(**{**cfg.__dict__, "length_buckets": 1}), 30, 40).eval()
     bucketed = SeqRec(SeqRecConfig(**{**cfg.__dict__, "length_buckets": 3}), 30, 40).eval()
     bucketed.load_state_dict(full.state_dict())

@@ -84,7 +84,7 @@ def test_sasrec_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
     data = tmp_path / "data"
     subprocess.run([PY, "-m", "trainer", "data", "synth", "sasrec", "--out", str(data), "--users", "120",
                     "--items", "60"], cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
-    extra = f"data.path={data} data.maxlen=16 model.hidden=16 model.blocks=1 model.heads=1 train.eval_every_epochs=1"
+    extra = f"data.path={data} data.maxlen=16 model.width=16 model.depth=1 model.heads=1 train.eval_every_epochs=1"
     job, log, run = one_epoch_job(slurm_cluster, tmp_path, "sasrec_1node.sbatch", extra, timeout=240)
     assert "world=4" in (run / "train.log").read_text()
     ckpt = torch.load(run / "checkpoints" / "final.pt", weights_only=True)
@@ -98,7 +98,7 @@ def test_har_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
     data = tmp_path / "my data"
     subprocess.run([PY, "-m", "trainer", "data", "synth", "har", "--out", str(data)], cwd=REPO,
                    env=slurm_env(slurm_cluster), check=True, capture_output=True)
-    extra = "model.width=16 model.embed_dim=16 model.hidden=32 train.tensorboard=false"
+    extra = "model.width=16 model.channel_width=16 model.head_width=32 train.tensorboard=false"
     job, log, run = one_epoch_job(slurm_cluster, tmp_path, "har_1node.sbatch", extra, timeout=300,
                                   env=dict(DATA=str(data)))
     assert "world=4" in (run / "train.log").read_text()
@@ -146,7 +146,7 @@ def test_kgat_2node_completes_with_eight_ranks(slurm_cluster, tmp_path):
     data = tmp_path / "data"
     subprocess.run([PY, "-m", "trainer", "data", "synth", "kgat", "--out", str(data), "--preset", "tiny"],
                    cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
-    extra = (f"data.path={data} model.embed_dim=16 model.relation_dim=16 model.layers=[16,8] train.batch_size=64 "
+    extra = (f"data.path={data} model.width=16 model.relation_width=16 model.layer_widths=[16,8] train.batch_size=64 "
              "train.eval_batch_size=64 train.tensorboard=false")
     job, log, run = one_epoch_job(slurm_cluster, tmp_path, "kgat_2node.sbatch", extra, timeout=300)
     train_log = (run / "train.log").read_text()

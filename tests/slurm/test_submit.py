@@ -33,7 +33,7 @@ def test_sasrec_eight_ranks_on_two_nodes(slurm_cluster, tmp_path):
                     "--items", "80"], cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
     argv = ["--recipe", "sasrec", "--nodes", "2", "--gpus-per-node", "4", "--time", "00:10:00",
             "--folder", str(tmp_path / "submitit"), "--run-dir", str(tmp_path / "run"), "--epochs", "1",
-            f"data.path={data}", "data.maxlen=16", "model.hidden=16", "model.blocks=1", "model.heads=1"]
+            f"data.path={data}", "data.maxlen=16", "model.width=16", "model.depth=1", "model.heads=1"]
     proc = submit_py(slurm_cluster, *argv, "--follow", timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     job = job_id(proc.stdout)

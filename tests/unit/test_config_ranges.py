@@ -41,7 +41,8 @@ def table():
 def test_the_table_covers_every_section():
     keys = {key for _, key in table()}
     assert {"train.epochs", "train.grad_accum_steps", "ckpt.keep_last", "dist.timeout_s", "seed", "train.betas",
-            "model.hidden", "data.maxlen", "eval.negatives", "model.layers", "eval.ks", "data.clip_len",
+            "model.hidden", "data.maxlen", "eval.negatives", "model.layer_widths", "eval.ks", "data.clip_len",
+            "loss.label_smoothing", "loss.cf_l2",
             "model.kernel_size", "data.kg_batch_size"} <= keys
     assert len(table()) > 100
 

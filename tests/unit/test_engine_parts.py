@@ -98,7 +98,7 @@ def test_optimizer_uses_configured_betas_and_scaled_lr():
 
 
 def test_amp_auto_is_off_on_cpu_and_explicit_modes_map_to_dtypes():
-    from trainer.engine.loop import amp_dtype
+    from trainer.engine.build import amp_dtype
     cpu = torch.device("cpu")
     assert amp_dtype("auto", cpu) is None and amp_dtype("off", cpu) is None
     assert amp_dtype("bf16", cpu) is torch.bfloat16 and amp_dtype("fp16", cpu) is torch.float16
@@ -112,11 +112,12 @@ def test_amp_auto_is_off_on_cpu_and_explicit_modes_map_to_dtypes():
     (1.0, 0.3, {"macro_f1": 1.0, "loss": 0.3}, False),
 ])
 def test_best_checkpoint_tie_break(best, best_tie, metrics, expected):
-    from trainer.engine.loop import Driver, TrainState
+    from trainer.engine.checkpointer import TrainState
+    from trainer.engine.loop import Driver
     driver = Driver.__new__(Driver)
     driver.metric, driver.mode, driver.cfg = "macro_f1", "max", SimpleNamespace(recipe="har")
-    driver.loop = SimpleNamespace(state=TrainState(best=best, best_tie=best_tie),
-                                  recipe=SimpleNamespace(tie_break_metric=("loss", "min")))
+    driver.trainer = SimpleNamespace(state=TrainState(best=best, best_tie=best_tie),
+                                     run=SimpleNamespace(recipe=SimpleNamespace(tie_break_metric=("loss", "min"))))
     assert driver.improved(metrics) is expected
 
 

@@ -104,3 +104,22 @@ def test_engine_reads_no_slurm_variable():
     for path in (REPO / "trainer/engine").rglob("*.py"):
         text = path.read_text()
         assert "SLURM_" not in text and "os.environ" not in text.replace("os.environ.get(\"TERM", ""), path
+
+
+def test_no_function_over_60_lines_and_no_class_over_200():
+    too_long = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            size = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and size > 60 or \
+                    isinstance(node, ast.ClassDef) and size > 200:
+                too_long.append(f"{name}.{node.name}: {size} lines")
+    assert not too_long, too_long
+
+
+def test_the_loop_is_split_by_job():
+    from trainer.engine import build, checkpointer, evaluation, loop
+    assert {s.name for s in loop.Stop} == {"EPOCH_DONE", "SIGNAL", "MAX_STEPS"}
+    assert hasattr(build, "build_run") and hasattr(build, "build_for_eval")
+    assert hasattr(checkpointer.Checkpointer, "resume") and hasattr(evaluation, "evaluate_split")
+    assert "import loop" not in (REPO / "trainer/__main__.py").read_text().split("def cmd_eval")[1].split("def ")[0]

@@ -47,3 +47,9 @@ def reduce_totals(totals: dict[str, torch.Tensor], info: DistInfo) -> dict[str, 
         value = totals.get(key, torch.zeros(shapes[key], dtype=torch.float64))
         out[key] = runtime.all_reduce(value.to(runtime.comm_device(info)), info).cpu()
     return out
+
+
+def evaluate_split(run, split: str) -> dict[str, Any]:
+    """Metrics of one evaluation split of a built run (trainer/engine/build.py), sharded across ranks."""
+    return evaluate(run.recipe, run.eval_model, run.eval_sets[split], run.info, run.eval_batch_size,
+                    run.cfg.train.num_workers, run.autocast)

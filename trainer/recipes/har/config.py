@@ -34,8 +34,8 @@ class HARModelConfig:
 
     bounds: ClassVar[dict[str, Bound]] = dict(width=POSITIVE, depth=POSITIVE, kernel_size=POSITIVE, patch=POSITIVE,
                                               heads=POSITIVE,
-                                              embed_dim=POSITIVE, hidden=Bound(0, zero="a linear head"),
-                                              dropout=FRACTION, label_smoothing=FRACTION)
+                                              channel_width=POSITIVE, head_width=Bound(0, zero="a linear head"),
+                                              dropout=FRACTION)
 
     mode: Literal["flatten", "average", "first"] = "flatten"
     encoder: Literal["cnn", "transformer"] = "cnn"
@@ -44,7 +44,15 @@ class HARModelConfig:
     kernel_size: int = 7
     patch: int = 16                   # transformer: samples per patch
     heads: int = 4
-    embed_dim: int = 64               # per-channel embedding E
-    hidden: int = 128                 # head hidden units (0: a linear head)
+    channel_width: int = 64           # per-channel embedding E
+    head_width: int = 128             # head hidden units (0: a linear head)
     dropout: float = 0.3
+
+
+@dataclass
+class HARLossConfig:
+    """Cross-entropy over the classes."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(label_smoothing=FRACTION)
+
     label_smoothing: float = 0.0

@@ -42,7 +42,7 @@ class CNNEncoder(nn.Module):
                        nn.BatchNorm1d(cfg.width), nn.ReLU(inplace=True), nn.MaxPool1d(2, ceil_mode=True)]
             c_in = cfg.width
         self.blocks = nn.Sequential(*blocks)
-        self.out = nn.Linear(2 * cfg.width, cfg.embed_dim)
+        self.out = nn.Linear(2 * cfg.width, cfg.channel_width)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """x [N, T], lengths [N] -> [N, E]."""
@@ -63,7 +63,7 @@ class PatchTransformerEncoder(nn.Module):
         layer = nn.TransformerEncoderLayer(cfg.width, cfg.heads, 2 * cfg.width, cfg.dropout, batch_first=True,
                                            norm_first=True)
         self.blocks = nn.TransformerEncoder(layer, cfg.depth, enable_nested_tensor=False)
-        self.out = nn.Linear(2 * cfg.width, cfg.embed_dim)
+        self.out = nn.Linear(2 * cfg.width, cfg.channel_width)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """x [N, T], lengths [N] -> [N, E]."""
@@ -83,10 +83,10 @@ class HARNet(nn.Module):
         super().__init__()
         self.cfg, self.channels = cfg, channels
         self.encoder = CNNEncoder(cfg) if cfg.encoder == "cnn" else PatchTransformerEncoder(cfg, length)
-        fused = cfg.embed_dim * (channels if cfg.mode == "flatten" else 1)
-        if cfg.hidden > 0:
-            self.head = nn.Sequential(nn.Dropout(cfg.dropout), nn.Linear(fused, cfg.hidden), nn.ReLU(inplace=True),
-                                      nn.Dropout(cfg.dropout), nn.Linear(cfg.hidden, classes))
+        fused = cfg.channel_width * (channels if cfg.mode == "flatten" else 1)
+        if cfg.head_width > 0:
+            self.head = nn.Sequential(nn.Dropout(cfg.dropout), nn.Linear(fused, cfg.head_width), nn.ReLU(inplace=True),
+                                      nn.Dropout(cfg.dropout), nn.Linear(cfg.head_width, classes))
         else:
             self.head = nn.Sequential(nn.Dropout(cfg.dropout), nn.Linear(fused, classes))
 

@@ -41,4 +41,4 @@ class HARRecipe(ClassifierRecipe):
 
     def training_step(self, model, batch):
         return F.cross_entropy(self.counted(self.logits(model, batch).float(), batch[2]), batch[2],
-                               label_smoothing=self.model_cfg.label_smoothing)
+                               label_smoothing=self.loss_cfg.label_smoothing)

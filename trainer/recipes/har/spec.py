@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from trainer.recipes.har.config import HARDataConfig, HARModelConfig
+from trainer.recipes.har.config import HARDataConfig, HARLossConfig, HARModelConfig
 from trainer.spec import BenchPreset, DataCommand, Flag, RecipeSpec
 
 UCI_SIZES = {"tiny": (450, 150), "uci-har": (7352, 2947)}     # train / test windows
@@ -28,7 +28,9 @@ SPEC = RecipeSpec(
     name="har",
     recipe="trainer.recipes.har.recipe:HARRecipe",
     summary="HAR time-series classifier (accelerometer/gyroscope windows)",
-    data_config=HARDataConfig, model_config=HARModelConfig,
+    data_config=HARDataConfig, model_config=HARModelConfig, loss_config=HARLossConfig,
+    renamed={"model.hidden": "model.head_width", "model.embed_dim": "model.channel_width",
+             "model.label_smoothing": "loss.label_smoothing"},
     defaults={"train.amp": "auto", "train.batch_size": 64, "train.epochs": 30, "train.lr": 2e-3,
               "train.weight_decay": 1e-2, "train.warmup_epochs": 1.0},
     flags=(Flag("--mode", "model.mode", "channel fusion (model.mode): concatenate, average, or the first "

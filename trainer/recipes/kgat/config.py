@@ -35,15 +35,13 @@ class KGATDataConfig:
 
 @dataclass
 class KGATModelConfig:
-    bounds: ClassVar[dict[str, Bound]] = dict(embed_dim=POSITIVE, relation_dim=POSITIVE, layers=POSITIVE,
-                                              mess_dropout=FRACTION)
-    embed_dim: int = 64
-    relation_dim: int = 64
-    layers: list[int] = field(default_factory=lambda: [64, 32, 16])
-    mess_dropout: float = 0.1
+    bounds: ClassVar[dict[str, Bound]] = dict(width=POSITIVE, relation_width=POSITIVE, layer_widths=POSITIVE,
+                                              dropout=FRACTION)
+    width: int = 64                # user/item/entity embeddings (the seed's --embed_size)
+    relation_width: int = 64       # relation embeddings (--kge_size)
+    layer_widths: list[int] = field(default_factory=lambda: [64, 32, 16])   # one per propagation layer
+    dropout: float = 0.1           # message dropout (--mess_dropout)
     aggregator: Literal["bi-interaction", "gcn", "graphsage"] = "bi-interaction"
-    cf_l2: float = 1e-5
-    kg_l2: float = 1e-5
     pretrain: str = ""             # mf.npz with user_embed/item_embed from BPR-MF ("" = random init)
     phase_optimizers: Literal["separate", "shared"] = "separate"   # one optimizer state per phase (original)
     # what the next layer reads: "raw" (the original TF code: the un-normalised output; only the copies
@@ -59,3 +57,13 @@ class KGATEvalConfig:
 
     ks: list[int] = field(default_factory=lambda: list(KS))
     ndcg: Literal["standard", "original"] = "standard"   # original: the KGAT code's inflated IDCG
+
+
+@dataclass
+class KGATLossConfig:
+    """L2 weights of the two phases' losses (the seed's --regs)."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(cf_l2=Bound(0, zero="off"), kg_l2=Bound(0, zero="off"))
+
+    cf_l2: float = 1e-5
+    kg_l2: float = 1e-5

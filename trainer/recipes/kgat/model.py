@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.recipes.kgat.config import KGATModelConfig
+from trainer.recipes.kgat.config import KGATLossConfig, KGATModelConfig
 
 ATTENTION_CHUNK = 1 << 20          # edges per chunk when refreshing attention (bounds peak memory)
 
@@ -81,18 +81,20 @@ class Aggregator(nn.Module):
 class KGAT(nn.Module):
     """Node embeddings for entities (items first) and users (after the entities)."""
 
-    def __init__(self, cfg: KGATModelConfig, n_entities: int, n_users: int, n_relations: int, n_edges: int = 0):
+    def __init__(self, cfg: KGATModelConfig, n_entities: int, n_users: int, n_relations: int, n_edges: int = 0,
+                 loss: KGATLossConfig | None = None):
         super().__init__()
         self.cfg, self.n_entities, self.n_users = cfg, n_entities, n_users
+        self.loss = loss if loss is not None else KGATLossConfig()
         self.n_nodes = n_entities + n_users
-        self.embed = nn.Parameter(torch.empty(self.n_nodes, cfg.embed_dim))
-        self.relation = nn.Parameter(torch.empty(n_relations, cfg.relation_dim))
-        self.trans = nn.Parameter(torch.empty(n_relations, cfg.embed_dim, cfg.relation_dim))
+        self.embed = nn.Parameter(torch.empty(self.n_nodes, cfg.width))
+        self.relation = nn.Parameter(torch.empty(n_relations, cfg.relation_width))
+        self.trans = nn.Parameter(torch.empty(n_relations, cfg.width, cfg.relation_width))
         for p in (self.embed, self.relation, self.trans):
             nn.init.xavier_uniform_(p)
-        dims = [cfg.embed_dim, *cfg.layers]
-        self.aggregators = nn.ModuleList(Aggregator(cfg.aggregator, dims[k], dims[k + 1], cfg.mess_dropout)
-                                         for k in range(len(cfg.layers)))
+        dims = [cfg.width, *cfg.layer_widths]
+        self.aggregators = nn.ModuleList(Aggregator(cfg.aggregator, dims[k], dims[k + 1], cfg.dropout)
+                                         for k in range(len(cfg.layer_widths)))
         # The CKG (edges sorted by head) travels with the module (.to, DataParallel replicas) but is not
         # saved; the per-edge attention is saved, so a resumed run propagates with the same weights.
         self.register_buffer("crow", torch.zeros(self.n_nodes + 1, dtype=torch.int64), persistent=False)
@@ -107,7 +109,7 @@ class KGAT(nn.Module):
 
     @property
     def out_dim(self) -> int:
-        return self.cfg.embed_dim + sum(self.cfg.layers)
+        return self.cfg.width + sum(self.cfg.layer_widths)
 
     def load_pretrained(self, path: str, n_items: int) -> None:
         """BPR-MF embeddings (mf.npz: user_embed (U, D), item_embed (I, D)) as the initial node embeddings."""
@@ -120,9 +122,9 @@ class KGAT(nn.Module):
             if key not in arrays:
                 raise ValueError(f"{path}: field {key!r} missing (expected user_embed and item_embed)")
         users, items = arrays["user_embed"], arrays["item_embed"]
-        if users.shape != (self.n_users, self.cfg.embed_dim) or items.shape != (n_items, self.cfg.embed_dim):
+        if users.shape != (self.n_users, self.cfg.width) or items.shape != (n_items, self.cfg.width):
             raise ValueError(f"{path}: user_embed {tuple(users.shape)} / item_embed {tuple(items.shape)} do not match "
-                             f"({self.n_users}, {self.cfg.embed_dim}) / ({n_items}, {self.cfg.embed_dim})")
+                             f"({self.n_users}, {self.cfg.width}) / ({n_items}, {self.cfg.width})")
         with torch.no_grad():
             self.embed[self.n_entities:] = users
             self.embed[:n_items] = items
@@ -187,7 +189,7 @@ class KGAT(nn.Module):
         emb = self.propagate()
         u, p, n = emb[users + self.n_entities], emb[pos], emb[neg]
         bpr = F.softplus((u * n).sum(1) - (u * p).sum(1)).mean()
-        return bpr + self.cfg.cf_l2 * (l2_mean(u) + l2_mean(p) + l2_mean(n))
+        return bpr + self.loss.cf_l2 * (l2_mean(u) + l2_mean(p) + l2_mean(n))
 
     def kg_loss(self, h: torch.Tensor, r: torch.Tensor, pos_t: torch.Tensor, neg_t: torch.Tensor) -> torch.Tensor:
         """TransR: ||W_r e_h + e_r - W_r e_t||^2, positive below negative (softplus), plus kg_l2 L2."""
@@ -196,7 +198,7 @@ class KGAT(nn.Module):
         pos_score = (hr + rel - pr).pow(2).sum(1)
         neg_score = (hr + rel - nr).pow(2).sum(1)
         loss = F.softplus(pos_score - neg_score).mean()
-        return loss + self.cfg.kg_l2 * (l2_mean(hr) + l2_mean(rel) + l2_mean(pr) + l2_mean(nr))
+        return loss + self.loss.kg_l2 * (l2_mean(hr) + l2_mean(rel) + l2_mean(pr) + l2_mean(nr))
 
     def project(self, r: torch.Tensor, *nodes: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(r, W_r e_n for each node list), rows grouped by relation: one matmul per relation present

@@ -101,7 +101,8 @@ class KGATRecipe(Recipe):
 
     def build_model(self):
         m = self.model_cfg
-        model = KGAT(m, self.data.n_entities, self.data.n_users, self.ckg.n_relations, len(self.ckg.heads))
+        model = KGAT(m, self.data.n_entities, self.data.n_users, self.ckg.n_relations, len(self.ckg.heads),
+                     loss=self.loss_cfg)
         model.set_graph(self.ckg.heads, self.ckg.rels, self.ckg.tails, self.ckg.weights)
         if m.pretrain:
             model.load_pretrained(m.pretrain, self.data.n_items)

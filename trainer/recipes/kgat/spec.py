@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATModelConfig
+from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATLossConfig, KGATModelConfig
 from trainer.spec import BenchPreset, DataCommand, RecipeSpec
 
 PRESET_NAMES = ("tiny", "amazon-book")
@@ -48,7 +48,10 @@ SPEC = RecipeSpec(
     name="kgat",
     recipe="trainer.recipes.kgat.recipe:KGATRecipe",
     summary="KGAT knowledge-graph recommender",
-    data_config=KGATDataConfig, model_config=KGATModelConfig, eval_config=KGATEvalConfig,
+    data_config=KGATDataConfig, model_config=KGATModelConfig, eval_config=KGATEvalConfig, loss_config=KGATLossConfig,
+    renamed={"model.embed_dim": "model.width", "model.relation_dim": "model.relation_width",
+             "model.layers": "model.layer_widths", "model.mess_dropout": "model.dropout",
+             "model.cf_l2": "loss.cf_l2", "model.kg_l2": "loss.kg_l2"},
     synth=DataCommand("clustered users/items/entities in the KGAT file format", _synth_arguments, _synth),
     converters={"movielens-kg": DataCommand("KGAT format from MovieLens ratings + item metadata (genres, "
                                             "release year)", _convert_arguments, _convert)},

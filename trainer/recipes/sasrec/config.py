@@ -31,12 +31,12 @@ class SeqDataConfig:
 class SeqRecConfig:
     """Model variant and sizes. time=False -> SASRec attention; mhc=False -> plain residuals."""
 
-    bounds: ClassVar[dict[str, Bound]] = dict(hidden=POSITIVE, blocks=POSITIVE, heads=POSITIVE, dropout=FRACTION,
+    bounds: ClassVar[dict[str, Bound]] = dict(width=POSITIVE, depth=POSITIVE, heads=POSITIVE, dropout=FRACTION,
                                               time_span=POSITIVE, mhc_streams=POSITIVE, mhc_sinkhorn_iters=POSITIVE,
                                               length_buckets=POSITIVE)
 
-    hidden: int = 50
-    blocks: int = 2
+    width: int = 50                            # item embedding / transformer width
+    depth: int = 2                             # transformer blocks
     heads: int = 1
     dropout: float = 0.2
     norm: Literal["pre", "post"] = "pre"       # pre-LN (the maintained port) or post-LN (the paper)
@@ -47,8 +47,6 @@ class SeqRecConfig:
     mhc_sinkhorn_iters: int = 20
     mhc_gate_init: float = 0.01
     mhc_fp32: bool = True                      # mHC maps in fp32 under AMP (the seed's --mhc_no_amp)
-    loss: Literal["bce", "sampled_softmax"] = "bce"
-    l2_emb: float = 0.0
     grad_checkpoint: bool = False
     length_buckets: int = 4                    # rows sorted by length, each bucket trimmed of padding
 
@@ -62,3 +60,13 @@ class SeqEvalConfig:
     negatives: int = 100          # sampled protocol: the target plus this many never-seen items
     max_users: int = 0            # 0: every user (the reference ports silently stop at 10,000)
     full_ranking: bool = True     # also rank all items (history excluded): full_hr/ndcg/recall@5,10,20
+
+
+@dataclass
+class SeqLossConfig:
+    """The training loss."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(l2_emb=Bound(0, zero="off"))
+
+    kind: Literal["bce", "sampled_softmax"] = "bce"   # one sampled negative per position, or softmax over them
+    l2_emb: float = 0.0                               # L2 penalty on the item embeddings

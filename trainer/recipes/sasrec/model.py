@@ -80,7 +80,7 @@ class SelfAttention(nn.Module):
     def __init__(self, d: int, heads: int, p: float, maxlen: int, time: bool, time_span: int):
         super().__init__()
         if d % heads:
-            raise ValueError(f"model.hidden={d} is not divisible by model.heads={heads}")
+            raise ValueError(f"model.width={d} is not divisible by model.heads={heads}")
         self.h, self.dh, self.time = heads, d // heads, time
         self.q, self.k, self.v, self.out = (nn.Linear(d, d) for _ in range(4))
         self.attn_drop = Dropout(p)
@@ -196,11 +196,11 @@ class SeqRec(nn.Module):
     def __init__(self, cfg: SeqRecConfig, num_items: int, maxlen: int):
         super().__init__()
         self.cfg, self.maxlen = cfg, maxlen
-        d = cfg.hidden
+        d = cfg.width
         self.item_emb = nn.Embedding(num_items + 1, d, padding_idx=0)
         self.pos_emb = None if cfg.time else nn.Embedding(maxlen + 1, d, padding_idx=0)
         self.drop = Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(d, cfg, maxlen) for _ in range(cfg.blocks))
+        self.blocks = nn.ModuleList(Block(d, cfg, maxlen) for _ in range(cfg.depth))
         self.last_norm = nn.LayerNorm(d, eps=1e-8)
         self.reset_parameters()
 
@@ -248,7 +248,7 @@ class SeqRec(nn.Module):
 
     def _features(self, seq: torch.Tensor, time: torch.Tensor, offset: int) -> torch.Tensor:
         keep, mask, rel = self._masks(seq, time)
-        x = self.item_emb(seq) * math.sqrt(self.cfg.hidden)
+        x = self.item_emb(seq) * math.sqrt(self.cfg.width)
         if self.pos_emb is not None:
             positions = torch.arange(offset + 1, offset + seq.shape[1] + 1, device=seq.device) * (seq != 0)
             x = x + self.pos_emb(positions)

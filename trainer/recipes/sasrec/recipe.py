@@ -49,15 +49,15 @@ class SASRecRecipe(Recipe):
         valid = (batch["pos"] != 0).float()
         count = valid.sum().clamp(min=1)
         pos_logits, neg_logits = pos_logits.float(), neg_logits.float()
-        if self.model_cfg.loss == "bce":      # mean over real positions (and their negatives)
+        if self.loss_cfg.kind == "bce":      # mean over real positions (and their negatives)
             pos_loss = (F.softplus(-pos_logits) * valid).sum() / count
             neg_loss = (F.softplus(neg_logits) * valid.unsqueeze(-1)).sum() / (count * neg_logits.shape[-1])
             loss = pos_loss + neg_loss
         else:                                 # softmax over the positive and its sampled negatives
             logits = torch.cat([pos_logits.unsqueeze(-1), neg_logits], -1)
             loss = ((torch.logsumexp(logits, -1) - pos_logits) * valid).sum() / count
-        if self.model_cfg.l2_emb > 0:
-            loss = loss + self.model_cfg.l2_emb * unwrap(model).item_emb.weight.pow(2).sum()
+        if self.loss_cfg.l2_emb > 0:
+            loss = loss + self.loss_cfg.l2_emb * unwrap(model).item_emb.weight.pow(2).sum()
         return loss
 
     def eval_step(self, model, batch):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from trainer.recipes.sasrec.config import SeqDataConfig, SeqEvalConfig, SeqRecConfig
+from trainer.recipes.sasrec.config import SeqDataConfig, SeqEvalConfig, SeqLossConfig, SeqRecConfig
 from trainer.spec import BenchPreset, DataCommand, RecipeSpec
 
 
@@ -28,11 +28,13 @@ SPEC = RecipeSpec(
     name="sasrec",
     recipe="trainer.recipes.sasrec.recipe:SASRecRecipe",
     summary="SASRec / TiSASRec sequential recommender, optional mHC",
-    data_config=SeqDataConfig, model_config=SeqRecConfig, eval_config=SeqEvalConfig,
+    data_config=SeqDataConfig, model_config=SeqRecConfig, eval_config=SeqEvalConfig, loss_config=SeqLossConfig,
+    renamed={"model.hidden": "model.width", "model.blocks": "model.depth", "model.loss": "loss.kind",
+             "model.l2_emb": "loss.l2_emb"},
     defaults={"train.clip_grad_norm": 1.0},          # the seed's main.py always clips (max norm 1)
     synth=DataCommand("user sequences with timestamps in the MovieLens u.data layout", _synth_arguments, _synth),
     datasets=("ml-100k", "ml-1m"),
     # one training sequence per user
-    bench=BenchPreset(64, ("data.maxlen=50", "model.hidden=32", "eval.max_users=200"),
+    bench=BenchPreset(64, ("data.maxlen=50", "model.width=32", "eval.max_users=200"),
                       lambda n, out: [f"data.synthetic_users={max(800, math.ceil(n * 1.1))}"]),
 )

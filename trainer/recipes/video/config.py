@@ -38,9 +38,17 @@ class VideoDataConfig:
 class VideoModelConfig:
     """Architecture and memory options."""
 
-    bounds: ClassVar[dict[str, Bound]] = dict(dropout=FRACTION, label_smoothing=FRACTION)
+    bounds: ClassVar[dict[str, Bound]] = dict(dropout=FRACTION)
 
     arch: Literal["mouse3d", "light", "r3d_18"] = "mouse3d"
     dropout: float = 0.5
     grad_checkpoint: bool = False     # recompute each block in the backward pass (less activation memory)
+
+
+@dataclass
+class VideoLossConfig:
+    """Cross-entropy over the classes."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(label_smoothing=FRACTION)
+
     label_smoothing: float = 0.0

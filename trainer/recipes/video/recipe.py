@@ -49,4 +49,4 @@ class VideoRecipe(ClassifierRecipe):
     def training_step(self, model, batch):
         weight = self.data.weights.to(batch[1].device)
         return F.cross_entropy(self.counted(self.logits(model, batch).float(), batch[1]), batch[1], weight=weight,
-                               label_smoothing=self.model_cfg.label_smoothing)
+                               label_smoothing=self.loss_cfg.label_smoothing)

@@ -5,7 +5,7 @@ import argparse
 import math
 from pathlib import Path
 
-from trainer.recipes.video.config import VideoDataConfig, VideoModelConfig
+from trainer.recipes.video.config import VideoDataConfig, VideoLossConfig, VideoModelConfig
 from trainer.spec import BenchPreset, DataCommand, RecipeSpec
 
 
@@ -59,7 +59,8 @@ SPEC = RecipeSpec(
     name="video",
     recipe="trainer.recipes.video.recipe:VideoRecipe",
     summary="3D-CNN video behaviour classifier",
-    data_config=VideoDataConfig, model_config=VideoModelConfig,
+    data_config=VideoDataConfig, model_config=VideoModelConfig, loss_config=VideoLossConfig,
+    renamed={"model.label_smoothing": "loss.label_smoothing"},
     defaults={"train.amp": "auto", "train.batch_size": 16, "train.epochs": 20, "train.lr": 1e-3,
               "train.weight_decay": 1e-2, "train.warmup_epochs": 1.0, "train.clip_grad_norm": 1.0,
               "train.num_workers": 2},

@@ -1,0 +1,151 @@
+"""Building a run from a recipe and a config: data, model and its wrapper (DDP/DataParallel), then, for
+training, sampler, optimizer, schedule and gradient scaler. Evaluation needs only the first half.
+
+    run = build_run(recipe, info, cfg)              # training (trainer/engine/loop.py)
+    run = build_for_eval(recipe, info, cfg)         # `trainer eval`: no optimizer, no sampler
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainer.config import Config
+from trainer.distributed.runtime import DistInfo
+from trainer.engine import syncwait
+from trainer.engine.data import ResumableSampler, per_rank_batch_size
+from trainer.engine.optim import build_optimizer, build_scheduler, scaled_lr
+from trainer.engine.recipe import Recipe
+
+log = logging.getLogger(__name__)
+
+
+def rank_seed(*parts: int) -> int:
+    """A well-mixed 31-bit seed from (seed, rank, ...)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (CPU and CUDA) generators."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def wrap_model(model: torch.nn.Module, info: DistInfo, dist_cfg, find_unused: bool = False,
+               broadcast_buffers: bool = True) -> torch.nn.Module:
+    """DDP for a world > 1, DataParallel for --strategy dp on several GPUs, else the plain module."""
+    if info.distributed:
+        if dist_cfg.strategy != "ddp":
+            raise ValueError(f"--strategy {dist_cfg.strategy} with a world of {info.world_size} processes.\n"
+                             f"HINT: use --strategy ddp under srun/torchrun, or launch one process.")
+        ids = [info.torch_device.index] if info.device.startswith("cuda") else None
+        return DDP(model, device_ids=ids, find_unused_parameters=dist_cfg.find_unused_parameters or find_unused,
+                   forward_sync_buffers=broadcast_buffers)
+    if dist_cfg.strategy == "dp":
+        if len(info.dp_devices) < 2:
+            log.warning("--strategy dp needs two or more CUDA devices (%s): using one device (%s)",
+                        f"--gpu-ids {list(info.dp_devices)}" if info.dp_devices else "no CUDA here", info.device)
+            return model
+        return torch.nn.DataParallel(model, device_ids=list(info.dp_devices))
+    return model
+
+
+def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype of --amp on this device; auto: bf16 where the GPU supports it, else fp16; None on CPU."""
+    if mode == "auto":
+        if device.type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode)
+
+
+@dataclass
+class Run:
+    """What one training or evaluation run is made of."""
+
+    recipe: Recipe
+    info: DistInfo
+    cfg: Config
+    train_set: Any
+    eval_sets: dict[str, Any]
+    model: torch.nn.Module            # the plain module (checkpoints, recipe attributes)
+    wrapped: torch.nn.Module          # what the forward passes go through (DDP / DataParallel / the module)
+    batch_size: int                   # per rank
+    amp_dtype: torch.dtype | None
+    accum: int = 1
+    sampler: ResumableSampler | None = None
+    micro_per_epoch: int = 0
+    steps_per_epoch: int = 0
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None
+    scaler: Any = None
+    sync_timer: Any = None            # train.measure_sync: time spent in DDP's collectives
+
+    @property
+    def device(self) -> torch.device:
+        return self.info.torch_device
+
+    @property
+    def eval_model(self) -> torch.nn.Module:
+        """DataParallel spreads evaluation batches too; under DDP every rank evaluates its own shard."""
+        return self.wrapped if isinstance(self.wrapped, torch.nn.DataParallel) else self.model
+
+    @property
+    def eval_batch_size(self) -> int:
+        return self.cfg.train.eval_batch_size or self.batch_size
+
+    def autocast(self):
+        """Mixed precision context for forward passes (a no-op with --amp off)."""
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+
+def _data_and_model(recipe: Recipe, info: DistInfo, cfg: Config, wrap: bool) -> Run:
+    seed_everything(cfg.seed)  # same data and initial weights on every rank
+    train_set, eval_sets = recipe.build_datasets()
+    if len(train_set) == 0:
+        raise ValueError(f"recipe {cfg.recipe}: the training split is empty "
+                         f"(data.path={getattr(cfg.data, 'path', '')})")
+    model = recipe.build_model().to(info.torch_device)
+    seed_everything(rank_seed(cfg.seed, info.rank))  # per-rank dropout/sampling streams
+    wrapped = wrap_model(model, info, cfg.dist, recipe.find_unused_parameters, recipe.broadcast_buffers) \
+        if wrap else model
+    return Run(recipe, info, cfg, train_set, eval_sets, model, wrapped,
+               per_rank_batch_size(cfg.train, info.world_size, info.replicas),
+               amp_dtype(cfg.train.amp, info.torch_device))
+
+
+def build_for_eval(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
+    """Data and model only; DataParallel where asked (DDP is not needed to evaluate)."""
+    return _data_and_model(recipe, info, cfg, wrap=not info.distributed)
+
+
+def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
+    """Everything training needs, built in a fixed order (the RNG streams of a resumed run depend on it)."""
+    tc = cfg.train
+    run = _data_and_model(recipe, info, cfg, wrap=True)
+    run.accum = max(tc.grad_accum_steps, 1)
+    if tc.measure_sync and isinstance(run.wrapped, DDP):
+        run.sync_timer = syncwait.attach(run.wrapped)
+    run.sampler = ResumableSampler(len(run.train_set), info.rank, info.world_size, True, cfg.seed)
+    plan = recipe.epoch_batches(0)
+    run.micro_per_epoch = len(plan) if plan is not None else math.ceil(run.sampler.per_rank / run.batch_size)
+    run.steps_per_epoch = math.ceil(run.micro_per_epoch / run.accum)
+    gpus = info.world_size * info.replicas      # what lr scaling counts: every GPU a batch is spread over
+    run.optimizer = recipe.build_optimizer(run.model, scaled_lr(tc.lr, tc.lr_scaling, gpus)) \
+        or build_optimizer(run.model.parameters(), tc, gpus)
+    run.scheduler = build_scheduler(run.optimizer, tc, run.steps_per_epoch)
+    run.scaler = torch.amp.GradScaler(run.device.type, enabled=run.amp_dtype == torch.float16)
+    log.info("recipe=%s world=%d device=%s batch/rank=%d accum=%d steps/epoch=%d params=%d",
+             cfg.recipe, info.world_size, info.device, run.batch_size, run.accum,
+             run.steps_per_epoch, sum(p.numel() for p in run.model.parameters()))
+    return run

@@ -1,0 +1,116 @@
+"""A run's checkpoints: snapshot (model, optimizer, schedule, scaler, loop state, every rank's RNG), save
+(rank 0, atomic, pruned), resume (--resume auto|PATH) and initial weights (--init-from).
+
+    ckpts = Checkpointer(run, run_dir)
+    state, metrics = ckpts.resume() or (TrainState(), {})
+    ckpts.save("periodic", state, metrics)
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.config import to_dict
+from trainer.distributed import runtime
+from trainer.engine import checkpoint as ckpt_io
+from trainer.engine.build import Run
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    """Where training stands; saved in every checkpoint."""
+
+    epoch: int = 0
+    batch_in_epoch: int = 0       # micro-batches this rank consumed in `epoch`
+    global_step: int = 0          # optimizer steps
+    best: float | None = None     # best value of the primary validation metric
+    best_tie: float | None = None  # the recipe's tie-break metric at that evaluation
+    bad_epochs: int = 0           # evaluations without improvement (early stopping)
+
+
+class Checkpointer:
+    """Snapshot, save, prune and resume the checkpoints of one run."""
+
+    def __init__(self, run: Run, run_dir: Path):
+        self.run, self.info, self.cfg = run, run.info, run.cfg
+        self.files = ckpt_io.CheckpointManager(run_dir, run.cfg.ckpt.keep_last)
+
+    @property
+    def dir(self) -> Path:
+        return self.files.dir
+
+    def snapshot(self, kind: str, state: TrainState, metrics: dict) -> dict[str, Any]:
+        run = self.run
+        rngs = runtime.all_gather_object(ckpt_io.capture_rng(), self.info)
+        return dict(recipe=self.cfg.recipe, kind=kind, model=run.model.state_dict(),
+                    optimizer=run.optimizer.state_dict(), scheduler=run.scheduler.state_dict(),
+                    scaler=run.scaler.state_dict(), state=asdict(state), world_size=self.info.world_size,
+                    global_step=state.global_step, rng=rngs, config=to_dict(self.cfg),
+                    metrics=metrics, versions=ckpt_io.versions())
+
+    def save(self, kind: str, state: TrainState, metrics: dict) -> None:
+        """Every rank contributes its RNG state; rank 0 writes atomically."""
+        snap = self.snapshot(kind, state, metrics)
+        if self.info.is_main:
+            path = self.files.save(snap, kind)
+            log.info("saved %s checkpoint %s (epoch %d, step %d)", kind, path, state.epoch, state.global_step)
+        runtime.barrier(self.info)
+
+    def resume(self) -> tuple[TrainState, dict] | None:
+        """Restore from --resume PATH or the newest valid checkpoint of the run directory; a run that starts
+        fresh takes its initial weights from --init-from (weights only) when given. None: a fresh start."""
+        restored = self._restore()
+        if restored is None and self.cfg.ckpt.init_from:
+            self._init_from(self.cfg.ckpt.init_from)
+        return restored
+
+    def _init_from(self, path: str) -> None:
+        """Weights of another run's checkpoint; optimizer, schedule, step and RNG start fresh."""
+        ckpt = ckpt_io.load(path)
+        ckpt_io.check_compatible(ckpt, self.cfg.recipe, self.run.model, path)
+        self.run.model.load_state_dict(ckpt["model"])
+        log.info("initial weights from %s (step %d of that run); optimizer, schedule and step start fresh",
+                 path, ckpt["global_step"])
+
+    def _path_to_resume(self) -> str | None:
+        spec = self.cfg.ckpt.resume
+        if spec != "auto":
+            return spec or None
+        found = self.files.newest_valid() if self.info.is_main else None
+        path = runtime.broadcast_object(str(found[0]) if found else None, self.info)
+        if path is None:
+            log.info("--resume auto: no checkpoint in %s, starting fresh", self.files.dir)
+        return path
+
+    def _restore(self) -> tuple[TrainState, dict] | None:
+        path = self._path_to_resume()
+        if path is None:
+            return None
+        run = self.run
+        ckpt = ckpt_io.load(path)
+        ckpt_io.check_compatible(ckpt, self.cfg.recipe, run.model, path)
+        run.model.load_state_dict(ckpt["model"])
+        run.optimizer.load_state_dict(ckpt["optimizer"])
+        run.scheduler.load_state_dict(ckpt["scheduler"])
+        run.scaler.load_state_dict(ckpt["scaler"])
+        state = TrainState(**ckpt["state"])
+        if ckpt["world_size"] == self.info.world_size:
+            ckpt_io.restore_rng(ckpt["rng"][self.info.rank])
+        else:
+            log.warning("checkpoint written by %d ranks, resuming with %d: restarting epoch %d from its "
+                        "first sample", ckpt["world_size"], self.info.world_size, state.epoch)
+            state.batch_in_epoch = 0
+        log.info("resumed from %s: epoch %d, batch %d, step %d", path, state.epoch, state.batch_in_epoch,
+                 state.global_step)
+        if self.info.is_main:
+            self.files.set_aside_newer(state.global_step, path)
+        return state, ckpt.get("metrics", {})
+
+    def last_good(self) -> str:
+        """Rank 0: the newest checkpoint on disk, for error messages."""
+        newest = self.files.candidates()[:1]
+        return f"the last good checkpoint is {newest[0]}" if newest else "no checkpoint was written yet"
