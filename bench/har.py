@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -19,22 +18,17 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:        # `python bench/<script>.py`: the bench package sits in the repository
+    sys.path.insert(0, str(REPO))
+
+from bench.common import run_trainer  # noqa: E402
+
 BASIC = REPO.parent / "shared" / "data" / "BasicMotions"
 
 
 def run(args: list[str], run_dir: Path, threads: int = 2, ranks: int = 1) -> tuple[list[dict], float]:
     """Train in a fresh run directory; (metrics.jsonl rows, wall seconds)."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO))
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"] \
-        if ranks > 1 else [sys.executable]
-    cmd = [*launch, "-m", "trainer", "train", "--run-dir", str(run_dir), "train.tensorboard=false", *args]
-    t0 = time.time()
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return rows, time.time() - t0
+    return run_trainer(["train.tensorboard=false", *args], run_dir, threads=threads, ranks=ranks)
 
 
 def test_of(rows: list[dict]) -> dict:

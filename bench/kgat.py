@@ -13,13 +13,17 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:        # `python bench/<script>.py`: the bench package sits in the repository
+    sys.path.insert(0, str(REPO))
+
+from bench.common import run_trainer, trainer_cmd, trainer_env  # noqa: E402
+
 # LunaBlack/KGAT-pytorch @134b0716 measured on this machine kind (2 cores, torch 2.13 CPU) on the dataset
 # `data convert movielens-kg` builds from ml-100k, with its defaults: lr 1e-4, CF batch 1024, KG batch 2048,
 # [64,32,16], mess dropout 0.1, no pretraining, random-walk Laplacian, 40 epochs, test evaluated every 10.
@@ -33,24 +37,20 @@ REFERENCE = dict(name="LunaBlack/KGAT-pytorch", measured="2026-11-22", epoch_tim
 
 
 def env() -> dict:
-    return dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), PYTHONPATH=str(REPO))
+    return trainer_env()
 
 
 def trainer(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer", *args], check=True, env=env(), cwd=REPO,
-                          capture_output=capture, text=True)
+    return subprocess.run(trainer_cmd(*args), check=True, env=env(), cwd=REPO, capture_output=capture, text=True)
 
 
 def train(data: Path, run_dir: Path, epochs: int, seed: int, *extra: str) -> tuple[list[dict], float, int]:
     """Train KGAT in a subprocess; (metrics.jsonl rows, wall seconds, peak RSS of the child in bytes)."""
-    shutil.rmtree(run_dir, ignore_errors=True)   # a fresh run, not a resume of an earlier one
-    t0 = time.time()
-    trainer("train", "--config", str(REPO / "configs/kgat/ml-100k-kg.yaml"), "--run-dir", str(run_dir),
-            "--epochs", str(epochs), "--seed", str(seed), f"data.path={data}", "train.tensorboard=false",
-            "train.log_every_steps=1000", "train.early_stop_patience=0", *extra)
-    wall = time.time() - t0
+    rows, wall = run_trainer(["--config", str(REPO / "configs/kgat/ml-100k-kg.yaml"), "--epochs", str(epochs),
+                              "--seed", str(seed), f"data.path={data}", "train.tensorboard=false",
+                              "train.log_every_steps=1000", "train.early_stop_patience=0", *extra], run_dir, show=True)
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024   # the largest child so far
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()], wall, peak
+    return rows, wall, peak
 
 
 def epoch_rows(rows: list[dict]) -> list[dict]:

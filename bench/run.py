@@ -27,8 +27,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.common import trainer_env  # noqa: E402
 from bench.harness import cost_shares, scaling_efficiency, step_stats  # noqa: E402
 from bench.report import plot, tables  # noqa: E402
+from trainer.engine.logging import read_metrics  # noqa: E402
 
 
 def presets() -> dict:
@@ -45,9 +47,9 @@ LAUNCHERS = ("torchrun", "independent", "slurm")
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without a surrounding Slurm job's variables (they would make the trainer a Slurm
     task), one thread per rank."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
-    path = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))   # plugins stay importable
-    return dict(env, OMP_NUM_THREADS="1", PYTHONPATH=path, **extra)
+    env = {k: v for k, v in trainer_env(threads=1, **extra).items()
+           if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    return env
 
 
 def slurm_conf() -> tuple[str | None, str]:
@@ -97,7 +99,7 @@ def run_dirs(launcher: str, world: int, run_dir: Path) -> list[Path]:
 
 def read_run(run_dir: Path, warmup: int, launched: float) -> dict:
     """One run directory's step statistics, start-up time, evaluation and parameter count."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     train = [r for r in rows if r["split"] == "train" and "step_time_s" in r]
     test = next((r for r in reversed(rows) if r["split"] == "test"), {})
     params = re.search(r"params=(\d+)", (run_dir / "train.log").read_text())

@@ -9,13 +9,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:        # `python bench/<script>.py`: the bench package sits in the repository
+    sys.path.insert(0, str(REPO))
+
+from bench.common import run_trainer, trainer_cmd, trainer_env  # noqa: E402
+
 # pmixer/SASRec.pytorch measured on this machine kind (issue 3): maxlen 200, hidden 50, 2 blocks, 1 head,
 # dropout 0.2, batch 128, lr 1e-3, 200 epochs, CPU
 REFERENCE = dict(name="pmixer/SASRec.pytorch", epoch_time_s=3.2, eval_time_s=3.0, test_ndcg10=0.416,
@@ -31,23 +35,17 @@ def run_variant(name: str, data: str, epochs: int, out: Path, seed: int) -> dict
     """Train one variant in a subprocess, then evaluate its best checkpoint with full ranking."""
     config, extra = VARIANTS[name]
     run_dir = out / "runs" / name
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "-m", "trainer", "train", "--config", str(REPO / config), "--run-dir", str(run_dir),
-           "--epochs", str(epochs), "--seed", str(seed), f"data.path={data}", "eval.full_ranking=false",
-           f"train.eval_every_epochs={max(1, min(20, epochs))}", "train.tensorboard=false",
-           "train.log_every_steps=1000", *extra]
-    shutil.rmtree(run_dir, ignore_errors=True)   # a fresh run, not a resume of an earlier one
-    t0 = time.time()
-    subprocess.run(cmd, check=True, env=env, cwd=REPO)
-    wall = time.time() - t0
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    args = ["--config", str(REPO / config), "--epochs", str(epochs), "--seed", str(seed), f"data.path={data}",
+            "eval.full_ranking=false", f"train.eval_every_epochs={max(1, min(20, epochs))}",
+            "train.tensorboard=false", "train.log_every_steps=1000", *extra]
+    rows, wall = run_trainer(args, run_dir, show=True)
     epochs_t = [r["epoch_time_s"] for r in rows if "epoch_time_s" in r]
     steady = epochs_t[1:] or epochs_t                        # the first epoch includes warm-up
     val = [r for r in rows if r["split"] == "val"]
     test = {r["checkpoint"]: r for r in rows if r["split"] == "test"}
-    full = subprocess.run([sys.executable, "-m", "trainer", "eval", "--checkpoint",
-                           str(run_dir / "checkpoints" / "best.pt"), "--splits", "test", "eval.full_ranking=true"],
-                          check=True, env=env, cwd=REPO, capture_output=True, text=True)
+    full = subprocess.run(trainer_cmd("eval", "--checkpoint", str(run_dir / "checkpoints" / "best.pt"), "--splits",
+                                      "test", "eval.full_ranking=true"),
+                          check=True, env=trainer_env(), cwd=REPO, capture_output=True, text=True)
     full_test = json.loads(full.stdout)["test"]
     return dict(recipe="sasrec", variant=name, epochs=epochs, wall_s=round(wall, 1),
                 epoch_time_s=round(sum(steady) / len(steady), 3), epoch_times_s=epochs_t,

@@ -12,14 +12,17 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:        # `python bench/<script>.py`: the bench package sits in the repository
+    sys.path.insert(0, str(REPO))
+
+from bench.common import run_trainer  # noqa: E402
+
 sys.path.insert(0, str(REPO))
 
 
@@ -30,19 +33,12 @@ def flops_per_sample(arch: str, clip: int, size: int) -> float:
 
 def run(arch: str, data: Path, args, out: Path) -> dict:
     run_dir = out / "runs" / f"video-{arch}-{args.size}"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
-    cmd = [sys.executable, "-m", "trainer", "train", "--recipe", "video", "--run-dir", str(run_dir),
-           f"data.path={data}", f"data.size={args.size}", f"data.clip_len={args.clip}", f"model.arch={arch}",
-           "--batch-size", str(args.batch), "--epochs", "1", f"train.max_steps={args.steps}",
-           f"train.log_every_steps={max(1, args.steps // 6)}", f"train.num_workers={args.workers}",
-           "--amp", args.amp, "train.tensorboard=false", "ckpt.every_epochs=0", "data.val_fraction=0.2",
-           "data.test_fraction=0"]
-    t0 = time.time()
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    argv = ["--recipe", "video", f"data.path={data}", f"data.size={args.size}", f"data.clip_len={args.clip}",
+            f"model.arch={arch}", "--batch-size", str(args.batch), "--epochs", "1", f"train.max_steps={args.steps}",
+            f"train.log_every_steps={max(1, args.steps // 6)}", f"train.num_workers={args.workers}",
+            "--amp", args.amp, "train.tensorboard=false", "ckpt.every_epochs=0", "data.val_fraction=0.2",
+            "data.test_fraction=0"]
+    rows, wall = run_trainer(argv, run_dir)
     windows = [r for r in rows if r["split"] == "train" and "samples_per_s" in r]
     steady = windows[1:] or windows                         # the first window includes start-up
     rate = statistics.median(r["samples_per_s"] for r in steady)
@@ -52,7 +48,7 @@ def run(arch: str, data: Path, args, out: Path) -> dict:
                amp=args.amp, workers=args.workers, samples_per_s=round(rate, 3),
                step_time_s=round(statistics.median(r["step_time_s"] for r in steady), 4),
                data_wait_frac=wait, train_gflop_per_sample=round(flops / 1e9, 2),
-               achieved_tflops=round(rate * flops / 1e12, 4), wall_s=round(time.time() - t0, 1),
+               achieved_tflops=round(rate * flops / 1e12, 4), wall_s=round(wall, 1),
                peak_gpu_mem_mb=max((r.get("gpu_mem_mb", 0) for r in windows), default=0))
     if args.peak_tflops:
         rec["mfu"] = round(rec["achieved_tflops"] / args.peak_tflops, 4)

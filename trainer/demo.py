@@ -9,13 +9,14 @@ and where the run directory and TensorBoard logs are.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from trainer.engine.logging import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,7 +36,7 @@ def processes() -> int:
 
 def table(run_dir: Path) -> str:
     """Validation rows and the final test row of metrics.jsonl as a text table."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     cols = ["hr@10", "ndcg@10", "full_hr@10", "full_ndcg@10", "full_recall@20"]
     lines = [f"{'split':<13}{'epoch':>6} " + " ".join(f"{c:>15}" for c in cols)]
     for r in rows:

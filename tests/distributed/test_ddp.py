@@ -3,6 +3,7 @@ import json
 import subprocess
 
 from tests.conftest import PY, REPO, assert_close, clean_env, free_port, run_ranks, trainer, weights
+from trainer.engine.logging import read_metrics
 
 # plain SGD and no dropout: the comparison is about data and gradient handling, not RNG streams
 BASE = ("--recipe", "toy", "--epochs", "1", "--seed", "7", "train.optimizer=sgd", "train.lr=0.05",
@@ -37,11 +38,10 @@ def test_global_batch_size_with_accumulation_equals_one_big_batch(tmp_path):
     run_ranks(2, "train", *BASE, "--global-batch-size", "16", "--grad-accum-steps", "2", "train.measure_sync=true",
               "train.log_every_steps=1", "--run-dir", str(tmp_path / "ddp_timed"))
     assert_close(weights(tmp_path / "ddp_timed"), big, 1e-6)
-    rows = [json.loads(x) for x in (tmp_path / "ddp_timed" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path / "ddp_timed")
     waits = [r["sync_wait_frac"] for r in rows if "step_time_s" in r]
     assert len(waits) == 6 and all(0 <= w <= 1 for w in waits) and max(waits) > 0
-    assert not any("sync_wait_frac" in json.loads(x) for x in
-                   (tmp_path / "ddp_accum" / "metrics.jsonl").read_text().splitlines())
+    assert not any("sync_wait_frac" in r for r in read_metrics(tmp_path / "ddp_accum"))
 
 
 def test_sharded_evaluation_equals_single_process(tmp_path):
@@ -55,7 +55,7 @@ def test_sharded_evaluation_equals_single_process(tmp_path):
         # float32 forward passes batch samples differently per shard: agreement at float32 precision
         assert abs(one[split]["mse"] - three[split]["mse"]) <= 1e-6 * one[split]["mse"]
     # the value logged by the training run agrees with the stand-alone evaluation
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path / "run")
     test_row = [r for r in rows if r["split"] == "test" and r["checkpoint"] == "final"][-1]
     assert abs(test_row["mse"] - one["test"]["mse"]) <= 1e-6 * one["test"]["mse"]
 
@@ -68,7 +68,7 @@ def test_torchrun_launch_and_logged_artifacts(tmp_path):
     env = clean_env()
     proc = subprocess.run(cmd, cwd=REPO, env=env, text=True, capture_output=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     assert {r["split"] for r in rows} == {"train", "val", "test"}
     train_rows = [r for r in rows if r["split"] == "train" and "loss" in r]
     assert train_rows and all({"epoch", "step", "samples_per_s", "step_time_s", "lr", "rss_mb"} <= set(r)

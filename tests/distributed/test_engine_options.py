@@ -1,11 +1,11 @@
 """Engine options end to end: AMP, clipping, DataParallel fallback, progress bar, strategy errors,
 evaluation with more ranks than samples."""
-import json
 
 import pytest
 import torch
 
 from tests.conftest import launch_ranks, run_ranks, trainer, wait_all, weights
+from trainer.engine.logging import read_metrics
 
 QUICK = ("--recipe", "toy", "--epochs", "1", "--seed", "1", "train.tensorboard=false", "ckpt.every_epochs=0")
 
@@ -20,7 +20,7 @@ def test_amp_modes_train_and_save_scaler_state(tmp_path, amp):
         assert ckpt["scaler"]["scale"] > 0                                  # GradScaler in use
     else:
         assert ckpt["scaler"] == {}                                         # bf16 needs no scaler
-    val = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    val = read_metrics(tmp_path)
     assert all(r["mse"] == r["mse"] for r in val if r["split"] == "val")    # finite, not NaN
 
 
@@ -58,6 +58,6 @@ def test_progress_bar_on_rank_zero(tmp_path):
 def test_evaluation_with_more_ranks_than_samples(tmp_path):
     """Rank 2 has an empty validation shard (2 samples, 3 ranks): it still joins the reduction."""
     run_ranks(3, "train", *QUICK, "data.n_val=2", "data.n_test=1", "--run-dir", str(tmp_path))
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path)
     assert [r["count"] for r in rows if r["split"] == "val"] == [2]
     assert [(r["count"], r["checkpoint"]) for r in rows if r["split"] == "test"] == [(1, "final"), (1, "best")]

@@ -1,13 +1,13 @@
 """KGAT end to end on synthetic data: the phase sampler, per-phase optimizer state, 2-rank DDP beats the
 popularity ranking on recall@20, sharded evaluation equals single-process, bitwise resume mid-KG-phase."""
 import copy
-import json
 
 import numpy as np
 import pytest
 import torch
 
 from tests.conftest import assert_bitwise_equal, eval_one_and_three, run_ranks, train_until_sigterm, trainer, weights
+from trainer.engine.logging import read_metrics
 from trainer.engine.optim import phased
 from trainer.recipes.kgat import data as D
 from trainer.recipes.kgat.config import KGATDataConfig
@@ -21,8 +21,7 @@ SMALL = ("--recipe", "kgat", "--seed", "5", "train.tensorboard=false", "train.op
 
 
 def rows(run_dir, split):
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if json.loads(x)["split"] == split]
+    return read_metrics(run_dir, split)
 
 
 def sampler():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, assert_bitwise_equal, clean_env, run_ranks, trainer, weights
+from trainer.engine.logging import read_metrics
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.config import SeqDataConfig
 
@@ -31,8 +32,7 @@ def popularity_ndcg10(cfg: SeqDataConfig, seed: int) -> float:
 
 
 def rows(run_dir, split):
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if json.loads(x)["split"] == split]
+    return read_metrics(run_dir, split)
 
 
 @pytest.fixture(scope="module")

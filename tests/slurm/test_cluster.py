@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, run_ranks, slurm_env, weights
+from trainer.engine.logging import read_metrics
 
 pytestmark = pytest.mark.slurm
 TOY = ("--recipe", "toy", "--seed", "5", "train.tensorboard=false", "--batch-size", "16")
@@ -97,7 +98,7 @@ def test_four_rank_batch_job_completes(slurm_cluster, tmp_path):
     assert info["JobState"] == "COMPLETED", out.read_text()[-3000:]
     ckpt = __import__("torch").load(run_dir / "checkpoints" / "final.pt", weights_only=True)
     assert ckpt["world_size"] == 4 and len(ckpt["rng"]) == 4 and ckpt["global_step"] == 2 * 4
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     assert {"val", "test"} <= {r["split"] for r in rows}
     assert "world=4" in (run_dir / "train.log").read_text()
     # accounting is up (submitit's state watcher relies on sacct); slurmdbd records the end a moment after

@@ -11,6 +11,7 @@ import torch
 
 from tests.conftest import PY, REPO, slurm_env
 from tests.slurm.test_cluster import wait_job
+from trainer.engine.logging import read_metrics
 from trainer.recipes.kgat.config import KGATDataConfig
 from trainer.recipes.kgat.recipe import load_data
 
@@ -104,7 +105,7 @@ def test_har_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
     assert "world=4" in (run / "train.log").read_text()
     ckpt = torch.load(run / "checkpoints" / "final.pt", weights_only=True)
     assert ckpt["world_size"] == 4 and ckpt["recipe"] == "har" and ckpt["config"]["data"]["path"] == str(data)
-    test = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"test"' in x][-1]
+    test = read_metrics(run, "test")[-1]
     assert test["cases"] == 150 and len(test["confusion_matrix"]) == 6 and (run / "confusion_test.png").exists()
 
 
@@ -123,7 +124,7 @@ def test_video_1node_completes_with_three_ranks(slurm_cluster, tmp_path):
     assert sorted(manifest) == [f"synth{i:02d}.mp4" for i in range(5)] and manifest["synth00.mp4"]["frames"] == 30
     ckpt = torch.load(run / "checkpoints" / "final.pt", weights_only=True)
     assert ckpt["world_size"] == 3 and ckpt["recipe"] == "video"
-    test = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"test"' in x][-1]
+    test = read_metrics(run, "test")[-1]
     assert test["cases"] == 30 and (run / "confusion_test.png").exists()
 
 
@@ -156,7 +157,7 @@ def test_kgat_2node_completes_with_eight_ranks(slurm_cluster, tmp_path):
     assert "world=8" in train_log and f"CF {n_cf} + KG {n_kg} steps per epoch" in train_log
     ckpt = torch.load(run / "checkpoints" / "final.pt", weights_only=True)
     assert ckpt["world_size"] == 8 and ckpt["state"]["epoch"] == 1 and ckpt["recipe"] == "kgat"
-    test = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"test"' in x][-1]
+    test = read_metrics(run, "test")[-1]
     assert test["users"] == 300 and 0 < test["recall@20"] <= 1
 
 

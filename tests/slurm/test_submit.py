@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, slurm_env, weights
 from tests.slurm.test_cluster import job_info, wait_job
+from trainer.engine.logging import read_metrics
 
 TOY = ("--recipe", "toy")
 
@@ -58,8 +59,7 @@ def test_sasrec_eight_ranks_on_two_nodes(slurm_cluster, tmp_path):
 def wait_for_step(run_dir: Path, step: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        log = run_dir / "metrics.jsonl"
-        if log.exists() and any(json.loads(x).get("step", 0) >= step for x in log.read_text().splitlines() if x):
+        if any(r.get("step", 0) >= step for r in read_metrics(run_dir)):
             return
         time.sleep(0.2)
     raise AssertionError(f"step {step} not reached in {timeout}s")

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from tests.conftest import REPO, clean_env
+from trainer.engine.logging import read_metrics
 
 
 def readme_section() -> str:
@@ -40,8 +41,7 @@ def test_readme_recipe_folder_trains_evaluates_synthesizes_and_benches(tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = (tmp_path / "data/tinyreg/points.csv").read_text().splitlines()
     assert len(rows) == 400                                     # data synth tinyreg --points 400
-    val = [json.loads(line) for line in (tmp_path / "runs/tinyreg/metrics.jsonl").read_text().splitlines()
-           if '"split": "val"' in line]
+    val = read_metrics(tmp_path / "runs/tinyreg", "val")
     assert len(val) == 4 and val[-1]["mse"] < val[0]["mse"]     # it learns
     evaluated, _ = json.JSONDecoder().raw_decode(out.stdout[out.stdout.index('{\n "checkpoint"'):])
     assert evaluated["test"]["mse"] < 0.5                        # `trainer eval` of the final checkpoint

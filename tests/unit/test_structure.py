@@ -123,3 +123,22 @@ def test_the_loop_is_split_by_job():
     assert hasattr(build, "build_run") and hasattr(build, "build_for_eval")
     assert hasattr(checkpointer.Checkpointer, "resume") and hasattr(evaluation, "evaluate_split")
     assert "import loop" not in (REPO / "trainer/__main__.py").read_text().split("def cmd_eval")[1].split("def ")[0]
+
+
+def test_read_metrics_is_the_one_metrics_jsonl_reader_and_bench_scripts_share_one_runner():
+    readers = [p for d in ("trainer", "hpc", "bench", "tests") for p in (REPO / d).rglob("*.py")
+               if "metrics.jsonl\").read_text" in p.read_text() or "metrics.jsonl\").open" in p.read_text()]
+    assert readers == []
+    for script in ("har", "kgat", "sasrec", "video"):
+        text = (REPO / "bench" / f"{script}.py").read_text()
+        assert "run_trainer(" in text and "shutil.rmtree(run_dir" not in text, script
+
+
+def test_bench_runner_gives_the_records_of_a_fresh_run(tmp_path, monkeypatch):
+    from bench.common import run_trainer
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "final.pt").write_text("stale")      # a fresh run, not refused or resumed
+    monkeypatch.setenv("TRAINER_PLUGINS", "tests.toy_recipe")
+    rows, wall = run_trainer(["--recipe", "toy", "--epochs", "1", "train.tensorboard=false"], run_dir, threads=1)
+    assert wall > 0 and {r["split"] for r in rows} == {"train", "val", "test"}
