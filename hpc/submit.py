@@ -59,6 +59,14 @@ def get_parser() -> argparse.ArgumentParser:
     job.add_argument("--exclusive", action="store_true", help="whole nodes")
     job.add_argument("--max-num-timeout", type=int, default=3, metavar="N",
                      help="requeue after a time-out at most N times (preemptions do not count; default 3)")
+    job.add_argument("--sbatch", action="append", default=[], metavar="KEY[=VALUE]",
+                     help="any other sbatch option, into the batch script as #SBATCH --KEY=VALUE (repeatable), "
+                          "e.g. --sbatch gres=gpu:a100:4 --sbatch exclude=node7 --sbatch mail-type=END")
+    job.add_argument("--srun-arg", action="append", default=[], metavar="ARG",
+                     help="an extra argument of the srun line that starts the tasks (repeatable; write "
+                          "--srun-arg=--cpu-bind=cores for values that start with -)")
+    job.add_argument("--array-parallelism", type=int, metavar="N",
+                     help="--sweep: at most N array tasks run at once (#SBATCH --array=0-K%%N)")
     box = p.add_argument_group("containers")
     box.add_argument("--container", metavar="IMAGE.sif", help="run every task in `apptainer exec --nv IMAGE.sif`")
     box.add_argument("--container-image", metavar="REF", help="pyxis/enroot image (srun --container-image)")
@@ -139,9 +147,40 @@ def check_text_fields(args) -> None:
             raise SubmitError(f"--{dest.replace('_', '-')} {value!r}: Slurm takes {allowed} here")
 
 
+# sbatch options this tool writes itself, and the flag to use instead of --sbatch KEY=...
+OWNED = {"nodes": "--nodes", "ntasks-per-node": "--gpus-per-node / --tasks-per-node", "gpus-per-node":
+         "--gpus-per-node", "cpus-per-task": "--cpus-per-task", "time": "--time", "job-name": "--job-name",
+         "partition": "--partition", "account": "--account", "qos": "--qos", "constraint": "--constraint",
+         "exclusive": "--exclusive", "mem": "--mem", "array": "--sweep / --array-parallelism",
+         "output": "(submitit's, in --folder)", "error": "(submitit's, in --folder)", "open-mode": "(submitit's)",
+         "signal": "(USR2 before the time limit: the checkpoint)", "requeue": "(always on)",
+         "wckey": None}
+
+
+def sbatch_options(items: list[str]) -> dict[str, Any]:
+    """--sbatch KEY[=VALUE] -> submitit's additional_parameters {key_with_underscores: value or True}."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().lstrip("-")
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", key):
+            raise SubmitError(f"--sbatch {item!r}: expected KEY[=VALUE] with an sbatch long option as KEY "
+                              f"(e.g. --sbatch exclude=node7)")
+        if key in OWNED and OWNED[key]:
+            raise SubmitError(f"--sbatch {item!r}: this script writes #SBATCH --{key} itself; use {OWNED[key]}")
+        if sep and (not value or re.search(r"[\s'\"`$\\]", value)):
+            raise SubmitError(f"--sbatch {item!r}: the value must be non-empty without spaces, quotes, $, ` or \\ "
+                              f"(it is written unquoted into an #SBATCH line)")
+        out[key.replace("-", "_")] = value if sep else True
+    return out
+
+
 def validate(args) -> None:
     """Everything that can be checked before submitting; raises SubmitError with a hint."""
     check_text_fields(args)
+    sbatch_options(args.sbatch)
+    if args.array_parallelism is not None and args.array_parallelism < 1:
+        raise SubmitError(f"--array-parallelism {args.array_parallelism}: must be >= 1")
     for flag, value, low in (("--nodes", args.nodes, 1), ("--gpus-per-node", args.gpus_per_node, 0),
                              ("--tasks-per-node", args.tasks_per_node, 1), ("--cpus-per-task", args.cpus_per_task, 1),
                              ("--max-num-timeout", args.max_num_timeout, 0)):
@@ -225,12 +264,15 @@ def slurm_parameters(args, folder: Path) -> dict[str, Any]:
         params["exclusive"] = True
     if args.mem:
         params["additional_parameters"]["mem"] = args.mem
+    params["additional_parameters"].update(sbatch_options(args.sbatch))
+    if args.array_parallelism:
+        params["array_parallelism"] = args.array_parallelism
     if args.cpus_per_task:
         # Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation
         params["setup"] = ["export SRUN_CPUS_PER_TASK=\"$SLURM_CPUS_PER_TASK\""]
     # a rank that dies (an exception, a failed save) ends the step at once instead of leaving the others
     # in a collective or the rendezvous until dist.timeout_s
-    params["srun_args"] = ["--kill-on-bad-exit=1"]
+    params["srun_args"] = ["--kill-on-bad-exit=1", *args.srun_arg]
     if args.container_image:
         mounts = args.container_mounts or f"{Path.cwd()}:{Path.cwd()}"
         if str(folder) not in mounts and not str(folder).startswith(str(Path.cwd())):

@@ -69,6 +69,13 @@ def run_train(args):
 
 
 def cmd_train(args) -> int:
+    if args.print_config:        # nothing is started, created or checked on disk: only the config is resolved
+        import yaml
+
+        from trainer.config import to_dict
+        cfg = build_config(args.recipe, args.config, flags_from_args(args), args.overrides)
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        return 0
     result, _ = run_train(args)
     if result.status == "preempted" and not result.requeued:
         return 128 + result.signal

@@ -21,6 +21,10 @@ FLAG_KEYS = {
 }
 
 
+CONFIG_SECTIONS = ("seed", "run_dir", "private", "train.*", "ckpt.*", "dist.*", "data.*", "model.*", "eval.*",
+                   "loss.*")
+
+
 def flag_keys() -> dict[str, str]:
     """FLAG_KEYS plus the recipes' own flags (their specs' `flags`)."""
     extra = {f.name.lstrip("-").replace("-", "_"): f.key for s in specs() for f in s.flags}
@@ -84,8 +88,12 @@ def get_parser() -> argparse.ArgumentParser:
         prog="trainer", description="Distributed PyTorch training for HPC clusters. Registered recipes: "
         + (", ".join(recipe_names()) or "none"))
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("train", parents=[get_train_parser()], help="train a recipe",
-                   description="Train a recipe. Config precedence: defaults < --config YAML < flags < key=value.")
+    tr = sub.add_parser("train", parents=[get_train_parser()], help="train a recipe",
+                        description="Train a recipe. Config precedence: defaults < --config YAML < flags < key=value.",
+                        epilog="Every config key of a recipe, with its default: python -m trainer train --recipe NAME "
+                               "--print-config (sections: " + ", ".join(CONFIG_SECTIONS) + ").")
+    tr.add_argument("--print-config", action="store_true",
+                    help="print the fully resolved config (defaults < YAML < flags < key=value) as YAML and exit")
     ev = sub.add_parser("eval", help="evaluate a checkpoint on its validation and test splits")
     ev.add_argument("--checkpoint", required=True, metavar="PATH", help="e.g. RUN_DIR/checkpoints/best.pt")
     ev.add_argument("--splits", default="val,test", help="comma-separated splits (default val,test)")

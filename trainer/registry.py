@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import sys
 
 from trainer.spec import RecipeSpec
 
@@ -37,6 +38,10 @@ def _load_modules() -> None:
         except ModuleNotFoundError as err:
             if name in builtin and err.name == name:
                 continue            # a helper package without a spec (e.g. shared code)
+            if name in plugins and err.name is not None and name.startswith(err.name):
+                print(f"warning: TRAINER_PLUGINS names {name!r}, which cannot be imported ({err}); its recipes "
+                      f"are not registered.\nHINT: put the folder holding it on PYTHONPATH", file=sys.stderr)
+                continue
             raise
         spec = getattr(module, "SPEC", None)
         if isinstance(spec, RecipeSpec):

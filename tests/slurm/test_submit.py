@@ -34,7 +34,8 @@ def test_sasrec_eight_ranks_on_two_nodes(slurm_cluster, tmp_path):
                     "--items", "80"], cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
     argv = ["--recipe", "sasrec", "--nodes", "2", "--gpus-per-node", "4", "--time", "00:10:00",
             "--folder", str(tmp_path / "submitit"), "--run-dir", str(tmp_path / "run"), "--epochs", "1",
-            f"data.path={data}", "data.maxlen=16", "model.width=16", "model.depth=1", "model.heads=1"]
+            f"data.path={data}", "data.maxlen=16", "model.width=16", "model.depth=1", "model.heads=1",
+            "--sbatch", "comment=pass-through", "--srun-arg=--cpu-bind=none"]       # issue 19.1
     proc = submit_py(slurm_cluster, *argv, "--follow", timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     job = job_id(proc.stdout)
@@ -43,6 +44,7 @@ def test_sasrec_eight_ranks_on_two_nodes(slurm_cluster, tmp_path):
     assert final.split()[2] == "COMPLETED" and result["status"] == "completed"
     assert "ndcg@10" in result["metrics"]["test"]
     assert sacct_state(slurm_cluster, job) == "COMPLETED"
+    assert job_info(slurm_cluster, job).get("Comment") == "pass-through"     # --sbatch reached slurmctld
     log = (tmp_path / "run" / "train.log").read_text()
     assert "world=8" in log and "launcher=submitit" in log.replace(" ", "=") or "world=8" in log
     ckpt = __import__("torch").load(tmp_path / "run" / "checkpoints" / "final.pt", weights_only=True)
@@ -132,9 +134,11 @@ def test_errors_are_raised_before_sbatch_is_called(slurm_cluster, tmp_path):
 def test_sweep_is_a_job_array_with_one_run_dir_per_point(slurm_cluster, tmp_path):
     proc = submit_py(slurm_cluster, *TOY, "--epochs", "1", "--sweep", "train.lr=0.1,0.01", "--sweep",
                      "model.hidden=4,8", "--folder", str(tmp_path / "sub"), "--run-dir", str(tmp_path / "sw"),
-                     "--follow", timeout=400)
+                     "--array-parallelism", "2", "--follow", timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     jobs = re.findall(r"submitted job (\d+_\d+)", proc.stdout)
+    throttle = job_info(slurm_cluster, jobs[0].split("_")[0]).get("ArrayTaskThrottle")
+    assert throttle == "2", throttle                 # at most 2 of the 4 array tasks at once (issue 19.1)
     assert len(jobs) == 4 and len({j.split("_")[0] for j in jobs}) == 1      # one array, four tasks
     assert proc.stdout.count(": COMPLETED {") == 4
     for i, (lr, hidden) in enumerate([("0.1", "4"), ("0.1", "8"), ("0.01", "4"), ("0.01", "8")]):

@@ -7,6 +7,12 @@ from tests.conftest import clean_env, trainer
 from trainer.cli import FLAG_KEYS, flags_from_args, get_parser, get_train_parser
 
 
+@pytest.fixture(autouse=True)
+def toy_recipe(monkeypatch):
+    """The in-process parsers list the toy recipe too (not only when another module set it up first)."""
+    monkeypatch.setenv("TRAINER_PLUGINS", "tests.toy_recipe")
+
+
 def test_help_lists_registered_recipes():
     out = trainer("train", "--help").stdout
     assert "toy" in out and "--global-batch-size" in out and "key=value" in out
@@ -64,3 +70,25 @@ def test_console_script_installed_next_to_python():
                     f"(`make setup` installs it)")
     out = subprocess.run([str(exe), "--help"], env=clean_env(), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "{train,eval,doctor,data}" in out.stdout
+
+
+def test_print_config_shows_the_resolved_config_and_starts_nothing(tmp_path):
+    """Issue 19.7: defaults < YAML < flags < key=value, printed as YAML; no run directory is made."""
+    import subprocess
+
+    import yaml
+
+    from tests.conftest import PY, REPO, clean_env
+    y = tmp_path / "c.yaml"
+    y.write_text("recipe: toy\ntrain:\n  lr: 0.5\n  epochs: 7\nmodel:\n  hidden: 8\n")
+    out = subprocess.run([PY, "-m", "trainer", "train", "--config", str(y), "--epochs", "3", "model.hidden=5",
+                          "--run-dir", str(tmp_path / "never"), "--print-config"], cwd=REPO, env=clean_env(),
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    cfg = yaml.safe_load(out.stdout)
+    assert (cfg["train"]["lr"], cfg["train"]["epochs"], cfg["model"]["hidden"]) == (0.5, 3, 5)
+    assert cfg["train"]["batch_size"] == 32 and "loss" in cfg          # defaults and every section
+    assert not (tmp_path / "never").exists()
+    helped = subprocess.run([PY, "-m", "trainer", "train", "--help"], cwd=REPO, env=clean_env(),
+                            capture_output=True, text=True).stdout
+    assert "--print-config" in helped and "loss.*" in helped

@@ -223,3 +223,37 @@ def test_ordinary_slurm_field_values_pass():
     lines = proc.stdout.splitlines()
     assert "#SBATCH --job-name=sasrec_ml-1m.v2" in lines and "#SBATCH --constraint='a100&ib|[h100*2]'" in lines
     assert "#SBATCH --requeue" in lines and any(line.startswith("#SBATCH --signal=") for line in lines)
+
+
+PASS_THROUGH = ("--sbatch", "exclude=node7", "--sbatch", "mail-type=END", "--sbatch", "comment=golden-run",
+                "--sbatch", "gres=gpu:a100:4", "--sbatch", "hint=nomultithread", "--sbatch", "overcommit",
+                "--srun-arg=--cpu-bind=cores", "--srun-arg=--mpi=none", "--sweep", "train.lr=0.1,0.01,0.001",
+                "--array-parallelism", "2")
+
+
+def test_dry_run_with_pass_through_options_matches_golden_file():
+    """Issue 19.1 (submitit #23, TorchX #389): any sbatch option, extra srun arguments, array parallelism."""
+    proc = dry_run("--recipe", "toy", "--nodes", "2", "--folder", "/jobs/pt", "--run-dir", "/runs/pt",
+                   "--dry-run", *PASS_THROUGH)
+    assert proc.returncode == 0, proc.stderr
+    text = normalise(proc.stdout)
+    assert text == (GOLDEN / "submit_pass_through.sbatch").read_text()
+    assert "#SBATCH --array=0-2%2" in text and "#SBATCH --overcommit" in text
+    assert "--kill-on-bad-exit=1 --cpu-bind=cores --mpi=none" in text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--sbatch", "nodes=4"], "use --nodes"),
+    (["--sbatch", "time=10"], "use --time"),
+    (["--sbatch", "output=/tmp/x"], "writes #SBATCH --output itself"),
+    (["--sbatch", "comment=two words"], "without spaces"),
+    (["--sbatch", "comment=$(id)"], "without spaces, quotes, $"),
+    (["--sbatch", "Bad Key=1"], "expected KEY[=VALUE]"),
+    (["--sbatch", "comment="], "must be non-empty"),
+    (["--sbatch", "comment=a\nb"], "control character"),
+    (["--srun-arg", "--x\n#SBATCH --y"], "control character"),
+    (["--array-parallelism", "0"], "--array-parallelism 0: must be >= 1"),
+])
+def test_pass_through_options_are_validated(argv, message):
+    proc = dry_run("--recipe", "toy", "--folder", "/jobs/bad", "--dry-run", *argv)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
