@@ -29,7 +29,7 @@ $(BIN)/python:
 # torch is pinned first: an unpinned torch would pull several GB of CUDA wheels
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/pip install -q -e ".[tensorboard,test,bench]"
+	$(BIN)/pip install -q -e ".[tensorboard,test,bench,video,submit]"
 	touch $@
 
 setup: $(VENV)/.installed

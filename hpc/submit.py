@@ -22,6 +22,7 @@ from typing import Any
 try:    # `python hpc/submit.py` works where the project is installed (make setup: pip install -e .)
     from hpc.slurm_info import SubmitError, parse_time_min, partition_gpus, srun_supports
     from trainer.cli import flag_keys, flags_from_args, get_train_parser, parse_args
+    from trainer.extras import MissingExtraError, require
 except ModuleNotFoundError as err:   # e.g. a Python other than the project's venv
     if err.name not in ("hpc", "trainer"):
         raise
@@ -297,6 +298,7 @@ def job_folder(folder: Path) -> Path:
 
 def render_sbatch(args, folder: Path, n_jobs: int) -> str:
     """Exactly the script submitit's SlurmExecutor writes for these arguments."""
+    require("submitit", extra="submit", purpose="hpc/submit.py (rendering and submitting jobs)")
     from submitit.slurm.slurm import _make_sbatch_string
     jf = job_folder(folder)
     command = " ".join([container_python(args) or shlex.quote(sys.executable), "-u -m submitit.core._submit",
@@ -307,7 +309,7 @@ def render_sbatch(args, folder: Path, n_jobs: int) -> str:
 
 def make_executor(args, folder: Path):
     """submitit executor for --cluster."""
-    import submitit
+    submitit = require("submitit", extra="submit", purpose="hpc/submit.py (submitting jobs)")
     jf = job_folder(folder)
     if args.cluster == "debug":
         return submitit.DebugExecutor(jf)
@@ -413,7 +415,6 @@ def describe(jobs, dirs: list[Path]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from submitit.core.utils import FailedJobError
     parser = get_parser()
     args = parse_args(parser, argv, seed_flags=True)
     try:
@@ -428,10 +429,12 @@ def main(argv: list[str] | None = None) -> int:
             print(render_sbatch(args, Path(args.folder).resolve(), len(sweeps)), end="")
             return 0
         jobs, dirs = submit(args)
-    except ValueError as err:  # SubmitError, and ConfigError from check_config
+    except (ValueError, MissingExtraError) as err:  # SubmitError, ConfigError from check_config, no submitit
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except FailedJobError as err:
+    except Exception as err:                        # submitit's FailedJobError (submitit may be missing)
+        if type(err).__name__ != "FailedJobError":
+            raise
         print(f"error: sbatch refused the job: {str(err).strip() or err.__cause__}", file=sys.stderr)
         return 1
     print(describe(jobs, dirs), flush=True)

@@ -17,6 +17,7 @@ from trainer.data.download import DownloadError, check_data_path
 from trainer.distributed import runtime
 from trainer.distributed.environment import LaunchError, select_environment
 from trainer.engine.checkpoint import CheckpointError
+from trainer.extras import MissingExtraError
 
 log = logging.getLogger("trainer")
 EXIT_USAGE = 2
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(get_parser(), argv)
     try:
         return COMMANDS[args.command](args)
-    except (ConfigError, LaunchError, CheckpointError, DownloadError, ValueError, FileNotFoundError) as err:
+    except (ConfigError, LaunchError, CheckpointError, DownloadError, ValueError, FileNotFoundError,
+            MissingExtraError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except ArithmeticError as err:

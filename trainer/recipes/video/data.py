@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer.data.download import sha256_of
+from trainer.extras import require
 
 log = logging.getLogger(__name__)
 ACTIONS = ("rest", "paw_withdraw", "paw_lick", "paw_guard", "paw_shake", "flinch", "walk", "active")
@@ -159,7 +160,7 @@ def find_videos(folder: Path) -> dict[str, Path]:
 # ------------------------------------------------------------------------------ decoding and the frame cache
 
 def _open(path: Path):
-    import av
+    av = require("av", extra="video", purpose="the video recipe (decoding and writing videos)")
     try:
         container = av.open(str(path))
         if not container.streams.video:
@@ -172,7 +173,7 @@ def _open(path: Path):
 def decode(path: Path, size: int = 0, gray: bool = True):
     """Yield the frames of a video as uint8 arrays [H, W] (gray) or [H, W, 3], resized to size x size
     when size > 0. Decoding errors name the file."""
-    import av
+    av = require("av", extra="video", purpose="the video recipe (decoding and writing videos)")
     container = _open(path)
     fmt = "gray" if gray else "rgb24"
     try:
@@ -303,7 +304,7 @@ def synth_videos(out: Path, videos: int = 6, frames: int = 120, size: int = 64, 
                  seed: int = 0, fps: int = 25) -> Path:
     """Real H.264 .mp4 files of a bright square on a noisy background whose motion is the class
     (MOTIONS[:classes]), in segments of 10-30 frames, and labels.csv (video,frame,label)."""
-    import av
+    av = require("av", extra="video", purpose="the video recipe (decoding and writing videos)")
     if not 2 <= classes <= len(MOTIONS):
         raise ValueError(f"classes must be 2..{len(MOTIONS)}")
     rng = np.random.default_rng(seed)
