@@ -8,6 +8,7 @@
 #                       it exists, else python3; checked once here, before srun, that it imports torch)
 #   RUN_DIR=DIR         default $SLURM_SUBMIT_DIR/runs/$SLURM_JOB_ID (stable across requeues)
 #   TRAINER_HOME=DIR    the repository (default $SLURM_SUBMIT_DIR: submit from the repository root)
+#   PER_TASK_LOGS=1     each task's output in RUN_DIR/task-N.out (srun --output %t) instead of the job's .out
 
 # ---------------------------------------------------------------- NCCL and torch
 # WARN keeps logs quiet; NCCL_DEBUG=INFO shows the transports chosen when a job hangs at start-up.
@@ -30,7 +31,7 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 # ---------------------------------------------------------------- knobs
 # Knobs come from the submitting shell: a newline would cut EXTRA short (read takes one line) and a
 # control character in a path is never what was meant. Values are otherwise used literally (quoted).
-for knob in IMAGE CONFIG EXTRA PYTHON RUN_DIR TRAINER_HOME DATA; do
+for knob in IMAGE CONFIG EXTRA PYTHON RUN_DIR TRAINER_HOME DATA PER_TASK_LOGS; do
   if [[ "${!knob:-}" =~ [[:cntrl:]] ]]; then
     echo "common.sh: $knob holds a control character (newline, tab, ...): refused; value: $(printf '%q' "${!knob}")" >&2
     exit 2
@@ -69,6 +70,15 @@ fi
 
 # shellcheck disable=SC2034  # split on spaces only: read -a does no globbing and no expansion
 read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
+
+# SRUN_LOG is used by the sbatch scripts' srun line; appended to after a requeue, as the job's .out is
+SRUN_LOG=()
+# shellcheck disable=SC2034
+case "${PER_TASK_LOGS:-0}" in
+  1|true|yes) SRUN_LOG=(--output "$RUN_DIR/task-%t.out" --open-mode append) ;;   # %t: the task's rank
+  0|false|no|"") ;;
+  *) echo "common.sh: PER_TASK_LOGS=$PER_TASK_LOGS: expected 1 or 0" >&2; exit 2 ;;
+esac
 
 echo "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST: run dir $RUN_DIR" >&2
 

@@ -55,7 +55,7 @@ def run_train(args):
         claim_run_dir(cfg.run_dir, cfg.ckpt.resume, info)
         if cfg.private and info.is_main:
             make_private(cfg.run_dir)
-        setup_logging(info, cfg.run_dir)
+        setup_logging(info, cfg.run_dir, per_rank=cfg.train.log_per_rank)
         if info.is_main:
             save_config(cfg, Path(cfg.run_dir) / "config.yaml")
             if hasattr(cfg.data, "path") and not cfg.data.path:

@@ -59,6 +59,7 @@ class TrainConfig:
     measure_sync: bool = False            # DDP: log sync_wait_frac, the step's wait in collectives
     num_workers: int = 0
     progress: Literal["auto", "on", "off"] = "auto"   # tqdm bar on rank 0 (auto: when a terminal)
+    log_per_rank: bool = False            # every rank also writes RUN_DIR/train.rank{N}.log (rank 0: train.log too)
     tensorboard: bool = True
 
 

@@ -85,9 +85,16 @@ def test_sasrec_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
     data = tmp_path / "data"
     subprocess.run([PY, "-m", "trainer", "data", "synth", "sasrec", "--out", str(data), "--users", "120",
                     "--items", "60"], cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
-    extra = f"data.path={data} data.maxlen=16 model.width=16 model.depth=1 model.heads=1 train.eval_every_epochs=1"
-    job, log, run = one_epoch_job(slurm_cluster, tmp_path, "sasrec_1node.sbatch", extra, timeout=240)
+    extra = (f"data.path={data} data.maxlen=16 model.width=16 model.depth=1 model.heads=1 train.eval_every_epochs=1 "
+             "train.log_per_rank=true")
+    job, log, run = one_epoch_job(slurm_cluster, tmp_path, "sasrec_1node.sbatch", extra, timeout=240,
+                                  env=dict(PER_TASK_LOGS="1"))
     assert "world=4" in (run / "train.log").read_text()
+    # issue 19.5: one trainer log per rank and one srun output file per task
+    for rank in range(4):
+        assert f"[rank {rank}]" in (run / f"train.rank{rank}.log").read_text()
+        assert (run / f"task-{rank}.out").exists()
+    assert "[rank 1]" not in (run / "train.log").read_text()             # rank 0's log stays rank 0's
     ckpt = torch.load(run / "checkpoints" / "final.pt", weights_only=True)
     assert ckpt["world_size"] == 4 and ckpt["state"]["epoch"] == 1 and ckpt["config"]["data"]["maxlen"] == 16
     assert (run / "config.yaml").exists() and (run / "metrics.jsonl").exists()

@@ -151,3 +151,18 @@ def test_progress_bars_start_no_monitor_thread():
             "print(sum(isinstance(t, TMonitor) for t in threading.enumerate())); other.close()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["0", "1"]          # and a plain bar does start one: the check can fail
+
+
+def test_per_rank_logs_write_one_file_per_rank(tmp_path):
+    """Issue 19.5 (TorchX #373): train.log_per_rank; rank 0's train.log stays rank 0's."""
+    import logging
+
+    from trainer.distributed.runtime import DistInfo
+    from trainer.engine.logging import setup_logging
+    for rank in (1, 0):
+        setup_logging(DistInfo(rank=rank, world_size=2), tmp_path, per_rank=True)
+        logging.getLogger("trainer.test").info("hello from %d", rank)
+    setup_logging(DistInfo(), None)                      # detach the file handlers again
+    assert "[rank 1] hello from 1" in (tmp_path / "train.rank1.log").read_text()
+    assert "[rank 0] hello from 0" in (tmp_path / "train.rank0.log").read_text()
+    assert "hello from 1" not in (tmp_path / "train.log").read_text()

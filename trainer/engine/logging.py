@@ -33,8 +33,10 @@ def progress_bar(**kwargs: Any):
     return tqdm(**kwargs)
 
 
-def setup_logging(info: DistInfo, run_dir: str | Path | None = None, level: int = logging.INFO) -> None:
-    """Rank 0 logs INFO to the console and run_dir/train.log; other ranks log warnings only."""
+def setup_logging(info: DistInfo, run_dir: str | Path | None = None, level: int = logging.INFO,
+                  per_rank: bool = False) -> None:
+    """Rank 0 logs INFO to the console and run_dir/train.log; other ranks log warnings only. per_rank
+    (train.log_per_rank): every rank also writes its INFO lines to run_dir/train.rank{N}.log."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, "_trainer", False):
@@ -45,6 +47,10 @@ def setup_logging(info: DistInfo, run_dir: str | Path | None = None, level: int 
     if run_dir is not None and info.is_main:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(Path(run_dir) / "train.log"))
+        handlers[-1].setLevel(level)
+    if run_dir is not None and per_rank:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(Path(run_dir) / f"train.rank{info.rank}.log"))
         handlers[-1].setLevel(level)
     for handler in handlers:
         handler._trainer = True
