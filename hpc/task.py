@@ -3,7 +3,8 @@
     from hpc.task import TrainTask
     TrainTask(["--recipe", "sasrec", "--run-dir", "/abs/runs/x", "data.path=..."])()   # one process
 
-Preemption: the engine installs flag-only handlers for USR1/USR2/TERM, so a signal is turned into an
+Preemption: the engine installs flag-only handlers for USR1/USR2/TERM, ckpt.requeue_signals and submitit's
+preemption signal (SUBMITIT_PREEMPT_SIGNAL, default USR2), so a signal is turned into an
 agreed checkpoint on every rank. Afterwards rank 0 hands the requeue signal to submitit's own handler
 (still installed underneath), which calls checkpoint() below, counts time-outs against max_num_timeout
 and runs `scontrol requeue`. After SIGTERM (scancel, partition preemption) nothing is requeued here:
@@ -21,6 +22,12 @@ import time
 from typing import Any
 
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def preempt_signal() -> signal.Signals:
+    """submitit's preemption signal in this job: SIG + SUBMITIT_PREEMPT_SIGNAL (default USR2)."""
+    value = os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2"
+    return signal.Signals[value if value.startswith("SIG") else f"SIG{value}"]
 
 
 def _bind_threads() -> None:
@@ -59,13 +66,15 @@ class TrainTask:
         """Every rank has saved the same checkpoint; now requeue (rank 0) or leave without a result."""
         if os.environ.get("SUBMITIT_EXECUTOR") not in ("slurm", "local"):
             return  # in-process (debug): report the preempted status to the caller
-        handler = signal.getsignal(signal.SIGUSR2)
-        if signum in REQUEUE_SIGNALS and rank == 0 and callable(handler):
-            handler(signal.SIGUSR2, None)  # submitit: checkpoint(), then requeue or raise
-        if signum not in REQUEUE_SIGNALS:
+        preempt = preempt_signal()
+        requeue = signum in (*REQUEUE_SIGNALS, preempt)
+        handler = signal.getsignal(preempt)
+        if requeue and rank == 0 and callable(handler):
+            handler(preempt, None)  # submitit: checkpoint(), then requeue or raise
+        if not requeue:
             time.sleep(float(os.environ.get("TERM_HOLD_S", 600)))
         # no result pickle for a job that goes on later (SystemExit is not caught by submitit)
-        sys.exit(0 if signum in REQUEUE_SIGNALS else 128 + signum)
+        sys.exit(0 if requeue else 128 + signum)
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         """Called by submitit on rank 0 before requeueing: the same run, resumed from its newest checkpoint."""

@@ -1,6 +1,8 @@
 """Engine options end to end: AMP, clipping, DataParallel fallback, progress bar, strategy errors,
 evaluation with more ranks than samples."""
 
+import signal
+
 import pytest
 import torch
 
@@ -61,3 +63,17 @@ def test_evaluation_with_more_ranks_than_samples(tmp_path):
     rows = read_metrics(tmp_path)
     assert [r["count"] for r in rows if r["split"] == "val"] == [2]
     assert [(r["count"], r["checkpoint"]) for r in rows if r["split"] == "test"] == [(1, "final"), (1, "best")]
+
+
+def test_a_requeue_signal_named_in_the_config_is_trapped_and_checkpointed(tmp_path):
+    """Issue 19.3: ckpt.requeue_signals may name any catchable signal (SIGURG is ignored by default: without
+    the trap the run would go on to the end)."""
+    run = ("train", "--recipe", "toy", "--epochs", "2", "--run-dir", str(tmp_path), "train.tensorboard=false",
+           "ckpt.requeue_signals=[SIGUSR1,SIGURG]", "data.signal_at_step=3", "data.signal_name=SIGURG")
+    proc = trainer(*run, check=False)
+    assert proc.returncode == 128 + signal.SIGURG, proc.stderr[-2000:]
+    assert "received SIGURG: checkpointing at epoch 0 step 3" in proc.stderr
+    assert (tmp_path / "checkpoints" / "step-00000003.pt").exists()
+    bad = trainer("train", "--recipe", "toy", "--run-dir", str(tmp_path / "bad"), "ckpt.requeue_signals=[SIGKILL]",
+                  check=False)
+    assert bad.returncode == 2 and "'SIGKILL' is not a signal this process can catch" in bad.stderr

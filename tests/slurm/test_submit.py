@@ -6,6 +6,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import PY, REPO, assert_bitwise_equal, slurm_env, weights
 from tests.slurm.test_cluster import job_info, wait_job
 from trainer.engine.logging import read_metrics
@@ -67,22 +69,28 @@ def wait_for_step(run_dir: Path, step: int, timeout: float = 120) -> None:
     raise AssertionError(f"step {step} not reached in {timeout}s")
 
 
-def test_usr2_preemption_requeues_and_ends_with_the_same_weights(slurm_cluster, tmp_path):
+@pytest.mark.parametrize("preempt", ["USR2", "URG"])
+def test_usr2_preemption_requeues_and_ends_with_the_same_weights(slurm_cluster, tmp_path, preempt):
+    """URG: submitit's SUBMITIT_PREEMPT_SIGNAL honoured end to end (issue 19.3): the #SBATCH --signal line,
+    the trainer's trap (SIGURG is ignored by default), submitit's requeue."""
+    env = slurm_env(slurm_cluster, SUBMITIT_PREEMPT_SIGNAL=preempt)
     common = [*TOY, "--tasks-per-node", "2", "--epochs", "6", "train.log_every_steps=1", "data.step_sleep=0.15"]
     ref = submit_py(slurm_cluster, *common, "--cluster", "local", "--folder", str(tmp_path / "local"),
                     "--run-dir", str(tmp_path / "ref"), "--follow")
     assert ref.returncode == 0, ref.stdout[-2000:] + ref.stderr[-2000:]
     run_dir = tmp_path / "run"
-    proc = submit_py(slurm_cluster, *common, "--folder", str(tmp_path / "sub"), "--run-dir", str(run_dir))
+    proc = submit_py(slurm_cluster, *common, "--folder", str(tmp_path / "sub"), "--run-dir", str(run_dir), env=env)
     assert proc.returncode == 0, proc.stderr
     job = job_id(proc.stdout)
+    script = (tmp_path / "sub" / job / f"{job}_submission.sh").read_text()
+    assert f"#SBATCH --signal={preempt}@" in script
     wait_for_step(run_dir, 5)
-    subprocess.run(["scancel", "--signal=USR2", job], env=slurm_env(slurm_cluster), check=True)
+    subprocess.run(["scancel", f"--signal={preempt}", job], env=slurm_env(slurm_cluster), check=True)
     info = wait_job(slurm_cluster, job, timeout=300, restarts=1)
     # submitit's own logger sends INFO to the .out file and warnings to the .err file
     err = "".join((tmp_path / "sub" / job / f"{job}_0_log.{ext}").read_text() for ext in ("out", "err"))
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", err[-3000:]
-    assert "received SIGUSR2" in err and "this job is preempted" in err and f"Requeued job {job}" in err
+    assert f"received SIG{preempt}" in err and "this job is preempted" in err and f"Requeued job {job}" in err
     assert re.search(r"resumed from \S+step-\d+\.pt", err), err[-3000:]
     import submitit
     result = submitit.SlurmJob(tmp_path / "sub" / "%j", job, tasks=[0, 1]).results()[0]

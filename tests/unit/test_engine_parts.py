@@ -166,3 +166,12 @@ def test_per_rank_logs_write_one_file_per_rank(tmp_path):
     assert "[rank 1] hello from 1" in (tmp_path / "train.rank1.log").read_text()
     assert "[rank 0] hello from 0" in (tmp_path / "train.rank0.log").read_text()
     assert "hello from 1" not in (tmp_path / "train.log").read_text()
+
+
+def test_requeue_signals_name_any_catchable_signal():
+    from trainer.engine.preemption import trapped_signals
+    assert trapped_signals(["SIGUSR1"], "SIGURG") == ["SIGUSR1", "SIGUSR2", "SIGTERM", "SIGURG"]
+    assert "SIGHUP" in trapped_signals(["SIGHUP"])
+    for bad in ("SIGKILL", "SIGFOO", "USR1"):
+        with pytest.raises(ValueError, match=f"'{bad}' is not a signal this process can catch"):
+            trapped_signals([bad])

@@ -174,6 +174,18 @@ def test_can_requeue_is_a_launch_fact_of_the_environment(env, can):
     assert select_environment(env).can_requeue is can
 
 
+@pytest.mark.parametrize("env,name", [(SUBMITIT, "SIGUSR2"), (dict(SUBMITIT, SUBMITIT_PREEMPT_SIGNAL="URG"), "SIGURG"),
+                                      (dict(SUBMITIT, SUBMITIT_PREEMPT_SIGNAL="SIGUSR1"), "SIGUSR1"),
+                                      (SRUN_2x2, None), (TORCHRUN, None)])
+def test_preempt_signal_is_submitits_where_submitit_launched(env, name):
+    assert select_environment(env).preempt_signal == name
+
+
+def test_a_bad_submitit_preempt_signal_is_an_error_naming_the_variable():
+    with pytest.raises(LaunchError, match="SUBMITIT_PREEMPT_SIGNAL='USR9' is not a signal name"):
+        select_environment(dict(SUBMITIT, SUBMITIT_PREEMPT_SIGNAL="USR9")).preempt_signal
+
+
 def test_restart_count():
     assert select_environment(dict(SRUN_2x2, SLURM_RESTART_COUNT="2")).restart_count == 2
     assert select_environment(SRUN_2x2).restart_count == 0

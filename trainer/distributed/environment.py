@@ -142,6 +142,11 @@ class LaunchEnvironment:
         return self.requeue_id is not None
 
     @property
+    def preempt_signal(self) -> str | None:
+        """A launcher-specific signal that means "checkpoint, then requeue" (None: only ckpt.requeue_signals)."""
+        return None
+
+    @property
     def restart_count(self) -> int:
         """How often Slurm restarted this job (SLURM_RESTART_COUNT; 0 outside Slurm)."""
         return _int(self.env, "SLURM_RESTART_COUNT", self.name, default=0)
@@ -410,6 +415,16 @@ class SubmititEnvironment(SlurmEnvironment):
     def can_requeue(self) -> bool:
         """submitit's Slurm executor requeues through TrainTask.checkpoint(); its local executor does not."""
         return not self.is_local
+
+    @property
+    def preempt_signal(self) -> str:
+        """submitit's preemption signal: SIG + SUBMITIT_PREEMPT_SIGNAL (default USR2), as submitit reads it."""
+        import signal
+        value = self.env.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2"
+        name = value if value.startswith("SIG") else f"SIG{value}"
+        if not isinstance(getattr(signal, name, None), signal.Signals):
+            raise LaunchError(f"{self.name}: SUBMITIT_PREEMPT_SIGNAL={value!r} is not a signal name (e.g. USR2, URG)")
+        return name
 
     @property
     def job_id(self) -> str | None:

@@ -37,6 +37,7 @@ class DistInfo:
     dp_devices: tuple[int, ...] = ()  # --strategy dp: the CUDA devices DataParallel spreads each batch over
     restart_count: int = 0            # how often the scheduler restarted this job (SLURM_RESTART_COUNT)
     can_requeue: bool = False         # a requeue follows a signal checkpoint (scontrol requeue or submitit)
+    preempt_signal: str | None = None  # the launcher's own "checkpoint and requeue" signal (submitit's)
 
     @property
     def is_main(self) -> bool:
@@ -126,6 +127,7 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
                     device=device, backend=backend, launcher=env.name,
                     local_world_size=env.local_world_size, job_id=env.job_id, requeue_id=env.requeue_id,
                     restart_count=env.restart_count, can_requeue=env.can_requeue,
+                    preempt_signal=env.preempt_signal,
                     dp_devices=dp_devices)
 
 

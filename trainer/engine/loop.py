@@ -32,7 +32,7 @@ from trainer.engine.data import make_loader
 from trainer.engine.evaluation import evaluate_split
 from trainer.engine.logging import MetricsWriter, progress_bar
 from trainer.engine.metrics import SystemStats, Throughput
-from trainer.engine.preemption import PreemptionHandler, requeue_slurm_job
+from trainer.engine.preemption import PreemptionHandler, requeue_slurm_job, trapped_signals
 from trainer.engine.recipe import Recipe, move_to
 
 log = logging.getLogger(__name__)
@@ -329,7 +329,8 @@ class Driver:
             (self.run_dir / PREEMPTED_MARKER).write_text(f"{name} epoch {state.epoch} step {state.global_step}\n")
         requeued = False
         # srun tasks and torchrun inside an allocation requeue here; submitit requeues via checkpoint()
-        if self.info.is_main and name in self.cfg.ckpt.requeue_signals and self.info.can_requeue \
+        requeue_signal = name in self.cfg.ckpt.requeue_signals or name == self.info.preempt_signal
+        if self.info.is_main and requeue_signal and self.info.can_requeue \
                 and self.info.requeue_id:
             requeued = requeue_slurm_job(self.info.requeue_id)
         requeued = bool(runtime.broadcast_object(requeued, self.info))
@@ -372,7 +373,7 @@ def fit(recipe: Recipe, info: DistInfo, cfg: Config) -> FitResult:
             (run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
         state, metrics = ckpts.resume() or (TrainState(), {})
         trainer = Trainer(run, ckpts, writer, state, metrics)
-        preempt = PreemptionHandler().install()
+        preempt = PreemptionHandler(trapped_signals(cfg.ckpt.requeue_signals, info.preempt_signal)).install()
         try:
             return Driver(trainer).run(preempt)
         finally:

@@ -18,6 +18,18 @@ from trainer.distributed import runtime
 
 log = logging.getLogger(__name__)
 HANDLED = ("SIGUSR1", "SIGUSR2", "SIGTERM")
+UNTRAPPABLE = ("SIGKILL", "SIGSTOP")
+
+
+def trapped_signals(requeue_signals: Iterable[str], preempt_signal: str | None = None) -> list[str]:
+    """HANDLED plus every requeue signal (ckpt.requeue_signals, the launcher's preemption signal); a name
+    that is no signal, or one no process can catch, is a ValueError naming it."""
+    names = list(dict.fromkeys([*HANDLED, *requeue_signals, *([preempt_signal] if preempt_signal else [])]))
+    for name in names:
+        if not isinstance(getattr(signal, name, None), signal.Signals) or name in UNTRAPPABLE:
+            raise ValueError(f"ckpt.requeue_signals: {name!r} is not a signal this process can catch "
+                             f"(e.g. SIGUSR1, SIGUSR2, SIGURG; SIGKILL and SIGSTOP cannot be caught)")
+    return names
 
 
 class PreemptionHandler:
