@@ -37,7 +37,7 @@ def test_preempting_the_array_task_that_holds_the_array_id_requeues_that_task_on
     assert [i["JobState"] for i in infos] == ["COMPLETED"] * 3, logs[target][-3000:]
     counts = [int(i["Restarts"]) for i in infos]
     assert counts == [int(t == target) for t in range(3)], (target, counts)    # 1, 0, 0 with the target first
-    assert f"requeued Slurm job {array}_{target}" in logs[target] and "SLURM_RESTART_COUNT=1" in logs[target]
+    assert f"requeued Slurm job {array}_{target}" in logs[target] and "restart 1 of job" in logs[target]
     assert re.search(rf"resumed from \S+/run-{target}/checkpoints/step-\d+\.pt", logs[target])
     others = [log for t, log in enumerate(logs) if t != target]
     assert not any("resumed from" in log or "received SIGUSR1" in log for log in others)
