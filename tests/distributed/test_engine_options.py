@@ -77,3 +77,32 @@ def test_a_requeue_signal_named_in_the_config_is_trapped_and_checkpointed(tmp_pa
     bad = trainer("train", "--recipe", "toy", "--run-dir", str(tmp_path / "bad"), "ckpt.requeue_signals=[SIGKILL]",
                   check=False)
     assert bad.returncode == 2 and "'SIGKILL' is not a signal this process can catch" in bad.stderr
+
+
+def tb_events(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0, "images": 0})
+    acc.Reload()
+    return acc
+
+
+def test_tensorboard_does_not_show_replayed_steps_twice_after_a_resume(tmp_path):
+    """Issue 19.8: a crash (SIGKILL) at step 6 after a checkpoint at step 3; the resumed run replays 4 and 5.
+    TensorBoard's purge_step drops the first attempt's 4 and 5 (without it they appear twice)."""
+    run = ("train", "--recipe", "toy", "--epochs", "1", "--run-dir", str(tmp_path), "train.log_every_steps=1",
+           "ckpt.every_steps=3", "ckpt.every_epochs=0")
+    first = trainer(*run, "data.signal_at_step=6", "data.signal_name=SIGKILL", check=False)
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    trainer(*run, "--resume", "auto")
+    steps = [e.step for e in tb_events(tmp_path).Scalars("train/loss")]
+    assert steps == sorted(set(steps)) and steps[:6] == [1, 2, 3, 4, 5, 6], steps
+    jsonl = [r["step"] for r in read_metrics(tmp_path, "train") if "loss" in r]
+    assert jsonl.count(4) == 2 and jsonl.count(3) == 1   # metrics.jsonl keeps both attempts (it is a log)
+
+
+def test_confusion_matrices_also_go_to_tensorboard_as_images(tmp_path):
+    """Issue 19.8: the classifier recipes' PNGs appear under <split>/confusion_<split>."""
+    trainer("train", "--recipe", "har", "--epochs", "1", "--run-dir", str(tmp_path), "data.synthetic_cases=120",
+            "model.width=8", "model.channel_width=8", "model.head_width=8")
+    tags = tb_events(tmp_path).Tags()["images"]
+    assert {"val/confusion_val", "test/confusion_test"} <= set(tags), tags

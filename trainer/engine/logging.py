@@ -74,16 +74,18 @@ def _plain(value: Any) -> Any:
 
 
 class MetricsWriter:
-    """metrics.jsonl (one object per line: split, epoch, step, metrics) and TensorBoard scalars."""
+    """metrics.jsonl (one object per line: split, epoch, step, metrics), TensorBoard scalars and images.
+    purge_step: a resumed run's step; TensorBoard drops what an earlier attempt logged from that step on, so
+    the steps replayed after the checkpoint are not shown twice."""
 
-    def __init__(self, run_dir: str | Path, info: DistInfo, tensorboard: bool = True):
+    def __init__(self, run_dir: str | Path, info: DistInfo, tensorboard: bool = True, purge_step: int | None = None):
         self.enabled = info.is_main
         self.path = Path(run_dir) / "metrics.jsonl"
         self.tb = None
         if self.enabled and tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+                self.tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb"), purge_step=purge_step)
             except ImportError as err:  # tensorboard is an optional dependency
                 logging.getLogger(__name__).warning("TensorBoard disabled: %s", err)
 
@@ -99,6 +101,15 @@ class MetricsWriter:
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                     self.tb.add_scalar(f"{split}/{name}", value, step)
             self.tb.flush()
+
+    def image(self, tag: str, png: str | Path, step: int) -> None:
+        """A PNG written by a recipe (e.g. a confusion matrix), also as a TensorBoard image."""
+        if self.tb is None or not Path(png).exists():
+            return
+        import numpy as np
+        from PIL import Image
+        with Image.open(png) as img:
+            self.tb.add_image(tag, np.asarray(img.convert("RGB")), step, dataformats="HWC")
 
     def close(self) -> None:
         """Flush and close TensorBoard."""

@@ -238,7 +238,8 @@ class Trainer:
         if self.info.is_main:
             shown = {k: round(v, 5) for k, v in metrics.items() if isinstance(v, float) and "/" not in k}
             log.info("%s after epoch %d: %s", split, epoch, shown)
-            self.run.recipe.after_evaluation(split, metrics, str(self.cfg.run_dir), epoch)
+            for png in self.run.recipe.after_evaluation(split, metrics, str(self.cfg.run_dir), epoch) or ():
+                self.writer.image(f"{split}/{Path(png).stem}", png, self.state.global_step)
         return metrics
 
 
@@ -365,13 +366,18 @@ def fit(recipe: Recipe, info: DistInfo, cfg: Config) -> FitResult:
     if info.restart_count:
         log.info("restart %d of job %s (launcher %s)", info.restart_count, info.job_id, info.launcher)
     run_dir = Path(cfg.run_dir)
-    writer = MetricsWriter(run_dir, info, cfg.train.tensorboard)
+    writer = None
     try:
         run = build_run(recipe, info, cfg)
         ckpts = Checkpointer(run, run_dir)
         if info.is_main:
             (run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
-        state, metrics = ckpts.resume() or (TrainState(), {})
+        resumed = ckpts.resume()
+        state, metrics = resumed or (TrainState(), {})
+        # a resumed run logs again from the step after its checkpoint: TensorBoard drops what an earlier
+        # attempt logged from there on (a crash after the checkpoint leaves such steps behind)
+        writer = MetricsWriter(run_dir, info, cfg.train.tensorboard,
+                               purge_step=state.global_step + 1 if resumed else None)
         trainer = Trainer(run, ckpts, writer, state, metrics)
         preempt = PreemptionHandler(trapped_signals(cfg.ckpt.requeue_signals, info.preempt_signal)).install()
         try:
@@ -379,4 +385,5 @@ def fit(recipe: Recipe, info: DistInfo, cfg: Config) -> FitResult:
         finally:
             preempt.restore()
     finally:
-        writer.close()
+        if writer is not None:
+            writer.close()

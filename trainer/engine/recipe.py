@@ -85,8 +85,10 @@ class Recipe:
     def on_evaluation_end(self) -> None:
         """Every rank, after an evaluation (release what on_evaluation_start cached)."""
 
-    def after_evaluation(self, split: str, metrics: dict[str, Any], run_dir: str, epoch: int) -> None:
-        """Rank 0 only: write plots or tables for the metrics of a split."""
+    def after_evaluation(self, split: str, metrics: dict[str, Any], run_dir: str, epoch: int) -> Sequence[Any]:
+        """Rank 0 only: write plots or tables for the metrics of a split; returns the PNG files written (the
+        engine also shows them in TensorBoard)."""
+        return ()
 
 
 def move_to(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:

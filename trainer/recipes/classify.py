@@ -58,6 +58,7 @@ class ClassifierRecipe(Recipe):
         return out
 
     def after_evaluation(self, split, metrics, run_dir, epoch):
-        confusion_png(metrics["confusion_matrix"], self.class_names, Path(run_dir) / f"confusion_{split}.png",
-                      f"{split} after epoch {epoch}: accuracy {metrics['accuracy']:.4f}, "
-                      f"macro-F1 {metrics['macro_f1']:.4f}")
+        png = confusion_png(metrics["confusion_matrix"], self.class_names, Path(run_dir) / f"confusion_{split}.png",
+                            f"{split} after epoch {epoch}: accuracy {metrics['accuracy']:.4f}, "
+                            f"macro-F1 {metrics['macro_f1']:.4f}")
+        return [png] if png is not None else []
