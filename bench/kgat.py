@@ -36,12 +36,9 @@ REFERENCE = dict(name="LunaBlack/KGAT-pytorch", measured="2026-11-22", epoch_tim
                  curve_recall20=[0.1726, 0.1854, 0.2012, 0.2144])           # means over the three seeds
 
 
-def env() -> dict:
-    return trainer_env()
-
-
 def trainer(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run(trainer_cmd(*args), check=True, env=env(), cwd=REPO, capture_output=capture, text=True)
+    return subprocess.run(trainer_cmd(*args), check=True, env=trainer_env(), cwd=REPO, capture_output=capture,
+                          text=True)
 
 
 def train(data: Path, run_dir: Path, epochs: int, seed: int, *extra: str) -> tuple[list[dict], float, int]:
@@ -166,7 +163,7 @@ def main(argv=None) -> int:
     path = out / "kgat.json"                       # sections this run does not redo are kept
     report: dict = json.loads(path.read_text()) if path.exists() else {}
     report.update(recipe="kgat", reference=REFERENCE,
-                  machine=dict(cpus=os.cpu_count(), threads=env()["OMP_NUM_THREADS"]))
+                  machine=dict(cpus=os.cpu_count(), threads=trainer_env()["OMP_NUM_THREADS"]))
     if args.data:
         report[args.section] = movielens(args.data, out, args.epochs, args.seeds, args.extra)
     if args.scale:

@@ -24,12 +24,6 @@ from typing import Any
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
 
-def preempt_signal() -> signal.Signals:
-    """submitit's preemption signal in this job: SIG + SUBMITIT_PREEMPT_SIGNAL (default USR2)."""
-    value = os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2"
-    return signal.Signals[value if value.startswith("SIG") else f"SIG{value}"]
-
-
 def _bind_threads() -> None:
     """One OpenMP pool per task sized by --cpus-per-task (Slurm no longer exports OMP_NUM_THREADS)."""
     cpus = os.environ.get("SLURM_CPUS_PER_TASK", "")
@@ -59,14 +53,13 @@ class TrainTask:
         summary = dict(status=result.status, global_step=result.global_step, metrics=result.metrics,
                        run_dir=os.path.abspath(cfg.run_dir), restarts=where.restart_count)
         if result.status == "preempted":
-            self._after_preemption(result.signal, where.rank)
+            self._after_preemption(result.signal, where.rank, signal.Signals[where.preempt_signal or "SIGUSR2"])
         return summary
 
-    def _after_preemption(self, signum: int, rank: int) -> None:
+    def _after_preemption(self, signum: int, rank: int, preempt: signal.Signals) -> None:
         """Every rank has saved the same checkpoint; now requeue (rank 0) or leave without a result."""
         if os.environ.get("SUBMITIT_EXECUTOR") not in ("slurm", "local"):
             return  # in-process (debug): report the preempted status to the caller
-        preempt = preempt_signal()
         requeue = signum in (*REQUEUE_SIGNALS, preempt)
         handler = signal.getsignal(preempt)
         if requeue and rank == 0 and callable(handler):
