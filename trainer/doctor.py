@@ -42,7 +42,7 @@ def rank_facts(env, info) -> dict:
     """What one rank sees."""
     return dict(rank=info.rank, local_rank=info.local_rank, node_rank=info.node_rank, world_size=info.world_size,
                 host=socket.gethostname(), slurmd_nodename=os.environ.get("SLURMD_NODENAME"),
-                device=info.device, backend=info.backend, master_addr=env.master_addr,
+                device=info.device, gpu=info.gpu, backend=info.backend, master_addr=env.master_addr,
                 master_port=env.master_port, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                 omp_num_threads=os.environ.get("OMP_NUM_THREADS"), pid=os.getpid(),
                 cpus_bound=len(os.sched_getaffinity(0)))

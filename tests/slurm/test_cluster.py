@@ -74,10 +74,28 @@ def test_fake_gpus_bind_per_task_and_fall_back_to_gloo(slurm_cluster):
     assert "CUDA is not usable" in proc.stderr
 
 
-def test_more_tasks_than_gpus_fails_fast_with_hint(slurm_cluster):
-    proc = srun(slurm_cluster, "-N1", "-n3", "--gpus-per-node=2", PY, "-m", "trainer", "doctor")
+GPU_LAYOUTS = [  # srun options -> the fake GPU each rank drives, in rank order
+    (("-N1", "-n2", "--gpus-per-node=4"), ["0", "1"]),                          # all visible to all tasks
+    (("-N1", "-n2", "--gpus-per-task=2"), ["0", "2"]),                          # subsets: the model on the first
+    (("-N1", "-n2", "--gpus-per-node=4", "--gpu-bind=map_gpu:2,3"), ["2", "3"]),
+    (("-N2", "--ntasks-per-node=2", "--gpus-per-node=2"), ["0", "1", "0", "1"]),  # per node, not per host
+]
+
+
+@pytest.mark.parametrize("opts,gpus", GPU_LAYOUTS, ids=lambda v: " ".join(v) if isinstance(v, tuple) else "")
+def test_each_rank_drives_its_own_fake_gpu_in_every_slurm_layout(slurm_cluster, opts, gpus):
+    proc = srun(slurm_cluster, *opts, PY, "-m", "trainer", "doctor", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    assert [r["gpu"] for r in sorted(report["ranks"], key=lambda r: r["rank"])] == gpus
+
+
+def test_two_tasks_bound_to_one_gpu_fail_fast_with_hint(slurm_cluster):
+    # --gpu-bind=single:2 gives tasks 0,1 GPU 0 and tasks 2,3 GPU 1: NCCL would refuse the duplicate GPU
+    proc = srun(slurm_cluster, "-N1", "-n4", "--gpus-per-node=2", "--gpu-bind=single:2",
+                PY, "-m", "trainer", "doctor")
     assert proc.returncode != 0
-    assert "3 tasks on this node but only 2 visible GPU(s)" in proc.stdout and "HINT" in proc.stdout
+    assert "2 tasks on this node but only 1 visible GPU(s)" in proc.stdout and "HINT" in proc.stdout
 
 
 def test_plain_python_in_batch_script_is_refused(slurm_cluster, tmp_path):

@@ -65,14 +65,6 @@ def parse_tasks_per_node(spec: str) -> list[int]:
     return counts
 
 
-def visible_gpu_count(env: Mapping[str, str]) -> int:
-    """GPUs this process was given, from CUDA_VISIBLE_DEVICES (fake gres devices count too)."""
-    spec = env.get("CUDA_VISIBLE_DEVICES")
-    if spec is None:
-        return -1  # unrestricted: the caller asks CUDA
-    return len([d for d in spec.split(",") if d.strip() and d.strip() != "-1"])
-
-
 class LaunchEnvironment:
     """Base class: where this process sits in the job, read from environment variables."""
 
@@ -158,21 +150,6 @@ class LaunchEnvironment:
         if not 0 <= self.local_rank < max(self.local_world_size, 1):
             raise LaunchError(f"{self.name}: local rank {self.local_rank} outside local world size "
                               f"{self.local_world_size}.")
-        self._validate_gpus(strategy)
-
-    def _validate_gpus(self, strategy: str) -> None:
-        """Tasks on this node vs the GPUs they can see (fake gres allocations count)."""
-        gpus = visible_gpu_count(self.env)
-        if gpus <= 0 or strategy != "ddp" or self.world_size == 1:
-            return
-        per_task = gpus == 1 and ("SLURM_GPUS_PER_TASK" in self.env or "SLURM_STEP_GPUS" in self.env
-                                  and "," not in self.env.get("SLURM_STEP_GPUS", ""))
-        if self.local_world_size > gpus and not per_task:
-            raise LaunchError(
-                f"{self.name}: {self.local_world_size} tasks on this node but only {gpus} visible GPU(s) "
-                f"(CUDA_VISIBLE_DEVICES={self.env.get('CUDA_VISIBLE_DEVICES')}).\n"
-                f"HINT: run one task per GPU: --ntasks-per-node={gpus} with --gpus-per-node={gpus}, "
-                f"or --gpus-per-task=1.")
 
     def describe(self) -> dict:
         """The facts, for logs and `doctor`."""

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.distributed.environment import LaunchEnvironment, LaunchError, visible_gpu_count
+from trainer.distributed.binding import exchange_and_assign, visible_ids
+from trainer.distributed.environment import LaunchEnvironment, LaunchError
 
 log = logging.getLogger(__name__)
 _TEARDOWN_KEY = "trainer/teardown"
@@ -38,6 +39,8 @@ class DistInfo:
     restart_count: int = 0            # how often the scheduler restarted this job (SLURM_RESTART_COUNT)
     can_requeue: bool = False         # a requeue follows a signal checkpoint (scontrol requeue or submitit)
     preempt_signal: str | None = None  # the launcher's own "checkpoint and requeue" signal (submitit's)
+    gpu: str | None = None            # the allocated GPU this rank drives, as CUDA_VISIBLE_DEVICES names it
+                                      # (set for fake gres too, where CUDA is absent and device is the CPU)
 
     @property
     def is_main(self) -> bool:
@@ -59,17 +62,6 @@ class DistInfo:
     def torch_device(self) -> torch.device:
         """The device as a torch.device."""
         return torch.device(self.device)
-
-
-def choose_device(local_rank: int, visible_gpus: int, cuda_available: bool, strategy: str) -> str:
-    """The device of this process: device = local rank, or 0 when Slurm bound one GPU per task."""
-    if not cuda_available or visible_gpus == 0:
-        return "cpu"
-    if strategy == "dp" or visible_gpus == 1:
-        return "cuda:0"
-    if visible_gpus < 0:  # CUDA_VISIBLE_DEVICES unset: every GPU of the node is visible
-        return f"cuda:{local_rank}"
-    return f"cuda:{local_rank % visible_gpus}"
 
 
 def dp_device_ids(gpu_ids: list[int], device_count: int, visible: str | None = None) -> tuple[int, ...]:
@@ -97,38 +89,50 @@ def choose_backend(requested: str, device: str) -> str:
 
 
 def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
-    """Validate the environment, bind the device and create the process group (world > 1 only)."""
+    """Validate the environment, create the process group (world > 1 only) and bind the device: under
+    ddp the ranks of a node agree through the rendezvous store on who drives which visible GPU."""
     strategy = getattr(dist_cfg, "strategy", "ddp")
     env.validate(strategy)
     cuda = torch.cuda.is_available()
-    gpus = visible_gpu_count(env.env)
-    if gpus > 0 and not cuda:
+    ids = visible_ids(env.env, torch.cuda.device_count() if cuda else 0)
+    if ids and not cuda:
         log.warning("%d GPU(s) allocated (CUDA_VISIBLE_DEVICES=%s) but CUDA is not usable here: "
-                    "running on CPU with gloo", gpus, env.env.get("CUDA_VISIBLE_DEVICES"))
-    if gpus < 0 and cuda:
-        gpus = torch.cuda.device_count()
-    device = choose_device(env.local_rank, gpus, cuda, strategy)
+                    "running on CPU with gloo", len(ids), env.env.get("CUDA_VISIBLE_DEVICES"))
+    on_gpu = cuda and bool(ids)
+    world, backend = env.world_size, "none"
+    timeout = float(getattr(dist_cfg, "timeout_s", 1800))
+    if world > 1:
+        backend = choose_backend(getattr(dist_cfg, "backend", "auto"), "cuda" if on_gpu else "cpu")
+        log.debug("init_process_group(%s, %s, rank=%d, world=%d)", backend, env.init_method, env.rank, world)
+        dist.init_process_group(backend, init_method=env.init_method, rank=env.rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout))
+    index = _bind(env, ids, timeout) if world > 1 and strategy == "ddp" else 0
+    device = f"cuda:{index}" if on_gpu else "cpu"
     dp_devices: tuple[int, ...] = ()
-    if strategy == "dp" and device.startswith("cuda"):
+    if strategy == "dp" and on_gpu:
         dp_devices = dp_device_ids(list(getattr(dist_cfg, "gpu_ids", [])), torch.cuda.device_count(),
                                    env.env.get("CUDA_VISIBLE_DEVICES"))
-        device = f"cuda:{dp_devices[0]}"      # DataParallel wants the module on device_ids[0]
+        index = dp_devices[0]
+        device = f"cuda:{index}"      # DataParallel wants the module on device_ids[0]
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    world = env.world_size
-    backend = "none"
-    if world > 1:
-        backend = choose_backend(getattr(dist_cfg, "backend", "auto"), device)
-        timeout = datetime.timedelta(seconds=float(getattr(dist_cfg, "timeout_s", 1800)))
-        url = env.init_method
-        log.debug("init_process_group(%s, %s, rank=%d, world=%d)", backend, url, env.rank, world)
-        dist.init_process_group(backend, init_method=url, rank=env.rank, world_size=world, timeout=timeout)
     return DistInfo(rank=env.rank, local_rank=env.local_rank, world_size=world, node_rank=env.node_rank,
                     device=device, backend=backend, launcher=env.name,
                     local_world_size=env.local_world_size, job_id=env.job_id, requeue_id=env.requeue_id,
                     restart_count=env.restart_count, can_requeue=env.can_requeue,
-                    preempt_signal=env.preempt_signal,
+                    preempt_signal=env.preempt_signal, gpu=ids[index] if index < len(ids) else None,
                     dp_devices=dp_devices)
+
+
+def _bind(env: LaunchEnvironment, ids: list[str], timeout_s: float) -> int:
+    """This rank's index into its visible GPUs, agreed with the node's other ranks (binding.py); on a
+    layout DDP cannot use, every rank leaves the process group and raises the same LaunchError."""
+    try:
+        return exchange_and_assign(dist.distributed_c10d._get_default_store(), env.node_rank, env.local_rank,
+                                   env.local_world_size, env.world_size, ids, timeout_s)
+    except LaunchError:
+        dist.destroy_process_group()
+        raise
 
 
 def teardown(info: DistInfo, clean: bool = True) -> None:
@@ -198,4 +202,4 @@ def comm_device(info: DistInfo) -> torch.device:
 
 
 __all__ = ["DistInfo", "init", "teardown", "all_reduce", "barrier", "all_gather_object",
-           "broadcast", "broadcast_object", "choose_device", "choose_backend", "comm_device"]
+           "broadcast", "broadcast_object", "choose_backend", "comm_device"]
