@@ -24,19 +24,27 @@ def reference(tmp_path_factory):
     return weights(run_dir)
 
 
-def torchrun(*args):
-    return [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "trainer", "train", *args]
+def torchrun(*args, agent=()):
+    return [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", *agent, "-m", "trainer", "train", *args]
+
+
+FORWARD_USR = ("--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2")
+
+
+def start_and_wait_for_a_checkpoint(cmd, run_dir, env=None):
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    while not list((run_dir / "checkpoints").glob("step-*.pt")):
+        assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint written"
+        time.sleep(0.05)
+    return proc
 
 
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGUSR1"])
 def test_signal_to_ranks_and_their_workers_under_torchrun(tmp_path, reference, name):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(torchrun(*ARGS, "--run-dir", str(run_dir)), cwd=REPO, env=clean_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not list((run_dir / "checkpoints").glob("step-*.pt")):
-        assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint written"
-        time.sleep(0.05)
+    proc = start_and_wait_for_a_checkpoint(torchrun(*ARGS, "--run-dir", str(run_dir)), run_dir)
     ranks = psutil.Process(proc.pid).children()
     workers = [w for r in ranks for w in r.children(recursive=True)]
     assert len(ranks) == 2 and len(workers) >= 2, (ranks, workers)
@@ -56,6 +64,61 @@ def test_signal_to_ranks_and_their_workers_under_torchrun(tmp_path, reference, n
     assert_bitwise_equal(weights(run_dir), reference)
     record_fault(f"{name} to both ranks and their loader workers (torchrun, num_workers=2)",
                  exit_s=round(exit_s, 2), steps_lost=0, outcome="agreed checkpoint, bitwise resume")
+
+
+@pytest.mark.parametrize("name,agent,limit", [
+    ("SIGTERM", (), 30),
+    ("SIGUSR1", (*FORWARD_USR, "--shutdown-timeout", "90"), 90),
+])
+def test_a_signal_to_the_torchrun_agent_alone_ends_in_a_checkpoint_and_a_bitwise_resume(tmp_path, reference, name,
+                                                                                      agent, limit):
+    """pytorch #119856: torchrun forwards SIGTERM (and, with --signals-to-handle, USR1/USR2) to its workers
+    and SIGKILLs them --shutdown-timeout s later (30 by default); the workers checkpoint inside that."""
+    run_dir = tmp_path / "run"
+    proc = start_and_wait_for_a_checkpoint(torchrun(*ARGS, "--run-dir", str(run_dir), agent=agent), run_dir)
+    t0 = time.monotonic()
+    os.kill(proc.pid, getattr(signal, name))            # the agent only, as srun's signal to its task
+    _, err = proc.communicate(timeout=120)
+    stopped = re.search(rf"received {name}: checkpointing at epoch \d+ step (\d+)", err)
+    assert stopped, err[-3000:]
+    written = re.search(rf"checkpoint written ([\d.]+) s after {name} reached this rank \(torchrun kills its "
+                        rf"workers {limit} s after", err)
+    assert written and float(written.group(1)) < limit, err[-3000:]
+    assert "exitcode  : -9" not in err                   # no worker needed torchrun's SIGKILL
+    resumed = subprocess.run(torchrun(*ARGS, "--run-dir", str(run_dir), "--resume", "auto"), cwd=REPO,
+                             env=clean_env(), capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"step-{int(stopped.group(1)):08d}.pt" in resumed.stderr
+    assert_bitwise_equal(weights(run_dir), reference)
+    record_fault(f"{name} to the torchrun agent only (it forwards; shutdown limit {limit} s)",
+                 exit_s=round(time.monotonic() - t0, 2), steps_lost=0, outcome="agreed checkpoint, bitwise resume")
+
+
+def test_a_shutdown_limit_shorter_than_a_step_and_a_checkpoint_is_named_and_real(tmp_path):
+    """--shutdown-timeout 0: torchrun SIGKILLs its workers right after forwarding SIGTERM. The run says so
+    after its first checkpoint, and a SIGTERM then indeed ends without the signal checkpoint."""
+    run_dir = tmp_path / "run"
+    proc = start_and_wait_for_a_checkpoint(torchrun(*ARGS, "--run-dir", str(run_dir),
+                                                    agent=("--shutdown-timeout", "0")), run_dir)
+    time.sleep(1)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert re.search(r"a step plus a checkpoint take [\d.]+ s here, but torchrun kills its workers 0 s after", err)
+    assert "HINT: torchrun --signals-to-handle" in err and "--shutdown-timeout" in err
+    assert "checkpoint written" not in err               # the workers died before their checkpoint
+
+
+def test_requeue_signals_torchrun_does_not_forward_are_named_at_start(tmp_path):
+    """Inside a Slurm job (which can requeue), USR1/USR2 reach torchrun's agent too; without
+    --signals-to-handle they end it, and the step with it, before the checkpoint: said before step 1."""
+    env = clean_env(SLURM_JOB_ID="77", SLURM_PROCID="0")
+    proc = subprocess.run(torchrun(*TOY, "--run-dir", str(tmp_path / "run"), "train.max_steps=1"), cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torchrun forwards only SIGTERM,SIGINT,SIGHUP,SIGQUIT to its workers: SIGUSR1,SIGUSR2" in proc.stderr
+    quiet = subprocess.run(torchrun(*TOY, "--run-dir", str(tmp_path / "run2"), "train.max_steps=1", agent=FORWARD_USR),
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0 and "torchrun forwards only" not in quiet.stderr, quiet.stderr[-3000:]
 
 
 @pytest.mark.slurm

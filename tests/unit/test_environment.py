@@ -165,3 +165,66 @@ def test_restart_count():
     assert select_environment(SRUN_2x2).restart_count == 0
     with pytest.raises(LaunchError, match="SLURM_RESTART_COUNT='x'"):
         select_environment(dict(SRUN_2x2, SLURM_RESTART_COUNT="x")).restart_count
+
+
+AGENT = ["/venv/bin/python", "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+
+
+@pytest.mark.parametrize("argv,env,seconds", [
+    (AGENT + ["-m", "trainer", "train"], {}, 30.0),                                       # torch's default
+    (AGENT + ["--shutdown-timeout", "120", "-m", "trainer"], {}, 120.0),
+    (AGENT + ["--shutdown_timeout=45", "-m", "trainer"], {}, 45.0),
+    (["/venv/bin/torchrun", "--shutdown-timeout=7", "train.py"], {}, 7.0),
+    (AGENT + ["-m", "trainer"], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}, 90.0),
+    (AGENT + ["-m", "trainer"], {"PET_SHUTDOWN_TIMEOUT": "60", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}, 60.0),
+    # the flag wins over the environment; the training script's own flags are not torchrun's
+    (AGENT + ["--shutdown-timeout", "5", "-m", "trainer"], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}, 5.0),
+    (AGENT + ["-m", "trainer", "--shutdown-timeout", "5"], {}, 30.0),
+])
+def test_torchruns_shutdown_limit_is_read_from_the_agents_command_line_or_environment(argv, env, seconds):
+    from trainer.distributed.environment import agent_shutdown_s
+    assert agent_shutdown_s(env, argv) == seconds
+
+
+def test_a_bad_shutdown_limit_names_the_flag():
+    from trainer.distributed.environment import agent_shutdown_s
+    with pytest.raises(LaunchError, match="--shutdown-timeout='soon'"):
+        agent_shutdown_s({}, AGENT + ["--shutdown-timeout", "soon"])
+
+
+def test_the_agents_forwarded_signals_are_a_launch_fact():
+    assert select_environment(TORCHRUN).agent_signals == ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+    env = dict(TORCHRUN, TORCHELASTIC_SIGNALS_TO_HANDLE="SIGTERM, SIGUSR1")
+    assert select_environment(env).agent_signals == ("SIGTERM", "SIGUSR1")
+    manual = {k: v for k, v in TORCHRUN.items() if k != "TORCHELASTIC_RUN_ID"}   # RANK/LOCAL_RANK, no agent
+    assert select_environment(manual).agent_signals is None and select_environment(manual).agent_shutdown_s is None
+    assert select_environment(SRUN_2x2).agent_signals is None
+
+
+def test_requeue_signals_the_agent_does_not_forward_matter_only_where_a_requeue_follows():
+    from trainer.distributed.runtime import DistInfo
+    from trainer.engine.preemption import unforwarded_signals
+    trapped = ["SIGUSR1", "SIGUSR2", "SIGTERM", "SIGURG"]
+    agent = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+    assert unforwarded_signals(DistInfo(agent_signals=agent, can_requeue=True), trapped) == \
+        ["SIGUSR1", "SIGUSR2", "SIGURG"]
+    assert unforwarded_signals(DistInfo(agent_signals=agent, can_requeue=False), trapped) == []
+    assert unforwarded_signals(DistInfo(agent_signals=None, can_requeue=True), trapped) == []
+    assert unforwarded_signals(DistInfo(agent_signals=(*agent, "SIGUSR1", "SIGUSR2", "SIGURG"), can_requeue=True),
+                               trapped) == []
+
+
+def test_the_shutdown_budget_warns_once_when_a_step_and_a_checkpoint_outlast_the_limit(caplog):
+    from trainer.distributed.runtime import DistInfo
+    from trainer.engine.preemption import ShutdownBudget
+    budget = ShutdownBudget(DistInfo(agent_shutdown_s=30.0))
+    for seconds in (100.0, 20.0, 25.0):       # the first step (warm-up) does not count
+        budget.step(seconds)
+    budget.saved(4.0)
+    assert not budget.warned                   # 25 + 4 <= 30
+    budget.saved(6.0)
+    assert budget.warned and "take 31.0 s here, but torchrun kills its workers 30 s" in caplog.text
+    assert "--shutdown-timeout 72" in caplog.text       # twice what is needed, plus 10 s
+    budget.saved(60.0)
+    assert caplog.text.count("a step plus a checkpoint") == 1
+    assert not ShutdownBudget(DistInfo()).warned

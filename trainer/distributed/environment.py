@@ -54,6 +54,46 @@ def slurm_job_to_requeue(env: Mapping[str, str]) -> str | None:
     return f"{array}_{task}" if array and task else env["SLURM_JOB_ID"]
 
 
+TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")   # what torchrun's agent forwards by default
+TORCHRUN_SHUTDOWN_S = 30.0                                       # and how long it waits before SIGKILL
+
+
+def agent_shutdown_s(env: Mapping[str, str], agent_argv: list[str]) -> float:
+    """How long torchrun's agent waits for its workers after forwarding a signal before it SIGKILLs them:
+    its --shutdown-timeout flag (read from the agent's command line, the workers' parent), else
+    PET_SHUTDOWN_TIMEOUT or TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else torch's 30 s."""
+    start = next((i + 1 for i, a in enumerate(agent_argv)
+                  if a == "torch.distributed.run" or os.path.basename(a) == "torchrun"), len(agent_argv))
+    for i, arg in enumerate(agent_argv[start:], start):
+        for flag in ("--shutdown-timeout", "--shutdown_timeout"):
+            if arg == flag and i + 1 < len(agent_argv):
+                return _seconds(agent_argv[i + 1], flag)
+            if arg.startswith(flag + "="):
+                return _seconds(arg.split("=", 1)[1], flag)
+        if arg in ("-m", "--module") or (not arg.startswith("-") and arg.endswith(".py")):
+            break    # the training script's own arguments follow
+    for var in ("PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"):
+        if env.get(var):
+            return _seconds(env[var], var)
+    return TORCHRUN_SHUTDOWN_S
+
+
+def _seconds(raw: str, name: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise LaunchError(f"torchrun: {name}={raw!r} is not a number of seconds") from None
+
+
+def parent_argv(pid: int | None = None) -> list[str]:
+    """The command line of this process's parent (torchrun's agent for its workers); [] where unreadable."""
+    try:
+        with open(f"/proc/{pid or os.getppid()}/cmdline", "rb") as fh:
+            return [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
 def parse_tasks_per_node(spec: str) -> list[int]:
     """Expand Slurm's compressed task counts: '2(x3),1' -> [2, 2, 2, 1]."""
     counts: list[int] = []
@@ -72,6 +112,7 @@ class LaunchEnvironment:
 
     def __init__(self, env: Mapping[str, str] | None = None):
         self.env = dict(os.environ if env is None else env)
+        self.live = env is None   # this process's own environment: its parent process may be read too
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
@@ -136,6 +177,16 @@ class LaunchEnvironment:
     @property
     def preempt_signal(self) -> str | None:
         """A launcher-specific signal that means "checkpoint, then requeue" (None: only ckpt.requeue_signals)."""
+        return None
+
+    @property
+    def agent_signals(self) -> tuple[str, ...] | None:
+        """Signals a launcher agent between Slurm and this process forwards to it (None: no agent)."""
+        return None
+
+    @property
+    def agent_shutdown_s(self) -> float | None:
+        """Seconds that agent waits after forwarding a signal before it kills this process (None: no agent)."""
         return None
 
     @property
@@ -216,6 +267,22 @@ class TorchrunEnvironment(LaunchEnvironment):
     def requeue_id(self) -> str | None:
         """Inside an sbatch allocation: the job (or array task) torchrun runs in."""
         return slurm_job_to_requeue(self.env)
+
+    @property
+    def agent_signals(self) -> tuple[str, ...] | None:
+        """TORCHELASTIC_SIGNALS_TO_HANDLE (set by torchrun's --signals-to-handle) or its default; None for
+        a manual launch with RANK/LOCAL_RANK (no agent)."""
+        if "TORCHELASTIC_RUN_ID" not in self.env:
+            return None
+        spec = self.env.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+        return tuple(s.strip() for s in spec.split(",") if s.strip()) if spec else TORCHRUN_SIGNALS
+
+    @property
+    def agent_shutdown_s(self) -> float | None:
+        """torchrun's shutdown timeout (its flag, environment or 30 s); None without an agent."""
+        if "TORCHELASTIC_RUN_ID" not in self.env:
+            return None
+        return agent_shutdown_s(self.env, parent_argv() if self.live else [])
 
 
 class SlurmEnvironment(LaunchEnvironment):
@@ -432,8 +499,8 @@ ENVIRONMENTS: tuple[type[LaunchEnvironment], ...] = (
 
 def select_environment(env: Mapping[str, str] | None = None) -> LaunchEnvironment:
     """The first launcher, in ENVIRONMENTS order, whose detect() is true."""
-    env = dict(os.environ if env is None else env)
+    facts = dict(os.environ if env is None else env)
     for cls in ENVIRONMENTS:
-        if cls.detect(env):
+        if cls.detect(facts):
             return cls(env)
     raise AssertionError("LocalEnvironment.detect() is always true")

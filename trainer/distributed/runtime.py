@@ -39,6 +39,8 @@ class DistInfo:
     restart_count: int = 0            # how often the scheduler restarted this job (SLURM_RESTART_COUNT)
     can_requeue: bool = False         # a requeue follows a signal checkpoint (scontrol requeue or submitit)
     preempt_signal: str | None = None  # the launcher's own "checkpoint and requeue" signal (submitit's)
+    agent_signals: tuple[str, ...] | None = None  # what a launcher agent (torchrun) forwards to this rank
+    agent_shutdown_s: float | None = None  # and how long after forwarding one it SIGKILLs the rank
     gpu: str | None = None            # the allocated GPU this rank drives, as CUDA_VISIBLE_DEVICES names it
                                       # (set for fake gres too, where CUDA is absent and device is the CPU)
 
@@ -120,7 +122,8 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
                     device=device, backend=backend, launcher=env.name,
                     local_world_size=env.local_world_size, job_id=env.job_id, requeue_id=env.requeue_id,
                     restart_count=env.restart_count, can_requeue=env.can_requeue,
-                    preempt_signal=env.preempt_signal, gpu=ids[index] if index < len(ids) else None,
+                    preempt_signal=env.preempt_signal, agent_signals=env.agent_signals,
+                    agent_shutdown_s=env.agent_shutdown_s, gpu=ids[index] if index < len(ids) else None,
                     dp_devices=dp_devices)
 
 

@@ -32,7 +32,14 @@ from trainer.engine.data import make_loader
 from trainer.engine.evaluation import evaluate_split
 from trainer.engine.logging import MetricsWriter, progress_bar
 from trainer.engine.metrics import SystemStats, Throughput
-from trainer.engine.preemption import PreemptionHandler, requeue_slurm_job, trapped_signals
+from trainer.engine.preemption import (
+    FORWARD_HINT,
+    PreemptionHandler,
+    ShutdownBudget,
+    requeue_slurm_job,
+    trapped_signals,
+    unforwarded_signals,
+)
 from trainer.engine.recipe import Recipe, move_to
 
 log = logging.getLogger(__name__)
@@ -78,9 +85,12 @@ class Trainer:
         self.last_metrics: dict[str, dict[str, Any]] = last_metrics
         self.last_records: dict[str, dict[str, Any]] = {}   # as written to metrics.jsonl
         self.signal = 0
+        self.budget = ShutdownBudget(run.info)     # torchrun's shutdown limit vs a step plus a checkpoint
 
     def save(self, kind: str) -> None:
+        t0 = time.perf_counter()
         self.ckpts.save(kind, self.state, self.last_metrics)
+        self.budget.saved(time.perf_counter() - t0)
 
     # ---------------------------------------------------------------- steps
     def _window_len(self, micro: int) -> int:
@@ -119,7 +129,7 @@ class Trainer:
         start, run = self.state.batch_in_epoch, self.run
         loader = self._batches(epoch, start)
         run.wrapped.train()
-        t0 = time.perf_counter()
+        t0 = t_step = time.perf_counter()
         bar = self._progress(epoch, start)
         window = torch.zeros(2, dtype=torch.float64)  # loss sum, samples since the last log line
         epoch_sums = torch.zeros(2, dtype=torch.float64)
@@ -135,6 +145,7 @@ class Trainer:
             if (micro + 1) % run.accum and micro + 1 != run.micro_per_epoch:
                 continue
             self._optimizer_step()
+            self.budget.step(time.perf_counter() - t_step)
             self.meter.update(0, steps=1)
             self.state.batch_in_epoch = micro + 1
             if self.state.global_step % max(self.tc.log_every_steps, 1) == 0:
@@ -144,6 +155,7 @@ class Trainer:
             if stop is not Stop.EPOCH_DONE:
                 self._close_bar(bar)
                 return stop
+            t_step = time.perf_counter()    # a periodic checkpoint in _after_step is not part of a step
         self._close_bar(bar)
         self._log_epoch(epoch, epoch_sums, time.perf_counter() - t0)
         return Stop.EPOCH_DONE
@@ -263,7 +275,7 @@ class Driver:
             recipe.on_epoch_start(epoch, trainer.run.model)
             stop = trainer.train_epoch(epoch, preempt)
             if stop is Stop.SIGNAL:
-                return self.preempted(trainer.signal)
+                return self.preempted(trainer.signal, preempt.received_at)
             if stop is Stop.MAX_STEPS and state.batch_in_epoch < trainer.run.micro_per_epoch:
                 break
             if self.end_epoch(epoch):
@@ -320,12 +332,15 @@ class Driver:
         return bool(tie) and tie[0] in metrics and best_tie is not None and \
             better(float(metrics[tie[0]]), best_tie, tie[1])
 
-    def preempted(self, signum: int) -> FitResult:
+    def preempted(self, signum: int, received_at: float | None = None) -> FitResult:
         """Checkpoint where we are; rank 0 requeues under Slurm for the requeue signals."""
         trainer, state = self.trainer, self.state
         name = signals.Signals(signum).name
         log.warning("received %s: checkpointing at epoch %d step %d", name, state.epoch, state.global_step)
         trainer.save("periodic")
+        if received_at is not None and self.info.agent_shutdown_s is not None:
+            log.info("checkpoint written %.1f s after %s reached this rank (torchrun kills its workers %.0f s "
+                     "after forwarding a signal)", time.monotonic() - received_at, name, self.info.agent_shutdown_s)
         if self.info.is_main:     # tells slurm/common.sh this 143 is a checkpointed stop, not a crash
             (self.run_dir / PREEMPTED_MARKER).write_text(f"{name} epoch {state.epoch} step {state.global_step}\n")
         requeued = False
@@ -379,7 +394,13 @@ def fit(recipe: Recipe, info: DistInfo, cfg: Config) -> FitResult:
         writer = MetricsWriter(run_dir, info, cfg.train.tensorboard,
                                purge_step=state.global_step + 1 if resumed else None)
         trainer = Trainer(run, ckpts, writer, state, metrics)
-        preempt = PreemptionHandler(trapped_signals(cfg.ckpt.requeue_signals, info.preempt_signal)).install()
+        trapped = trapped_signals(cfg.ckpt.requeue_signals, info.preempt_signal)
+        lost = unforwarded_signals(info, trapped)
+        if lost and info.is_main:
+            log.warning("torchrun forwards only %s to its workers: %s (trapped here for a requeue) would end its "
+                        "agent, and this job step with it, before the checkpoint.\nHINT: %s",
+                        ",".join(info.agent_signals or ()), ",".join(lost), FORWARD_HINT)
+        preempt = PreemptionHandler(trapped).install()
         try:
             return Driver(trainer).run(preempt)
         finally:

@@ -10,6 +10,7 @@ import logging
 import shutil
 import signal
 import subprocess
+import time
 from typing import Iterable
 
 import torch
@@ -38,10 +39,13 @@ class PreemptionHandler:
     def __init__(self, signals: Iterable[str] = HANDLED):
         self.signals = [getattr(signal, name) for name in signals]
         self.received: int = 0
+        self.received_at: float | None = None   # time.monotonic() of the first signal
         self._old: dict[int, object] = {}
 
     def _on_signal(self, signum, frame) -> None:
         self.received = signum  # no work here: the loop acts at the next step boundary
+        if self.received_at is None:
+            self.received_at = time.monotonic()
 
     def install(self) -> "PreemptionHandler":
         """Install the handlers (main thread only)."""
@@ -63,6 +67,46 @@ class PreemptionHandler:
         flag = torch.tensor([self.received, int(bad_loss)], dtype=torch.int64, device=runtime.comm_device(info))
         runtime.all_reduce(flag, info, op="max")
         return int(flag[0].item()), bool(flag[1].item())
+
+
+FORWARD_HINT = ("torchrun --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2 --shutdown-timeout 120 "
+                "(both flags where `torchrun --help` lists them), or srun with one task per GPU (no agent)")
+
+
+def unforwarded_signals(info: runtime.DistInfo, trapped: Iterable[str]) -> list[str]:
+    """The signals this run traps for a requeue that the launcher's agent (torchrun) does not forward,
+    inside a Slurm job that can requeue: Slurm's --signal then reaches the agent, whose default action
+    ends it, and the step's end kills this rank before its checkpoint. [] without an agent."""
+    if info.agent_signals is None or not info.can_requeue:
+        return []
+    return [name for name in trapped if name not in info.agent_signals and name != "SIGTERM"]
+
+
+class ShutdownBudget:
+    """An agent (torchrun) SIGKILLs its workers agent_shutdown_s after forwarding a signal: the slowest
+    step plus a checkpoint must fit in that, or a signal costs the checkpoint. Warns once, on rank 0,
+    after the first checkpoint that shows it does not fit."""
+
+    def __init__(self, info: runtime.DistInfo):
+        self.limit, self.is_main = info.agent_shutdown_s, info.is_main
+        self.steps, self.slowest_step = 0, 0.0
+        self.warned = False
+
+    def step(self, seconds: float) -> None:
+        """One optimizer step's wall time (the run's first, with its warm-up, does not count)."""
+        self.steps += 1
+        if self.steps > 1:
+            self.slowest_step = max(self.slowest_step, seconds)
+
+    def saved(self, seconds: float) -> None:
+        """A checkpoint took `seconds`."""
+        need = self.slowest_step + seconds
+        if self.limit is None or self.warned or not self.is_main or need <= self.limit:
+            return
+        self.warned = True
+        log.warning("a step plus a checkpoint take %.1f s here, but torchrun kills its workers %.0f s after "
+                    "forwarding a signal: a preemption would then lose the work since the last checkpoint.\n"
+                    "HINT: %s", need, self.limit, FORWARD_HINT.replace("120", str(int(2 * need) + 10)))
 
 
 def requeue_slurm_job(job_id: str) -> bool:
