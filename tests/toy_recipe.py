@@ -74,7 +74,7 @@ def make_split(n: int, features: int, noise: float, seed: int) -> torch.utils.da
 def _fail_before_rendezvous() -> None:
     """Test hook: the rank named by TOY_FAIL_RANK fails while its config is built, before the process group
     forms (as a node that cannot read its config or data would); the other ranks then wait in the rendezvous."""
-    rank = os.environ.get("SLURM_PROCID") if os.environ.get("SUBMITIT_EXECUTOR") else None
+    rank = os.environ.get("SLURM_PROCID") if os.environ.get("SUBMITIT_EXECUTOR") else os.environ.get("RANK")
     if os.environ.get("TOY_FAIL_RANK") and rank == os.environ["TOY_FAIL_RANK"]:
         raise RuntimeError(f"toy: rank {rank} fails before the rendezvous (TOY_FAIL_RANK)")
 

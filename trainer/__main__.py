@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -131,14 +132,28 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except (ConfigError, LaunchError, CheckpointError, DownloadError, ValueError, FileNotFoundError,
             MissingExtraError) as err:
+        record_for_agent(err)
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except ArithmeticError as err:
         from trainer.engine.loop import NonFiniteLossError
+        record_for_agent(err)
         if not isinstance(err, NonFiniteLossError):      # a bug, not a diverged run: keep the traceback
             raise
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except Exception as err:
+        record_for_agent(err)
+        raise
+
+
+def record_for_agent(err: BaseException) -> None:
+    """Under torchrun, write the error where its agent looks (TORCHELASTIC_ERROR_FILE, as the elastic
+    `record` decorator does), so its failure summary names the root cause and not only an exit code.
+    Call it inside the `except` block: the traceback is taken from there."""
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+        get_error_handler().record_exception(err)
 
 
 if __name__ == "__main__":

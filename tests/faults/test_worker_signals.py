@@ -156,3 +156,26 @@ def test_preempting_a_job_step_with_loader_workers_requeues_and_resumes(slurm_cl
                  exit_s=round(checkpointed, 2),
                  outcome="agreed checkpoint (time: signal to checkpoint written), Slurm restarts the job, "
                          "bitwise resume")
+
+
+def _root_cause(stderr: str) -> str:
+    return stderr[stderr.index("Root Cause"):]
+
+
+@pytest.mark.parametrize("how,extra,cause", [
+    # an unhandled exception in one worker, before the rendezvous
+    ("crash", {"TOY_FAIL_RANK": "1"}, "RuntimeError: toy: rank 1 fails before the rendezvous"),
+    # an error the trainer handles (message, exit 1) on every rank
+    ("diverged", {}, "NonFiniteLossError: non-finite loss at step 3"),
+])
+def test_torchruns_failure_summary_names_the_root_cause(tmp_path, how, extra, cause):
+    """Without the elastic error file torchrun's summary says only "exitcode : 1" and "To enable traceback
+    see ..."; the trainer writes it (as the `record` decorator does), handled errors included."""
+    args = [*TOY, "--run-dir", str(tmp_path / "run")] + (["data.nan_at_step=3", "data.nan_rank=1"]
+                                                         if how == "diverged" else [])
+    proc = subprocess.run(torchrun(*args), cwd=REPO, env=clean_env(**extra), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0
+    root = _root_cause(proc.stderr)
+    assert cause in root and "To enable traceback" not in root, proc.stderr[-3000:]
+    assert re.search(r"error_file: \S+error\.json", root)
