@@ -25,11 +25,13 @@ EXIT_USAGE = 2
 
 
 def resolve_run_dir(cfg, info) -> str:
-    """--run-dir, else runs/<recipe>-<Slurm job id> (stable across requeues), else a timestamp."""
+    """--run-dir, else runs/<recipe>-<Slurm job id> (stable across requeues; srun steps after the first get
+    .<step>, so concurrent steps of one allocation differ), else a timestamp."""
     if cfg.run_dir:
         return cfg.run_dir
-    job = info.job_id
-    name = f"{cfg.recipe}-{job}" if job else f"{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    job, step = info.job_id, info.step_id
+    suffix = f".{step}" if step not in (None, "0") else ""
+    name = f"{cfg.recipe}-{job}{suffix}" if job else f"{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
     return str(Path("runs") / runtime.broadcast_object(name, info))
 
 
@@ -50,10 +52,10 @@ def run_train(args):
     if cfg.private:
         make_private()          # before anything is created: logs, checkpoints, TensorBoard, caches
     info = runtime.init(select_environment(), cfg.dist)
-    ok = False
+    ok, lock = False, None
     try:
         cfg.run_dir = resolve_run_dir(cfg, info)
-        claim_run_dir(cfg.run_dir, cfg.ckpt.resume, info)
+        lock = claim_run_dir(cfg.run_dir, cfg.ckpt.resume, info)
         if cfg.private and info.is_main:
             make_private(cfg.run_dir)
         setup_logging(info, cfg.run_dir, per_rank=cfg.train.log_per_rank)
@@ -67,6 +69,8 @@ def run_train(args):
         ok = True
     finally:
         runtime.teardown(info, clean=ok)
+        if lock is not None:
+            lock.release()
     return result, cfg
 
 

@@ -158,3 +158,29 @@ def test_requeued_job_resumes_to_the_same_weights(slurm_cluster, tmp_path, how):
     if how == "USR1":
         assert "received SIGUSR1" in text and f"requeued Slurm job {job}" in text
     assert_bitwise_equal(weights(run_dir), weights(tmp_path / "ref"))
+
+
+def test_two_concurrent_srun_steps_of_one_allocation_differ_in_port_and_run_dir(slurm_cluster, tmp_path):
+    """A sweep's two srun steps side by side on one node: each forms its own process group (the port is
+    derived from job and step id: the same port would fail the second rendezvous) and writes its own
+    default run directory (runs/toy-JOB and runs/toy-JOB.1), and a third step aimed at a live step's
+    run directory is refused."""
+    cmd = trainer_cmd("train", *TOY, "--epochs", "5", "data.step_sleep=0.2")
+    step = "( date +%s.%N > {n}.t0; srun -n2 --exact " + cmd + " > {n}.log 2>&1; echo $? > {n}.rc; " \
+        "date +%s.%N > {n}.t1 ) &"
+    third = "srun -n1 --overlap " + trainer_cmd("train", *TOY, "--resume", "auto") + \
+        ' --run-dir "runs/toy-$SLURM_JOB_ID" > c.log 2>&1; echo $? > c.rc'  # the shell expands the job id
+    script = "\n".join([step.format(n="a"), "sleep 1", step.format(n="b"),
+                        "until [ -f runs/toy-$SLURM_JOB_ID/config.yaml ]; do sleep 0.2; done", third, "wait"])
+    job = sbatch(slurm_cluster, script, "-N1", "-n4", "--cpus-per-task=1", "-D", str(tmp_path),
+                 "-o", str(tmp_path / "job.out"))
+    info = wait_job(slurm_cluster, job, timeout=240)
+    read = lambda name: (tmp_path / name).read_text().strip()  # noqa: E731
+    logs = read("a.log") + read("b.log")
+    assert info["JobState"] == "COMPLETED" and read("a.rc") == read("b.rc") == "0", logs[-3000:]
+    t0a, t1a, t0b, t1b = (float(read(f"{n}.{t}")) for n in "ab" for t in ("t0", "t1"))
+    assert t0b < t1a and t0a < t1b                          # the two steps ran at the same time
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert runs == [f"toy-{job}", f"toy-{job}.1"], runs
+    assert all((tmp_path / "runs" / r / "checkpoints" / "final.pt").exists() for r in runs)
+    assert read("c.rc") == "2" and "is in use by a live run (pid " in read("c.log"), read("c.log")

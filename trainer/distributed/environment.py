@@ -160,6 +160,13 @@ class LaunchEnvironment:
         return self.env.get("SLURM_JOB_ID")
 
     @property
+    def step_id(self) -> str | None:
+        """The Slurm job step (SLURM_STEP_ID of an srun step; torchrun under srun too); None outside one."""
+        step = self.env.get("SLURM_STEP_ID", self.env.get("SLURM_STEPID", ""))
+        in_srun = step.isdigit() and step not in ("4294967294", "4294967291")    # not batch/extern
+        return step if self.env.get("SLURM_JOB_ID") and in_srun else None
+
+    @property
     def init_method(self) -> str:
         """Rendezvous URL for init_process_group."""
         return f"tcp://{self.master_addr}:{self.master_port}"

@@ -34,6 +34,7 @@ class DistInfo:
     launcher: str = "local"
     local_world_size: int = 1
     job_id: str | None = None
+    step_id: str | None = None        # the Slurm job step (srun) this rank runs in; None outside one
     requeue_id: str | None = None     # the Slurm job rank 0 requeues after a signal checkpoint (None: none)
     dp_devices: tuple[int, ...] = ()  # --strategy dp: the CUDA devices DataParallel spreads each batch over
     restart_count: int = 0            # how often the scheduler restarted this job (SLURM_RESTART_COUNT)
@@ -120,7 +121,8 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
         torch.cuda.set_device(torch.device(device))
     return DistInfo(rank=env.rank, local_rank=env.local_rank, world_size=world, node_rank=env.node_rank,
                     device=device, backend=backend, launcher=env.name,
-                    local_world_size=env.local_world_size, job_id=env.job_id, requeue_id=env.requeue_id,
+                    local_world_size=env.local_world_size, job_id=env.job_id, step_id=env.step_id,
+                    requeue_id=env.requeue_id,
                     restart_count=env.restart_count, can_requeue=env.can_requeue,
                     preempt_signal=env.preempt_signal, agent_signals=env.agent_signals,
                     agent_shutdown_s=env.agent_shutdown_s, gpu=ids[index] if index < len(ids) else None,

@@ -1,33 +1,93 @@
-"""The run directory before training: claimed (no fresh run over old checkpoints, no stale temporaries) and,
-with --private, readable by its owner only.
+"""The run directory before training: claimed (one live run at a time, no fresh run over old checkpoints,
+no stale temporaries) and, with --private, readable by its owner only.
 
-    claim_run_dir("runs/x", resume="auto", info=info)
+    lock = claim_run_dir("runs/x", resume="auto", info=info)   # ... train ...; then lock.release()
 """
 from __future__ import annotations
 
+import errno
+import fcntl
+import logging
 import os
+import socket
 from pathlib import Path
 
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import checkpoint as ckpt_io
 
+log = logging.getLogger(__name__)
+LOCK_NAME = ".lock"
 
-def claim_run_dir(run_dir: str | Path, resume: str, info: DistInfo) -> None:
-    """Before anything is written: remove temporaries of interrupted saves and refuse a fresh run into a
-    run directory with checkpoints. Rank 0 looks (run directories need not be shared); all ranks raise."""
-    problem = None
-    if info.is_main:
-        manager = ckpt_io.CheckpointManager(run_dir)
-        manager.remove_temporaries()
+
+class RunDirLock:
+    """An exclusive flock on RUN_DIR/.lock, held by rank 0 while it trains, so that a second run into the
+    same directory (another srun step of the job, a duplicate submission) is refused instead of
+    interleaving checkpoints and deleting the first one's temporaries. The kernel drops the lock with its
+    process, so a crash, a SIGKILL or a requeue never leaves a stale one behind."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.created = not self.path.exists()
+        self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES):     # e.g. ENOLCK: a file system without locks
+                log.warning("cannot lock %s (%s): concurrent runs into this directory are not detected",
+                            self.path, err.strerror)
+                return
+            other = self.path.read_text().strip() or "another process"
+            self.release()
+            raise ckpt_io.CheckpointError(
+                f"run directory {run_dir} is in use by a live run ({other}).\nHINT: give each concurrent run "
+                f"(each srun step of a sweep) its own --run-dir; the default runs/<recipe>-<job>.<step> "
+                f"already differs per step.") from None
+
+    def mark(self, holder: str) -> None:
+        """Say who holds the lock (once the run is accepted: a refused run changes nothing on disk)."""
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.write(self.fd, holder.encode())
+
+    def release(self, refused: bool = False) -> None:
+        """Unlock (closing the descriptor does it); a refused run removes the lock file it created."""
+        if self.fd is not None:
+            if refused and self.created:
+                self.path.unlink(missing_ok=True)
+            os.close(self.fd)
+            self.fd = None
+
+
+def holder_text(info: DistInfo) -> str:
+    """Who holds the lock, for the message a second run gets."""
+    where = "no scheduler job"
+    if info.job_id:
+        where = f"job {info.job_id}" + (f" step {info.step_id}" if info.step_id is not None else "")
+    return f"pid {os.getpid()} on {socket.gethostname()}, {where}"
+
+
+def claim_run_dir(run_dir: str | Path, resume: str, info: DistInfo) -> RunDirLock | None:
+    """Before anything is written: lock the run directory (rank 0; refused while another run holds it),
+    remove temporaries of interrupted saves and refuse a fresh run into a run directory with checkpoints.
+    Rank 0 looks (run directories need not be shared); all ranks raise. Returns rank 0's lock."""
+    problem, lock = None, None
+    if info.is_main:
+        try:
+            lock = RunDirLock(run_dir)
             if not resume:
                 ckpt_io.refuse_fresh_run(run_dir)
+            ckpt_io.CheckpointManager(run_dir).remove_temporaries()
+            lock.mark(holder_text(info))
         except ckpt_io.CheckpointError as err:
             problem = str(err)
     problem = runtime.broadcast_object(problem, info)
     if problem:
+        if lock is not None:
+            lock.release(refused=True)
         raise ckpt_io.CheckpointError(problem)
+    return lock
 
 
 def make_private(run_dir: str | Path | None = None) -> None:
