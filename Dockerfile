@@ -19,21 +19,32 @@ COPY trainer trainer
 COPY hpc hpc
 # no build isolation: build with the pinned setuptools from the lock, not an unpinned download
 RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation .
+# torch (and its torchrun script) is the base's: a torchrun of the venv's own, first on PATH, starts the
+# workers with the venv's python, which sees the trainer (the base's would not: "No module named trainer")
+RUN printf '#!/opt/venv/bin/python\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n' \
+      > /opt/venv/bin/torchrun \
+ && chmod 755 /opt/venv/bin/torchrun
 
 FROM ${BASE_IMAGE}
+ARG BASE_IMAGE
 ARG UID=1000
+# what the image pins; base.name is the base it was really built on (make test-image: the local stand-in)
 LABEL org.opencontainers.image.title="hpc-trainer" \
       org.opencontainers.image.version="0.1.0" \
-      org.opencontainers.image.base.name="pytorch/pytorch:2.13.0-cuda12.6-cudnn9-runtime" \
+      org.opencontainers.image.base.name="${BASE_IMAGE}" \
       io.hpc-trainer.torch="2.13.0" io.hpc-trainer.cuda="12.6" io.hpc-trainer.cudnn="9"
 COPY --from=builder /opt/venv /opt/venv
 COPY configs /opt/hpc-trainer/configs
 COPY slurm /opt/hpc-trainer/slurm
 ENV PATH=/opt/venv/bin:$PATH \
+    HPC_TRAINER_BASE_IMAGE=${BASE_IMAGE} \
     PYTHONUNBUFFERED=1 \
     TORCH_NCCL_ASYNC_ERROR_HANDLING=1 \
     NCCL_DEBUG=WARN
-RUN useradd --create-home --uid "${UID}" --shell /bin/bash trainer
+# /work belongs to the user: `runs/` is writable there without a mounted volume (WORKDIR alone makes
+# it root's under some builders)
+RUN useradd --create-home --uid "${UID}" --shell /bin/bash trainer \
+ && install -d -o "${UID}" -g "${UID}" /work
 USER ${UID}
 WORKDIR /work
 HEALTHCHECK NONE

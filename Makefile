@@ -8,7 +8,7 @@ BENCH_ARGS    ?=
 BENCH_SLURM   ?= 1
 # the local cluster's directory: fresh and private at each start (hpc/cluster/where.sh); HPC_CLUSTER_DIR picks one
 
-.PHONY: setup demo bench bench-recipes faults-report test test-fast lint ruff lock image sif slurm-install slurm-up slurm-down slurm-env clean help
+.PHONY: setup demo bench bench-recipes faults-report test test-image test-fast lint ruff lock image sif slurm-install slurm-up slurm-down slurm-env clean help
 
 help:
 	@echo "make setup        virtual environment in $(VENV) (torch==$(TORCH_VERSION), CPU build where available)"
@@ -62,10 +62,19 @@ faults-report: setup slurm-install
 	$(BIN)/python -m bench.faults bench/results/faults.jsonl
 
 test: setup slurm-install ruff
-	$(BIN)/python -m pytest -rs --durations=10 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -rs --durations=10 -m "not image" $(PYTEST_ARGS)
+
+# the real Dockerfile built on a local stand-in of its pinned base (docker/standin/build.sh: Debian packages +
+# Python 3.11 + the pinned torch CPU wheel; no registry is reachable here), then run with podman + runc:
+# doctor, 2-rank DDP with SIGTERM and a bitwise resume, an sbatch job in the image on 2 nodes (tests marked image)
+test-image: setup slurm-install
+	@command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap >/dev/null; }
+	PYTHON=$(BIN)/python bash docker/standin/build.sh
+	$(BIN)/python -m pytest -rs --durations=5 -m image tests/container $(PYTEST_ARGS)
 
 test-fast: setup
-	$(BIN)/python -m pytest -rs -m "not slurm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -rs -m "not slurm and not image" $(PYTEST_ARGS)
 
 # the Python linter (pinned in the test extra, settings in pyproject.toml); part of `make test`
 ruff: setup

@@ -2,6 +2,9 @@
 # Sourced by every slurm/*.sbatch script: the one place for the job environment.
 # Knobs (environment variables, all optional):
 #   IMAGE=trainer.sif   run every task in `apptainer exec --nv IMAGE` (else plain $PYTHON)
+#   CONTAINER_ENGINE=podman   with IMAGE=REF (e.g. localhost/hpc-trainer:test): every task in `podman run`
+#                       (host network, SLURM_*/NCCL_*/TORCH_* passed in, submit dir and TRAINER_HOME mounted;
+#                       as yourself via --userns=keep-id, as the image's user uid 1000 when submitted by root)
 #   CONFIG=FILE         YAML config (each script has a default)
 #   EXTRA="k=v k2=v2"   key=value overrides appended to the trainer command (no spaces inside a value)
 #   PYTHON=python3      interpreter when IMAGE is not set (default: TRAINER_HOME/.venv/bin/python if
@@ -31,7 +34,7 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 # ---------------------------------------------------------------- knobs
 # Knobs come from the submitting shell: a newline would cut EXTRA short (read takes one line) and a
 # control character in a path is never what was meant. Values are otherwise used literally (quoted).
-for knob in IMAGE CONFIG EXTRA PYTHON RUN_DIR TRAINER_HOME DATA PER_TASK_LOGS; do
+for knob in IMAGE CONTAINER_ENGINE CONFIG EXTRA PYTHON RUN_DIR TRAINER_HOME DATA PER_TASK_LOGS; do
   if [[ "${!knob:-}" =~ [[:cntrl:]] ]]; then
     echo "common.sh: $knob holds a control character (newline, tab, ...): refused; value: $(printf '%q' "${!knob}")" >&2
     exit 2
@@ -46,7 +49,25 @@ export TRAINER_HOME RUN_DIR
 
 # ---------------------------------------------------------------- container wrapper
 # shellcheck disable=SC2034  # LAUNCH and EXTRA_ARGS are used by the sbatch scripts
-if [ -n "${IMAGE:-}" ]; then
+if [ "${CONTAINER_ENGINE:-apptainer}" = podman ]; then
+  if [ -z "${IMAGE:-}" ] || ! podman image exists "$IMAGE"; then
+    echo "common.sh: CONTAINER_ENGINE=podman: image '${IMAGE:-}' is not in podman's store (make test-image builds localhost/hpc-trainer:test)" >&2
+    exit 2
+  fi
+  PODMAN_USER=(--userns=keep-id)            # rootless podman: files in the run dir stay yours
+  if [ "$(id -u)" = 0 ]; then PODMAN_USER=(); fi   # never root inside: the image's own user (uid 1000)
+  PODMAN_MOUNTS=(-v "$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR")
+  if [ "$TRAINER_HOME" != "$SLURM_SUBMIT_DIR" ]; then PODMAN_MOUNTS+=(-v "$TRAINER_HOME:$TRAINER_HOME:ro"); fi
+  if [ "${RUN_DIR#"$SLURM_SUBMIT_DIR"/}" = "$RUN_DIR" ]; then PODMAN_MOUNTS+=(-v "$RUN_DIR:$RUN_DIR"); fi
+  # --network host: the rendezvous port and MASTER_ADDR are the node's; srun's signals reach the trainer
+  # through podman's signal proxy
+  LAUNCH=(podman run --rm --network host --ipc host "${PODMAN_USER[@]}" "${PODMAN_MOUNTS[@]}" -w "$SLURM_SUBMIT_DIR"
+          --env 'SLURM_*' --env 'NCCL_*' --env 'TORCH_*' --env OMP_NUM_THREADS --env SRUN_CPUS_PER_TASK
+          --env 'MASTER_*' "$IMAGE" python)
+elif [ "${CONTAINER_ENGINE:-apptainer}" != apptainer ]; then
+  echo "common.sh: CONTAINER_ENGINE=$CONTAINER_ENGINE: expected apptainer (the default, with IMAGE=FILE.sif) or podman" >&2
+  exit 2
+elif [ -n "${IMAGE:-}" ]; then
   if [ ! -f "$IMAGE" ]; then
     echo "common.sh: IMAGE=$IMAGE: no such file (build it with: make sif)" >&2
     exit 2

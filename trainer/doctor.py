@@ -26,7 +26,7 @@ SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLUR
 
 
 def versions() -> dict[str, str | None]:
-    """Python, torch, CUDA, cuDNN and NCCL versions."""
+    """Python, torch, CUDA, cuDNN and NCCL versions (and, inside the image, its base)."""
     nccl = None
     if torch.cuda.is_available():
         try:
@@ -34,8 +34,11 @@ def versions() -> dict[str, str | None]:
         except Exception:  # NCCL missing from this build
             nccl = None
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    return dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
-                cudnn=str(cudnn) if cudnn else None, nccl=nccl, cuda_available=str(torch.cuda.is_available()))
+    facts = dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
+                 cudnn=str(cudnn) if cudnn else None, nccl=nccl, cuda_available=str(torch.cuda.is_available()))
+    if os.environ.get("HPC_TRAINER_BASE_IMAGE"):       # inside the image: the base it was built on
+        facts["image_base"] = os.environ["HPC_TRAINER_BASE_IMAGE"]
+    return facts
 
 
 def rank_facts(env, info) -> dict:

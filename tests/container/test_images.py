@@ -63,7 +63,8 @@ def test_versions_agree_with_the_makefile_pyproject_and_labels():
     for key, value in (("torch", base["torch"]), ("cuda", base["cuda"]), ("cudnn", base["cudnn"])):
         assert f'io.hpc-trainer.{key}="{value}"' in DOCKERFILE
         assert re.search(rf"^\s+io\.hpc-trainer\.{key} {re.escape(value)}$", DEF, re.M)
-    assert f'org.opencontainers.image.base.name="{name}"' in DOCKERFILE
+    # the label names the base the image was really built from: the pinned one unless --build-arg BASE_IMAGE
+    assert 'org.opencontainers.image.base.name="${BASE_IMAGE}"' in DOCKERFILE and name in DOCKERFILE
     assert re.search(rf"^\s+org\.opencontainers\.image\.base\.name {re.escape(name)}$", DEF, re.M)
 
 
@@ -130,3 +131,13 @@ def test_apptainer_sections():
     assert re.search(r"^%runscript\n\s+exec python -m trainer \"\$@\"$", DEF, re.M)
     assert re.search(r"^%test\n\s+python -m trainer doctor$", DEF, re.M)
     assert re.search(r"^\s+export PATH=/opt/venv/bin:\$PATH$", DEF, re.M)
+
+
+def test_both_recipes_give_the_venv_its_own_torchrun():
+    """Seen when the image was first built: the base's torchrun started its workers with the base's python,
+    which has no trainer ("No module named trainer"); the venv's torchrun comes first on PATH."""
+    script = r"printf '#!/opt/venv/bin/python\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n'"
+    for text in (DOCKERFILE, DEF):
+        assert script in text and "/opt/venv/bin/torchrun" in text and "chmod 755 /opt/venv/bin/torchrun" in text
+    assert re.search(r"^ENV PATH=/opt/venv/bin:\$PATH", DOCKERFILE, re.M)
+    assert "export PATH=/opt/venv/bin:$PATH" in DEF

@@ -28,7 +28,7 @@ class RunDirLock:
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / LOCK_NAME
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        check_writable(Path(run_dir))
         self.created = not self.path.exists()
         self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -58,6 +58,26 @@ class RunDirLock:
                 self.path.unlink(missing_ok=True)
             os.close(self.fd)
             self.fd = None
+
+
+def check_writable(run_dir: Path) -> None:
+    """Create the run directory, or say clearly why this user cannot (a container's non-root user and a
+    mounted directory owned by someone else, most often)."""
+    target = run_dir
+    while not target.exists() and target.parent != target:
+        target = target.parent
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except PermissionError:
+        st = target.stat()
+        raise ckpt_io.CheckpointError(
+            f"run directory {run_dir} is not writable by this user (uid {os.getuid()}): {target} belongs to "
+            f"uid {st.st_uid}, mode {st.st_mode & 0o777:o}.\nHINT: in a container the image's user is uid 1000: "
+            f"mount a directory it can write (chown 1000 DIR), run as yourself (docker/podman --user "
+            f"$(id -u):$(id -g), apptainer does so already), or pick another --run-dir.") from None
 
 
 def holder_text(info: DistInfo) -> str:
