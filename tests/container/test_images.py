@@ -141,3 +141,16 @@ def test_both_recipes_give_the_venv_its_own_torchrun():
         assert script in text and "/opt/venv/bin/torchrun" in text and "chmod 755 /opt/venv/bin/torchrun" in text
     assert re.search(r"^ENV PATH=/opt/venv/bin:\$PATH", DOCKERFILE, re.M)
     assert "export PATH=/opt/venv/bin:$PATH" in DEF
+
+
+def test_the_lock_resolves_for_the_stand_in_python_and_the_stand_in_pins_the_makefiles_torch():
+    """make test-image builds on Debian bookworm's Python 3.11 with the Makefile's torch (build.sh reads it):
+    every locked package has a version for that Python, so the --require-hashes install is complete there."""
+    from packaging.markers import Marker
+    env = dict(python_full_version="3.11.2", python_version="3.11", sys_platform="linux", platform_system="Linux",
+               platform_machine="x86_64", implementation_name="cpython", os_name="posix")
+    for name, entries in locked().items():
+        assert any(not marker or Marker(marker).evaluate(env) for _, marker, _ in entries), name
+    build = (REPO / "docker" / "standin" / "build.sh").read_text()
+    assert "TORCH_VERSION=${TORCH_VERSION:-$(sed -n 's/^TORCH_VERSION *?= *//p' \"$ROOT/Makefile\")}" in build
+    assert "--include=python3,python3-venv" in build and "bookworm" in build and "*+cpu-cp311-*" in build
