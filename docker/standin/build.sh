@@ -52,10 +52,19 @@ stand_in() {         # + the pinned torch CPU wheel and the build host's CA bund
   rm -rf "$ctx"
 }
 
+replace() {          # build with "$@", then drop the image the tag named before (if nothing else uses it)
+  local tag=$1 old; shift
+  old=$(podman image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
+  "$@"
+  if [ -n "$old" ] && [ "$old" != "$(podman image inspect --format '{{.Id}}' "$tag")" ]; then
+    podman rmi "$old" > /dev/null 2>&1 || true
+  fi
+}
+
 if [ -z "${BASE_IMAGE:-}" ]; then
   BASE_IMAGE=$STANDIN
-  if [ -n "${REBUILD:-}" ] || ! podman image exists "$OS_IMAGE"; then stand_in_os; fi
-  if [ -n "${REBUILD:-}" ] || ! podman image exists "$STANDIN"; then stand_in; fi
+  if [ -n "${REBUILD:-}" ] || ! podman image exists "$OS_IMAGE"; then replace "$OS_IMAGE" stand_in_os; fi
+  if [ -n "${REBUILD:-}" ] || ! podman image exists "$STANDIN"; then replace "$STANDIN" stand_in; fi
 fi
 if ! podman image exists "$BASE_IMAGE"; then
   say "base image $BASE_IMAGE is not in podman's image store and no registry can be reached here."
@@ -63,4 +72,5 @@ if ! podman image exists "$BASE_IMAGE"; then
   exit 2
 fi
 say "Dockerfile on $BASE_IMAGE -> $IMAGE"
-podman build --network host --build-arg BASE_IMAGE="$BASE_IMAGE" -t "$IMAGE" "$ROOT"
+# each rebuild would otherwise leave the last image (1.7 GB) behind, untagged
+replace "$IMAGE" podman build --network host --build-arg BASE_IMAGE="$BASE_IMAGE" -t "$IMAGE" "$ROOT"
