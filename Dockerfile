@@ -9,7 +9,11 @@
 ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.6-cudnn9-runtime@sha256:6acf597eeb8e376a96580dde4952f37cc017fef732bb40bfc73f28f25e3f64b4
 
 FROM ${BASE_IMAGE} AS builder
+# the base's Python minor version: the stand-in of make test-image has the same; checked, not assumed
+ARG PYTHON_MINOR=3.11
 WORKDIR /src
+RUN python -c "import sys; v = '%d.%d' % sys.version_info[:2]; \
+sys.exit(0 if v == '${PYTHON_MINOR}' else f'base image has Python {v}, this Dockerfile expects ${PYTHON_MINOR}')"
 COPY docker/requirements.lock docker/requirements.lock
 # --system-site-packages: torch stays the base image's own build (CUDA-matched), not a PyPI wheel
 RUN python -m venv --system-site-packages /opt/venv \
@@ -32,7 +36,8 @@ ARG UID=1000
 LABEL org.opencontainers.image.title="hpc-trainer" \
       org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
-      io.hpc-trainer.torch="2.13.0" io.hpc-trainer.cuda="12.6" io.hpc-trainer.cudnn="9"
+      io.hpc-trainer.torch="2.13.0" io.hpc-trainer.cuda="12.6" io.hpc-trainer.cudnn="9" \
+      io.hpc-trainer.python="3.11"
 COPY --from=builder /opt/venv /opt/venv
 COPY configs /opt/hpc-trainer/configs
 COPY slurm /opt/hpc-trainer/slurm

@@ -67,6 +67,8 @@ def test_labels_record_the_pins_and_agree_with_the_makefile_and_the_dockerfile(i
     assert labels["io.hpc-trainer.torch"] == make_torch == base.group(1)
     assert (labels["io.hpc-trainer.cuda"], labels["io.hpc-trainer.cudnn"]) == (base.group(2), base.group(3))
     assert labels["org.opencontainers.image.base.name"].startswith("localhost/hpc-trainer-standin:")  # really built on
+    inside = podman("run", "--rm", image, "python", "-c", "import sys; print('%d.%d' % sys.version_info[:2])")
+    assert labels["io.hpc-trainer.python"] == inside.stdout.strip()
 
 
 def test_training_without_a_mounted_directory_writes_under_the_workdir(image):

@@ -158,3 +158,14 @@ def test_the_lock_resolves_for_the_stand_in_python_and_the_stand_in_pins_the_mak
     build = (REPO / "docker" / "standin" / "build.sh").read_text()
     assert "TORCH_VERSION=${TORCH_VERSION:-$(sed -n 's/^TORCH_VERSION *?= *//p' \"$ROOT/Makefile\")}" in build
     assert "--include=python3,python3-venv" in build and "bookworm" in build and "*+cpu-cp311-*" in build
+
+
+def test_the_python_minor_version_is_pinned_checked_and_labelled_alike():
+    """The base's Python could not be read here (no registry): the recipes check it at build time, label it,
+    and the stand-in of make test-image has the same."""
+    minor = re.search(r"^ARG PYTHON_MINOR=(\d+\.\d+)$", DOCKERFILE, re.M).group(1)
+    assert f'io.hpc-trainer.python="{minor}"' in DOCKERFILE
+    assert re.search(rf"^\s+io\.hpc-trainer\.python {re.escape(minor)}$", DEF, re.M)
+    assert f"sys.version_info[:2] == ({minor.replace('.', ', ')})" in DEF
+    build = (REPO / "docker" / "standin" / "build.sh").read_text()
+    assert f"--python-version {minor}" in build and f"cp{minor.replace('.', '')}" in build
