@@ -31,6 +31,15 @@ def torchrun(*args, agent=()):
 FORWARD_USR = ("--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2")
 
 
+def resume_bitwise(run_dir, step: int, reference) -> None:
+    """--resume auto under torchrun starts from the signal checkpoint and ends on the reference weights."""
+    resumed = subprocess.run(torchrun(*ARGS, "--run-dir", str(run_dir), "--resume", "auto"), cwd=REPO,
+                             env=clean_env(), capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"step-{step:08d}.pt" in resumed.stderr
+    assert_bitwise_equal(weights(run_dir), reference)
+
+
 def start_and_wait_for_a_checkpoint(cmd, run_dir, env=None):
     proc = subprocess.Popen(cmd, cwd=REPO, env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -57,11 +66,7 @@ def test_signal_to_ranks_and_their_workers_under_torchrun(tmp_path, reference, n
     stopped = re.search(rf"received {name}: checkpointing at epoch \d+ step (\d+)", err)
     assert stopped, err[-3000:]
     assert f"exitcode  : {128 + getattr(signal, name)}" in err          # torchrun's summary of the ranks
-    resumed = subprocess.run(torchrun(*ARGS, "--run-dir", str(run_dir), "--resume", "auto"), cwd=REPO,
-                             env=clean_env(), capture_output=True, text=True, timeout=240)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"step-{int(stopped.group(1)):08d}.pt" in resumed.stderr
-    assert_bitwise_equal(weights(run_dir), reference)
+    resume_bitwise(run_dir, int(stopped.group(1)), reference)
     record_fault(f"{name} to both ranks and their loader workers (torchrun, num_workers=2)",
                  exit_s=round(exit_s, 2), steps_lost=0, outcome="agreed checkpoint, bitwise resume")
 
@@ -85,11 +90,7 @@ def test_a_signal_to_the_torchrun_agent_alone_ends_in_a_checkpoint_and_a_bitwise
                         rf"workers {limit} s after", err)
     assert written and float(written.group(1)) < limit, err[-3000:]
     assert "exitcode  : -9" not in err                   # no worker needed torchrun's SIGKILL
-    resumed = subprocess.run(torchrun(*ARGS, "--run-dir", str(run_dir), "--resume", "auto"), cwd=REPO,
-                             env=clean_env(), capture_output=True, text=True, timeout=240)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"step-{int(stopped.group(1)):08d}.pt" in resumed.stderr
-    assert_bitwise_equal(weights(run_dir), reference)
+    resume_bitwise(run_dir, int(stopped.group(1)), reference)
     record_fault(f"{name} to the torchrun agent only (it forwards; shutdown limit {limit} s)",
                  exit_s=round(time.monotonic() - t0, 2), steps_lost=0, outcome="agreed checkpoint, bitwise resume")
 
