@@ -152,6 +152,10 @@ def test_length_buckets_compute_the_same_function(variant):
     assert torch.allclose(a, b, atol=1e-5)
     cand = torch.randint(1, 31, (10, 7), generator=g)
     assert torch.allclose(full.score(seq, time, cand), bucketed.score(seq, time, cand), atol=1e-4)
+    assert torch.allclose(full.score(seq, time), bucketed.score(seq, time), atol=1e-4)
+    pos, neg = seq.roll(-1, 1), torch.randint(1, 31, (10, 40, 3), generator=g)   # training logits, per bucket
+    for x, y in zip(full.train()(seq, time, pos, neg), bucketed.train()(seq, time, pos, neg)):
+        assert x.shape == y.shape and torch.allclose(x, y, atol=1e-4)
 
 
 def test_fast_dropout_has_the_right_rate_and_expectation():
@@ -165,3 +169,67 @@ def test_fast_dropout_has_the_right_rate_and_expectation():
     assert not torch.equal(a, b)                                     # fresh mask per call
     x = torch.randn(100)
     assert torch.equal(drop.eval()(x), x)
+
+
+def unrolled_sinkhorn(logits, iters):
+    m = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True))
+    for _ in range(iters):
+        m = m / m.sum(-1, keepdim=True)
+        m = m / m.sum(-2, keepdim=True)
+    return m
+
+
+def test_sinkhorn_gradient_is_that_of_the_converged_projection():
+    """The implicit backward equals autograd through 2000 unrolled iterations, and passes gradcheck."""
+    torch.manual_seed(6)
+    logits = (torch.randn(16, 4, 4, dtype=torch.float64) * 1.5).requires_grad_()
+    weights = torch.randn(16, 4, 4, dtype=torch.float64)
+    (reference,) = torch.autograd.grad((unrolled_sinkhorn(logits, 2000) * weights).sum(), logits)
+    out = sinkhorn(logits, 500, 1e-12)
+    (ours,) = torch.autograd.grad((out * weights).sum(), logits)
+    assert torch.allclose(out, unrolled_sinkhorn(logits, 2000).detach(), atol=1e-9)
+    assert torch.allclose(ours, reference, atol=1e-7)
+    assert torch.autograd.gradcheck(lambda x: sinkhorn(x, 500, 1e-12), (logits[:3].detach().requires_grad_(),))
+
+
+def test_sinkhorn_tolerance_stops_early_and_counts():
+    from trainer.recipes.sasrec.model import _Sinkhorn
+    torch.manual_seed(7)
+    logits = 0.3 * torch.randn(300, 4, 4)                   # mild maps converge in a few iterations
+    used = {}
+    for tol in (1e-3, 1e-5):
+        res = sinkhorn(logits, 20, tol)
+        used[tol] = _Sinkhorn.last_iterations
+        assert (res.sum(-1) - 1).abs().max() <= tol
+        assert torch.allclose(res.sum(-2), torch.ones(300, 4), atol=1e-6)
+    assert 1 <= used[1e-3] < used[1e-5] < 20
+    assert torch.allclose(sinkhorn(logits, 20, 0.0), unrolled_sinkhorn(logits, 20), atol=1e-6)
+    assert _Sinkhorn.last_iterations == 20                 # tol=0: the fixed count of the seed scripts
+
+
+def test_mhc_fused_ops_have_exact_gradients():
+    from trainer.recipes.sasrec.model import NormProj, StreamMix
+    torch.manual_seed(8)
+    x, w = torch.randn(6, 12, dtype=torch.float64), torch.randn(5, 12, dtype=torch.float64)
+    reference = torch.nn.functional.linear(torch.nn.functional.rms_norm(x, (12,), eps=1e-6), w)
+    assert torch.allclose(NormProj.apply(x, w, 1e-6), reference)
+    assert torch.autograd.gradcheck(lambda a, b: NormProj.apply(a, b, 1e-6),
+                                    (x.requires_grad_(), w.requires_grad_()))
+    args = [torch.rand(6, 4, 4), torch.randn(6, 4, 3), torch.rand(6, 4), torch.randn(6, 3)]
+    args = [a.double().requires_grad_() for a in args]
+    res, streams, post, y = args
+    assert torch.allclose(StreamMix.apply(*args), torch.einsum("nkj,njd->nkd", res, streams)
+                          + post.unsqueeze(-1) * y.unsqueeze(1))
+    assert torch.autograd.gradcheck(StreamMix.apply, args)
+
+
+def test_mhc_maps_without_fp32_stay_doubly_stochastic_in_bf16():
+    torch.manual_seed(2)                                   # the maps of the fp32 test above
+    maps = MHCMaps(4, 16, SeqRecConfig(mhc_gate_init=1.0, mhc_fp32=False))
+    with torch.no_grad():
+        maps.b_res.zero_()
+        maps.proj.weight.normal_(std=0.2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, _, res = maps(torch.randn(2, 5, 4, 16))
+    assert torch.allclose(res.float().sum(-1), torch.ones(2, 5, 4), atol=1e-3)
+    assert torch.allclose(res.float().sum(-2), torch.ones(2, 5, 4), atol=1e-3)

@@ -53,6 +53,8 @@ def test_two_rank_ddp_beats_popularity(trained):
     assert test["full_ndcg@10"] > 0 and test["full_recall@20"] >= test["full_recall@10"]
     ckpt = torch.load(trained / "checkpoints" / "best.pt", weights_only=True)
     assert ckpt["state"]["best"] == max(r["ndcg@10"] for r in rows(trained, "val"))
+    iters = [r["mhc_sinkhorn_iters"] for r in rows(trained, "train") if "mhc_sinkhorn_iters" in r]
+    assert len(iters) == 20 and all(1 <= k <= 20 for k in iters)    # measured each epoch, within the cap
 
 
 def test_sharded_evaluation_equals_single_process(trained, tmp_path):

@@ -33,6 +33,7 @@ class SeqRecConfig:
 
     bounds: ClassVar[dict[str, Bound]] = dict(width=POSITIVE, depth=POSITIVE, heads=POSITIVE, dropout=FRACTION,
                                               time_span=POSITIVE, mhc_streams=POSITIVE, mhc_sinkhorn_iters=POSITIVE,
+                                              mhc_sinkhorn_tol=Bound(0, zero="fixed count"),
                                               length_buckets=POSITIVE)
 
     width: int = 50                            # item embedding / transformer width
@@ -44,7 +45,8 @@ class SeqRecConfig:
     time_span: int = 256                       # intervals are clipped at this many (rescaled) units
     mhc: bool = True                           # manifold-constrained hyper-connections
     mhc_streams: int = 4
-    mhc_sinkhorn_iters: int = 20
+    mhc_sinkhorn_iters: int = 20               # at most; fewer once rows sum to 1 within the tolerance
+    mhc_sinkhorn_tol: float = 1e-4             # 0: always mhc_sinkhorn_iters
     mhc_gate_init: float = 0.01
     mhc_fp32: bool = True                      # mHC maps in fp32 under AMP (the seed's --mhc_no_amp)
     grad_checkpoint: bool = False

@@ -15,13 +15,56 @@ from torch.utils.checkpoint import checkpoint
 from trainer.recipes.sasrec.config import SeqRecConfig
 
 
-def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
-    """Doubly-stochastic projection of exp(logits) over the last two dims (rows, then columns)."""
-    m = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True))
-    for _ in range(iters):
-        m = m / m.sum(-1, keepdim=True)
-        m = m / m.sum(-2, keepdim=True)
-    return m
+def sinkhorn(logits: torch.Tensor, iters: int, tol: float = 0.0) -> torch.Tensor:
+    """Doubly-stochastic projection of exp(logits) over the last two dims (rows, then columns), in fp32 or fp64.
+
+    At most `iters` iterations; with tol > 0 it stops once every row sums to 1 within tol (columns are exact
+    after each iteration). The gradient is that of the projection itself (implicit differentiation of
+    P = diag(u) exp(L) diag(v), one n x n solve per map) instead of backpropagation through every
+    iteration: the unrolled graph was 40 small autograd nodes per sub-layer and most of mHC's cost."""
+    return _Sinkhorn.apply(logits, iters, tol)
+
+
+def sinkhorn_iterations(m: torch.Tensor, iters: int, tol: float) -> int:
+    """Normalise m (n, n, maps) in place: rows are dim 1, columns dim 0. Maps last, because sums over a
+    dimension of 4 with the maps contiguous run ~8x faster than over the last dimension of (maps, 4, 4).
+    Returns the number of iterations run."""
+    for i in range(1, iters + 1):
+        rows = m.sum(1, keepdim=True)
+        if tol > 0 and i > 1 and float((rows - 1).abs().amax()) <= tol:
+            return i - 1
+        m.div_(rows)
+        m.div_(m.sum(0, keepdim=True))
+    return iters
+
+
+class _Sinkhorn(torch.autograd.Function):
+    last_iterations = 0                   # of the latest call (the recipe reports a running mean)
+
+    @staticmethod
+    def forward(ctx, logits, iters, tol):
+        with torch.no_grad():
+            shape = logits.shape
+            x = logits.to(torch.promote_types(logits.dtype, torch.float32)).reshape(-1, *shape[-2:]).permute(1, 2, 0)
+            m = torch.exp(x - x.amax(dim=(0, 1), keepdim=True)).contiguous()
+            _Sinkhorn.last_iterations = sinkhorn_iterations(m, iters, tol)
+            m = m.permute(2, 0, 1).contiguous().view(shape)
+        ctx.save_for_backward(m)
+        ctx.dtype = logits.dtype
+        return m
+
+    @staticmethod
+    def backward(ctx, grad):
+        # dL = P * (G - a 1^T - 1 b^T), with a, b making its row and column sums zero (the projection is
+        # invariant to adding row/column constants to L): (I - P^T P + 1 1^T) b = colsum(PG) - P^T rowsum(PG)
+        (p,) = ctx.saved_tensors
+        pg = p * grad.float()
+        rows, cols = pg.sum(-1, keepdim=True), pg.sum(-2).unsqueeze(-1)
+        n = p.shape[-1]
+        system = torch.eye(n, dtype=p.dtype, device=p.device) + 1.0 - p.mT @ p
+        b = torch.linalg.solve_ex(system, cols - p.mT @ rows, check_errors=False)[0]
+        a = rows - p @ b
+        return (pg - p * (a + b.mT)).to(ctx.dtype), None, None
 
 
 def keep_mask(x: torch.Tensor, p: float) -> tuple[torch.Tensor, float]:
@@ -133,7 +176,7 @@ class MHCMaps(nn.Module):
 
     def __init__(self, n: int, d: int, cfg: SeqRecConfig):
         super().__init__()
-        self.n, self.iters, self.fp32 = n, cfg.mhc_sinkhorn_iters, cfg.mhc_fp32
+        self.n, self.iters, self.tol, self.fp32 = n, cfg.mhc_sinkhorn_iters, cfg.mhc_sinkhorn_tol, cfg.mhc_fp32
         self.norm = nn.RMSNorm(n * d)
         self.proj = nn.Linear(n * d, 2 * n + n * n, bias=False)
         nn.init.normal_(self.proj.weight, std=0.02)
@@ -141,6 +184,7 @@ class MHCMaps(nn.Module):
         self.b_pre = nn.Parameter(torch.full((n,), math.log(1 / (n - 1)) if n > 1 else 10.0))  # H_pre = 1/n
         self.b_post = nn.Parameter(torch.zeros(n))                                             # H_post = 1
         self.b_res = nn.Parameter(torch.full((n, n), -4.0).fill_diagonal_(0.0))               # H_res ~ I
+        self.sinkhorn_calls = self.sinkhorn_iterations = 0                  # the recipe logs their mean
 
     def forward(self, x: torch.Tensor):
         if self.fp32 and torch.is_autocast_enabled(x.device.type):
@@ -150,11 +194,61 @@ class MHCMaps(nn.Module):
 
     def _maps(self, x: torch.Tensor):
         b, t, n, d = x.shape
-        z = self.proj(self.norm(x.reshape(b, t, n * d)))
+        flat = x.reshape(b * t, n * d)
+        # RMSNorm folded into the projection: (x r w) W^T = r (x (W w)^T), so the normalised copy of the
+        # n-times-wider stream is never written
+        eps = self.norm.eps if self.norm.eps is not None else torch.finfo(flat.dtype).eps
+        z = NormProj.apply(flat, self.proj.weight * self.norm.weight, eps).view(b, t, -1)
         pre = torch.sigmoid(self.alpha[0] * z[..., :n] + self.b_pre)
         post = 2 * torch.sigmoid(self.alpha[1] * z[..., n:2 * n] + self.b_post)
-        res = sinkhorn(self.alpha[2] * z[..., 2 * n:].view(b, t, n, n) + self.b_res, self.iters)
+        res = sinkhorn(self.alpha[2] * z[..., 2 * n:].view(b, t, n, n) + self.b_res, self.iters, self.tol)
+        self.sinkhorn_calls += 1
+        self.sinkhorn_iterations += _Sinkhorn.last_iterations
         return pre, post, res
+
+
+class StreamMix(torch.autograd.Function):
+    """H_res x + H_post^T y for (N, n, n) res, (N, n, D) streams x, (N, n) post and (N, D) y. The backward
+    is four batched matmuls: autograd's broadcast-multiply-then-sum wrote an n-times-wider temporary for
+    each of the post and y gradients."""
+
+    @staticmethod
+    def forward(ctx, res, x, post, y):
+        res, post, y = res.to(x.dtype), post.to(x.dtype), y.to(x.dtype)
+        ctx.save_for_backward(res, x, post, y)
+        with torch.autocast(x.device.type, enabled=False):    # the streams keep their dtype under AMP
+            return torch.bmm(res, x).addcmul_(post.unsqueeze(-1), y.unsqueeze(1))
+
+    @staticmethod
+    def backward(ctx, grad):
+        res, x, post, y = ctx.saved_tensors
+        grad = grad.to(x.dtype).contiguous()         # (bmm with a transposed batch of 4x4 maps was ~10x slower on CPU)
+        return (torch.bmm(grad, x.mT), torch.bmm(res.mT.contiguous(), grad),
+                torch.bmm(grad, y.unsqueeze(-1)).squeeze(-1), torch.bmm(post.unsqueeze(1), grad).squeeze(1))
+
+
+class NormProj(torch.autograd.Function):
+    """z = RMSNorm(x) W^T for (N, n*D) streams, as r (x W^T) with r = 1/rms(x): the normalised copy of the
+    wide stream is never written, and the backward is two matmuls and one in-place update instead of
+    autograd's eight wide element-wise passes."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        width, weight = x.shape[-1], weight.to(x.dtype)
+        with torch.autocast(x.device.type, enabled=False):    # mhc_fp32=false: the stream's own dtype
+            r = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(width).add_(eps))
+            a = x @ weight.t()
+        ctx.save_for_backward(x, weight, r, a)
+        return a * r
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, r, a = ctx.saved_tensors
+        grad = grad.to(x.dtype)
+        grad_a = grad * r
+        coef = (grad * a).sum(-1, keepdim=True) * r.pow(3) / -x.shape[-1]   # d r / d x = -r^3 x / width
+        grad_x = (grad_a @ weight).addcmul_(x, coef)
+        return grad_x, grad_a.t() @ x, None
 
 
 class Sublayer(nn.Module):
@@ -165,16 +259,20 @@ class Sublayer(nn.Module):
         self.fn, self.norm, self.pre_ln = fn, nn.LayerNorm(d, eps=1e-8), cfg.norm == "pre"
         self.maps = MHCMaps(cfg.mhc_streams, d, cfg) if cfg.mhc else None
 
-    def forward(self, x: torch.Tensor, **kw) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None, **kw) -> torch.Tensor:
+        """keep (mHC only): zeroes the sub-layer's output at padded positions, whose streams are zero on entry,
+        so they stay zero without a pass over the n-times-wider result."""
         if self.maps is None:
             if self.pre_ln:
                 return x + self.fn(self.norm(x), **kw)
             return self.norm(x + self.fn(x, **kw))
         pre, post, res = self.maps(x)                                    # x: (B, T, n, D) streams
+        b, t, n, d = x.shape
         h = (pre.unsqueeze(-1).to(x.dtype) * x).sum(2)
-        y = self.fn(self.norm(h), **kw)
-        mixed = torch.einsum("btkj,btjd->btkd", res.to(x.dtype), x)
-        return mixed + post.unsqueeze(-1).to(x.dtype) * y.unsqueeze(2)
+        y = self.fn(self.norm(h), **kw) * keep
+        out = StreamMix.apply(res.reshape(b * t, n, n), x.view(b * t, n, d), post.reshape(b * t, n),
+                              y.reshape(b * t, d))
+        return out.view(b, t, n, d)
 
 
 class Block(nn.Module):
@@ -184,8 +282,11 @@ class Block(nn.Module):
         super().__init__()
         self.attn = Sublayer(SelfAttention(d, cfg.heads, cfg.dropout, maxlen, cfg.time, cfg.time_span), d, cfg)
         self.ffn = Sublayer(FeedForward(d, cfg.dropout), d, cfg)
+        self.mhc = cfg.mhc
 
     def forward(self, x, keep, mask, rel, offset):
+        if self.mhc:                     # keep: (B, T, 1) applied inside each sub-layer, on its narrow output
+            return self.ffn(self.attn(x, keep, mask=mask, rel=rel, offset=offset), keep)
         x = self.attn(x, mask=mask, rel=rel, offset=offset)
         return self.ffn(x) * keep
 
@@ -227,24 +328,34 @@ class SeqRec(nn.Module):
             rel = (time.unsqueeze(2) - time.unsqueeze(1)).abs().clamp(max=self.cfg.time_span)
         return keep, mask, rel
 
-    def features(self, seq: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) representation of every prefix (zeros at padded positions). Rows are processed in
-        length buckets trimmed of their common left padding: padded keys are masked and positions keep
-        their full-length index, so the result is the same as one padded batch, at a fraction of the cost."""
-        buckets = self.cfg.length_buckets
+    def buckets(self, seq: torch.Tensor, time: torch.Tensor):
+        """(rows, cut, h) per length bucket: h (len(rows), T - cut, D) is the representation of positions
+        cut.. of those rows, trimmed of their common left padding. Padded keys are masked and positions keep
+        their full-length index, so h equals the slice of one padded batch, at a fraction of the cost."""
+        buckets, t = self.cfg.length_buckets, seq.shape[1]
         if buckets <= 1 or seq.shape[0] < 2 * buckets:
-            return self._features(seq, time, 0)
-        t = seq.shape[1]
+            yield None, 0, self._features(seq, time, 0)
+            return
         lengths = (seq != 0).sum(1)
-        order = torch.argsort(lengths, descending=True)
-        out = None
-        for rows in order.chunk(buckets):
+        for rows in torch.argsort(lengths, descending=True).chunk(buckets):
             cut = t - max(int(lengths[rows].max()), 1)
-            h = self._features(seq[rows, cut:], time[rows, cut:], cut)
-            if out is None:
-                out = h.new_zeros(seq.shape[0], t, h.shape[-1])
-            out = out.index_put((rows[:, None], torch.arange(cut, t, device=seq.device)[None, :]), h)
-        return out
+            yield rows, cut, self._features(seq[rows, cut:], time[rows, cut:], cut)
+
+    @staticmethod
+    def _assemble(parts, shape_of, like: torch.Tensor) -> torch.Tensor:
+        """One (B, T, ...) tensor from per-bucket (rows, cut, value) parts, zero where trimmed. Written once:
+        an index_put per bucket copied the whole (B, T, D) result each time (a third of SASRec's step)."""
+        parts = list(parts)
+        t = like.shape[1]
+        if parts[0][0] is None:
+            return parts[0][2].reshape(shape_of(t))
+        padded = [F.pad(v, (0, 0) * (v.dim() - 2) + (cut, 0)) if cut else v for _, cut, v in parts]
+        order = torch.cat([rows for rows, _, _ in parts])
+        return torch.cat(padded).index_select(0, torch.argsort(order)).view(shape_of(t))
+
+    def features(self, seq: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) representation of every prefix (zeros at padded positions)."""
+        return self._assemble(self.buckets(seq, time), lambda t: (seq.shape[0], t, -1), seq)
 
     def _features(self, seq: torch.Tensor, time: torch.Tensor, offset: int) -> torch.Tensor:
         keep, mask, rel = self._masks(seq, time)
@@ -255,7 +366,6 @@ class SeqRec(nn.Module):
         x = self.drop(x) * keep
         if self.cfg.mhc:
             x = x.unsqueeze(2).expand(-1, -1, self.cfg.mhc_streams, -1).contiguous()
-            keep = keep.unsqueeze(2)
         for block in self.blocks:
             if self.cfg.grad_checkpoint and self.training:
                 x = checkpoint(block, x, keep, mask, rel, offset, use_reentrant=False)
@@ -263,18 +373,24 @@ class SeqRec(nn.Module):
                 x = block(x, keep, mask, rel, offset)
         if self.cfg.mhc:
             x = x.mean(2)                                                # collapse the streams once, at the end
-        return self.last_norm(x) * (keep.squeeze(2) if self.cfg.mhc else keep)
+        return self.last_norm(x) * keep
 
     def forward(self, seq, time, pos, neg):
-        """Training logits: (B, T) for the next items and (B, T, K) for the sampled negatives."""
-        h = self.features(seq, time)
-        pos_logits = (h * self.item_emb(pos)).sum(-1)
-        neg_logits = torch.einsum("btd,btkd->btk", h, self.item_emb(neg))
-        return pos_logits, neg_logits
+        """Training logits: (B, T) for the next items and (B, T, K) for the sampled negatives. Computed per
+        length bucket on the trimmed positions; only the logits are put back at full length."""
+        def logits(rows, cut, h):
+            p, n = (pos, neg) if rows is None else (pos[rows, cut:], neg[rows, cut:])
+            # a multiply-and-sum: einsum made K=1 a batched matmul of B*T 1x1 products
+            return torch.cat([(h * self.item_emb(p)).sum(-1, keepdim=True),
+                              (h.unsqueeze(2) * self.item_emb(n)).sum(-1)], -1)
+        out = self._assemble(((r, c, logits(r, c, h)) for r, c, h in self.buckets(seq, time)),
+                             lambda t: (seq.shape[0], t, -1), seq)
+        return out[..., 0], out[..., 1:]
 
     def score(self, seq, time, items: torch.Tensor | None = None) -> torch.Tensor:
         """Scores of candidate items (B, C), or of every item (B, num_items + 1) when items is None."""
-        h = self.features(seq, time)[:, -1]
+        h = self._assemble(((r, 0, h[:, -1:]) for r, _, h in self.buckets(seq, time)),
+                           lambda t: (seq.shape[0], -1), seq)
         if items is None:
             return h @ self.item_emb.weight.t()
         return torch.einsum("bd,bcd->bc", h, self.item_emb(items))

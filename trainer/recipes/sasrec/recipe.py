@@ -8,9 +8,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trainer.distributed import runtime
 from trainer.engine.recipe import Recipe, unwrap
 from trainer.recipes.sasrec import data as D
-from trainer.recipes.sasrec.model import SeqRec
+from trainer.recipes.sasrec.model import MHCMaps, SeqRec
 
 KS = (5, 10, 20)
 
@@ -40,6 +41,18 @@ class SASRecRecipe(Recipe):
 
     def on_epoch_start(self, epoch, model):
         self.train_set.epoch = epoch          # negatives are drawn from (seed, epoch, user)
+        self.maps = [m for m in unwrap(model).modules() if isinstance(m, MHCMaps)]
+        for m in self.maps:
+            m.sinkhorn_calls = m.sinkhorn_iterations = 0
+
+    def epoch_metrics(self):
+        """mHC: the mean number of Sinkhorn iterations per map (at most model.mhc_sinkhorn_iters; fewer once
+        the rows are doubly stochastic within model.mhc_sinkhorn_tol), over every rank."""
+        if not getattr(self, "maps", None):
+            return {}
+        counts = torch.tensor([[m.sinkhorn_iterations, m.sinkhorn_calls] for m in self.maps], dtype=torch.float64)
+        counts = runtime.all_reduce(counts.sum(0).to(runtime.comm_device(self.dist)), self.dist).cpu().tolist()
+        return {"mhc_sinkhorn_iters": round(counts[0] / counts[1], 2)} if counts[1] else {}
 
     def batch_size_of(self, batch):
         return int(batch["seq"].shape[0])
