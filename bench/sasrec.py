@@ -26,9 +26,11 @@ REFERENCE = dict(name="pmixer/SASRec.pytorch", epoch_time_s=3.2, eval_time_s=3.0
                  test_hr10=0.684, best_test_ndcg10=0.423, best_test_hr10=0.706)
 VARIANTS = {
     "sasrec": ("configs/sasrec/ml-100k.yaml", []),
+    "sasrec_mhc": ("configs/sasrec/ml-100k.yaml", ["model.mhc=true"]),
     "tisasrec": ("configs/tisasrec/ml-100k.yaml", []),
     "tisasrec_mhc": ("configs/tisasrec/ml-100k.yaml", ["model.mhc=true"]),
 }
+MHC_BASE = {"sasrec_mhc": "sasrec", "tisasrec_mhc": "tisasrec"}
 
 
 def run_variant(name: str, data: str, epochs: int, out: Path, seed: int) -> dict:
@@ -40,6 +42,7 @@ def run_variant(name: str, data: str, epochs: int, out: Path, seed: int) -> dict
             "train.tensorboard=false", "train.log_every_steps=1000", *extra]
     rows, wall = run_trainer(args, run_dir, show=True)
     epochs_t = [r["epoch_time_s"] for r in rows if "epoch_time_s" in r]
+    sinkhorn = [r["mhc_sinkhorn_iters"] for r in rows if "mhc_sinkhorn_iters" in r]
     steady = epochs_t[1:] or epochs_t                        # the first epoch includes warm-up
     val = [r for r in rows if r["split"] == "val"]
     test = {r["checkpoint"]: r for r in rows if r["split"] == "test"}
@@ -51,6 +54,8 @@ def run_variant(name: str, data: str, epochs: int, out: Path, seed: int) -> dict
                 epoch_time_s=round(sum(steady) / len(steady), 3), epoch_times_s=epochs_t,
                 eval_time_s=round(sum(r["eval_time_s"] for r in val) / max(len(val), 1), 3),
                 users=val[-1]["users"] if val else 0,
+                **(dict(mhc_sinkhorn_iters_mean=round(sum(sinkhorn) / len(sinkhorn), 2),
+                        mhc_sinkhorn_iters_first_last=[sinkhorn[0], sinkhorn[-1]]) if sinkhorn else {}),
                 val_curve=[(r["epoch"] + 1, r["ndcg@10"], r["hr@10"]) for r in val],
                 test_final=dict(ndcg10=test["final"]["ndcg@10"], hr10=test["final"]["hr@10"]),
                 test_best=dict(ndcg10=test["best"]["ndcg@10"], hr10=test["best"]["hr@10"]),
@@ -69,7 +74,8 @@ def plot(results: list[dict], path: Path) -> None:
     ax1.set_xlabel("epoch"), ax1.set_ylabel("val NDCG@10 (sampled, 100 negatives)"), ax1.legend()
     names = [r["variant"] for r in results] + ["reference SASRec"]
     times = [r["epoch_time_s"] for r in results] + [REFERENCE["epoch_time_s"]]
-    ax2.bar(names, times, color=["C0", "C1", "C2"][: len(results)] + ["gray"])
+    ax2.bar(names, times, color=[f"C{i}" for i in range(len(results))] + ["gray"])
+    ax2.tick_params(axis="x", labelrotation=20)
     ax2.set_ylabel("seconds per training epoch (CPU)")
     for i, t in enumerate(times):
         ax2.text(i, t, f"{t:.2f}", ha="center", va="bottom")
@@ -82,7 +88,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "ml-100k"))
     p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--variants", default="sasrec,tisasrec,tisasrec_mhc")
+    p.add_argument("--variants", default="sasrec,sasrec_mhc,tisasrec,tisasrec_mhc")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = p.parse_args(argv)
@@ -95,7 +101,12 @@ def main(argv=None) -> int:
     import platform
 
     import torch
-    report = dict(recipe="sasrec", dataset="ml-100k", reference=REFERENCE, results=results,
+    by = {r["variant"]: r for r in results}
+    ratios = {f"{v}_vs_{b}": round(by[v]["epoch_time_s"] / by[b]["epoch_time_s"], 3)
+              for v, b in MHC_BASE.items() if v in by and b in by}
+    if "sasrec" in by:
+        ratios["sasrec_vs_reference"] = round(by["sasrec"]["epoch_time_s"] / REFERENCE["epoch_time_s"], 3)
+    report = dict(recipe="sasrec", dataset="ml-100k", reference=REFERENCE, results=results, epoch_time_ratios=ratios,
                   machine=dict(cpus=os.cpu_count(), python=platform.python_version(), torch=str(torch.__version__),
                                threads=os.environ.get("OMP_NUM_THREADS", "2")),
                   date=time.strftime("%Y-%m-%d %H:%M"))
@@ -107,6 +118,7 @@ def main(argv=None) -> int:
               f"{r['test_best']['ndcg10']:>14.4f}{r['test_best']['hr10']:>12.4f}")
     print(f"{'reference':<14}{REFERENCE['epoch_time_s']:>9.2f}{REFERENCE['eval_time_s']:>8.2f}"
           f"{REFERENCE['test_ndcg10']:>14.4f}{REFERENCE['test_hr10']:>12.4f}  (after 200 epochs)")
+    print("epoch-time ratios:", ratios)
     print(f"wrote {out / 'sasrec.json'} and {out / 'sasrec.png'}")
     return 0
 

@@ -67,15 +67,21 @@ class _Sinkhorn(torch.autograd.Function):
         return (pg - p * (a + b.mT)).to(ctx.dtype), None, None
 
 
-def keep_mask(x: torch.Tensor, p: float) -> tuple[torch.Tensor, float]:
+def keep_mask(x: torch.Tensor, p: float, scale: bool = True) -> tuple[torch.Tensor, float]:
     """Bernoulli(1-p) keep mask from four 15-bit fields of each random int64 word (random_ fills
     [0, 2^63), so the low 60 bits are uniform): a quarter of the RNG draws of torch.rand. p is
-    quantised to 1/32768; the returned keep-scale 1/(1-p) uses the quantised value."""
+    quantised to 1/32768; the keep-scale 1/(1-p) uses the quantised value. The mask is made in x's dtype
+    by integer arithmetic (field - threshold + 1 clamped to [0, 1]): a boolean mask cost a conversion at
+    every multiply, forward and backward (~7x the multiply itself on CPU). With scale=True the mask holds
+    0 or 1/(1-p) and the returned scale is 1."""
     n = x.numel()
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()
-    fields = words.view(torch.int16)[:n].bitwise_and(0x7FFF)
     threshold = round(p * 32768)
-    return fields.ge(threshold).view(x.shape), 32768 / (32768 - threshold)
+    fields = words.view(torch.int16)[:n].bitwise_and(0x7FFF).sub_(threshold - 1).clamp_(0, 1)
+    keep, factor = fields.to(x.dtype).view(x.shape), 32768 / (32768 - threshold)
+    if scale:
+        return keep.mul_(factor), 1.0
+    return keep, factor
 
 
 class Dropout(nn.Module):
@@ -89,14 +95,13 @@ class Dropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
-        keep, scale = keep_mask(x, self.p)
-        return x * keep * scale          # a bool multiply is ~2x faster than masked_fill on CPU
+        return x * keep_mask(x, self.p)[0]
 
     def unscaled(self, x: torch.Tensor) -> tuple[torch.Tensor, float]:
         """(x with dropped entries zeroed, scale still to apply): lets attention scale its smaller output."""
         if not self.training or self.p == 0:
             return x, 1.0
-        keep, scale = keep_mask(x, self.p)
+        keep, scale = keep_mask(x, self.p, scale=False)
         return x * keep, scale
 
 
