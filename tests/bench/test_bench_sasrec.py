@@ -1,4 +1,5 @@
-"""bench/sasrec.py smoke run (2 epochs, one variant): JSON and PNG written, no timing assertions."""
+"""bench/sasrec.py smoke run (2 epochs, SASRec and SASRec+mHC) and bench/sasrec_profile.py: JSON and PNG
+written, the ratios and the profile's parts consistent; no timing targets asserted."""
 import json
 import subprocess
 
@@ -13,13 +14,33 @@ def test_sasrec_bench_smoke(tmp_path):
         data = tmp_path / "synth"
         subprocess.run([PY, "-m", "trainer", "data", "synth", "sasrec", "--out", str(data), "--users", "120"],
                        check=True, cwd=REPO, env=clean_env())
-    proc = subprocess.run([PY, "bench/sasrec.py", "--data", str(data), "--epochs", "2", "--variants", "sasrec",
-                           "--out", str(tmp_path / "out")], cwd=REPO, env=clean_env(), capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run([PY, "bench/sasrec.py", "--data", str(data), "--epochs", "2", "--variants",
+                           "sasrec,sasrec_mhc", "--out", str(tmp_path / "out")], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "sasrec.json").read_text())
-    (result,) = report["results"]
+    result, mhc = report["results"]
     assert result["recipe"] == "sasrec" and result["epochs"] == 2 and len(result["epoch_times_s"]) == 2
     assert 0 <= result["test_best"]["ndcg10"] <= 1 and "full_ndcg@10" in result["test_best_full"]
+    assert mhc["variant"] == "sasrec_mhc" and 1 <= mhc["mhc_sinkhorn_iters_mean"] <= 20
+    ratios = report["epoch_time_ratios"]
+    assert ratios["sasrec_mhc_vs_sasrec"] == round(mhc["epoch_time_s"] / result["epoch_time_s"], 3)
+    assert ratios["sasrec_vs_reference"] == round(result["epoch_time_s"] / report["reference"]["epoch_time_s"], 3)
     assert (tmp_path / "out" / "sasrec.png").stat().st_size > 10_000
     assert "reference" in proc.stdout
+
+
+def test_sasrec_profile_parts_add_up(tmp_path):
+    args = [PY, "bench/sasrec_profile.py", "--epochs", "1", "--out", str(tmp_path)]
+    if not ML100K.exists():
+        args += ["--data", ""]                          # generated data of ml-100k's size
+    proc = subprocess.run(args, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "sasrec_profile.json").read_text())
+    parts = report["parts_s"]
+    assert set(parts) == {"data", "embedding", "attention", "ffn", "loss", "optimizer", "other"}
+    assert all(parts[k] > 0 for k in ("data", "embedding", "attention", "ffn", "loss", "optimizer"))
+    assert report["parts_share"]["other"] < 0.6          # the replays account for most of the epoch
+    assert 0 < report["limit_s"] < report["epoch_s"] and report["real_positions"] > 0
+    assert (tmp_path / "sasrec_profile.png").stat().st_size > 10_000
+    assert "estimated limit" in proc.stdout
