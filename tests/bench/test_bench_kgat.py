@@ -27,3 +27,25 @@ def test_kgat_bench_smoke(tmp_path):
     assert scale["preset"] == "tiny" and scale["users"] == 300 and scale["peak_rss_gib"] > 0
     assert (tmp_path / "out" / "kgat.png").stat().st_size > 10_000
     assert "reference" in proc.stdout and "scale tiny" in proc.stdout
+
+
+def test_kgat_scale_bench_smoke(tmp_path):
+    """bench/kgat_scale.py on the tiny preset at 1/2 and full size, 1 and 2 ranks: every phase timed, the work
+    units and memory figures consistent with the data's sizes, slopes fitted, the plot written."""
+    proc = subprocess.run([PY, "bench/kgat_scale.py", "--preset", "tiny", "--fractions", "0.5,1", "--cf-steps", "1",
+                           "--kg-steps", "1", "--eval-batch", "64", "--out", str(tmp_path)], cwd=REPO,
+                          env=clean_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "kgat_scale.json").read_text())
+    points = {(p["fraction"], p["world"]): p for p in report["points"]}
+    assert set(points) == {(0.5, 1), (0.5, 2), (1.0, 1), (1.0, 2)}
+    full, half = points[1.0, 1], points[0.5, 1]
+    assert (full["users"], full["items"], full["triples"]) == (300, 200, 2400) and half["users"] == 150
+    for p in report["points"]:
+        assert all(p["phase_s"][k] > 0 for k in ("cf", "kg", "attention", "eval")), p
+        assert p["work"]["eval"] == p["test_users"] * p["items"] and p["work"]["attention"] == p["edges"]
+        assert p["work"]["cf"] == p["cf_steps"] * p["edges"] and 0 <= p["recall20"] <= 1
+        assert p["eval_batch_scores_gib"] < p["dense_scores_gib"] and p["peak_rss_gib"] > 0
+    assert points[1.0, 2]["cf_steps"] < full["cf_steps"]                 # two ranks share the epoch's steps
+    assert set(report["slopes"]) == {f"{k}_w{w}" for k in ("cf", "kg", "attention", "eval") for w in (1, 2)}
+    assert (tmp_path / "kgat_scale.png").stat().st_size > 10_000

@@ -1,0 +1,232 @@
+"""How KGAT's cost grows to amazon-book's size: the CF phase, the KG phase, the attention refresh and the
+full-ranking evaluation of every test user, with peak memory, at 1/8, 1/4, 1/2 and the full size, at 1 and 2
+ranks (gloo). Writes bench/results/kgat_scale.{json,png}: a table and a log-log plot with fitted slopes.
+
+    python bench/kgat_scale.py                                  # amazon-book's sizes (~10 minutes on 2 cores)
+    python bench/kgat_scale.py --preset tiny --cf-steps 2       # seconds
+
+Each point is a fresh process (torchrun for 2 ranks) on generated data of the preset's statistics times the
+fraction (relations stay). A full epoch at amazon-book's size is ~30 minutes on this CPU, nearly all CF steps,
+so the phases are timed on their first steps and scaled to the epoch's step count (the steps of a phase are
+alike: the same propagation over the whole graph, a fixed batch): CF = mean step x CF steps, KG likewise;
+the attention refresh and the evaluation run in full. Work units for the slopes: CF = steps x graph edges
+(each step propagates over the whole graph), KG = triples (steps x batch), attention = graph edges,
+evaluation = test users x items (every user is ranked against every item, in batches).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+FRACTIONS = (0.125, 0.25, 0.5, 1.0)
+PHASES = ("cf", "kg", "attention", "eval")
+
+
+def stats_for(preset: str, fraction: float):
+    from trainer.recipes.kgat import build
+    s = build.PRESETS[preset]
+    scaled = {k: max(1, round(v * fraction)) for k, v in s.items() if k != "relations"}
+    return build.Stats(relations=s["relations"], **scaled)
+
+
+def worker(args) -> None:
+    """One measurement in this process (one rank of it under torchrun); rank 0 prints a JSON line."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from trainer.config import TrainConfig
+    from trainer.distributed.runtime import DistInfo, all_reduce
+    from trainer.recipes.kgat import build
+    from trainer.recipes.kgat import data as D
+    from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATLossConfig, KGATModelConfig
+    from trainer.recipes.kgat.recipe import KGATRecipe
+
+    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    if world > 1:
+        dist.init_process_group("gloo")
+    info = DistInfo(rank=rank, local_rank=rank, world_size=world, backend="gloo" if world > 1 else "none",
+                    local_world_size=world)
+    torch.manual_seed(args.seed)
+    t0 = time.perf_counter()
+    stats = stats_for(args.preset, args.fraction)
+    data = D.hold_out_validation(build.synthesize(stats, args.seed), 0.0, 2019)
+    recipe = KGATRecipe(KGATDataConfig(val_fraction=0.0), KGATModelConfig(), replace(TrainConfig(), batch_size=1024),
+                        info, KGATEvalConfig(), seed=args.seed, loss_cfg=KGATLossConfig())
+    import trainer.recipes.kgat.recipe as R
+    R.load_data = lambda cfg: data                   # the generated data above, not the config's
+    _, evals = recipe.build_datasets()
+    model = recipe.build_model()
+    wrapped = DDP(model, find_unused_parameters=True, broadcast_buffers=False) if world > 1 else model
+    optimizer = recipe.build_optimizer(wrapped, 1e-4)
+    setup_s = time.perf_counter() - t0
+    plan = recipe.epoch_batches(0)
+
+    def steps(indices) -> list[float]:
+        times = []
+        for i in indices:
+            t = time.perf_counter()
+            loss = recipe.training_step(wrapped, plan[i])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            times.append(time.perf_counter() - t)
+        return times
+
+    n_cf, n_kg = plan.n_cf_steps, plan.n_kg_steps
+    cf = steps(range(min(n_cf, args.cf_steps + 1)))[1:] or [0.0]            # the first step warms up
+    kg = steps(range(n_cf, n_cf + min(n_kg, args.kg_steps + 1)))[1:] or [0.0]
+    t = time.perf_counter()
+    recipe.on_epoch_end(0, wrapped)                                          # the attention refresh
+    attention_s = time.perf_counter() - t
+
+    users = evals["test"]
+    share = list(range(rank, len(users), world))                            # the engine's strided shards
+    t = time.perf_counter()
+    wrapped.eval()
+    recipe.on_evaluation_start(wrapped)
+    totals = None
+    with torch.no_grad():
+        for start in range(0, len(share), args.eval_batch):
+            idx = share[start:start + args.eval_batch]
+            batch = [torch.tensor([users[i][0] for i in idx]), torch.tensor([users[i][1] for i in idx])]
+            out = recipe.eval_step(wrapped, batch)
+            totals = out if totals is None else {k: totals[k] + v for k, v in out.items()}
+    totals = {k: all_reduce(v.double(), info) for k, v in totals.items()}
+    metrics = recipe.compute_metrics(totals)
+    recipe.on_evaluation_end()
+    eval_s = time.perf_counter() - t
+    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20], dtype=torch.float64)
+    peak = all_reduce(peak, info, op="max")
+    if rank == 0:
+        edges = len(recipe.ckg.heads)
+        print(json.dumps(dict(
+            fraction=args.fraction, world=world, users=data.n_users, items=data.n_items,
+            entities=data.n_entities, triples=len(data.kg), train_interactions=int(sum(map(len, data.train))),
+            test_users=len(users), edges=edges, cf_steps=n_cf, kg_steps=n_kg, cf_batch=recipe.cf_batch,
+            kg_batch=recipe.kg_batch, cf_steps_timed=len(cf), kg_steps_timed=len(kg),
+            cf_step_s=float(np.mean(cf)), kg_step_s=float(np.mean(kg)),
+            phase_s=dict(cf=float(np.mean(cf)) * n_cf, kg=float(np.mean(kg)) * n_kg, attention=attention_s,
+                         eval=eval_s),
+            work=dict(cf=n_cf * edges, kg=n_kg * recipe.kg_batch * world, attention=edges,
+                      eval=len(users) * data.n_items),
+            dense_scores_gib=len(users) * data.n_items * 4 / 2 ** 30,
+            eval_batch_scores_gib=args.eval_batch * data.n_items * 4 / 2 ** 30,
+            peak_rss_gib=float(peak), setup_s=setup_s, recall20=metrics.get("recall@20"))), flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def measure(fraction: float, world: int, args) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--fraction", str(fraction),
+           "--preset", args.preset, "--cf-steps", str(args.cf_steps), "--kg-steps", str(args.kg_steps),
+           "--eval-batch", str(args.eval_batch), "--seed", str(args.seed)]
+    if world > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", *cmd[1:]]
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, args.threads // world)),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])))
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of log(y) on log(x)."""
+    lx, ly = [math.log(x) for x in xs], [math.log(max(y, 1e-9)) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for world, marker in ((1, "o"), (2, "s")):
+        rows = [r for r in report["points"] if r["world"] == world]
+        for i, phase in enumerate(PHASES):
+            xs, ys = [r["work"][phase] for r in rows], [r["phase_s"][phase] for r in rows]
+            k = report["slopes"][f"{phase}_w{world}"]
+            axes[0].loglog(xs, ys, marker=marker, c=f"C{i}", ls="-" if world == 1 else "--",
+                           label=f"{phase}, {world} rank{'s' if world > 1 else ''} (slope {k:.2f})")
+        axes[1].plot([r["fraction"] for r in rows], [r["peak_rss_gib"] for r in rows], marker=marker,
+                     label=f"peak RSS per rank, {world} rank{'s' if world > 1 else ''}")
+    full = max(report["points"], key=lambda r: r["fraction"])
+    axes[1].axhline(full["dense_scores_gib"], c="gray", ls=":", label="one dense test-users x items matrix")
+    axes[0].set_xlabel("work (phase's units, see docstring)"), axes[0].set_ylabel("seconds per epoch")
+    axes[0].legend(fontsize=7)
+    axes[1].set_xlabel(f"fraction of {report['preset']}"), axes[1].set_ylabel("GiB"), axes[1].legend(fontsize=8)
+    fig.suptitle(f"KGAT at 1/8..1 of {report['preset']}'s size (generated data), CPU, gloo")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="amazon-book", choices=["amazon-book", "tiny"])
+    p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)))
+    p.add_argument("--worlds", default="1,2")
+    p.add_argument("--cf-steps", type=int, default=5, help="CF steps timed per point (after one warm-up)")
+    p.add_argument("--kg-steps", type=int, default=20, help="KG steps timed per point (after one warm-up)")
+    p.add_argument("--eval-batch", type=int, default=2048, help="test users scored at once, per rank")
+    p.add_argument("--threads", type=int, default=2, help="threads in all (divided among the ranks)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--fraction", type=float, default=1.0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    points = []
+    for fraction in map(float, args.fractions.split(",")):
+        for world in map(int, args.worlds.split(",")):
+            t0 = time.time()
+            r = measure(fraction, world, args)
+            points.append(r)
+            print(f"{fraction:>6} x {args.preset}, {world} rank(s): "
+                  + ", ".join(f"{k} {v:.2f} s" for k, v in r["phase_s"].items())
+                  + f", peak {r['peak_rss_gib']:.2f} GiB ({time.time() - t0:.0f} s)", flush=True)
+    slopes = {}
+    for world in map(int, args.worlds.split(",")):
+        rows = [r for r in points if r["world"] == world]
+        for phase in PHASES:
+            if len(rows) > 1:
+                slopes[f"{phase}_w{world}"] = round(slope([r["work"][phase] for r in rows],
+                                                          [r["phase_s"][phase] for r in rows]), 3)
+    full = max(points, key=lambda r: (r["fraction"], -r["world"]))
+    report = dict(preset=args.preset, points=points, slopes=slopes, cf_steps_timed=args.cf_steps,
+                  kg_steps_timed=args.kg_steps, eval_batch=args.eval_batch,
+                  full_epoch_plus_eval_s=round(sum(full["phase_s"].values()), 1),
+                  full_peak_rss_gib=round(full["peak_rss_gib"], 2),
+                  machine_memory_gib=round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30, 1),
+                  machine=dict(cpus=os.cpu_count(), python=platform.python_version()),
+                  date=time.strftime("%Y-%m-%d %H:%M"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kgat_scale.json").write_text(json.dumps(report, indent=1))
+    if len(points) > 1 and slopes:
+        plot(report, out / "kgat_scale.png")
+    print("slopes (log time / log work):", slopes)
+    print(f"wrote {out / 'kgat_scale.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
