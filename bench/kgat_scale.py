@@ -11,7 +11,8 @@ so the phases are timed on their first steps and scaled to the epoch's step coun
 alike: the same propagation over the whole graph, a fixed batch): CF = mean step x CF steps, KG likewise;
 the attention refresh and the evaluation run in full. Work units for the slopes: CF = steps x graph edges
 (each step propagates over the whole graph), KG = triples (steps x batch), attention = graph edges,
-evaluation = test users x items (every user is ranked against every item, in batches).
+evaluation = test users x items (every user is ranked against every item, in batches). The optimizer's share
+of each step is recorded too (Adam updates the whole embedding tables at every step, as the original does).
 """
 from __future__ import annotations
 
@@ -76,15 +77,20 @@ def worker(args) -> None:
     setup_s = time.perf_counter() - t0
     plan = recipe.epoch_batches(0)
 
+    optimizer_s = {"cf": [], "kg": []}
+
     def steps(indices) -> list[float]:
         times = []
         for i in indices:
+            batch = plan[i]
             t = time.perf_counter()
-            loss = recipe.training_step(wrapped, plan[i])
+            loss = recipe.training_step(wrapped, batch)
             loss.backward()
+            t_opt = time.perf_counter()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - t)
+            optimizer_s[batch["phase"]].append(time.perf_counter() - t_opt)
         return times
 
     n_cf, n_kg = plan.n_cf_steps, plan.n_kg_steps
@@ -120,6 +126,7 @@ def worker(args) -> None:
             test_users=len(users), edges=edges, cf_steps=n_cf, kg_steps=n_kg, cf_batch=recipe.cf_batch,
             kg_batch=recipe.kg_batch, cf_steps_timed=len(cf), kg_steps_timed=len(kg),
             cf_step_s=float(np.mean(cf)), kg_step_s=float(np.mean(kg)),
+            optimizer_step_s={k: float(np.mean(v[1:] or v or [0.0])) for k, v in optimizer_s.items()},
             phase_s=dict(cf=float(np.mean(cf)) * n_cf, kg=float(np.mean(kg)) * n_kg, attention=attention_s,
                          eval=eval_s),
             work=dict(cf=n_cf * edges, kg=n_kg * recipe.kg_batch * world, attention=edges,
@@ -160,6 +167,8 @@ def plot(report: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for world, marker in ((1, "o"), (2, "s")):
         rows = [r for r in report["points"] if r["world"] == world]
+        if len(rows) < 2:
+            continue
         for i, phase in enumerate(PHASES):
             xs, ys = [r["work"][phase] for r in rows], [r["phase_s"][phase] for r in rows]
             k = report["slopes"][f"{phase}_w{world}"]
