@@ -30,21 +30,13 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from trainer.recipes.sasrec import data as D  # noqa: E402
 from trainer.recipes.sasrec.config import SeqDataConfig, SeqRecConfig  # noqa: E402
 from trainer.recipes.sasrec.model import FeedForward, SelfAttention, SeqRec  # noqa: E402
+from trainer.recipes.sasrec.recipe import sequence_loss  # noqa: E402
 
 PARTS = ("data", "embedding", "attention", "ffn", "loss", "optimizer", "other")
-
-
-def bce(pos_logits, neg_logits, pos):
-    """The recipe's loss (SASRecRecipe.training_step, loss.kind=bce)."""
-    valid = (pos != 0).float()
-    count = valid.sum().clamp(min=1)
-    return (F.softplus(-pos_logits) * valid).sum() / count + \
-        (F.softplus(neg_logits) * valid.unsqueeze(-1)).sum() / (count * neg_logits.shape[-1])
 
 
 class Capture:
@@ -110,7 +102,7 @@ def epoch(model, opt, loader, batches_out=None) -> dict[str, float]:
             batches_out.append(b)
         pos_logits, neg_logits = model(b["seq"], b["time"], b["pos"], b["neg"])
         t2 = time.perf_counter()
-        loss = bce(pos_logits, neg_logits, b["pos"])
+        loss = sequence_loss(pos_logits, neg_logits, b["pos"])
         t3 = time.perf_counter()
         loss.backward()
         t4 = time.perf_counter()
@@ -152,7 +144,7 @@ def profile(args) -> dict:
     def loss_pass():
         t0 = time.perf_counter()
         for (p, n), b in zip(logits, batches):
-            bce(p.clone().requires_grad_(), n.clone().requires_grad_(), b["pos"]).backward()
+            sequence_loss(p.clone().requires_grad_(), n.clone().requires_grad_(), b["pos"]).backward()
         return time.perf_counter() - t0
 
     def optimizer_pass():

@@ -59,16 +59,7 @@ class SASRecRecipe(Recipe):
 
     def training_step(self, model, batch):
         pos_logits, neg_logits = model(batch["seq"], batch["time"], batch["pos"], batch["neg"])
-        valid = (batch["pos"] != 0).float()
-        count = valid.sum().clamp(min=1)
-        pos_logits, neg_logits = pos_logits.float(), neg_logits.float()
-        if self.loss_cfg.kind == "bce":      # mean over real positions (and their negatives)
-            pos_loss = (F.softplus(-pos_logits) * valid).sum() / count
-            neg_loss = (F.softplus(neg_logits) * valid.unsqueeze(-1)).sum() / (count * neg_logits.shape[-1])
-            loss = pos_loss + neg_loss
-        else:                                 # softmax over the positive and its sampled negatives
-            logits = torch.cat([pos_logits.unsqueeze(-1), neg_logits], -1)
-            loss = ((torch.logsumexp(logits, -1) - pos_logits) * valid).sum() / count
+        loss = sequence_loss(pos_logits, neg_logits, batch["pos"], self.loss_cfg.kind)
         if self.loss_cfg.l2_emb > 0:
             loss = loss + self.loss_cfg.l2_emb * unwrap(model).item_emb.weight.pow(2).sum()
         return loss
@@ -97,6 +88,21 @@ class SASRecRecipe(Recipe):
                 out[f"full_recall@{k}"] = out[f"full_hr@{k}"]
         out["users"] = int(totals["count"])
         return out
+
+
+def sequence_loss(pos_logits: torch.Tensor, neg_logits: torch.Tensor, pos: torch.Tensor,
+                  kind: str = "bce") -> torch.Tensor:
+    """The training loss over the real positions (pos != 0): BCE on the positive and its sampled negatives,
+    or a softmax over them (loss.kind=sampled_softmax)."""
+    valid = (pos != 0).float()
+    count = valid.sum().clamp(min=1)
+    pos_logits, neg_logits = pos_logits.float(), neg_logits.float()
+    if kind == "bce":      # mean over real positions (and their negatives)
+        pos_loss = (F.softplus(-pos_logits) * valid).sum() / count
+        neg_loss = (F.softplus(neg_logits) * valid.unsqueeze(-1)).sum() / (count * neg_logits.shape[-1])
+        return pos_loss + neg_loss
+    logits = torch.cat([pos_logits.unsqueeze(-1), neg_logits], -1)
+    return ((torch.logsumexp(logits, -1) - pos_logits) * valid).sum() / count
 
 
 def rank_stats(rank: torch.Tensor, ks, prefix: str) -> dict[str, torch.Tensor]:
