@@ -70,6 +70,11 @@ def test_sharded_evaluation_equals_single_process(trained, tmp_path):
         for key, value in one[split].items():
             if isinstance(value, float):
                 assert three[split][key] == pytest.approx(value, abs=1e-6), key   # loss: batch-size-dependent kernels
+    # the 2-rank run scored both shards with rank 0's BatchNorm statistics (sent before evaluating, not before
+    # every step), which final.pt holds: its logged test metrics are the single-process ones
+    logged = [r for r in read_metrics(trained, "test") if r.get("checkpoint") == "final"][-1]
+    assert logged["confusion_matrix"] == one["test"]["confusion_matrix"]
+    assert logged["loss"] == pytest.approx(one["test"]["loss"], abs=1e-6)
 
 
 def test_dp_without_cuda_falls_back_to_one_device_with_a_warning(tmp_path):

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from trainer.recipes.sasrec import model as M
 from trainer.recipes.sasrec.model import MHCMaps, SelfAttention, SeqRec, SeqRecConfig, sinkhorn
 from trainer.recipes.sasrec.recipe import rank_stats
 
@@ -63,6 +64,34 @@ def test_time_interval_attention_matches_slow_reference():
     fast = att(x, mask=mask, rel=rel)
     assert rel.max() == 6 and rel.min() == 0
     assert torch.allclose(fast, slow_time_attention(att, x, seq, time, 6), atol=1e-5)
+
+
+@pytest.mark.parametrize("time_aware", [False, True])
+def test_causal_query_blocks_compute_the_same_attention(time_aware, monkeypatch):
+    """Training-mode attention computed as two query blocks (the first half against the first half of the keys)
+    equals one block over all keys: outputs and gradients, with padded rows, SASRec and TiSASRec."""
+    assert M.causal_blocks(100) == [(0, 50), (50, 100)] and M.causal_blocks(63) == [(0, 63)]
+    torch.manual_seed(3)
+    t = 70
+    cfg = SeqRecConfig(width=8, heads=2, time=time_aware, mhc=False, time_span=9, dropout=0.0)
+    model = SeqRec(cfg, num_items=40, maxlen=t).train()
+    lengths = torch.tensor([70, 41, 5])
+    seq = torch.where(torch.arange(t) >= t - lengths[:, None], torch.randint(1, 41, (3, t)), 0)
+    time = torch.cumsum(torch.randint(0, 4, (3, t)), 1) * (seq != 0)
+    keep, mask, rel = model._masks(seq, time)
+    att = model.blocks[0].attn.fn
+    att.attn_drop.p = 1e-9                      # the explicit (training) path, with nothing dropped
+    x = torch.randn(3, t, 8, requires_grad=True)
+
+    def run(blocks):
+        monkeypatch.setattr(M, "causal_blocks", blocks)
+        out = att(x, mask=mask, rel=rel) * keep
+        return (out, *torch.autograd.grad(out.square().sum(), [x, *att.parameters()], allow_unused=True))
+
+    split, whole = run(M.causal_blocks), run(lambda n: [(0, n)])
+    for a, b in zip(split, whole):
+        if a is not None:
+            assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
 
 
 @pytest.mark.parametrize("amp", [None, torch.bfloat16])
@@ -169,6 +198,7 @@ def test_fast_dropout_has_the_right_rate_and_expectation():
     assert not torch.equal(a, b)                                     # fresh mask per call
     x = torch.randn(100)
     assert torch.equal(drop.eval()(x), x)
+    assert torch.equal(Dropout(1e-9).train()(torch.ones(1_000_000)), torch.ones(1_000_000))   # nothing dropped
 
 
 def unrolled_sinkhorn(logits, iters):

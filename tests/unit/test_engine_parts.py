@@ -72,6 +72,33 @@ def test_single_rank_order_matches_union_of_ranks():
     assert set(list(one)[:8]) == set(list(r0)[:4] + list(r1)[:4])
 
 
+def test_cost_dealing_balances_ranks_and_keeps_the_global_batches():
+    """With per-sample costs, each global batch is the same set as plain striding gives, but dealt by cost:
+    the ranks' summed costs per step differ by at most one sample's cost, where plain striding is lopsided."""
+    n, world, batch = 50, 2, 5
+    costs = [(7 * i) % 50 + 1 for i in range(n)]
+    plain = [list(ResumableSampler(n, r, world, True, 3)) for r in range(world)]
+    dealt = [ResumableSampler(n, r, world, True, 3, costs=costs, batch_size=batch) for r in range(world)]
+    for s in dealt:
+        s.set_epoch(0)
+    shards = [list(s) for s in dealt]
+    gaps_plain, gaps_dealt = [], []
+    for step in range(n // (world * batch)):
+        cut = slice(step * batch, (step + 1) * batch)
+        assert set(shards[0][cut] + shards[1][cut]) == set(plain[0][cut] + plain[1][cut])
+        per_rank = [sum(costs[i] for i in shard[cut]) for shard in shards]
+        assert abs(per_rank[0] - per_rank[1]) <= max(costs)
+        gaps_dealt.append(abs(per_rank[0] - per_rank[1]))
+        gaps_plain.append(abs(sum(costs[i] for i in plain[0][cut]) - sum(costs[i] for i in plain[1][cut])))
+    assert sum(gaps_dealt) < sum(gaps_plain)
+    dealt[1].set_epoch(0, start=3)                                   # resuming mid-epoch: the same tail
+    assert list(dealt[1]) == shards[1][3:]
+    assert list(ResumableSampler(n, 0, 1, True, 3, costs=costs, batch_size=batch)) == \
+        list(ResumableSampler(n, 0, 1, True, 3))                     # one rank: nothing to balance
+    with pytest.raises(ValueError, match="3 sample costs for a dataset of 50"):
+        ResumableSampler(n, 0, 2, True, 3, costs=[1, 2, 3], batch_size=batch)
+
+
 def test_shard_sampler_covers_each_sample_once():
     shards = [list(ShardSampler(10, r, 4)) for r in range(4)]
     assert sorted(sum(shards, [])) == list(range(10)) and [len(s) for s in shards] == [3, 3, 2, 2]

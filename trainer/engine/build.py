@@ -136,7 +136,8 @@ def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
     run.accum = max(tc.grad_accum_steps, 1)
     if tc.measure_sync and isinstance(run.wrapped, DDP):
         run.sync_timer = syncwait.attach(run.wrapped)
-    run.sampler = ResumableSampler(len(run.train_set), info.rank, info.world_size, True, cfg.seed)
+    run.sampler = ResumableSampler(len(run.train_set), info.rank, info.world_size, True, cfg.seed,
+                                   recipe.sample_costs(), run.batch_size)
     plan = recipe.epoch_batches(0)
     run.micro_per_epoch = len(plan) if plan is not None else math.ceil(run.sampler.per_rank / run.batch_size)
     run.steps_per_epoch = math.ceil(run.micro_per_epoch / run.accum)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import signal
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -11,12 +11,22 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 class ResumableSampler(Sampler[int]):
     """DistributedSampler semantics (shuffle by seed+epoch, pad to a multiple of the world, stride by
-    rank) plus a start offset, so a resumed run continues from the same sample."""
+    rank) plus a start offset, so a resumed run continues from the same sample.
 
-    def __init__(self, size: int, rank: int = 0, world_size: int = 1, shuffle: bool = True, seed: int = 0):
+    With `costs` (a per-sample work estimate, e.g. a sequence length) and `batch_size`, each global batch
+    (the world's batch_size x world consecutive samples of the permutation, the same set the plain striding
+    gives) is dealt to the ranks in order of cost, so every rank gets a like share of long and short samples:
+    DDP steps at the pace of the slowest rank, and a rank drawing the longer sequences kept the other waiting.
+    The global batches, and so the averaged gradient, are the same sets as without costs."""
+
+    def __init__(self, size: int, rank: int = 0, world_size: int = 1, shuffle: bool = True, seed: int = 0,
+                 costs: Sequence[float] | None = None, batch_size: int = 0):
         if size <= 0:
             raise ValueError("cannot sample from an empty dataset")
+        if costs is not None and len(costs) != size:
+            raise ValueError(f"{len(costs)} sample costs for a dataset of {size} samples")
         self.size, self.rank, self.world, self.shuffle, self.seed = size, rank, world_size, shuffle, seed
+        self.costs, self.batch_size = costs, batch_size
         self.epoch, self.start = 0, 0
         self.per_rank = math.ceil(size / world_size)
 
@@ -32,7 +42,14 @@ class ResumableSampler(Sampler[int]):
             order = list(range(self.size))
         total = self.per_rank * self.world
         order += (order * math.ceil(total / len(order)))[: total - len(order)]
-        return order[self.rank:total:self.world]
+        if self.costs is None or self.world == 1 or self.batch_size <= 0:
+            return order[self.rank:total:self.world]
+        window, w, mine = self.batch_size * self.world, self.world, []
+        for lo in range(0, total, window):      # stable sort: equal costs keep the permutation's order
+            ranked = sorted(order[lo:lo + window], key=lambda i: -self.costs[i])
+            # snake order (0, 1, 1, 0, 0, 1, ...): no rank always takes the larger of each round
+            mine += [i for p, i in enumerate(ranked) if (p % w if p // w % 2 == 0 else w - 1 - p % w) == self.rank]
+        return mine
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._indices()[self.start:])

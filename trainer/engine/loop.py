@@ -244,6 +244,9 @@ class Trainer:
     def evaluate_and_log(self, split: str, epoch: int, **tags: Any) -> dict[str, Any]:
         """Evaluate a split, then metrics.jsonl/TensorBoard/console on rank 0 (epoch: the one just trained)."""
         t0 = time.perf_counter()
+        if self.run.recipe.buffers_before_eval and isinstance(self.run.wrapped, DDP):
+            for buf in self.run.model.buffers():
+                runtime.broadcast(buf, self.info)
         metrics = self.last_metrics[split] = evaluate_split(self.run, split)
         self.last_records[split] = dict(metrics, eval_time_s=round(time.perf_counter() - t0, 4), **tags)
         self.writer.write(split, epoch, self.state.global_step, self.last_records[split])

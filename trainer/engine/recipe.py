@@ -24,6 +24,7 @@ class Recipe:
     tie_break_metric: ClassVar[tuple[str, str] | None] = None     # decides between equal primary values
     find_unused_parameters: ClassVar[bool] = False   # DDP: some steps leave parameters without gradients
     broadcast_buffers: ClassVar[bool] = True         # DDP: rank 0's buffers to every rank before each forward
+    buffers_before_eval: ClassVar[bool] = False      # instead: rank 0's buffers to every rank before evaluating
 
     def __init__(self, data_cfg: Any, model_cfg: Any, train_cfg: Any, dist: Any, eval_cfg: Any = None,
                  seed: int = 0, loss_cfg: Any = None):
@@ -62,6 +63,11 @@ class Recipe:
 
     def build_optimizer(self, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer | None:
         """A recipe-specific optimizer at the (world-size scaled) lr; None: the engine's train.optimizer."""
+        return None
+
+    def sample_costs(self) -> Sequence[float] | None:
+        """Per training sample, a work estimate (e.g. a sequence length): under DDP each global batch is then
+        dealt to the ranks by cost, so no rank waits for one that drew the long samples. None: all alike."""
         return None
 
     def epoch_batches(self, epoch: int) -> Sequence[Any] | None:

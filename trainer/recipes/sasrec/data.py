@@ -272,6 +272,10 @@ class TrainSequences(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.users)
 
+    def lengths(self) -> list[int]:
+        """Positions each sample fills (its input sequence, at most maxlen): what its step costs."""
+        return [min(len(self.split.train(u)) - 1, self.maxlen) for u in self.users]
+
     def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
         u = self.users[idx]
         items = self.split.train(u)

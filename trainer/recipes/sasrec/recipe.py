@@ -39,6 +39,9 @@ class SASRecRecipe(Recipe):
     def collate_fn(self):
         return D.collate
 
+    def sample_costs(self):
+        return self.train_set.lengths()
+
     def on_epoch_start(self, epoch, model):
         self.train_set.epoch = epoch          # negatives are drawn from (seed, epoch, user)
         self.maps = [m for m in unwrap(model).modules() if isinstance(m, MHCMaps)]
