@@ -51,7 +51,7 @@ def worker(args) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from trainer.config import TrainConfig
-    from trainer.distributed.runtime import DistInfo, all_reduce
+    from trainer.distributed.runtime import DistInfo, all_reduce, teardown
     from trainer.recipes.kgat import build
     from trainer.recipes.kgat import data as D
     from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATLossConfig, KGATModelConfig
@@ -79,7 +79,7 @@ def worker(args) -> None:
 
     optimizer_s = {"cf": [], "kg": []}
 
-    def steps(indices) -> list[float]:
+    def steps(indices, wrapped=wrapped, optimizer=optimizer) -> list[float]:
         times = []
         for i in indices:
             batch = plan[i]
@@ -134,8 +134,8 @@ def worker(args) -> None:
             dense_scores_gib=len(users) * data.n_items * 4 / 2 ** 30,
             eval_batch_scores_gib=args.eval_batch * data.n_items * 4 / 2 ** 30,
             peak_rss_gib=float(peak), setup_s=setup_s, recall20=metrics.get("recall@20"))), flush=True)
-    if world > 1:
-        dist.destroy_process_group()
+    del steps, wrapped, optimizer                    # DDP's reducer holds the group: free it before teardown
+    teardown(info)        # the trainer's ordered shutdown: a bare destroy here aborted a rank now and then
 
 
 def measure(fraction: float, world: int, args) -> dict:
