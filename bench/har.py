@@ -37,13 +37,14 @@ def test_of(rows: list[dict]) -> dict:
     return tests.get("best", tests.get("final"))
 
 
-def basicmotions(data: Path, seeds: list[int], modes: list[str], out: Path) -> list[dict]:
+def basicmotions(data: Path, seeds: list[int], modes: list[str], out: Path, epochs: int = 0) -> list[dict]:
     """configs/har/basicmotions.yaml per (mode, seed): test accuracy/macro-F1 and training time."""
     results = []
     for mode in modes:
         for seed in seeds:
             rows, wall = run(["--config", str(REPO / "configs/har/basicmotions.yaml"), f"data.path={data}",
-                              "--seed", str(seed), "--mode", mode, "ckpt.every_epochs=0"],
+                              "--seed", str(seed), "--mode", mode, "ckpt.every_epochs=0",
+                              *(["--epochs", str(epochs)] if epochs else [])],
                              out / "runs" / f"basic-{mode}-{seed}")
             test = test_of(rows)
             train_s = sum(r["epoch_time_s"] for r in rows if "epoch_time_s" in r)
@@ -112,6 +113,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--modes", default="flatten,average,first")
     p.add_argument("--steps", type=int, default=60, help="optimizer steps per throughput run")
+    p.add_argument("--basic-epochs", type=int, default=0, help="BasicMotions epochs (0: the config's 30)")
     p.add_argument("--synth-preset", choices=["uci-har", "tiny"], default="uci-har",
                    help="size of the synthetic throughput data when --uci is not given (tiny: smoke runs)")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -130,7 +132,7 @@ def main(argv=None) -> int:
                         str(synth)], check=True, cwd=REPO, capture_output=True)
     import torch
     report = dict(recipe="har", seeds=args.seeds, basicmotions_data=str(basic),
-                  basicmotions=basicmotions(basic, args.seeds, args.modes.split(","), out),
+                  basicmotions=basicmotions(basic, args.seeds, args.modes.split(","), out, args.basic_epochs),
                   throughput_data="real UCI HAR" if args.uci
                   else f"synthetic, UCI HAR layout, {args.synth_preset} size",
                   throughput=throughput(Path(args.uci) if args.uci else synth, args.steps, out),

@@ -7,7 +7,7 @@ from tests.conftest import PY, REPO, clean_env
 
 def test_har_bench_smoke(tmp_path):
     proc = subprocess.run([PY, "bench/har.py", "--seeds", "0", "--modes", "first", "--steps", "4",
-                           "--synth-preset", "tiny",
+                           "--basic-epochs", "3", "--synth-preset", "tiny",
                            "--out", str(tmp_path)], cwd=REPO, env=clean_env(), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
