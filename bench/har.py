@@ -3,7 +3,7 @@ UCI-HAR-sized windows for one process, 2-rank DDP (gloo) and --strategy dp. Writ
 
     python bench/har.py                                   # BasicMotions from ../shared/data, synthetic UCI HAR size
     python bench/har.py --uci "data/UCI HAR Dataset"      # also the full uci-har.yaml run on the real data
-    python bench/har.py --seeds 0 --modes first --steps 6 --synth-preset tiny   # smoke run
+    python bench/har.py --seeds 0 --modes first --steps 6 --basic-epochs 3 --synth-preset tiny   # smoke run
 """
 from __future__ import annotations
 
