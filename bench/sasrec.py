@@ -104,14 +104,14 @@ def main(argv=None) -> int:
 
     import torch
     by = {r["variant"]: r for r in results}
-    ratios = {f"{v}_vs_{b}": round(by[v]["epoch_time_s"] / by[b]["epoch_time_s"], 3)
-              for v, b in MHC_BASE.items() if v in by and b in by}
-    if "sasrec" in by:
-        ratios["sasrec_vs_reference"] = round(by["sasrec"]["epoch_time_s"] / REFERENCE["epoch_time_s"], 3)
+    def ratios_of(field: str, suffix: str = "") -> dict[str, float]:
+        out = {f"{v}_vs_{b}{suffix}": round(by[v][field] / by[b][field], 3)
+               for v, b in MHC_BASE.items() if v in by and b in by}
+        if "sasrec" in by:
+            out[f"sasrec_vs_reference{suffix}"] = round(by["sasrec"][field] / REFERENCE["epoch_time_s"], 3)
+        return out
     # medians too: a shared VM's stalls lengthen a few epochs by 50% or more, which the mean carries
-    ratios.update({f"{k}_median": round(by[k.split("_vs_")[0]]["epoch_time_median_s"] / (
-        REFERENCE["epoch_time_s"] if k.endswith("reference") else by[k.split("_vs_")[1]]["epoch_time_median_s"]), 3)
-        for k in list(ratios)})
+    ratios = {**ratios_of("epoch_time_s"), **ratios_of("epoch_time_median_s", "_median")}
     report = dict(recipe="sasrec", dataset="ml-100k", reference=REFERENCE, results=results, epoch_time_ratios=ratios,
                   machine=dict(cpus=os.cpu_count(), python=platform.python_version(), torch=str(torch.__version__),
                                threads=os.environ.get("OMP_NUM_THREADS", "2")),

@@ -44,11 +44,13 @@ class ResumableSampler(Sampler[int]):
         order += (order * math.ceil(total / len(order)))[: total - len(order)]
         if self.costs is None or self.world == 1 or self.batch_size <= 0:
             return order[self.rank:total:self.world]
-        window, w, mine = self.batch_size * self.world, self.world, []
+        window, mine = self.batch_size * self.world, []
+        # snake order (ranks 0, 1, 1, 0, 0, 1, ... down the costs): no rank always takes the larger of a round,
+        # so this rank's places repeat every two rounds: rank and 2 x world - 1 - rank
+        places = (self.rank, 2 * self.world - 1 - self.rank)
         for lo in range(0, total, window):      # stable sort: equal costs keep the permutation's order
             ranked = sorted(order[lo:lo + window], key=lambda i: -self.costs[i])
-            # snake order (0, 1, 1, 0, 0, 1, ...): no rank always takes the larger of each round
-            mine += [i for p, i in enumerate(ranked) if (p % w if p // w % 2 == 0 else w - 1 - p % w) == self.rank]
+            mine += [i for p, i in enumerate(ranked) if p % (2 * self.world) in places]
         return mine
 
     def __iter__(self) -> Iterator[int]:
