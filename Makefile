@@ -61,8 +61,9 @@ faults-report: setup slurm-install
 		tests/distributed/test_resume_and_faults.py tests/unit/test_submit.py $(PYTEST_ARGS)
 	$(BIN)/python -m bench.faults bench/results/faults.jsonl
 
+# tests/run.sh: the tests on the local cluster (mostly waiting on the scheduler) in a pytest beside the rest
 test: setup slurm-install ruff
-	$(BIN)/python -m pytest -rs --durations=10 -m "not image" $(PYTEST_ARGS)
+	bash tests/run.sh $(BIN)/python -rs --durations=10 -m "not image" $(PYTEST_ARGS)
 
 # the real Dockerfile built on a local stand-in of its pinned base (docker/standin/build.sh: Debian packages +
 # Python 3.11 + the pinned torch CPU wheel; no registry is reachable here), then run with podman + runc:

@@ -106,6 +106,26 @@ def assert_close(a: dict, b: dict, tol: float) -> None:
 
 
 # ------------------------------------------------------------------ local Slurm cluster
+PARTS = ("cluster", "rest")
+
+
+@pytest.hookimpl(tryfirst=True)       # before -m selects: `-m slurm` then means every test on the cluster
+def pytest_collection_modifyitems(config, items):
+    """Every test that uses the local cluster is marked slurm. TEST_PART=cluster keeps only those, TEST_PART=rest
+    only the others: tests/run.sh runs the two halves side by side (the cluster's tests mostly wait)."""
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
+            item.add_marker(pytest.mark.slurm)
+    part = os.environ.get("TEST_PART", "")
+    if not part:
+        return
+    if part not in PARTS:
+        raise pytest.UsageError(f"TEST_PART={part!r}: expected one of {', '.join(PARTS)} (or unset: every test)")
+    keep = [i for i in items if (i.get_closest_marker("slurm") is not None) == (part == "cluster")]
+    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    items[:] = keep
+
+
 def cluster_running(where: Path | None) -> bool:
     pid = where / "slurmctld.pid" if where else None
     return bool(pid and pid.exists() and subprocess.run(["kill", "-0", pid.read_text().strip()]).returncode == 0)

@@ -139,7 +139,8 @@ ReturnToService=2
 # state is wiped at every start: a time-based first id keeps ids from colliding with old outputs
 FirstJobId=$(( ($(date +%s) % 5000000) * 10 + 1 ))
 MinJobAge=300
-KillWait=10
+# SIGTERM to SIGKILL, and the preemption grace below: short, the test jobs checkpoint in under a second
+KillWait=5
 InactiveLimit=0
 Waittime=0
 PreemptType=preempt/partition_prio
@@ -151,7 +152,7 @@ for i in $(seq 1 "$NNODES"); do
   echo "NodeName=node$i NodeAddr=$ADDR Port=$((SLURMD_PORT0+i-1)) CPUs=$CPUS RealMemory=16000 $gres State=UNKNOWN" >> "$C"
 done
 cat >> "$C" <<CONF
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=10
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=5
 PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 CONF
 { echo "AutoDetect=off"; [ "$GPUS" -gt 0 ] && echo "Name=gpu File=$DIR/fakegpu/nvidia[0-$((GPUS-1))]"; } > "$DIR/gres.conf"

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import PY, REPO, assert_bitwise_equal, run_ranks, slurm_env, weights
+from tests.conftest import PY, REPO, assert_bitwise_equal, launch_ranks, slurm_env, wait_all, weights
 from trainer.engine.logging import read_metrics
 
 pytestmark = pytest.mark.slurm
@@ -136,7 +136,8 @@ def test_requeued_job_resumes_to_the_same_weights(slurm_cluster, tmp_path, how):
     """`scontrol requeue` (Slurm sends SIGTERM, then restarts the job), or a USR1 time-limit warning
     (the trainer checkpoints and requeues itself): restart count 1, resumed, same final weights."""
     args = (*TOY, "--epochs", "6", "ckpt.every_steps=4", "data.step_sleep=0.15")
-    run_ranks(2, "train", *args, "--run-dir", str(tmp_path / "ref"))     # uninterrupted, same world size
+    # the uninterrupted reference (same world size) trains while the job runs: the job mostly sleeps
+    ref = launch_ranks(2, "train", *args, "--run-dir", str(tmp_path / "ref"))
     run_dir, out = tmp_path / "run", tmp_path / "job.out"
     script = "srun " + trainer_cmd("train", *args, "--run-dir", str(run_dir), "--resume", "auto")
     job = sbatch(slurm_cluster, script, "-N2", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
@@ -157,6 +158,8 @@ def test_requeued_job_resumes_to_the_same_weights(slurm_cluster, tmp_path, how):
     assert resumed and int(resumed.group(1)) > 0, text[-3000:]
     if how == "USR1":
         assert "received SIGUSR1" in text and f"requeued Slurm job {job}" in text
+    for rank, (code, err) in enumerate(wait_all(ref)):
+        assert code == 0, f"reference rank {rank} exited {code}:\n{err[-3000:]}"
     assert_bitwise_equal(weights(run_dir), weights(tmp_path / "ref"))
 
 

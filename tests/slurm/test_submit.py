@@ -75,9 +75,10 @@ def test_usr2_preemption_requeues_and_ends_with_the_same_weights(slurm_cluster, 
     the trainer's trap (SIGURG is ignored by default), submitit's requeue."""
     env = slurm_env(slurm_cluster, SUBMITIT_PREEMPT_SIGNAL=preempt)
     common = [*TOY, "--tasks-per-node", "2", "--epochs", "6", "train.log_every_steps=1", "data.step_sleep=0.15"]
-    ref = submit_py(slurm_cluster, *common, "--cluster", "local", "--folder", str(tmp_path / "local"),
-                    "--run-dir", str(tmp_path / "ref"), "--follow")
-    assert ref.returncode == 0, ref.stdout[-2000:] + ref.stderr[-2000:]
+    # the uninterrupted reference trains on this machine while the job runs (the job mostly sleeps)
+    ref = subprocess.Popen([PY, "hpc/submit.py", *common, "--cluster", "local", "--folder", str(tmp_path / "local"),
+                            "--run-dir", str(tmp_path / "ref"), "--follow"], cwd=REPO, env=slurm_env(slurm_cluster),
+                           text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     run_dir = tmp_path / "run"
     proc = submit_py(slurm_cluster, *common, "--folder", str(tmp_path / "sub"), "--run-dir", str(run_dir), env=env)
     assert proc.returncode == 0, proc.stderr
@@ -95,6 +96,8 @@ def test_usr2_preemption_requeues_and_ends_with_the_same_weights(slurm_cluster, 
     import submitit
     result = submitit.SlurmJob(tmp_path / "sub" / "%j", job, tasks=[0, 1]).results()[0]
     assert result["status"] == "completed" and result["restarts"] == 1
+    ref_out = ref.communicate(timeout=300)[0]
+    assert ref.returncode == 0, ref_out[-3000:]
     assert_bitwise_equal(weights(run_dir), weights(tmp_path / "ref"))
 
 
