@@ -47,6 +47,7 @@ bench: setup
 # licences); hours on 2 cores
 bench-recipes: setup
 	$(BIN)/python bench/sasrec.py
+	$(BIN)/python bench/sasrec_stock.py
 	$(BIN)/python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2
 	$(BIN)/python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2 --section ml100k_original \
 	  --extra model.layer_input=raw
