@@ -1,0 +1,35 @@
+"""tests/run.sh (make test): the two halves split by the cluster fixture, and the worse exit status wins."""
+import inspect
+import os
+import subprocess
+
+import tests.slurm.test_sbatch as sbatch_tests
+from tests.conftest import PY, REPO
+
+
+def collected(part: str, path: str) -> set[str]:
+    proc = subprocess.run([PY, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", path], cwd=REPO,
+                          env=dict(os.environ, TEST_PART=part), capture_output=True, text=True, timeout=120)
+    return {line.split("::")[1].split("[")[0] for line in proc.stdout.splitlines() if "::" in line}
+
+
+def test_the_halves_split_by_the_cluster_fixture():
+    path = "tests/slurm/test_sbatch.py"
+    on_cluster = {name for name, fn in inspect.getmembers(sbatch_tests, inspect.isfunction)
+                  if name.startswith("test_") and "slurm_cluster" in inspect.signature(fn).parameters}
+    cluster, rest = collected("cluster", path), collected("rest", path)
+    assert on_cluster and cluster == on_cluster
+    assert rest and not rest & cluster
+
+
+def test_the_worse_exit_status_wins_and_both_reports_are_shown(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/bash\nif [ "$TEST_PART" = cluster ]; then echo cluster-report; exit 1; fi\n'
+                    'echo rest-report; exit 0\n')
+    fake.chmod(0o755)
+    proc = subprocess.run(["bash", str(REPO / "tests" / "run.sh"), str(fake), "-q"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    assert proc.stdout.index("rest-report") < proc.stdout.index("cluster-report")
+    fake.write_text("#!/bin/bash\nexit 5\n")                     # nothing collected in either half
+    assert subprocess.run(["bash", str(REPO / "tests" / "run.sh"), str(fake)], timeout=60).returncode == 5
