@@ -3,10 +3,12 @@
     stats = step_stats(train_records, warmup=5)        # per-step records of metrics.jsonl (log_every_steps=1)
     scaling_efficiency(throughput_2, 2, throughput_1)  # 1.0 = perfect linear scaling
     cost_shares(t1, t2, t_shared, sync_wait_s)         # where the step time beyond t1 goes
+    repeat_efficiency(ones, twos, 2)                   # from the medians; the paired repeats' range
 """
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Iterable
 
 
@@ -49,6 +51,17 @@ def scaling_efficiency(throughput: float, world: int, single: float) -> float:
         raise ValueError(f"scaling efficiency needs world >= 1 and a positive single-rank throughput "
                          f"(world={world}, single={single})")
     return throughput / (world * single)
+
+
+def repeat_efficiency(single: list[float], many: list[float], world: int) -> dict[str, float]:
+    """Scaling efficiency from every repeat, not only the fastest: from the median throughputs, and the range
+    over each world-size repeat paired with the single-rank repeat run just before it (the repeats are
+    interleaved, so a pair shares the machine's state). On a shared VM the best-of figure alone can flip."""
+    pairs = [scaling_efficiency(m, world, s) for s, m in zip(single, many)]
+    if not pairs:
+        raise ValueError("repeat_efficiency needs at least one repeat of each")
+    return dict(median=scaling_efficiency(statistics.median(many), world, statistics.median(single)),
+                paired_min=min(pairs), paired_max=max(pairs))
 
 
 def cost_shares(t1: float, tw: float, t_shared: float, sync_wait_s: float) -> dict[str, float]:

@@ -14,15 +14,23 @@ def _pct(value) -> str:
     return _f(None if value is None else 100 * value, "{:.1f}%")
 
 
+def _spread(rep: dict | None) -> str:
+    return "" if not rep else f"{rep['median']:.3f} ({rep['paired_min']:.2f}-{rep['paired_max']:.2f})"
+
+
 def tables(rows: list[dict]) -> str:
     w = max((r["world"] for r in rows), default=2)
     head = [f"| recipe | params | samples/s, 1 rank | samples/s, DDP {w} ranks (torchrun) | scaling efficiency | "
-            f"{w} independent processes: efficiency | samples/s, srun {w} nodes x 1 task | srun efficiency | "
-            "srun / torchrun |", "|---|---|---|---|---|---|---|---|---|"]
+            "from the repeats' medians (paired range) | "
+            f"{w} independent processes: efficiency (medians) | samples/s, srun {w} nodes x 1 task | srun efficiency | "
+            "srun / torchrun |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         head.append(f"| {r['recipe']} | {r.get('params', '')} | {_f(r.get('samples_per_s_1'), '{:.1f}')} | "
                     f"{_f(r.get('samples_per_s_ddp'), '{:.1f}')} | {_f(r.get('efficiency_ddp'), '**{:.3f}**')} | "
-                    f"{_f(r.get('efficiency_independent'), '{:.3f}')} | {_f(r.get('samples_per_s_slurm'), '{:.1f}')} | "
+                    f"{_spread(r.get('efficiency_ddp_repeats'))} | "
+                    f"{_f(r.get('efficiency_independent'), '{:.3f}')}"
+                    f"{_f((r.get('efficiency_independent_repeats') or {}).get('median'), ' ({:.3f})')} | "
+                    f"{_f(r.get('samples_per_s_slurm'), '{:.1f}')} | "
                     f"{_f(r.get('efficiency_slurm'), '{:.3f}')} | {_f(r.get('slurm_vs_torchrun'), '{:.3f}')} |")
     cost = ["", f"Where the {w}-rank step time beyond one rank's goes (shares of the {w}-rank step; they add up to "
             "1 - efficiency), and the single-rank figures:", "",

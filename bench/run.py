@@ -28,7 +28,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.common import trainer_env  # noqa: E402
-from bench.harness import cost_shares, scaling_efficiency, step_stats  # noqa: E402
+from bench.harness import cost_shares, repeat_efficiency, scaling_efficiency, step_stats  # noqa: E402
 from bench.report import plot, tables  # noqa: E402
 from trainer.engine.logging import read_metrics  # noqa: E402
 
@@ -218,6 +218,9 @@ def summarize(records: list[dict]) -> list[dict]:
                     row[f"first_step_s_{name}"] = run["first_step_s"]
                     if "scaling_efficiency" in run:
                         row[f"efficiency_{name}"] = run["scaling_efficiency"]
+                    if base and run.get("repeats_samples_per_s") and base.get("repeats_samples_per_s"):
+                        spread = repeat_efficiency(base["repeats_samples_per_s"], run["repeats_samples_per_s"], w)
+                        row[f"efficiency_{name}_repeats"] = {k: round(v, 4) for k, v in spread.items()}
             if ddp and "costs" in ddp:
                 row.update(costs=ddp["costs"], allreduce_alone_ms=ddp["collectives"]["grad_ms"],
                            sync_wait_ms=round(1000 * ddp["sync_wait_frac"] * ddp["step_time_mean_s"], 3),

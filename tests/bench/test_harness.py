@@ -6,7 +6,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from bench.harness import cost_shares, percentile, scaling_efficiency, step_stats
+from bench.harness import cost_shares, percentile, repeat_efficiency, scaling_efficiency, step_stats
 from tests.conftest import REPO, clean_env
 
 
@@ -43,6 +43,15 @@ def test_scaling_efficiency():
         scaling_efficiency(1.0, 2, 0.0)
 
 
+def test_repeat_efficiency_from_medians_and_paired_repeats():
+    # the best-of figure would be 190 / (2 x 130) = 0.73; the medians and each interleaved pair say otherwise
+    got = repeat_efficiency([100.0, 130.0, 90.0], [180.0, 190.0, 150.0], 2)
+    assert got["median"] == pytest.approx(180.0 / (2 * 100.0))
+    assert got["paired_min"] == pytest.approx(190.0 / 260.0) and got["paired_max"] == pytest.approx(0.9)
+    with pytest.raises(ValueError):
+        repeat_efficiency([], [], 2)
+
+
 def test_cost_shares_split_one_minus_efficiency():
     # one rank 0.20 s a step; two independent processes 0.21 s; DDP 0.25 s, of which 0.015 s waiting for gradients
     c = cost_shares(0.20, 0.25, 0.21, 0.015)
@@ -74,5 +83,6 @@ def test_make_bench_smoke_runs_every_launch_path(tmp_path, slurm_cluster):
     summary = json.loads((tmp_path / "summary.json").read_text())
     row = summary["rows"][0]
     assert summary["slurm"] and row["efficiency_ddp"] == ddp["scaling_efficiency"]
+    assert row["efficiency_ddp_repeats"]["median"] == pytest.approx(ddp["scaling_efficiency"], abs=1e-3)  # 1 repeat
     assert row["slurm_vs_torchrun"] == pytest.approx(slurm["samples_per_s"] / ddp["samples_per_s"], rel=1e-3)
     assert "| har |" in (tmp_path / "summary.md").read_text() and (tmp_path / "summary.png").stat().st_size > 5000
