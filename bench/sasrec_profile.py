@@ -92,6 +92,12 @@ def matmul_rate(d: int) -> float:
     return n * 6400 * d * d / (time.perf_counter() - t0)
 
 
+def machine() -> dict:
+    """The machine an in-process timing ran on (this process's torch threads)."""
+    return dict(cpus=os.cpu_count(), threads=torch.get_num_threads(), torch=str(torch.__version__),
+                python=platform.python_version())
+
+
 def epoch(model, opt, loader, batches_out=None) -> dict[str, float]:
     t = dict(data=0.0, forward=0.0, loss=0.0, backward=0.0, optimizer=0.0)
     t0 = time.perf_counter()
@@ -186,9 +192,7 @@ def profile(args) -> dict:
         limit_s=round(limit, 3), limit_note="3 x (linear + attention multiply-adds over real positions) / "
                                            "matmul rate at (6400 x 50) @ (50 x 50); no data, loss or optimizer",
         vs_limit=round(total / limit, 2),
-        machine=dict(cpus=os.cpu_count(), threads=torch.get_num_threads(), torch=str(torch.__version__),
-                     python=platform.python_version()),
-        date=time.strftime("%Y-%m-%d %H:%M"))
+        machine=machine(), date=time.strftime("%Y-%m-%d %H:%M"))
 
 
 def plot(report: dict, path: Path) -> None:

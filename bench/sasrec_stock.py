@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -37,6 +35,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from bench.sasrec_profile import epoch as our_epoch  # noqa: E402
+from bench.sasrec_profile import machine  # noqa: E402
 from trainer.recipes.sasrec import data as D  # noqa: E402
 from trainer.recipes.sasrec.config import SeqDataConfig, SeqRecConfig  # noqa: E402
 from trainer.recipes.sasrec.model import SeqRec  # noqa: E402
@@ -157,9 +156,7 @@ def measure(args) -> dict:
                                                                              round(max(ratios), 3)],
                 stock_batches=len(warm), our_batches=len(loader),
                 reference_once=dict(name="pmixer/SASRec.pytorch", epoch_s=3.2),
-                machine=dict(cpus=os.cpu_count(), threads=torch.get_num_threads(), torch=str(torch.__version__),
-                             python=platform.python_version()),
-                date=time.strftime("%Y-%m-%d %H:%M"))
+                machine=machine(), date=time.strftime("%Y-%m-%d %H:%M"))
 
 
 def plot(report: dict, path: Path) -> None:
