@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,8 +22,9 @@ LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RA
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without launcher variables, with the toy recipe plugged in."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in LAUNCH_VARS}
+    # PYTHONFAULTHANDLER: a rank that wait_all stops for hanging (SIGABRT) prints where every thread was
     env.update(TRAINER_PLUGINS="tests.toy_recipe", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
     env.update(extra)
     return env
 
@@ -66,17 +69,38 @@ def launch_ranks(n: int, *args: str, extra_env: dict | None = None) -> list[subp
 
 
 def wait_all(procs: list[subprocess.Popen], timeout: float = 180) -> list[tuple[int, str]]:
-    """(returncode, stderr) of every rank; kills them all if the timeout passes."""
+    """(returncode, stderr) of every rank. If they are not all done within timeout seconds, the ranks still
+    running are stopped with SIGABRT (faulthandler prints each thread's stack) and the test fails with every
+    rank's stderr tail, so a hang names where it hung."""
+    deadline = time.monotonic() + timeout
     out = []
     try:
         for p in procs:
-            _, err = p.communicate(timeout=timeout)
+            _, err = p.communicate(timeout=max(deadline - time.monotonic(), 0.1))
             out.append((p.returncode, err))
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"ranks still running after {timeout:.0f} s:\n{_stop_hung(procs)}") from None
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
     return out
+
+
+def _stop_hung(procs: list[subprocess.Popen]) -> str:
+    """SIGABRT the ranks still running and return every rank's stderr tail (with the stacks)."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGABRT)
+    tails = []
+    for rank, p in enumerate(procs):
+        try:
+            _, err = p.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+        tails.append(f"--- rank {rank} (exit {p.returncode}) ---\n{(err or '')[-6000:]}")
+    return "\n".join(tails)
 
 
 def run_ranks(n: int, *args: str, timeout: float = 180, extra_env: dict | None = None) -> list[tuple[int, str]]:

@@ -160,6 +160,46 @@ def test_propagation_gradient_uses_the_transpose_and_matches_a_dense_reference()
     assert torch.allclose(x.grad, x2.grad, atol=1e-5)
 
 
+def test_column_panels_give_the_same_propagation_and_gradients():
+    """Large graphs propagate in column panels on the CPU (SPMM_PANEL_BYTES); forced here onto the small
+    graph with panels of 7 columns (some panels hold no edge of A or of A^T), it is the same function."""
+    d, g = small_graph()
+    whole, paneled = model_for(d, g, dropout=0.0), model_for(d, g, dropout=0.0)
+    paneled.set_graph(g.heads, g.rels, g.tails, g.weights, panel_cols=7)
+    assert isinstance(whole.products()[0], torch.Tensor)
+    fwd, bwd = paneled.products()
+    assert len(fwd) == len(bwd) == -(-g.n_nodes // 7) and sum(p._nnz() for p, _, _ in fwd) == len(g.heads)
+    for m in (whole, paneled):
+        m.refresh_attention()
+        m.zero_grad()
+        w = torch.randn(g.n_nodes, m.out_dim, generator=torch.Generator().manual_seed(1))
+        (m.propagate() * w).sum().backward()
+    assert torch.allclose(paneled.propagate(), whole.propagate(), atol=1e-6)
+    grads = [(name, a.grad, b.grad) for (name, a), b in zip(whole.named_parameters(), paneled.parameters())
+             if a.grad is not None or b.grad is not None]                    # propagation leaves relations out
+    assert grads[0][0] == "embed" and len(grads) > 1
+    for name, a, b in grads:
+        assert torch.allclose(a, b, atol=1e-5), name
+    with torch.no_grad():
+        assert paneled.products(grad=False)[1] is None
+        assert torch.allclose(paneled.propagate(), whole.propagate(), atol=1e-6)
+
+
+def test_the_products_are_cached_until_the_attention_changes():
+    d, g = small_graph()
+    fresh, m = model_for(d, g), model_for(d, g)
+    m.set_graph(g.heads, g.rels, g.tails, g.weights, panel_cols=7)
+    for model in (fresh, m):
+        first = model.products()
+        assert model.products()[0] is first[0]                       # a CF step reuses them
+        model.refresh_attention()                                     # a new propagation matrix
+        assert model.products()[0] is not first[0]
+    m.load_state_dict(fresh.state_dict())                             # a load: the attention changes in place
+    dense = sum(torch.zeros(g.n_nodes, g.n_nodes).index_add_(1, torch.arange(lo, hi), p.to_dense())
+                for p, lo, hi in m.products()[0])
+    assert torch.allclose(dense, fresh.adj.to_dense())
+
+
 def test_layer_input_raw_follows_the_original_and_normalized_the_ports():
     d, g = small_graph()
     raw, port = model_for(d, g, dropout=0.0), model_for(d, g, dropout=0.0, layer_input="normalized")

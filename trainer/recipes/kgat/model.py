@@ -18,6 +18,11 @@ from torch import nn
 from trainer.recipes.kgat.config import KGATLossConfig, KGATModelConfig
 
 ATTENTION_CHUNK = 1 << 20          # edges per chunk when refreshing attention (bounds peak memory)
+# A CSR product A @ x gathers rows of x at random; once x outgrows the CPU's last-level cache every gather
+# misses. Split by columns into panels whose rows of x span at most this many bytes, each panel's gathers
+# hit the cache and its product is added into the output in place: 2.4x faster at amazon-book's 184k nodes
+# (47 MiB of embeddings) on a 32 MiB-L3 CPU. Embeddings that fit take one panel: the plain product.
+SPMM_PANEL_BYTES = 8 << 20
 
 
 def l2_mean(x: torch.Tensor) -> torch.Tensor:
@@ -25,18 +30,51 @@ def l2_mean(x: torch.Tensor) -> torch.Tensor:
     return (x.pow(2).sum(1) / 2).mean()
 
 
+Panels = list  # [(CSR matrix of the columns lo:hi, lo, hi), ...]: A @ x = sum of panel @ x[lo:hi]
+
+
+def panel_mm(a: torch.Tensor | Panels, x: torch.Tensor) -> torch.Tensor:
+    """A @ x for A a CSR matrix or its column panels (each product added into the output in place)."""
+    if isinstance(a, torch.Tensor):
+        return torch.sparse.mm(a, x)
+    (first, lo, hi), *rest = a
+    out = torch.sparse.mm(first, x[lo:hi])
+    for panel, lo, hi in rest:
+        torch.addmm(out, panel, x[lo:hi], out=out)
+    return out
+
+
+def column_panels(rows: torch.Tensor, cols: torch.Tensor, n: int, panel_cols: int):
+    """The edges (sorted by row) grouped into panels of panel_cols columns, rows still sorted inside each:
+    (order: edge positions panel by panel, their columns local to the panel, int32; crow (P, n + 1), int32;
+    each panel's first position). One panel: nothing to split (empty tensors)."""
+    count = -(-n // panel_cols)
+    if count <= 1:
+        empty = torch.zeros(0, dtype=torch.int64)
+        return empty, empty.int(), empty.int().reshape(0, n + 1), [0]
+    panel = torch.div(cols, panel_cols, rounding_mode="floor")
+    order = torch.argsort(panel, stable=True)
+    starts = [0, *torch.bincount(panel, minlength=count).cumsum(0).tolist()]
+    local = (cols - panel * panel_cols)[order].int()
+    sorted_rows = rows[order]
+    crow = torch.zeros(count, n + 1, dtype=torch.int32)
+    for k in range(count):
+        crow[k, 1:] = torch.bincount(sorted_rows[starts[k]:starts[k + 1]], minlength=n).cumsum(0)
+    return order, local, crow, starts
+
+
 class SpMM(torch.autograd.Function):
-    """A @ x for a constant CSR matrix A whose transpose is given too: the backward is A^T @ grad as one
-    more CSR product (torch's own backward for CSR transposes A on every call)."""
+    """A @ x for a constant A (CSR or column panels) whose transpose is given too: the backward is A^T @ grad
+    as one more product (torch's own backward for CSR transposes A on every call)."""
 
     @staticmethod
-    def forward(ctx, adj: torch.Tensor, adj_t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, adj: torch.Tensor | Panels, adj_t: torch.Tensor | Panels, x: torch.Tensor) -> torch.Tensor:
         ctx.adj_t = adj_t
-        return torch.sparse.mm(adj, x)
+        return panel_mm(adj, x)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return None, None, torch.sparse.mm(ctx.adj_t, grad.contiguous())
+        return None, None, panel_mm(ctx.adj_t, grad.contiguous())
 
 
 def sparse_softmax(scores: torch.Tensor, heads: torch.Tensor, n_nodes: int) -> torch.Tensor:
@@ -66,7 +104,8 @@ class Aggregator(nn.Module):
         for lin in (m for m in self.modules() if isinstance(m, nn.Linear)):
             nn.init.xavier_uniform_(lin.weight)
 
-    def forward(self, ego: torch.Tensor, adj: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, ego: torch.Tensor, adj: tuple) -> torch.Tensor:
+        """adj: (A, A^T), each a CSR matrix or its column panels (KGAT.products)."""
         with torch.autocast(ego.device.type, enabled=False):    # sparse kernels are fp32 only (no bf16 CSR mm)
             side = SpMM.apply(adj[0], adj[1], ego.float())
         if self.kind == "gcn":
@@ -103,9 +142,14 @@ class KGAT(nn.Module):
         self.register_buffer("crow_t", torch.zeros(self.n_nodes + 1, dtype=torch.int64), persistent=False)
         self.register_buffer("by_tail", torch.zeros(n_edges, dtype=torch.int64), persistent=False)
         self.register_buffer("attention", torch.zeros(n_edges))
+        # A and A^T in column panels (column_panels; empty when one panel holds all the columns)
+        for name in ("p_edge", "p_col", "p_crow", "pt_edge", "pt_col", "pt_crow"):
+            self.register_buffer(name, torch.zeros(0, dtype=torch.int64), persistent=False)
+        self._panel_cols, self._p_starts, self._pt_starts = self.n_nodes, [0], [0]
         # every rank computes the same attention from the same weights: DDP need not broadcast these
         self._ddp_params_and_buffers_to_ignore = ["crow", "heads", "rels", "tails", "crow_t", "by_tail",
-                                                  "attention"]
+                                                  "attention", "p_edge", "p_col", "p_crow", "pt_edge", "pt_col",
+                                                  "pt_crow"]
 
     @property
     def out_dim(self) -> int:
@@ -129,8 +173,10 @@ class KGAT(nn.Module):
             self.embed[self.n_entities:] = users
             self.embed[:n_items] = items
 
-    def set_graph(self, heads: torch.Tensor, rels: torch.Tensor, tails: torch.Tensor, values: torch.Tensor) -> None:
-        """The CKG edges, sorted by head, and their initial propagation weights (the Laplacian)."""
+    def set_graph(self, heads: torch.Tensor, rels: torch.Tensor, tails: torch.Tensor, values: torch.Tensor,
+                  panel_cols: int | None = None) -> None:
+        """The CKG edges, sorted by head, and their initial propagation weights (the Laplacian); panel_cols
+        columns per panel of the CPU products (default: SPMM_PANEL_BYTES of the widest embedding)."""
         if len(heads) != len(self.attention):
             raise ValueError(f"{len(heads)} edges given to a model built for {len(self.attention)}")
         if len(heads) and bool((heads[1:] < heads[:-1]).any()):
@@ -144,6 +190,14 @@ class KGAT(nn.Module):
         crow_t[1:] = torch.bincount(tails.cpu(), minlength=self.n_nodes).cumsum(0)
         self.crow, self.heads, self.rels, self.tails, self.crow_t, self.by_tail = (
             x.to(dev) for x in (crow, heads, rels, tails, crow_t, by_tail))
+        widest = max(self.cfg.width, *self.cfg.layer_widths)
+        self._panel_cols = panel_cols or max(1, SPMM_PANEL_BYTES // (4 * widest))
+        heads, tails = heads.cpu(), tails.cpu()
+        order, col, pcrow, self._p_starts = column_panels(heads, tails, self.n_nodes, self._panel_cols)
+        order_t, col_t, pcrow_t, self._pt_starts = column_panels(tails[by_tail], heads[by_tail], self.n_nodes,
+                                                                 self._panel_cols)
+        self.p_edge, self.p_col, self.p_crow, self.pt_edge, self.pt_col, self.pt_crow = (
+            x.to(dev) for x in (order, col, pcrow, by_tail[order_t] if len(order_t) else order_t, col_t, pcrow_t))
         self.set_attention(values)
 
     def set_attention(self, values: torch.Tensor) -> None:
@@ -160,10 +214,33 @@ class KGAT(nn.Module):
         """A^T as a CSR matrix (for the backward pass of the propagation)."""
         return self._csr(self.crow_t, self.heads[self.by_tail], self.attention[self.by_tail])
 
-    def _csr(self, crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    def _csr(self, crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, cols: int = 0) -> torch.Tensor:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")       # "sparse CSR support is in beta": mm is all we use
-            return torch.sparse_csr_tensor(crow, col, values, (self.n_nodes, self.n_nodes))
+            return torch.sparse_csr_tensor(crow, col, values, (self.n_nodes, cols or self.n_nodes))
+
+    def products(self, grad: bool = True) -> tuple[torch.Tensor | Panels, torch.Tensor | Panels | None]:
+        """(A, A^T when grad) for the propagation: column panels on the CPU once the embeddings outgrow
+        SPMM_PANEL_BYTES (see there), whole CSR matrices otherwise (and on GPUs)."""
+        # the attention changes only at a refresh or a load (in place: its version counter moves), while a CF
+        # step propagates every time: gathering the edge values in A^T's order costs as much as a product
+        key = (self.attention.device, self.attention.data_ptr(), self.attention._version, len(self.p_edge))
+        if getattr(self, "_products_key", None) != key:
+            if self.embed.device.type != "cpu" or not len(self.p_edge):
+                self._products = self.adj, self.adj_t
+            else:
+                self._products = (self._panels(self.p_edge, self.p_col, self.p_crow, self._p_starts),
+                                  self._panels(self.pt_edge, self.pt_col, self.pt_crow, self._pt_starts))
+            self._products_key = key
+        return self._products[0], (self._products[1] if grad else None)
+
+    def _panels(self, edge: torch.Tensor, col: torch.Tensor, crow: torch.Tensor, starts: list[int]) -> Panels:
+        values, out = self.attention[edge], []
+        for k in range(len(starts) - 1):
+            lo, (a, b) = k * self._panel_cols, starts[k:k + 2]
+            hi = min(lo + self._panel_cols, self.n_nodes)
+            out.append((self._csr(crow[k], col[a:b], values[a:b], hi - lo), lo, hi))
+        return out
 
     def forward(self, phase: str, *batch: torch.Tensor) -> torch.Tensor:
         """The loss of a CF batch (users, pos, neg) or a KG batch (h, r, pos_t, neg_t)."""
@@ -176,7 +253,7 @@ class KGAT(nn.Module):
     def propagate(self) -> torch.Tensor:
         """Concatenation of the ego embedding and every layer's L2-normalised output: (n_nodes, out_dim)."""
         ego, outs = self.embed, [self.embed]
-        adj = (self.adj, self.adj_t if torch.is_grad_enabled() else None)
+        adj = self.products(grad=torch.is_grad_enabled())
         for agg in self.aggregators:
             ego = agg(ego, adj)
             outs.append(F.normalize(ego, p=2, dim=1))
