@@ -2,7 +2,8 @@
 full-ranking evaluation of every test user, with peak memory, at 1/8, 1/4, 1/2 and the full size, at 1 and 2
 ranks (gloo). Writes bench/results/kgat_scale.{json,png}: a table and a log-log plot with fitted slopes.
 
-    python bench/kgat_scale.py                                  # amazon-book's sizes (~10 minutes on 2 cores)
+    python bench/kgat_scale.py                                  # amazon-book's sizes (~4 minutes on 2 cores)
+    python bench/kgat_scale.py --repeat 3                       # each point the median of 3 sweeps
     python bench/kgat_scale.py --preset tiny --cf-steps 2       # seconds
 
 Each point is a fresh process (torchrun for 2 ranks) on generated data of the preset's statistics times the
@@ -22,6 +23,7 @@ import math
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -160,6 +162,29 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
 
 
+def median_point(runs: list[dict]) -> dict:
+    """One point from its runs: the median of each timed figure (the last run's sizes and metrics), and
+    every run's phase times under phase_s_runs."""
+    point = dict(runs[-1])
+    for key in ("cf_step_s", "kg_step_s", "peak_rss_gib", "setup_s"):
+        point[key] = statistics.median(r[key] for r in runs)
+    for key in ("phase_s", "optimizer_step_s"):
+        point[key] = {k: statistics.median(r[key][k] for r in runs) for k in runs[-1][key]}
+    point["phase_s_runs"] = {k: [r["phase_s"][k] for r in runs] for k in runs[-1]["phase_s"]}
+    return point
+
+
+def fit_slopes(points: list[dict], worlds: str) -> dict:
+    slopes = {}
+    for world in map(int, worlds.split(",")):
+        rows = [r for r in points if r["world"] == world]
+        for phase in PHASES:
+            if len(rows) > 1:
+                slopes[f"{phase}_w{world}"] = round(slope([r["work"][phase] for r in rows],
+                                                          [r["phase_s"][phase] for r in rows]), 3)
+    return slopes
+
+
 def plot(report: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -196,6 +221,7 @@ def main(argv=None) -> int:
     p.add_argument("--eval-batch", type=int, default=2048, help="test users scored at once, per rank")
     p.add_argument("--threads", type=int, default=2, help="threads in all (divided among the ranks)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1, help="sweeps; each point's times are the median of its runs")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--fraction", type=float, default=1.0, help=argparse.SUPPRESS)
@@ -203,24 +229,25 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
-    points = []
-    for fraction in map(float, args.fractions.split(",")):
-        for world in map(int, args.worlds.split(",")):
+    grid = [(float(f), int(w)) for f in args.fractions.split(",") for w in args.worlds.split(",")]
+    runs = {point: [] for point in grid}
+    for round_ in range(args.repeat):       # rounds outermost: the machine's slow spells spread over every point
+        for fraction, world in grid:
             t0 = time.time()
             r = measure(fraction, world, args)
-            points.append(r)
-            print(f"{fraction:>6} x {args.preset}, {world} rank(s): "
+            runs[fraction, world].append(r)
+            tag = f" [{round_ + 1}/{args.repeat}]" if args.repeat > 1 else ""
+            print(f"{fraction:>6} x {args.preset}, {world} rank(s){tag}: "
                   + ", ".join(f"{k} {v:.2f} s" for k, v in r["phase_s"].items())
                   + f", peak {r['peak_rss_gib']:.2f} GiB ({time.time() - t0:.0f} s)", flush=True)
-    slopes = {}
-    for world in map(int, args.worlds.split(",")):
-        rows = [r for r in points if r["world"] == world]
-        for phase in PHASES:
-            if len(rows) > 1:
-                slopes[f"{phase}_w{world}"] = round(slope([r["work"][phase] for r in rows],
-                                                          [r["phase_s"][phase] for r in rows]), 3)
+    points = [median_point(runs[point]) for point in grid]
+    slopes, slope_range = fit_slopes(points, args.worlds), {}
+    if args.repeat > 1:                     # each round's own slopes: how far one sweep can stray
+        per_round = [fit_slopes([runs[point][k] for point in grid], args.worlds) for k in range(args.repeat)]
+        slope_range = {key: [min(s[key] for s in per_round), max(s[key] for s in per_round)] for key in slopes}
     full = max(points, key=lambda r: (r["fraction"], -r["world"]))
-    report = dict(preset=args.preset, points=points, slopes=slopes, cf_steps_timed=args.cf_steps,
+    report = dict(preset=args.preset, points=points, slopes=slopes, repeats=args.repeat,
+                  slope_range_over_rounds=slope_range, cf_steps_timed=args.cf_steps,
                   kg_steps_timed=args.kg_steps, eval_batch=args.eval_batch,
                   full_epoch_plus_eval_s=round(sum(full["phase_s"].values()), 1),
                   full_peak_rss_gib=round(full["peak_rss_gib"], 2),
@@ -232,7 +259,7 @@ def main(argv=None) -> int:
     (out / "kgat_scale.json").write_text(json.dumps(report, indent=1))
     if len(points) > 1 and slopes:
         plot(report, out / "kgat_scale.png")
-    print("slopes (log time / log work):", slopes)
+    print("slopes (log time / log work):", slopes, f"(each round alone: {slope_range})" if slope_range else "")
     print(f"wrote {out / 'kgat_scale.json'}")
     return 0
 

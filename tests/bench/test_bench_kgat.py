@@ -49,3 +49,20 @@ def test_kgat_scale_bench_smoke(tmp_path):
     assert points[1.0, 2]["cf_steps"] < full["cf_steps"]                 # two ranks share the epoch's steps
     assert set(report["slopes"]) == {f"{k}_w{w}" for k in ("cf", "kg", "attention", "eval") for w in (1, 2)}
     assert (tmp_path / "kgat_scale.png").stat().st_size > 10_000
+
+
+def test_kgat_scale_repeats_take_each_points_median_and_slopes_fit_the_powers():
+    from bench import kgat_scale as ks
+
+    def run(fraction, world, cf, kg=1.0):
+        work = dict(cf=fraction ** 2 * 100, kg=fraction * 10, attention=fraction * 5, eval=fraction * 7)
+        return dict(fraction=fraction, world=world, work=work, cf_step_s=cf, kg_step_s=kg, peak_rss_gib=1.0,
+                    setup_s=0.5, optimizer_step_s=dict(cf=0.1, kg=0.2),
+                    phase_s=dict(cf=work["cf"] ** 1.5 * cf, kg=work["kg"] * kg, attention=work["attention"],
+                                 eval=work["eval"] ** 0.5))
+    point = ks.median_point([run(1.0, 1, 3.0), run(1.0, 1, 1.0), run(1.0, 1, 100.0)])
+    base = 100 ** 1.5                                        # the cf work at fraction 1 is 100
+    assert point["cf_step_s"] == 3.0 and point["phase_s"]["cf"] == base * 3.0 and point["phase_s"]["kg"] == 10
+    assert point["phase_s_runs"]["cf"] == [base * 3.0, base, base * 100.0]
+    slopes = ks.fit_slopes([run(f, w, 1.0) for f in (0.25, 0.5, 1.0) for w in (1, 2)], "1,2")
+    assert slopes["cf_w1"] == slopes["cf_w2"] == 1.5 and slopes["kg_w1"] == 1.0 and slopes["eval_w2"] == 0.5

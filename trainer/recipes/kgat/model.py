@@ -284,8 +284,10 @@ class KGAT(nn.Module):
         r = r[order]
         rels, counts = torch.unique_consecutive(r, return_counts=True)
         x = self.embed[torch.stack([n[order] for n in nodes], 1)]                  # (B, k, d): one gather
-        w = self.trans[rels]            # one gather (and one scatter in backward) for all relations present
-        parts = [chunk @ w[k] for k, chunk in enumerate(x.split(counts.tolist()))]
+        # unbind: one stack in the backward; indexing w[k] per relation made a zero-filled gradient of the
+        # whole (relations, d, d_rel) stack per relation (80 memsets of 1.3 MB per KG step on amazon-book)
+        w = self.trans.unbind(0)
+        parts = [chunk @ w[k] for k, chunk in zip(rels.tolist(), x.split(counts.tolist()))]
         out = torch.cat(parts)                                                    # (B, k, d_rel)
         return (r, *out.unbind(1))
 
