@@ -188,7 +188,7 @@ def test_length_buckets_compute_the_same_function(variant):
 
 
 def test_fast_dropout_has_the_right_rate_and_expectation():
-    from trainer.recipes.sasrec.model import Dropout
+    from trainer.recipes.dropout import Dropout
     torch.manual_seed(0)
     drop = Dropout(0.2).train()
     y = drop(torch.ones(1_000_000))

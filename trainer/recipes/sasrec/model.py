@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from trainer.recipes.dropout import Dropout
 from trainer.recipes.sasrec.config import SeqRecConfig
 
 
@@ -65,46 +66,6 @@ class _Sinkhorn(torch.autograd.Function):
         b = torch.linalg.solve_ex(system, cols - p.mT @ rows, check_errors=False)[0]
         a = rows - p @ b
         return (pg - p * (a + b.mT)).to(ctx.dtype), None, None
-
-
-def keep_mask(x: torch.Tensor, p: float, scale: bool = True) -> tuple[torch.Tensor, float]:
-    """Bernoulli(1-p) keep mask from four 15-bit fields of each random int64 word (random_ fills
-    [0, 2^63), so the low 60 bits are uniform): a quarter of the RNG draws of torch.rand. p is
-    quantised to 1/32768; the keep-scale 1/(1-p) uses the quantised value. The mask is made in x's dtype
-    by integer arithmetic (field - threshold + 1 clamped to [0, 1]): a boolean mask cost a conversion at
-    every multiply, forward and backward (~7x the multiply itself on CPU). With scale=True the mask holds
-    0 or 1/(1-p) and the returned scale is 1."""
-    threshold = round(p * 32768)
-    if threshold == 0:                  # p < 2^-16: nothing to drop (and field + 1 would overflow int16)
-        return torch.ones_like(x), 1.0
-    n = x.numel()
-    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()
-    fields = words.view(torch.int16)[:n].bitwise_and(0x7FFF).sub_(threshold - 1).clamp_(0, 1)
-    keep, factor = fields.to(x.dtype).view(x.shape), 32768 / (32768 - threshold)
-    if scale:
-        return keep.mul_(factor), 1.0
-    return keep, factor
-
-
-class Dropout(nn.Module):
-    """Inverted dropout with a cheap mask (see keep_mask): on CPU the RNG dominated the step, because
-    the attention probabilities alone are B x H x T x T values per block."""
-
-    def __init__(self, p: float):
-        super().__init__()
-        self.p = p
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0:
-            return x
-        return x * keep_mask(x, self.p)[0]
-
-    def unscaled(self, x: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """(x with dropped entries zeroed, scale still to apply): lets attention scale its smaller output."""
-        if not self.training or self.p == 0:
-            return x, 1.0
-        keep, scale = keep_mask(x, self.p, scale=False)
-        return x * keep, scale
 
 
 def causal_blocks(t: int, min_split: int = 64) -> list[tuple[int, int]]:
