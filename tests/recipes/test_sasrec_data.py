@@ -3,6 +3,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.config import SeqDataConfig, SeqEvalConfig
@@ -101,6 +102,39 @@ def test_negatives_avoid_history_and_are_deterministic():
     s = ev[0]
     assert s["candidates"][0] == data.seqs[ev.users[0]][-1]
     assert not set(s["candidates"][1:].tolist()) & set(data.seqs[ev.users[0]].tolist())
+
+
+def test_train_negatives_per_batch_equal_per_user_and_avoid_the_history():
+    """The DataLoader fetches a batch at once (__getitems__): each user's negatives are the same whichever
+    users share its batch (so they do not change with the world size), never in its history, zero at
+    padding, spread over the catalogue; another epoch draws others."""
+    data = D.build_sequences(D.synthesize(60, 30, 12, seed=2))
+    split = D.Split(data)
+    ts = D.TrainSequences(split, 20, 3, seed=5)
+    batch = ts.__getitems__(list(range(len(ts))))
+    reordered = ts.__getitems__([7, 3, 0])
+    for k, i in enumerate((7, 3, 0)):
+        assert torch.equal(reordered[k]["neg"], batch[i]["neg"]) and torch.equal(ts[i]["neg"], batch[i]["neg"])
+    drawn = []
+    for sample, u in zip(batch, ts.users):
+        neg, pos = sample["neg"], sample["pos"]
+        assert neg.shape == (20, 3) and bool((neg[pos == 0] == 0).all())
+        real = neg[pos != 0]
+        assert bool((real >= 1).all() and (real <= data.num_items).all())
+        assert not set(real.flatten().tolist()) & set(split.train(u).tolist())
+        drawn += real.flatten().tolist()
+    assert len(set(drawn)) > 0.9 * data.num_items
+    ts.epoch = 1
+    assert not all(torch.equal(a["neg"], b["neg"]) for a, b in zip(ts.__getitems__([0, 1]), batch[:2]))
+
+
+def test_a_user_with_every_item_stops_negative_sampling_with_its_id():
+    # user a trains on x, y, z (the last two are held out): every item of the catalogue
+    inter = D.Interactions(["a"] * 5 + ["b"] * 3, ["x", "y", "z", "x", "y", "x", "y", "z"], np.arange(8))
+    split = D.Split(D.build_sequences(inter))
+    ts = D.TrainSequences(split, 5, 1, seed=0)
+    with pytest.raises(D.DataError, match="user 0 has interacted with every item"):
+        ts[0]
 
 
 def test_empty_train_users_and_split_errors(tmp_path):

@@ -64,6 +64,24 @@ def column_panels(rows: torch.Tensor, cols: torch.Tensor, n: int, panel_cols: in
     return order, local, crow, starts
 
 
+def csr_matrix(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # "sparse CSR support is in beta": mm is all we use
+        return torch.sparse_csr_tensor(crow, col, values, shape)
+
+
+def assemble_panels(values: torch.Tensor, layout: tuple, panel_cols: int, n: int) -> Panels:
+    """The column panels of an n x n matrix from its per-edge values and column_panels' layout
+    (edge order, local columns, crow per panel, each panel's first position)."""
+    edge, col, crow, starts = layout
+    values, out = values[edge], []
+    for k in range(len(starts) - 1):
+        lo, (a, b) = k * panel_cols, starts[k:k + 2]
+        hi = min(lo + panel_cols, n)
+        out.append((csr_matrix(crow[k], col[a:b], values[a:b], (n, hi - lo)), lo, hi))
+    return out
+
+
 class SpMM(torch.autograd.Function):
     """A @ x for a constant A (CSR or column panels) whose transpose is given too: the backward is A^T @ grad
     as one more product (torch's own backward for CSR transposes A on every call)."""
@@ -215,10 +233,8 @@ class KGAT(nn.Module):
         """A^T as a CSR matrix (for the backward pass of the propagation)."""
         return self._csr(self.crow_t, self.heads[self.by_tail], self.attention[self.by_tail])
 
-    def _csr(self, crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, cols: int = 0) -> torch.Tensor:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")       # "sparse CSR support is in beta": mm is all we use
-            return torch.sparse_csr_tensor(crow, col, values, (self.n_nodes, cols or self.n_nodes))
+    def _csr(self, crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return csr_matrix(crow, col, values, (self.n_nodes, self.n_nodes))
 
     def products(self, grad: bool = True) -> tuple[torch.Tensor | Panels, torch.Tensor | Panels | None]:
         """(A, A^T when grad) for the propagation: column panels on the CPU once the embeddings outgrow
@@ -230,18 +246,12 @@ class KGAT(nn.Module):
             if self.embed.device.type != "cpu" or not len(self.p_edge):
                 self._products = self.adj, self.adj_t
             else:
-                self._products = (self._panels(self.p_edge, self.p_col, self.p_crow, self._p_starts),
-                                  self._panels(self.pt_edge, self.pt_col, self.pt_crow, self._pt_starts))
+                self._products = tuple(
+                    assemble_panels(self.attention, layout, self._panel_cols, self.n_nodes)
+                    for layout in ((self.p_edge, self.p_col, self.p_crow, self._p_starts),
+                                   (self.pt_edge, self.pt_col, self.pt_crow, self._pt_starts)))
             self._products_key = key
         return self._products[0], (self._products[1] if grad else None)
-
-    def _panels(self, edge: torch.Tensor, col: torch.Tensor, crow: torch.Tensor, starts: list[int]) -> Panels:
-        values, out = self.attention[edge], []
-        for k in range(len(starts) - 1):
-            lo, (a, b) = k * self._panel_cols, starts[k:k + 2]
-            hi = min(lo + self._panel_cols, self.n_nodes)
-            out.append((self._csr(crow[k], col[a:b], values[a:b], hi - lo), lo, hi))
-        return out
 
     def forward(self, phase: str, *batch: torch.Tensor) -> torch.Tensor:
         """The loss of a CF batch (users, pos, neg) or a KG batch (h, r, pos_t, neg_t)."""

@@ -260,9 +260,24 @@ def sample_negatives(rng: np.random.Generator, shape, num_items: int, exclude: n
     return out
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic): a counter-based random stream, so the
+    draws of a (seed, epoch, user, slot, attempt) need no generator object."""
+    z = x + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
 class TrainSequences(torch.utils.data.Dataset):
     """One sample per user with >= 2 training items: inputs, next-item targets, sampled negatives.
-    Negatives depend only on (seed, epoch, user), so they do not change with the world size."""
+    Negatives depend only on (seed, epoch, user), so they do not change with the world size or with which
+    users share a batch. The DataLoader fetches a batch at once (__getitems__): the negatives of all its
+    users are drawn and checked against their histories in a few array operations (one generator and a
+    rejection loop per user cost ~40 us each: 0.1 s of a 0.7 s ml-100k epoch)."""
 
     def __init__(self, split: Split, maxlen: int, negatives: int, seed: int):
         self.split, self.maxlen, self.negatives, self.seed = split, maxlen, negatives, seed
@@ -277,15 +292,51 @@ class TrainSequences(torch.utils.data.Dataset):
         return [min(len(self.split.train(u)) - 1, self.maxlen) for u in self.users]
 
     def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
-        u = self.users[idx]
-        items = self.split.train(u)
-        times = self.split.data.times[u][: len(items)]
-        seq, pos = left_pad(items[:-1], self.maxlen), left_pad(items[1:], self.maxlen)
-        rng = np.random.default_rng([self.seed, self.epoch, u])
-        neg = sample_negatives(rng, (self.maxlen, self.negatives), self.split.data.num_items, items)
-        neg[pos == 0] = 0
-        return dict(seq=torch.from_numpy(seq), time=torch.from_numpy(left_pad(times[:-1], self.maxlen)),
-                    pos=torch.from_numpy(pos), neg=torch.from_numpy(neg))
+        return self.__getitems__([idx])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        users = [self.users[i] for i in indices]
+        histories = [self.split.train(u) for u in users]
+        negs = self.negatives_of(users, histories)
+        out = []
+        for u, items, neg in zip(users, histories, negs):
+            times = self.split.data.times[u][: len(items)]
+            seq, pos = left_pad(items[:-1], self.maxlen), left_pad(items[1:], self.maxlen)
+            neg[pos == 0] = 0
+            out.append(dict(seq=torch.from_numpy(seq), time=torch.from_numpy(left_pad(times[:-1], self.maxlen)),
+                            pos=torch.from_numpy(pos), neg=torch.from_numpy(neg)))
+        return out
+
+    def negatives_of(self, users: list[int], histories: list[np.ndarray]) -> np.ndarray:
+        """(len(users), maxlen, negatives) items in 1..num_items outside each user's history: the hash of
+        (seed, epoch, user, slot, attempt), drawn again (next attempt) where it hit the history. Membership
+        is a binary search in the sorted (row, item) codes of the histories: memory grows with the
+        histories, not with the catalogue."""
+        n_items, slots, n = self.split.data.num_items, self.maxlen * self.negatives, len(users)
+        rows = np.repeat(np.arange(n), [len(h) for h in histories])
+        codes = np.unique(rows * (n_items + 1) + np.concatenate(histories))
+        distinct = np.bincount(codes // (n_items + 1), minlength=n)      # histories hold items 1..num_items
+        if (distinct >= n_items).any():
+            full = int(np.argmax(distinct >= n_items))
+            raise DataError(f"user {users[full]} has interacted with every item: no negative can be sampled")
+        base = mix64(mix64(np.array([self.seed], dtype=np.uint64)) ^ np.array([self.epoch], dtype=np.uint64))
+        key = mix64(base ^ np.asarray(users, dtype=np.uint64)).repeat(slots)              # (n * slots,)
+        slot = np.tile(np.arange(1, slots + 1, dtype=np.uint64), n)
+        row = np.arange(n).repeat(slots)
+        neg = (mix64(key ^ mix64(slot)) % np.uint64(n_items)).astype(np.int64) + 1
+
+        def in_history(items, where):
+            query = row[where] * (n_items + 1) + items
+            at = np.minimum(np.searchsorted(codes, query), len(codes) - 1)
+            return codes[at] == query
+
+        todo = np.flatnonzero(in_history(neg, slice(None)))
+        attempt = np.uint64(0)
+        while len(todo):
+            attempt += np.uint64(slots)
+            neg[todo] = (mix64(key[todo] ^ mix64(slot[todo] + attempt)) % np.uint64(n_items)).astype(np.int64) + 1
+            todo = todo[in_history(neg[todo], todo)]
+        return neg.reshape(n, self.maxlen, self.negatives)
 
 
 class EvalSequences(torch.utils.data.Dataset):
