@@ -276,8 +276,8 @@ class TrainSequences(torch.utils.data.Dataset):
     """One sample per user with >= 2 training items: inputs, next-item targets, sampled negatives.
     Negatives depend only on (seed, epoch, user), so they do not change with the world size or with which
     users share a batch. The DataLoader fetches a batch at once (__getitems__): the negatives of all its
-    users are drawn and checked against their histories in a few array operations (one generator and a
-    rejection loop per user cost ~40 us each: 0.1 s of a 0.7 s ml-100k epoch)."""
+    users are drawn and checked against their histories in a few array operations (a generator and a
+    rejection loop per user made the loader take 0.056 s of a 0.76 s ml-100k epoch; 0.040 s so)."""
 
     def __init__(self, split: Split, maxlen: int, negatives: int, seed: int):
         self.split, self.maxlen, self.negatives, self.seed = split, maxlen, negatives, seed
