@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer.config import Config
 from trainer.distributed.runtime import DistInfo
-from trainer.engine import syncwait
+from trainer.engine import memory, syncwait
 from trainer.engine.data import ResumableSampler, per_rank_batch_size
 from trainer.engine.optim import build_optimizer, build_scheduler, scaled_lr
 from trainer.engine.recipe import Recipe
@@ -110,6 +110,8 @@ class Run:
 
 
 def _data_and_model(recipe: Recipe, info: DistInfo, cfg: Config, wrap: bool) -> Run:
+    if recipe.reuse_freed_memory and memory.reuse_freed_memory():
+        log.info("malloc keeps freed memory for reuse (no mmap): large tensors fault no pages after step one")
     seed_everything(cfg.seed)  # same data and initial weights on every rank
     train_set, eval_sets = recipe.build_datasets()
     if len(train_set) == 0:
