@@ -60,7 +60,7 @@ def worker(args) -> None:
     from trainer.recipes.kgat.recipe import KGATRecipe
 
     world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
-    from trainer.engine import memory
+    from trainer import memory
     memory.reuse_freed_memory()                      # as the engine does for this recipe
     if world > 1:
         dist.init_process_group("gloo")

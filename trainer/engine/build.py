@@ -17,9 +17,10 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from trainer import memory
 from trainer.config import Config
 from trainer.distributed.runtime import DistInfo
-from trainer.engine import memory, syncwait
+from trainer.engine import syncwait
 from trainer.engine.data import ResumableSampler, per_rank_batch_size
 from trainer.engine.optim import build_optimizer, build_scheduler, scaled_lr
 from trainer.engine.recipe import Recipe

@@ -25,7 +25,7 @@ class Recipe:
     find_unused_parameters: ClassVar[bool] = False   # DDP: some steps leave parameters without gradients
     broadcast_buffers: ClassVar[bool] = True         # DDP: rank 0's buffers to every rank before each forward
     buffers_before_eval: ClassVar[bool] = False      # instead: rank 0's buffers to every rank before evaluating
-    reuse_freed_memory: ClassVar[bool] = False       # steps make tensors over 32 MiB: engine/memory.py
+    reuse_freed_memory: ClassVar[bool] = False       # steps make tensors over 32 MiB: trainer/memory.py
 
     def __init__(self, data_cfg: Any, model_cfg: Any, train_cfg: Any, dist: Any, eval_cfg: Any = None,
                  seed: int = 0, loss_cfg: Any = None):
