@@ -58,10 +58,11 @@ def worker(args) -> None:
     from trainer.recipes.kgat import data as D
     from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATLossConfig, KGATModelConfig
     from trainer.recipes.kgat.recipe import KGATRecipe
+    if KGATRecipe.reuse_freed_memory:                # as the engine does before it builds a recipe's data
+        from trainer import memory
+        memory.reuse_freed_memory()
 
     world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
-    from trainer import memory
-    memory.reuse_freed_memory()                      # as the engine does for this recipe
     if world > 1:
         dist.init_process_group("gloo")
     info = DistInfo(rank=rank, local_rank=rank, world_size=world, backend="gloo" if world > 1 else "none",

@@ -216,7 +216,7 @@ class KGAT(nn.Module):
         order_t, col_t, pcrow_t, self._pt_starts = column_panels(tails[by_tail], heads[by_tail], self.n_nodes,
                                                                  self._panel_cols)
         self.p_edge, self.p_col, self.p_crow, self.pt_edge, self.pt_col, self.pt_crow = (
-            x.to(dev) for x in (order, col, pcrow, by_tail[order_t] if len(order_t) else order_t, col_t, pcrow_t))
+            x.to(dev) for x in (order, col, pcrow, by_tail[order_t], col_t, pcrow_t))
         self.set_attention(values)
 
     def set_attention(self, values: torch.Tensor) -> None:

@@ -323,18 +323,21 @@ class TrainSequences(torch.utils.data.Dataset):
         key = mix64(base ^ np.asarray(users, dtype=np.uint64)).repeat(slots)              # (n * slots,)
         slot = np.tile(np.arange(1, slots + 1, dtype=np.uint64), n)
         row = np.arange(n).repeat(slots)
-        neg = (mix64(key ^ mix64(slot)) % np.uint64(n_items)).astype(np.int64) + 1
+
+        def draw(where, attempt):
+            return (mix64(key[where] ^ mix64(slot[where] + attempt)) % np.uint64(n_items)).astype(np.int64) + 1
 
         def in_history(items, where):
             query = row[where] * (n_items + 1) + items
             at = np.minimum(np.searchsorted(codes, query), len(codes) - 1)
             return codes[at] == query
 
-        todo = np.flatnonzero(in_history(neg, slice(None)))
         attempt = np.uint64(0)
+        neg = draw(slice(None), attempt)
+        todo = np.flatnonzero(in_history(neg, slice(None)))
         while len(todo):
             attempt += np.uint64(slots)
-            neg[todo] = (mix64(key[todo] ^ mix64(slot[todo] + attempt)) % np.uint64(n_items)).astype(np.int64) + 1
+            neg[todo] = draw(todo, attempt)
             todo = todo[in_history(neg[todo], todo)]
         return neg.reshape(n, self.maxlen, self.negatives)
 
