@@ -49,6 +49,7 @@ class SeqRecConfig:
     mhc_sinkhorn_tol: float = 1e-4             # 0: always mhc_sinkhorn_iters
     mhc_gate_init: float = 0.01
     mhc_fp32: bool = True                      # mHC maps in fp32 under AMP (the seed's --mhc_no_amp)
+    mhc_fused: bool = True                     # fused C++ kernels for the streams on CPU (built on first use)
     grad_checkpoint: bool = False
     length_buckets: int = 4                    # rows sorted by length, each bucket trimmed of padding
 

@@ -14,16 +14,18 @@ from torch.utils.checkpoint import checkpoint
 
 from trainer.recipes.dropout import Dropout
 from trainer.recipes.sasrec.config import SeqRecConfig
+from trainer.recipes.sasrec.fused import FusedConnection, applies, mhc_ops
 
 
-def sinkhorn(logits: torch.Tensor, iters: int, tol: float = 0.0) -> torch.Tensor:
+def sinkhorn(logits: torch.Tensor, iters: int, tol: float = 0.0, fused: bool = False) -> torch.Tensor:
     """Doubly-stochastic projection of exp(logits) over the last two dims (rows, then columns), in fp32 or fp64.
 
     At most `iters` iterations; with tol > 0 it stops once every row sums to 1 within tol (columns are exact
     after each iteration). The gradient is that of the projection itself (implicit differentiation of
     P = diag(u) exp(L) diag(v), one n x n solve per map) instead of backpropagation through every
-    iteration: the unrolled graph was 40 small autograd nodes per sub-layer and most of mHC's cost."""
-    return _Sinkhorn.apply(logits, iters, tol)
+    iteration: the unrolled graph was 40 small autograd nodes per sub-layer and most of mHC's cost.
+    fused: the same iterations and gradient in one C++ loop per map (fused.py), for float32 CPU maps."""
+    return _Sinkhorn.apply(logits, iters, tol, fused)
 
 
 def sinkhorn_iterations(m: torch.Tensor, iters: int, tol: float) -> int:
@@ -43,15 +45,21 @@ class _Sinkhorn(torch.autograd.Function):
     last_iterations = 0                   # of the latest call (the recipe reports a running mean)
 
     @staticmethod
-    def forward(ctx, logits, iters, tol):
+    def forward(ctx, logits, iters, tol, fused=False):
+        ctx.dtype, ctx.fused = logits.dtype, fused
         with torch.no_grad():
             shape = logits.shape
+            if fused:
+                x = logits.float().reshape(-1, *shape[-2:])
+                m, _Sinkhorn.last_iterations = mhc_ops().sinkhorn(x.sub(x.amax((1, 2), keepdim=True)).exp_(),
+                                                                  iters, tol)
+                ctx.save_for_backward(m)
+                return m.view(shape)
             x = logits.to(torch.promote_types(logits.dtype, torch.float32)).reshape(-1, *shape[-2:]).permute(1, 2, 0)
             m = torch.exp(x - x.amax(dim=(0, 1), keepdim=True)).contiguous()
             _Sinkhorn.last_iterations = sinkhorn_iterations(m, iters, tol)
             m = m.permute(2, 0, 1).contiguous().view(shape)
         ctx.save_for_backward(m)
-        ctx.dtype = logits.dtype
         return m
 
     @staticmethod
@@ -59,13 +67,16 @@ class _Sinkhorn(torch.autograd.Function):
         # dL = P * (G - a 1^T - 1 b^T), with a, b making its row and column sums zero (the projection is
         # invariant to adding row/column constants to L): (I - P^T P + 1 1^T) b = colsum(PG) - P^T rowsum(PG)
         (p,) = ctx.saved_tensors
+        if ctx.fused:
+            out = mhc_ops().sinkhorn_backward(p, grad.float().reshape(p.shape).contiguous())
+            return out.view(grad.shape).to(ctx.dtype), None, None, None
         pg = p * grad.float()
         rows, cols = pg.sum(-1, keepdim=True), pg.sum(-2).unsqueeze(-1)
         n = p.shape[-1]
         system = torch.eye(n, dtype=p.dtype, device=p.device) + 1.0 - p.mT @ p
         b = torch.linalg.solve_ex(system, cols - p.mT @ rows, check_errors=False)[0]
         a = rows - p @ b
-        return (pg - p * (a + b.mT)).to(ctx.dtype), None, None
+        return (pg - p * (a + b.mT)).to(ctx.dtype), None, None, None
 
 
 def causal_blocks(t: int, min_split: int = 64) -> list[tuple[int, int]]:
@@ -175,22 +186,25 @@ class MHCMaps(nn.Module):
         self.b_res = nn.Parameter(torch.full((n, n), -4.0).fill_diagonal_(0.0))               # H_res ~ I
         self.sinkhorn_calls = self.sinkhorn_iterations = 0                  # the recipe logs their mean
 
-    def forward(self, x: torch.Tensor):
+    def forward(self, x: torch.Tensor, conn: FusedConnection | None = None):
+        """conn: the fused kernels' connection (fused.py) for this call, or None for the PyTorch path."""
         if self.fp32 and torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
-                return self._maps(x.float())
-        return self._maps(x)
+                return self._maps(x.float(), conn)
+        return self._maps(x, conn)
 
-    def _maps(self, x: torch.Tensor):
+    def _maps(self, x: torch.Tensor, conn: FusedConnection | None):
         b, t, n, d = x.shape
         flat = x.reshape(b * t, n * d)
         # RMSNorm folded into the projection: (x r w) W^T = r (x (W w)^T), so the normalised copy of the
         # n-times-wider stream is never written
         eps = self.norm.eps if self.norm.eps is not None else torch.finfo(flat.dtype).eps
-        z = NormProj.apply(flat, self.proj.weight * self.norm.weight, eps).view(b, t, -1)
+        project = conn.norm_proj if conn is not None else NormProj.apply
+        z = project(flat, self.proj.weight * self.norm.weight, eps).view(b, t, -1)
         pre = torch.sigmoid(self.alpha[0] * z[..., :n] + self.b_pre)
         post = 2 * torch.sigmoid(self.alpha[1] * z[..., n:2 * n] + self.b_post)
-        res = sinkhorn(self.alpha[2] * z[..., 2 * n:].view(b, t, n, n) + self.b_res, self.iters, self.tol)
+        res = sinkhorn(self.alpha[2] * z[..., 2 * n:].view(b, t, n, n) + self.b_res, self.iters, self.tol,
+                       conn is not None)
         self.sinkhorn_calls += 1
         self.sinkhorn_iterations += _Sinkhorn.last_iterations
         return pre, post, res
@@ -247,6 +261,7 @@ class Sublayer(nn.Module):
         super().__init__()
         self.fn, self.norm, self.pre_ln = fn, nn.LayerNorm(d, eps=1e-8), cfg.norm == "pre"
         self.maps = MHCMaps(cfg.mhc_streams, d, cfg) if cfg.mhc else None
+        self.fused = cfg.mhc and cfg.mhc_fused
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None, **kw) -> torch.Tensor:
         """keep (mHC only): zeroes the sub-layer's output at padded positions, whose streams are zero on entry,
@@ -255,12 +270,16 @@ class Sublayer(nn.Module):
             if self.pre_ln:
                 return x + self.fn(self.norm(x), **kw)
             return self.norm(x + self.fn(x, **kw))
-        pre, post, res = self.maps(x)                                    # x: (B, T, n, D) streams
-        b, t, n, d = x.shape
-        h = (pre.unsqueeze(-1).to(x.dtype) * x).sum(2)
+        b, t, n, d = x.shape                                             # x: (B, T, n, D) streams
+        conn = FusedConnection(n) if self.fused and applies(x) and x.is_contiguous() and mhc_ops() else None
+        pre, post, res = self.maps(x, conn)
+        if conn is not None:
+            h = conn.pre_mix(x.view(b * t, n, d), pre.reshape(b * t, n)).view(b, t, d)
+        else:
+            h = (pre.unsqueeze(-1).to(x.dtype) * x).sum(2)
         y = self.fn(self.norm(h), **kw) * keep
-        out = StreamMix.apply(res.reshape(b * t, n, n), x.view(b * t, n, d), post.reshape(b * t, n),
-                              y.reshape(b * t, d))
+        mix = conn.stream_mix if conn is not None else StreamMix.apply
+        out = mix(res.reshape(b * t, n, n), x.view(b * t, n, d), post.reshape(b * t, n), y.reshape(b * t, d))
         return out.view(b, t, n, d)
 
 

@@ -1,0 +1,178 @@
+"""The fused C++ mHC kernels (trainer/recipes/sasrec/mhc_ops.cpp): built here, the same function and gradients
+as the PyTorch path, and the PyTorch path with a warning where they cannot be built."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import clean_env
+from trainer.recipes.sasrec import fused
+from trainer.recipes.sasrec.config import SeqRecConfig
+from trainer.recipes.sasrec.model import SeqRec, _Sinkhorn, sinkhorn
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _toolchain_missing() -> str:
+    missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
+    return f"no {' or '.join(missing)} on PATH: the fused kernels cannot be built here" if missing else ""
+
+
+@pytest.fixture(scope="module")
+def ops():
+    why = _toolchain_missing()
+    if why:
+        print(f"SKIP: {why}", file=sys.stderr)
+        pytest.skip(why)
+    module = fused.mhc_ops()
+    assert module is not None, f"the toolchain is here but the build failed: {fused.unavailable_reason()}"
+    return module
+
+
+def _model(fused_kernels: bool, time: bool, seed: int = 0) -> SeqRec:
+    torch.manual_seed(seed)
+    model = SeqRec(SeqRecConfig(time=time, width=16, depth=2, heads=2, dropout=0.0, mhc_gate_init=0.5,
+                                mhc_fused=fused_kernels), num_items=50, maxlen=20).train()
+    with torch.no_grad():                  # far from the near-identity start, so every map term matters
+        for sub in (s for block in model.blocks for s in (block.attn, block.ffn)):
+            sub.maps.proj.weight.normal_(0, 0.3)
+            sub.maps.b_res.normal_(0, 1)
+    return model
+
+
+def _batch(seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(1, 51, (12, 20), generator=g)
+    seq[:4, :7] = 0                                          # left padding: length buckets differ
+    time = torch.cumsum(torch.randint(0, 5, (12, 20), generator=g), 1)
+    return seq, time, torch.randint(1, 51, (12, 20), generator=g), torch.randint(1, 51, (12, 20, 1), generator=g)
+
+
+def _loss_and_grads(model, batch):
+    pos, neg = model(*batch)
+    loss = pos.square().sum() + neg.sin().sum()
+    loss.backward()
+    return pos.detach(), neg.detach(), {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("time", [False, True], ids=["sasrec_mhc", "tisasrec_mhc"])
+def test_fused_model_computes_the_pytorch_paths_function_and_gradients(ops, time):
+    batch = _batch()
+    ref = _loss_and_grads(_model(False, time), batch)
+    got = _loss_and_grads(_model(True, time), batch)
+    assert torch.allclose(got[0], ref[0], atol=1e-5) and torch.allclose(got[1], ref[1], atol=1e-5)
+    scale = max(g.abs().max() for g in ref[2].values())
+    for name, grad in ref[2].items():                        # every parameter, maps included
+        assert (got[2][name] - grad).abs().max() <= 1e-5 * scale, name
+
+
+def test_fused_path_is_the_one_taken(ops, monkeypatch):
+    """Guards the test above: with model.mhc_fused the kernels run (a broken kernel changes the output)."""
+    batch = _batch()
+    ref = _loss_and_grads(_model(True, False), batch)[0]
+    monkeypatch.setattr(fused, "_state", {"ops": _Broken(ops), "why": ""})
+    broken = _model(True, False)(*batch)[0].detach()
+    assert not torch.allclose(broken, ref, atol=1e-3)
+
+
+class _Broken:
+    """The kernels with the stream mix's post term dropped."""
+
+    def __init__(self, ops):
+        self._ops = ops
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+    def stream_mix(self, res, x, post, y):
+        return self._ops.stream_mix(res, x, torch.zeros_like(post), y)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_stream_kernels_match_their_formulas(ops, n):
+    torch.manual_seed(n)
+    tokens, d = 37, 23                                       # not multiples of any vector width
+    x, g = torch.randn(tokens, n, d), torch.randn(tokens, n, d)
+    res, post, pre, y = torch.rand(tokens, n, n), torch.rand(tokens, n), torch.rand(tokens, n), torch.randn(tokens, d)
+    grad_h, coef, gx = torch.randn(tokens, d), torch.randn(tokens), torch.randn(tokens, n, d)
+    close = lambda a, b: torch.allclose(a, b, atol=1e-5)    # noqa: E731
+    assert close(ops.stream_mix(res, x, post, y), res @ x + post.unsqueeze(-1) * y.unsqueeze(1))
+    assert close(ops.pre_mix(x, pre), (pre.unsqueeze(-1) * x).sum(1))
+    assert close(ops.pre_mix_backward(x, grad_h), (x * grad_h.unsqueeze(1)).sum(-1))
+    grad_res, grad_post, grad_y = ops.stream_mix_backward(g, x, post, y)
+    assert close(grad_res, g @ x.mT) and close(grad_post, (g * y.unsqueeze(1)).sum(-1))
+    assert close(grad_y, (post.unsqueeze(-1) * g).sum(1))
+    expected = gx + coef.view(-1, 1, 1) * x + res.mT @ g + pre.unsqueeze(-1) * grad_h.unsqueeze(1)
+    ops.stream_grad_(gx, x, coef, g, res, pre, grad_h)
+    assert close(gx, expected)
+
+
+@pytest.mark.parametrize("tol", [0.0, 1e-3, 1e-5])
+def test_fused_sinkhorn_is_the_pytorch_one(ops, tol):
+    """Same maps, same iteration count (the stop rule is over all maps), same gradient; 1000 maps are not a
+    multiple of the 64 maps a vectorised chunk holds."""
+    torch.manual_seed(9)
+    logits = (0.8 * torch.randn(1000, 4, 4)).requires_grad_()
+    weights = torch.randn(1000, 4, 4)
+    out = {}
+    for kernel in (False, True):
+        res = sinkhorn(logits, 20, tol, kernel)
+        (grad,) = torch.autograd.grad((res * weights).sum(), logits)
+        out[kernel] = res.detach(), _Sinkhorn.last_iterations, grad
+    assert out[True][1] == out[False][1] and (tol == 0 or out[True][1] < 20)
+    assert torch.allclose(out[True][0], out[False][0], atol=1e-6)
+    assert torch.allclose(out[True][2], out[False][2], atol=1e-4)
+    if tol:
+        assert (out[True][0].sum(-1) - 1).abs().max() <= tol
+    assert torch.allclose(out[True][0].sum(-2), torch.ones(1000, 4), atol=1e-6)
+
+
+@pytest.mark.parametrize("amp", [None, torch.bfloat16])
+def test_fused_maps_stay_doubly_stochastic(ops, amp):
+    model = _model(True, False)
+    seen = []
+    model.blocks[1].ffn.maps.register_forward_hook(lambda m, a, out: seen.append(out[2]))
+    ctx = torch.autocast("cpu", dtype=amp) if amp else torch.autocast("cpu", enabled=False)
+    with ctx:
+        model(*_batch())
+    res = seen[0]
+    assert res.dtype == torch.float32
+    assert torch.allclose(res.sum(-1), torch.ones_like(res[..., 0]), atol=1e-3)
+    assert torch.allclose(res.sum(-2), torch.ones_like(res[..., 0]), atol=1e-3)
+
+
+def test_without_a_compiler_training_warns_and_uses_the_pytorch_path(tmp_path):
+    """A user without g++ (or ninja): one warning naming the cause and the switch, then the same training."""
+    code = ("import warnings, torch\n"
+            "from trainer.recipes.sasrec import fused\n"
+            "from tests.recipes.test_mhc_fused import _model, _batch, _loss_and_grads\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    out = _loss_and_grads(_model(True, True), _batch())\n"
+            "print('WARN', [str(x.message) for x in w])\n"
+            "print('OPS', fused.mhc_ops())\n"
+            "print('SUM', float(out[0].sum()))\n")
+    env = clean_env(TRAINER_EXTENSIONS_DIR=str(tmp_path / "ext"), CXX=str(tmp_path / "no-such-compiler"),
+                    PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OPS None" in proc.stdout
+    assert "mHC fused CPU kernels unavailable" in proc.stdout and "model.mhc_fused=false" in proc.stdout
+    reference = _loss_and_grads(_model(False, True), _batch())[0]
+    got = float(proc.stdout.split("SUM ")[1].split()[0])
+    assert abs(got - float(reference.sum())) <= 1e-3 * max(1.0, abs(got))
+    assert not any((tmp_path / "ext").rglob("*.so"))
+
+
+def test_build_is_cached_per_source_and_moved_into_place(ops):
+    target = fused.cache_root() / fused.build_key() / f"{fused.NAME}.so"
+    assert target.is_file()
+    assert not [p for p in target.parent.iterdir() if p.name.startswith("build-")]   # no half-built leftovers
+    assert os.access(target, os.R_OK)

@@ -1,0 +1,373 @@
+// Fused CPU kernels for mHC residual streams (float32, contiguous), built on first use by
+// trainer/recipes/sasrec/fused.py. Why: with n = 4 streams of width 50 every element-wise pass over the
+// (N, n, D) streams costs as much as the sub-layer's own matmuls, and PyTorch runs the stream mixing as
+// batched 4x4 matmuls and broadcast temporaries (about 3 GFLOP/s). Each kernel here reads every token's
+// streams once, with the token's n x n map and n gates in registers.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kGrain = 64;    // tokens per parallel chunk
+constexpr int kLanes = 64;        // Sinkhorn maps per vectorised chunk (maps last, as in the PyTorch path)
+
+void check(const torch::Tensor& t, const char* name, int64_t dim) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.is_contiguous() && t.dim() == dim,
+              "mhc_ops: ", name, " must be a contiguous float32 CPU tensor with ", dim, " dims");
+}
+
+// <a, b> over D floats; the pragma lets the compiler reorder the sum into vector lanes (-fopenmp-simd).
+inline float dot(const float* __restrict__ a, const float* __restrict__ b, int64_t D) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t d = 0; d < D; ++d) s += a[d] * b[d];
+  return s;
+}
+
+// Calls f.template operator()<NS>() with the stream count as a compile-time constant: the per-token loops
+// over streams unroll and the loops over the width vectorise.
+template <typename F>
+auto with_streams(int64_t n, F&& f) {
+  switch (n) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: TORCH_CHECK(false, "mhc_ops: ", n, " streams (built for 1, 2, 3, 4, 6 or 8)");
+  }
+}
+
+// h[t] = sum_i pre[t, i] x[t, i]
+torch::Tensor pre_mix(torch::Tensor x, torch::Tensor pre) {
+  check(x, "x", 3), check(pre, "pre", 2);
+  const int64_t N = x.size(0), D = x.size(2);
+  auto h = torch::empty({N, D}, x.options());
+  const float* __restrict__ xp = x.data_ptr<float>();
+  const float* __restrict__ pp = pre.data_ptr<float>();
+  float* __restrict__ hp = h.data_ptr<float>();
+  with_streams(x.size(1), [&](auto ns) {
+    constexpr int n = decltype(ns)::value;
+    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const float* __restrict__ xt = xp + t * n * D;
+        float p[n];
+        for (int i = 0; i < n; ++i) p[i] = pp[t * n + i];
+        float* __restrict__ ht = hp + t * D;
+        for (int64_t d = 0; d < D; ++d) {
+          float s = 0.f;
+          for (int i = 0; i < n; ++i) s += p[i] * xt[i * D + d];
+          ht[d] = s;
+        }
+      }
+    });
+    return 0;
+  });
+  return h;
+}
+
+// grad_pre[t, i] = <x[t, i], grad_h[t]>
+torch::Tensor pre_mix_backward(torch::Tensor x, torch::Tensor grad_h) {
+  check(x, "x", 3), check(grad_h, "grad_h", 2);
+  const int64_t N = x.size(0), D = x.size(2);
+  auto grad_pre = torch::empty({N, x.size(1)}, x.options());
+  const float* __restrict__ xp = x.data_ptr<float>();
+  const float* __restrict__ gp = grad_h.data_ptr<float>();
+  float* __restrict__ out = grad_pre.data_ptr<float>();
+  with_streams(x.size(1), [&](auto ns) {
+    constexpr int n = decltype(ns)::value;
+    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const float* __restrict__ xt = xp + t * n * D;
+        const float* __restrict__ g = gp + t * D;
+        for (int i = 0; i < n; ++i) out[t * n + i] = dot(xt + i * D, g, D);
+      }
+    });
+    return 0;
+  });
+  return grad_pre;
+}
+
+// out[t, i] = sum_j res[t, i, j] x[t, j] + post[t, i] y[t]
+torch::Tensor stream_mix(torch::Tensor res, torch::Tensor x, torch::Tensor post, torch::Tensor y) {
+  check(res, "res", 3), check(x, "x", 3), check(post, "post", 2), check(y, "y", 2);
+  const int64_t N = x.size(0), D = x.size(2);
+  auto out = torch::empty_like(x);
+  const float* __restrict__ rp = res.data_ptr<float>();
+  const float* __restrict__ xp = x.data_ptr<float>();
+  const float* __restrict__ pp = post.data_ptr<float>();
+  const float* __restrict__ yp = y.data_ptr<float>();
+  float* __restrict__ op = out.data_ptr<float>();
+  with_streams(x.size(1), [&](auto ns) {
+    constexpr int n = decltype(ns)::value;
+    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const float* __restrict__ xt = xp + t * n * D;
+        const float* __restrict__ yt = yp + t * D;
+        float r[n * n], p[n];
+        for (int k = 0; k < n * n; ++k) r[k] = rp[t * n * n + k];
+        for (int i = 0; i < n; ++i) p[i] = pp[t * n + i];
+        float* __restrict__ ot = op + t * n * D;
+        for (int i = 0; i < n; ++i)
+          for (int64_t d = 0; d < D; ++d) {
+            float s = p[i] * yt[d];
+            for (int j = 0; j < n; ++j) s += r[i * n + j] * xt[j * D + d];
+            ot[i * D + d] = s;
+          }
+      }
+    });
+    return 0;
+  });
+  return out;
+}
+
+// The gradients stream_mix's output gradient g gives its small inputs: grad_res[t, i, j] = <g_i, x_j>,
+// grad_post[t, i] = <g_i, y>, grad_y[t] = sum_i post_i g_i (the streams' own gradient comes later, fused
+// into stream_grad_).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> stream_mix_backward(
+    torch::Tensor g, torch::Tensor x, torch::Tensor post, torch::Tensor y) {
+  check(g, "grad", 3), check(x, "x", 3), check(post, "post", 2), check(y, "y", 2);
+  const int64_t N = x.size(0), D = x.size(2);
+  const int64_t n_ = x.size(1);
+  auto grad_res = torch::empty({N, n_, n_}, x.options());
+  auto grad_post = torch::empty({N, n_}, x.options());
+  auto grad_y = torch::empty({N, D}, x.options());
+  const float* __restrict__ gp = g.data_ptr<float>();
+  const float* __restrict__ xp = x.data_ptr<float>();
+  const float* __restrict__ pp = post.data_ptr<float>();
+  const float* __restrict__ yp = y.data_ptr<float>();
+  float* __restrict__ grp = grad_res.data_ptr<float>();
+  float* __restrict__ gpp = grad_post.data_ptr<float>();
+  float* __restrict__ gyp = grad_y.data_ptr<float>();
+  with_streams(n_, [&](auto ns) {
+    constexpr int n = decltype(ns)::value;
+    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const float* __restrict__ gt = gp + t * n * D;
+        const float* __restrict__ xt = xp + t * n * D;
+        const float* __restrict__ yt = yp + t * D;
+        float* __restrict__ gy = gyp + t * D;
+        float p[n];
+        for (int i = 0; i < n; ++i) p[i] = pp[t * n + i];
+        for (int64_t d = 0; d < D; ++d) {
+          float s = 0.f;
+          for (int i = 0; i < n; ++i) s += p[i] * gt[i * D + d];
+          gy[d] = s;
+        }
+        for (int i = 0; i < n; ++i) {
+          gpp[t * n + i] = dot(gt + i * D, yt, D);
+          for (int j = 0; j < n; ++j) grp[(t * n + i) * n + j] = dot(gt + i * D, xt + j * D, D);
+        }
+      }
+    });
+    return 0;
+  });
+  return {grad_res, grad_post, grad_y};
+}
+
+// The streams' whole gradient, in place on gx (which holds the maps' projection term on entry):
+// gx[t, i] += coef[t] x[t, i] + sum_j res[t, j, i] g[t, j] + pre[t, i] grad_h[t]
+void stream_grad_(torch::Tensor gx, torch::Tensor x, torch::Tensor coef, torch::Tensor g, torch::Tensor res,
+                  torch::Tensor pre, torch::Tensor grad_h) {
+  check(gx, "grad_x", 3), check(x, "x", 3), check(coef, "coef", 1), check(g, "grad", 3), check(res, "res", 3),
+      check(pre, "pre", 2), check(grad_h, "grad_h", 2);
+  const int64_t N = x.size(0), D = x.size(2);
+  float* __restrict__ gxp = gx.data_ptr<float>();
+  const float* __restrict__ xp = x.data_ptr<float>();
+  const float* __restrict__ cp = coef.data_ptr<float>();
+  const float* __restrict__ gp = g.data_ptr<float>();
+  const float* __restrict__ rp = res.data_ptr<float>();
+  const float* __restrict__ pp = pre.data_ptr<float>();
+  const float* __restrict__ hp = grad_h.data_ptr<float>();
+  with_streams(x.size(1), [&](auto ns) {
+    constexpr int n = decltype(ns)::value;
+    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const float* __restrict__ xt = xp + t * n * D;
+        const float* __restrict__ gt = gp + t * n * D;
+        const float* __restrict__ gh = hp + t * D;
+        float* __restrict__ ot = gxp + t * n * D;
+        float r[n * n], p[n];
+        for (int k = 0; k < n * n; ++k) r[k] = rp[t * n * n + k];
+        for (int i = 0; i < n; ++i) p[i] = pp[t * n + i];
+        const float c = cp[t];
+        for (int i = 0; i < n; ++i)
+          for (int64_t d = 0; d < D; ++d) {
+            float s = ot[i * D + d] + c * xt[i * D + d] + p[i] * gh[d];
+            for (int j = 0; j < n; ++j) s += r[j * n + i] * gt[j * D + d];
+            ot[i * D + d] = s;
+          }
+      }
+    });
+    return 0;
+  });
+}
+
+// Sinkhorn on a chunk of maps held maps-last in m[n * n][kLanes] (so every step is a vector operation over
+// the maps): `iters` iterations of rows then columns. err (if given) gets, for it = 1 .. iters - 1, the
+// largest row error after `it` iterations (err[it - 1]): the row sums the next iteration divides by.
+template <int n>
+void sinkhorn_chunk(float (*__restrict__ m)[kLanes], int64_t iters, float* err) {
+  alignas(64) float s[kLanes];
+  for (int64_t it = 0; it < iters; ++it) {
+    float worst = 0.f;
+    for (int i = 0; i < n; ++i) {                      // rows
+      for (int l = 0; l < kLanes; ++l) s[l] = m[i * n][l];
+      for (int j = 1; j < n; ++j)
+        for (int l = 0; l < kLanes; ++l) s[l] += m[i * n + j][l];
+      if (err && it > 0) {                             // padding lanes hold all-ones maps: exact after one
+#pragma omp simd reduction(max : worst)
+        for (int l = 0; l < kLanes; ++l) worst = std::max(worst, std::abs(s[l] - 1.f));
+      }
+      for (int l = 0; l < kLanes; ++l) s[l] = 1.f / s[l];
+      for (int j = 0; j < n; ++j)
+        for (int l = 0; l < kLanes; ++l) m[i * n + j][l] *= s[l];
+    }
+    if (err && it > 0) err[it - 1] = worst;
+    for (int j = 0; j < n; ++j) {                      // columns
+      for (int l = 0; l < kLanes; ++l) s[l] = m[j][l];
+      for (int i = 1; i < n; ++i)
+        for (int l = 0; l < kLanes; ++l) s[l] += m[i * n + j][l];
+      for (int l = 0; l < kLanes; ++l) s[l] = 1.f / s[l];
+      for (int i = 0; i < n; ++i)
+        for (int l = 0; l < kLanes; ++l) m[i * n + j][l] *= s[l];
+    }
+  }
+}
+
+// Sinkhorn on (N, n, n) positive maps E = exp(L - max) (the exponential is the caller's: vectorised there),
+// normalised by rows then columns, at most iters times,
+// stopping before an iteration once every row of every map sums to 1 within tol (tol > 0; columns are exact
+// after each iteration): the PyTorch path's rule, over all maps. Chunks run every iteration while in cache,
+// recording their row errors; if the rule stops earlier, the chunks are run again with that count (rare:
+// near-identity maps converge slowly). Returns (P, iterations run).
+std::tuple<torch::Tensor, int64_t> sinkhorn(torch::Tensor logits, int64_t iters, double tol) {
+  check(logits, "maps", 3);
+  const int64_t N = logits.size(0);
+  TORCH_CHECK(logits.size(2) == logits.size(1), "mhc_ops.sinkhorn: square maps");
+  auto p = torch::empty_like(logits);
+  const float* lp = logits.data_ptr<float>();
+  float* pp = p.data_ptr<float>();
+  const int64_t chunks = (N + kLanes - 1) / kLanes;
+  std::vector<float> errors(tol > 0 ? chunks * iters : 0);
+  return with_streams(logits.size(1), [&](auto ns) {
+    constexpr int n = decltype(ns)::value;
+    auto run = [&](int64_t count, bool record) {
+      at::parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
+        alignas(64) float m[n * n][kLanes];
+        for (int64_t c = b; c < e; ++c) {
+          const int64_t t0 = c * kLanes;
+          const int lanes = static_cast<int>(std::min<int64_t>(kLanes, N - t0));
+          for (int l = 0; l < kLanes; ++l) {
+            if (l >= lanes) {                               // padding lanes: a valid map, never read back
+              for (int k = 0; k < n * n; ++k) m[k][l] = 1.f;
+              continue;
+            }
+            const float* src = lp + (t0 + l) * n * n;
+            for (int k = 0; k < n * n; ++k) m[k][l] = src[k];
+          }
+          sinkhorn_chunk<n>(m, count, record ? errors.data() + c * iters : nullptr);
+          for (int l = 0; l < lanes; ++l)
+            for (int k = 0; k < n * n; ++k) pp[(t0 + l) * n * n + k] = m[k][l];
+        }
+      });
+    };
+    run(iters, tol > 0);
+    int64_t done = iters;
+    if (tol > 0) {
+      for (int64_t it = 1; it < iters; ++it) {          // after `it` iterations, are all rows within tol?
+        float worst = 0.f;
+        for (int64_t c = 0; c < chunks; ++c) worst = std::max(worst, errors[c * iters + it - 1]);
+        if (worst <= tol) {
+          done = it;
+          break;
+        }
+      }
+      if (done < iters) run(done, false);
+    }
+    return std::tuple<torch::Tensor, int64_t>{p, done};
+  });
+}
+
+// Gradient of the converged projection (implicit differentiation; see model.py's _Sinkhorn.backward):
+// dL = P * (G - a 1^T - 1 b^T), (I + 1 1^T - P^T P) b = colsum(P G) - P^T rowsum(P G), a = rowsum(P G) - P b.
+// One n x n solve per map, Gaussian elimination with partial pivoting in registers.
+torch::Tensor sinkhorn_backward(torch::Tensor p, torch::Tensor grad) {
+  check(p, "P", 3), check(grad, "grad", 3);
+  const int64_t N = p.size(0);
+  auto out = torch::empty_like(p);
+  const float* __restrict__ pp = p.data_ptr<float>();
+  const float* __restrict__ gp = grad.data_ptr<float>();
+  float* __restrict__ op = out.data_ptr<float>();
+  with_streams(p.size(1), [&](auto ns) {
+    constexpr int n = decltype(ns)::value;
+    constexpr int w = n + 1;                              // augmented system [A | rhs], A = I + 1 1^T - P^T P
+    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
+      float pg[n * n], rows[n], cols[n], a[n * w], x[n];
+      for (int64_t t = b; t < e; ++t) {
+        const float *m = pp + t * n * n, *g = gp + t * n * n;
+        for (int i = 0; i < n; ++i) rows[i] = cols[i] = 0.f;
+        for (int i = 0; i < n; ++i)
+          for (int j = 0; j < n; ++j) {
+            pg[i * n + j] = m[i * n + j] * g[i * n + j];
+            rows[i] += pg[i * n + j];
+            cols[j] += pg[i * n + j];
+          }
+        for (int i = 0; i < n; ++i) {
+          float rhs = cols[i];
+          for (int k = 0; k < n; ++k) rhs -= m[k * n + i] * rows[k];
+          a[i * w + n] = rhs;
+          for (int j = 0; j < n; ++j) {
+            float ptp = 0.f;
+            for (int k = 0; k < n; ++k) ptp += m[k * n + i] * m[k * n + j];
+            a[i * w + j] = (i == j ? 2.f : 1.f) - ptp;
+          }
+        }
+        for (int c = 0; c < n; ++c) {
+          int piv = c;
+          for (int r = c + 1; r < n; ++r)
+            if (std::abs(a[r * w + c]) > std::abs(a[piv * w + c])) piv = r;
+          if (piv != c)
+            for (int j = 0; j < w; ++j) std::swap(a[c * w + j], a[piv * w + j]);
+          for (int r = c + 1; r < n; ++r) {
+            const float f = a[r * w + c] / a[c * w + c];
+            for (int j = c; j < w; ++j) a[r * w + j] -= f * a[c * w + j];
+          }
+        }
+        for (int i = n - 1; i >= 0; --i) {
+          float s = a[i * w + n];
+          for (int j = i + 1; j < n; ++j) s -= a[i * w + j] * x[j];
+          x[i] = s / a[i * w + i];
+        }
+        float* o = op + t * n * n;
+        for (int i = 0; i < n; ++i) {
+          float pb = 0.f;
+          for (int j = 0; j < n; ++j) pb += m[i * n + j] * x[j];
+          const float ai = rows[i] - pb;
+          for (int j = 0; j < n; ++j) o[i * n + j] = pg[i * n + j] - m[i * n + j] * (ai + x[j]);
+        }
+      }
+    });
+    return 0;
+  });
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("pre_mix", &pre_mix);
+  m.def("pre_mix_backward", &pre_mix_backward);
+  m.def("stream_mix", &stream_mix);
+  m.def("stream_mix_backward", &stream_mix_backward);
+  m.def("stream_grad_", &stream_grad_);
+  m.def("sinkhorn", &sinkhorn);
+  m.def("sinkhorn_backward", &sinkhorn_backward);
+}
