@@ -99,18 +99,46 @@ def test_stream_kernels_match_their_formulas(ops, n):
     torch.manual_seed(n)
     tokens, d = 37, 23                                       # not multiples of any vector width
     x, g = torch.randn(tokens, n, d), torch.randn(tokens, n, d)
-    res, post, pre, y = torch.rand(tokens, n, n), torch.rand(tokens, n), torch.rand(tokens, n), torch.randn(tokens, d)
-    grad_h, coef, gx = torch.randn(tokens, d), torch.randn(tokens), torch.randn(tokens, n, d)
+    res, post, y = torch.rand(tokens, n, n), torch.rand(tokens, n), torch.randn(tokens, d)
     close = lambda a, b: torch.allclose(a, b, atol=1e-5)    # noqa: E731
     assert close(ops.stream_mix(res, x, post, y), res @ x + post.unsqueeze(-1) * y.unsqueeze(1))
-    assert close(ops.pre_mix(x, pre), (pre.unsqueeze(-1) * x).sum(1))
-    assert close(ops.pre_mix_backward(x, grad_h), (x * grad_h.unsqueeze(1)).sum(-1))
     grad_res, grad_post, grad_y = ops.stream_mix_backward(g, x, post, y)
     assert close(grad_res, g @ x.mT) and close(grad_post, (g * y.unsqueeze(1)).sum(-1))
     assert close(grad_y, (post.unsqueeze(-1) * g).sum(1))
-    expected = gx + coef.view(-1, 1, 1) * x + res.mT @ g + pre.unsqueeze(-1) * grad_h.unsqueeze(1)
-    ops.stream_grad_(gx, x, coef, g, res, pre, grad_h)
-    assert close(gx, expected)
+
+
+def _maps_in_reference(x, w, alpha0, b_pre, eps):
+    n = x.shape[1]
+    flat = x.reshape(len(x), -1)
+    z = torch.nn.functional.rms_norm(flat, (flat.shape[1],), eps=eps) @ w.t()
+    pre = torch.sigmoid(alpha0 * z[:, :n] + b_pre)
+    return z, (pre.unsqueeze(-1) * x).sum(1)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_maps_kernels_match_autograd(ops, n):
+    """maps_in, its backward and stream_grad_ (the streams' whole gradient: projection, RMSNorm, pre-mix and
+    the stream mix's term) against autograd through the plain formulas."""
+    torch.manual_seed(10 + n)
+    tokens, d, m = 37, 23, 2 * n + n * n
+    x = torch.randn(tokens, n, d, requires_grad=True)
+    w, b_pre = (0.3 * torch.randn(m, n * d)).requires_grad_(), torch.randn(n, requires_grad=True)
+    alpha0 = torch.tensor(0.7, requires_grad=True)
+    res, g = torch.rand(tokens, n, n), torch.randn(tokens, n, d)
+    grad_z, grad_h = torch.randn(tokens, m), torch.randn(tokens, d)
+    grad_z[:, :n] = 0                                  # the fused path's pre columns: used only inside
+    z_ref, h_ref = _maps_in_reference(x, w, alpha0, b_pre, 1e-6)
+    ref = torch.autograd.grad((z_ref * grad_z).sum() + (h_ref * grad_h).sum() + (x * (res.mT @ g)).sum(),
+                              (x, w, alpha0, b_pre))
+    flat = x.detach().reshape(tokens, -1)
+    z, r, pre, h = ops.maps_in(x.detach(), flat @ w.detach().t(), 0.7, b_pre.detach(), 1e-6)
+    assert torch.allclose(z, z_ref, atol=1e-5) and torch.allclose(h, h_ref, atol=1e-5)
+    ga, coef, grad_u = ops.maps_in_backward(x.detach(), z, r, pre, 0.7, grad_z, grad_h)
+    grad_x = (ga @ w.detach()).view(tokens, n, d)
+    ops.stream_grad_(grad_x, x.detach(), coef, g, res, pre, grad_h)
+    ours = (grad_x, ga.t() @ flat, (grad_u * z[:, :n]).sum(), grad_u.sum(0))
+    for name, a, b in zip(("x", "W", "alpha0", "b_pre"), ours, ref):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), name
 
 
 @pytest.mark.parametrize("tol", [0.0, 1e-3, 1e-5])

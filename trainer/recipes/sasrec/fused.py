@@ -27,7 +27,7 @@ import torch
 
 SOURCE = Path(__file__).with_name("mhc_ops.cpp")
 NAME = "seqrec_mhc_ops"
-CFLAGS = ["-O3", "-march=native", "-fopenmp-simd"]
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]          # -fopenmp: at::parallel_for is inline OpenMP
 _state: dict = {}
 
 
@@ -58,7 +58,8 @@ def _build(target: Path):
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="build-", dir=target.parent))
     try:
-        module = load(NAME, [str(SOURCE)], extra_cflags=CFLAGS, build_directory=str(tmp), verbose=False)
+        module = load(NAME, [str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], build_directory=str(tmp),
+                      verbose=False)
         os.replace(module.__file__, target)         # atomic: a concurrent build's result is the same library
         return module
     finally:
@@ -89,75 +90,55 @@ def applies(*tensors: torch.Tensor) -> bool:
 
 
 class FusedConnection:
-    """One mHC sub-layer call's backward state, shared by its three functions below. The streams x feed the
-    maps' projection, the pre-mix and the stream mix; autograd would write three (N, n, D) gradients and add
-    them. Instead the pre-mix and the stream mix leave their parts here and return no gradient for x, and the
-    projection's backward, which autograd runs last (its output feeds both), writes x's whole gradient in one
-    pass."""
+    """One mHC sub-layer call's backward state, shared by its two functions below. The streams x feed the
+    maps (projection and pre-mix: _MapsIn) and the stream mix; autograd would write one (N, n, D) gradient
+    for each and add them. Instead the stream mix leaves its output gradient here and returns none for x,
+    and _MapsIn's backward, which autograd runs last (its outputs feed the stream mix), writes x's whole
+    gradient in one pass."""
 
     def __init__(self, n: int):
         self.n = n
-        self.grad_out = self.res = self.pre = self.grad_h = None
+        self.grad_out = self.res = self.pre = self.h = None
 
-    def norm_proj(self, flat, weight, eps):
-        return _NormProj.apply(flat, weight, eps, self)
-
-    def pre_mix(self, x, pre):
-        return _PreMix.apply(x, pre, self)
+    def maps_in(self, x, weight, alpha0, b_pre, eps):
+        """z (N, 2n + n^2) of the maps' projection; sets self.pre and self.h (the pre-mixed input)."""
+        z, self.h = _MapsIn.apply(x, weight, alpha0, b_pre, eps, self)
+        return z
 
     def stream_mix(self, res, x, post, y):
         return _StreamMix.apply(res, x, post, y, self)
 
 
-class _NormProj(torch.autograd.Function):
-    """z = RMSNorm(x) W^T as r (x W^T) (model.NormProj); its backward completes x's gradient."""
+class _MapsIn(torch.autograd.Function):
+    """z = RMSNorm(x) W^T (as model.NormProj), pre = sigmoid(alpha0 z[:n] + b_pre) and h = sum_i pre_i x_i,
+    in one read of the streams; the backward completes x's gradient (FusedConnection)."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps, conn):
-        weight = weight.float()
+    def forward(ctx, x, weight, alpha0, b_pre, eps, conn):
+        weight, b_pre, a0 = weight.float(), b_pre.float().contiguous(), float(alpha0)
+        flat = x.view(x.shape[0], -1)
         with torch.autocast(x.device.type, enabled=False):
-            r = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps))
-            a = x @ weight.t()
-        ctx.save_for_backward(x, weight, r, a)
-        ctx.conn = conn
-        return a * r
+            a = flat @ weight.t()
+        z, r, pre, h = mhc_ops().maps_in(x, a, a0, b_pre, eps)
+        ctx.save_for_backward(x, weight, z, r, pre)
+        ctx.conn, ctx.alpha0 = conn, a0
+        conn.pre = pre
+        return z, h
 
     @staticmethod
-    def backward(ctx, grad):
-        x, weight, r, a = ctx.saved_tensors
-        conn = ctx.conn
-        grad = grad.float()
-        grad_a = grad * r
-        coef = ((grad * a).sum(-1, keepdim=True) * r.pow(3) / -x.shape[-1]).view(-1)
-        tokens, width = x.shape[0], weight.shape[1]
-        n = conn.n
-        grad_x = (grad_a @ weight).view(tokens, n, width // n)
+    def backward(ctx, grad_z, grad_h):
+        x, weight, z, r, pre = ctx.saved_tensors
+        conn, n = ctx.conn, x.shape[1]
+        grad_z = torch.zeros_like(z) if grad_z is None else grad_z.float().contiguous()
+        grad_h = x.new_zeros(x.shape[0], x.shape[2]) if grad_h is None else grad_h.float().contiguous()
         if conn.grad_out is None:          # the output's gradient never came (a branch without gradient)
-            conn.grad_out, conn.res = torch.zeros_like(grad_x), grad_x.new_zeros(tokens, n, n)
-        if conn.grad_h is None:
-            conn.pre, conn.grad_h = grad_x.new_zeros(tokens, n), grad_x.new_zeros(tokens, width // n)
-        mhc_ops().stream_grad_(grad_x, x.view_as(grad_x), coef, conn.grad_out, conn.res, conn.pre, conn.grad_h)
-        ctx.conn = conn.grad_out = conn.grad_h = conn.res = conn.pre = None
-        return grad_x.view_as(x), grad_a.t() @ x, None, None
-
-
-class _PreMix(torch.autograd.Function):
-    """h = sum_i pre_i x_i for (N, n, D) streams x and (N, n) pre."""
-
-    @staticmethod
-    def forward(ctx, x, pre, conn):
-        pre = pre.float().contiguous()
-        ctx.save_for_backward(x, pre)
-        ctx.conn = conn
-        return mhc_ops().pre_mix(x, pre)
-
-    @staticmethod
-    def backward(ctx, grad_h):
-        x, pre = ctx.saved_tensors
-        grad_h = grad_h.float().contiguous()
-        ctx.conn.pre, ctx.conn.grad_h = pre, grad_h
-        ctx.conn = None
-        return None, mhc_ops().pre_mix_backward(x, grad_h), None
+            conn.grad_out, conn.res = torch.zeros_like(x), x.new_zeros(x.shape[0], n, n)
+        ops = mhc_ops()
+        ga, coef, grad_u = ops.maps_in_backward(x, z, r, pre, ctx.alpha0, grad_z, grad_h)
+        grad_x = (ga @ weight).view_as(x)
+        ops.stream_grad_(grad_x, x, coef, conn.grad_out, conn.res, pre, grad_h)
+        ctx.conn = conn.grad_out = conn.res = conn.pre = conn.h = None
+        return grad_x, ga.t() @ x.view(x.shape[0], -1), (grad_u * z[:, :n]).sum(), grad_u.sum(0), None, None
 
 
 class _StreamMix(torch.autograd.Function):

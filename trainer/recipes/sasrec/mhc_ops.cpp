@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <tuple>
 #include <type_traits>
@@ -30,6 +31,70 @@ inline float dot(const float* __restrict__ a, const float* __restrict__ b, int64
   return s;
 }
 
+// GCC/Clang vector type: 16 floats, lowered to whatever vector width -march allows (one zmm on AVX-512).
+typedef float v16 __attribute__((vector_size(64)));
+
+inline v16 load16(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof(v));       // an unaligned load
+  return v;
+}
+
+typedef int v16i __attribute__((vector_size(64)));
+
+// Halves every 16-lane group in two vectors and adds them: lanes of a then b, each group of g lanes
+// folded to g / 2 (the reduction tree of hsum16: 8 + 4 + 2 + 1 of these for 16 vectors).
+template <int g>
+inline v16 fold(v16 a, v16 b) {
+  v16i lo, hi;
+  for (int l = 0; l < 16; ++l) {
+    const int src = (l / (g / 2)) * g + l % (g / 2);  // the first half of each group, groups of a then b
+    lo[l] = src;
+    hi[l] = src + g / 2;
+  }
+  return __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
+}
+
+// out[k] = the sum of v[k]'s 16 lanes, for 16 vectors: 15 shuffle-and-add steps instead of 240 scalar adds.
+inline void hsum16(const v16 (&v)[16], float* out) {
+  v16 a[8], b[4], c[2];
+  for (int k = 0; k < 8; ++k) a[k] = fold<16>(v[2 * k], v[2 * k + 1]);
+  for (int k = 0; k < 4; ++k) b[k] = fold<8>(a[2 * k], a[2 * k + 1]);
+  for (int k = 0; k < 2; ++k) c[k] = fold<4>(b[2 * k], b[2 * k + 1]);
+  const v16 d = fold<2>(c[0], c[1]);
+  std::memcpy(out, &d, sizeof(d));
+}
+
+// out[i * m + j] = <a_i, b_j> for n rows a_i (stride D) and m rows b_j: partial sums in n * m vector
+// registers over the width, reduced once at the end (a dot() per pair reloaded a_i and reduced every pair).
+template <int n, int m>
+inline void dots(const float* __restrict__ a, const float* const (&b)[m], int64_t D, float* out) {
+  v16 acc[n][m];
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < m; ++j) acc[i][j] = v16{};
+  int64_t d = 0;
+  for (; d + 16 <= D; d += 16) {
+    v16 bv[m];
+    for (int j = 0; j < m; ++j) bv[j] = load16(b[j] + d);
+    for (int i = 0; i < n; ++i) {
+      const v16 av = load16(a + i * D + d);
+      for (int j = 0; j < m; ++j) acc[i][j] += av * bv[j];
+    }
+  }
+  constexpr int groups = (n * m + 15) / 16;
+  v16 all[groups * 16] = {};
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < m; ++j) all[i * m + j] = acc[i][j];
+  float sums[groups * 16];
+  for (int k = 0; k < groups; ++k) hsum16(reinterpret_cast<const v16(&)[16]>(all[16 * k]), sums + 16 * k);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < m; ++j) {
+      float s = sums[i * m + j];
+      for (int64_t e = d; e < D; ++e) s += a[i * D + e] * b[j][e];
+      out[i * m + j] = s;
+    }
+}
+
 // Calls f.template operator()<NS>() with the stream count as a compile-time constant: the per-token loops
 // over streams unroll and the loops over the width vectorise.
 template <typename F>
@@ -45,21 +110,34 @@ auto with_streams(int64_t n, F&& f) {
   }
 }
 
-// h[t] = sum_i pre[t, i] x[t, i]
-torch::Tensor pre_mix(torch::Tensor x, torch::Tensor pre) {
-  check(x, "x", 3), check(pre, "pre", 2);
-  const int64_t N = x.size(0), D = x.size(2);
+// The maps' RMSNorm scale and the pre-mix, in one read of each token's streams (flattened to nD = n * D),
+// given a = x W^T (a matmul, faster in the BLAS than per token): r = 1 / rms(x), z = r a,
+// pre = sigmoid(alpha0 z[:n] + b_pre), h = sum_i pre_i x_i. Returns (z, r, pre, h).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_in(
+    torch::Tensor x, torch::Tensor a, double alpha0, torch::Tensor b_pre, double eps) {
+  check(x, "x", 3), check(a, "a", 2), check(b_pre, "b_pre", 1);
+  const int64_t N = x.size(0), D = x.size(2), M = a.size(1);
+  auto z = torch::empty({N, M}, x.options());
+  auto r = torch::empty({N}, x.options());
+  auto pre = torch::empty({N, x.size(1)}, x.options());
   auto h = torch::empty({N, D}, x.options());
   const float* __restrict__ xp = x.data_ptr<float>();
-  const float* __restrict__ pp = pre.data_ptr<float>();
-  float* __restrict__ hp = h.data_ptr<float>();
+  const float* __restrict__ ap = a.data_ptr<float>();
+  const float* __restrict__ bp = b_pre.data_ptr<float>();
+  float *__restrict__ zp = z.data_ptr<float>(), *__restrict__ rp = r.data_ptr<float>();
+  float *__restrict__ pp = pre.data_ptr<float>(), *__restrict__ hp = h.data_ptr<float>();
   with_streams(x.size(1), [&](auto ns) {
     constexpr int n = decltype(ns)::value;
+    const int64_t width = n * D;
     at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
-        const float* __restrict__ xt = xp + t * n * D;
+        const float* __restrict__ xt = xp + t * width;
+        const float rt = 1.f / std::sqrt(dot(xt, xt, width) / width + static_cast<float>(eps));
+        rp[t] = rt;
+        for (int64_t k = 0; k < M; ++k) zp[t * M + k] = rt * ap[t * M + k];
         float p[n];
-        for (int i = 0; i < n; ++i) p[i] = pp[t * n + i];
+        for (int i = 0; i < n; ++i)
+          p[i] = pp[t * n + i] = 1.f / (1.f + std::exp(-(static_cast<float>(alpha0) * zp[t * M + i] + bp[i])));
         float* __restrict__ ht = hp + t * D;
         for (int64_t d = 0; d < D; ++d) {
           float s = 0.f;
@@ -70,29 +148,95 @@ torch::Tensor pre_mix(torch::Tensor x, torch::Tensor pre) {
     });
     return 0;
   });
-  return h;
+  return {z, r, pre, h};
 }
 
-// grad_pre[t, i] = <x[t, i], grad_h[t]>
-torch::Tensor pre_mix_backward(torch::Tensor x, torch::Tensor grad_h) {
-  check(x, "x", 3), check(grad_h, "grad_h", 2);
-  const int64_t N = x.size(0), D = x.size(2);
-  auto grad_pre = torch::empty({N, x.size(1)}, x.options());
+// maps_in's backward up to the projection: grad_z (the gradient of z from the maps' other uses: post and
+// res) plus the pre-mix's term through the pre gate. With u = alpha0 z[:n] + b_pre:
+//   grad_u = <x_i, grad_h> pre (1 - pre),  gz = grad_z + alpha0 grad_u (pre columns),
+//   ga = r gz (the gradient of a = x W^T),  coef = -(gz . z) r^2 / nD (the RMSNorm's term: coef x).
+// Returns (ga, coef, grad_u); then x's gradient is ga W + coef x + ... (stream_grad_), W's is ga^T x.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> maps_in_backward(
+    torch::Tensor x, torch::Tensor z, torch::Tensor r, torch::Tensor pre, double alpha0, torch::Tensor grad_z,
+    torch::Tensor grad_h) {
+  check(x, "x", 3), check(z, "z", 2), check(r, "r", 1), check(pre, "pre", 2), check(grad_z, "grad_z", 2),
+      check(grad_h, "grad_h", 2);
+  const int64_t N = x.size(0), D = x.size(2), M = z.size(1);
+  auto ga = torch::empty({N, M}, x.options());
+  auto coef = torch::empty({N}, x.options());
+  auto grad_u = torch::empty({N, x.size(1)}, x.options());
   const float* __restrict__ xp = x.data_ptr<float>();
-  const float* __restrict__ gp = grad_h.data_ptr<float>();
-  float* __restrict__ out = grad_pre.data_ptr<float>();
+  const float* __restrict__ zp = z.data_ptr<float>();
+  const float* __restrict__ rp = r.data_ptr<float>();
+  const float* __restrict__ pp = pre.data_ptr<float>();
+  const float* __restrict__ gzp = grad_z.data_ptr<float>();
+  const float* __restrict__ ghp = grad_h.data_ptr<float>();
+  float *__restrict__ gap = ga.data_ptr<float>(), *__restrict__ cp = coef.data_ptr<float>();
+  float* __restrict__ gup = grad_u.data_ptr<float>();
+  with_streams(x.size(1), [&](auto ns) {
+    constexpr int n = decltype(ns)::value;
+    const int64_t width = n * D;
+    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const float* __restrict__ xt = xp + t * width;
+        const float* __restrict__ gh = ghp + t * D;
+        const float rt = rp[t];
+        float zg = 0.f;
+        for (int64_t k = 0; k < M; ++k) {
+          float gz = gzp[t * M + k];
+          if (k < n) {
+            const float p = pp[t * n + k];
+            const float gu = dot(xt + k * D, gh, D) * p * (1.f - p);
+            gup[t * n + k] = gu;
+            gz += static_cast<float>(alpha0) * gu;
+          }
+          zg += gz * zp[t * M + k];
+          gap[t * M + k] = gz * rt;
+        }
+        cp[t] = -zg * rt * rt / width;
+      }
+    });
+    return 0;
+  });
+  return {ga, coef, grad_u};
+}
+
+// The streams' whole gradient, in place on gx (which holds the maps' projection term on entry):
+// gx[t, i] += coef[t] x[t, i] + sum_j res[t, j, i] g[t, j] + pre[t, i] grad_h[t]
+void stream_grad_(torch::Tensor gx, torch::Tensor x, torch::Tensor coef, torch::Tensor g, torch::Tensor res,
+                  torch::Tensor pre, torch::Tensor grad_h) {
+  check(gx, "grad_x", 3), check(x, "x", 3), check(coef, "coef", 1), check(g, "grad", 3), check(res, "res", 3),
+      check(pre, "pre", 2), check(grad_h, "grad_h", 2);
+  const int64_t N = x.size(0), D = x.size(2);
+  float* __restrict__ gxp = gx.data_ptr<float>();
+  const float* __restrict__ xp = x.data_ptr<float>();
+  const float* __restrict__ cp = coef.data_ptr<float>();
+  const float* __restrict__ gp = g.data_ptr<float>();
+  const float* __restrict__ rp = res.data_ptr<float>();
+  const float* __restrict__ pp = pre.data_ptr<float>();
+  const float* __restrict__ hp = grad_h.data_ptr<float>();
   with_streams(x.size(1), [&](auto ns) {
     constexpr int n = decltype(ns)::value;
     at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         const float* __restrict__ xt = xp + t * n * D;
-        const float* __restrict__ g = gp + t * D;
-        for (int i = 0; i < n; ++i) out[t * n + i] = dot(xt + i * D, g, D);
+        const float* __restrict__ gt = gp + t * n * D;
+        const float* __restrict__ gh = hp + t * D;
+        float* __restrict__ ot = gxp + t * n * D;
+        float r[n * n], p[n];
+        for (int k = 0; k < n * n; ++k) r[k] = rp[t * n * n + k];
+        for (int i = 0; i < n; ++i) p[i] = pp[t * n + i];
+        const float c = cp[t];
+        for (int i = 0; i < n; ++i)
+          for (int64_t d = 0; d < D; ++d) {
+            float s = ot[i * D + d] + c * xt[i * D + d] + p[i] * gh[d];
+            for (int j = 0; j < n; ++j) s += r[j * n + i] * gt[j * D + d];
+            ot[i * D + d] = s;
+          }
       }
     });
     return 0;
   });
-  return grad_pre;
 }
 
 // out[t, i] = sum_j res[t, i, j] x[t, j] + post[t, i] y[t]
@@ -161,53 +305,20 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> stream_mix_backward(
           for (int i = 0; i < n; ++i) s += p[i] * gt[i * D + d];
           gy[d] = s;
         }
+        const float* src[n + 1];
+        for (int j = 0; j < n; ++j) src[j] = xt + j * D;
+        src[n] = yt;
+        float out[n * (n + 1)];
+        dots<n, n + 1>(gt, src, D, out);
         for (int i = 0; i < n; ++i) {
-          gpp[t * n + i] = dot(gt + i * D, yt, D);
-          for (int j = 0; j < n; ++j) grp[(t * n + i) * n + j] = dot(gt + i * D, xt + j * D, D);
+          for (int j = 0; j < n; ++j) grp[(t * n + i) * n + j] = out[i * (n + 1) + j];
+          gpp[t * n + i] = out[i * (n + 1) + n];
         }
       }
     });
     return 0;
   });
   return {grad_res, grad_post, grad_y};
-}
-
-// The streams' whole gradient, in place on gx (which holds the maps' projection term on entry):
-// gx[t, i] += coef[t] x[t, i] + sum_j res[t, j, i] g[t, j] + pre[t, i] grad_h[t]
-void stream_grad_(torch::Tensor gx, torch::Tensor x, torch::Tensor coef, torch::Tensor g, torch::Tensor res,
-                  torch::Tensor pre, torch::Tensor grad_h) {
-  check(gx, "grad_x", 3), check(x, "x", 3), check(coef, "coef", 1), check(g, "grad", 3), check(res, "res", 3),
-      check(pre, "pre", 2), check(grad_h, "grad_h", 2);
-  const int64_t N = x.size(0), D = x.size(2);
-  float* __restrict__ gxp = gx.data_ptr<float>();
-  const float* __restrict__ xp = x.data_ptr<float>();
-  const float* __restrict__ cp = coef.data_ptr<float>();
-  const float* __restrict__ gp = g.data_ptr<float>();
-  const float* __restrict__ rp = res.data_ptr<float>();
-  const float* __restrict__ pp = pre.data_ptr<float>();
-  const float* __restrict__ hp = grad_h.data_ptr<float>();
-  with_streams(x.size(1), [&](auto ns) {
-    constexpr int n = decltype(ns)::value;
-    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) {
-        const float* __restrict__ xt = xp + t * n * D;
-        const float* __restrict__ gt = gp + t * n * D;
-        const float* __restrict__ gh = hp + t * D;
-        float* __restrict__ ot = gxp + t * n * D;
-        float r[n * n], p[n];
-        for (int k = 0; k < n * n; ++k) r[k] = rp[t * n * n + k];
-        for (int i = 0; i < n; ++i) p[i] = pp[t * n + i];
-        const float c = cp[t];
-        for (int i = 0; i < n; ++i)
-          for (int64_t d = 0; d < D; ++d) {
-            float s = ot[i * D + d] + c * xt[i * D + d] + p[i] * gh[d];
-            for (int j = 0; j < n; ++j) s += r[j * n + i] * gt[j * D + d];
-            ot[i * D + d] = s;
-          }
-      }
-    });
-    return 0;
-  });
 }
 
 // Sinkhorn on a chunk of maps held maps-last in m[n * n][kLanes] (so every step is a vector operation over
@@ -363,11 +474,11 @@ torch::Tensor sinkhorn_backward(torch::Tensor p, torch::Tensor grad) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("pre_mix", &pre_mix);
-  m.def("pre_mix_backward", &pre_mix_backward);
+  m.def("maps_in", &maps_in);
+  m.def("maps_in_backward", &maps_in_backward);
+  m.def("stream_grad_", &stream_grad_);
   m.def("stream_mix", &stream_mix);
   m.def("stream_mix_backward", &stream_mix_backward);
-  m.def("stream_grad_", &stream_grad_);
   m.def("sinkhorn", &sinkhorn);
   m.def("sinkhorn_backward", &sinkhorn_backward);
 }

@@ -195,13 +195,16 @@ class MHCMaps(nn.Module):
 
     def _maps(self, x: torch.Tensor, conn: FusedConnection | None):
         b, t, n, d = x.shape
-        flat = x.reshape(b * t, n * d)
         # RMSNorm folded into the projection: (x r w) W^T = r (x (W w)^T), so the normalised copy of the
         # n-times-wider stream is never written
-        eps = self.norm.eps if self.norm.eps is not None else torch.finfo(flat.dtype).eps
-        project = conn.norm_proj if conn is not None else NormProj.apply
-        z = project(flat, self.proj.weight * self.norm.weight, eps).view(b, t, -1)
-        pre = torch.sigmoid(self.alpha[0] * z[..., :n] + self.b_pre)
+        eps = self.norm.eps if self.norm.eps is not None else torch.finfo(x.dtype).eps
+        weight = self.proj.weight * self.norm.weight
+        if conn is not None:                     # the kernels also apply H_pre (conn.pre, conn.h)
+            z = conn.maps_in(x.reshape(b * t, n, d), weight, self.alpha[0], self.b_pre, eps).view(b, t, -1)
+            pre = conn.pre.view(b, t, n)
+        else:
+            z = NormProj.apply(x.reshape(b * t, n * d), weight, eps).view(b, t, -1)
+            pre = torch.sigmoid(self.alpha[0] * z[..., :n] + self.b_pre)
         post = 2 * torch.sigmoid(self.alpha[1] * z[..., n:2 * n] + self.b_post)
         res = sinkhorn(self.alpha[2] * z[..., 2 * n:].view(b, t, n, n) + self.b_res, self.iters, self.tol,
                        conn is not None)
@@ -274,7 +277,7 @@ class Sublayer(nn.Module):
         conn = FusedConnection(n) if self.fused and applies(x) and x.is_contiguous() and mhc_ops() else None
         pre, post, res = self.maps(x, conn)
         if conn is not None:
-            h = conn.pre_mix(x.view(b * t, n, d), pre.reshape(b * t, n)).view(b, t, d)
+            h = conn.h.view(b, t, d)                                     # pre-mixed by the maps' kernel
         else:
             h = (pre.unsqueeze(-1).to(x.dtype) * x).sum(2)
         y = self.fn(self.norm(h), **kw) * keep
