@@ -107,37 +107,48 @@ def test_stream_kernels_match_their_formulas(ops, n):
     assert close(grad_y, (post.unsqueeze(-1) * g).sum(1))
 
 
-def _maps_in_reference(x, w, alpha0, b_pre, eps):
+def _maps_reference(x, w, alpha, b_pre, b_post, b_res, eps):
     n = x.shape[1]
     flat = x.reshape(len(x), -1)
     z = torch.nn.functional.rms_norm(flat, (flat.shape[1],), eps=eps) @ w.t()
-    pre = torch.sigmoid(alpha0 * z[:, :n] + b_pre)
-    return z, (pre.unsqueeze(-1) * x).sum(1)
+    pre = torch.sigmoid(alpha[0] * z[:, :n] + b_pre)
+    post = 2 * torch.sigmoid(alpha[1] * z[:, n:2 * n] + b_post)
+    logits = alpha[2] * z[:, 2 * n:].view(-1, n, n) + b_res
+    return (pre.unsqueeze(-1) * x).sum(1), post, logits
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_maps_kernels_match_autograd(ops, n):
-    """maps_in, its backward and stream_grad_ (the streams' whole gradient: projection, RMSNorm, pre-mix and
-    the stream mix's term) against autograd through the plain formulas."""
+    """maps_in, its backward and stream_grad_ (the streams' whole gradient: projection, RMSNorm, the three
+    gates, pre-mix and the stream mix's term) against autograd through the plain formulas; the Sinkhorn in
+    between is the identity here (its own test is below)."""
     torch.manual_seed(10 + n)
     tokens, d, m = 37, 23, 2 * n + n * n
     x = torch.randn(tokens, n, d, requires_grad=True)
-    w, b_pre = (0.3 * torch.randn(m, n * d)).requires_grad_(), torch.randn(n, requires_grad=True)
-    alpha0 = torch.tensor(0.7, requires_grad=True)
+    w = (0.3 * torch.randn(m, n * d)).requires_grad_()
+    alpha = torch.tensor([0.7, -0.4, 1.3], requires_grad=True)
+    biases = [torch.randn(n, requires_grad=True), torch.randn(n, requires_grad=True),
+              torch.randn(n, n, requires_grad=True)]
     res, g = torch.rand(tokens, n, n), torch.randn(tokens, n, d)
-    grad_z, grad_h = torch.randn(tokens, m), torch.randn(tokens, d)
-    grad_z[:, :n] = 0                                  # the fused path's pre columns: used only inside
-    z_ref, h_ref = _maps_in_reference(x, w, alpha0, b_pre, 1e-6)
-    ref = torch.autograd.grad((z_ref * grad_z).sum() + (h_ref * grad_h).sum() + (x * (res.mT @ g)).sum(),
-                              (x, w, alpha0, b_pre))
-    flat = x.detach().reshape(tokens, -1)
-    z, r, pre, h = ops.maps_in(x.detach(), flat @ w.detach().t(), 0.7, b_pre.detach(), 1e-6)
-    assert torch.allclose(z, z_ref, atol=1e-5) and torch.allclose(h, h_ref, atol=1e-5)
-    ga, coef, grad_u = ops.maps_in_backward(x.detach(), z, r, pre, 0.7, grad_z, grad_h)
+    grad_h, grad_post, grad_l = torch.randn(tokens, d), torch.randn(tokens, n), torch.randn(tokens, n, n)
+    h_ref, post_ref, logits = _maps_reference(x, w, alpha, *biases, 1e-6)
+    loss = (h_ref * grad_h).sum() + (post_ref * grad_post).sum() + (logits * grad_l).sum() + (x * (res.mT @ g)).sum()
+    ref = torch.autograd.grad(loss, (x, w, alpha, *biases))
+
+    xd, flat = x.detach(), x.detach().reshape(tokens, -1)
+    gates, bs = alpha.tolist(), [v.detach() for v in biases]
+    z, r, pre, post, e, h = ops.maps_in(xd, flat @ w.detach().t(), gates, *bs, 1e-6)
+    assert torch.allclose(h, h_ref, atol=1e-5) and torch.allclose(post, post_ref, atol=1e-5)
+    assert torch.allclose(e, torch.softmax(logits.detach().view(tokens, -1), -1).view_as(e)
+                          * e.view(tokens, -1).sum(-1).view(-1, 1, 1), atol=1e-5)   # exp(L - max L)
+    ga, coef, grad_u, grad_v = ops.maps_in_backward(xd, z, r, pre, post, gates, grad_post, grad_l, grad_h)
     grad_x = (ga @ w.detach()).view(tokens, n, d)
-    ops.stream_grad_(grad_x, x.detach(), coef, g, res, pre, grad_h)
-    ours = (grad_x, ga.t() @ flat, (grad_u * z[:, :n]).sum(), grad_u.sum(0))
-    for name, a, b in zip(("x", "W", "alpha0", "b_pre"), ours, ref):
+    ops.stream_grad_(grad_x, xd, coef, g, res, pre, grad_h)
+    gl = grad_l.view(tokens, -1)
+    ours = (grad_x, ga.t() @ flat,
+            torch.stack([(grad_u * z[:, :n]).sum(), (grad_v * z[:, n:2 * n]).sum(), (gl * z[:, 2 * n:]).sum()]),
+            grad_u.sum(0), grad_v.sum(0), gl.sum(0).view(n, n))
+    for name, a, b in zip(("x", "W", "alpha", "b_pre", "b_post", "b_res"), ours, ref):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), name
 
 
@@ -148,17 +159,17 @@ def test_fused_sinkhorn_is_the_pytorch_one(ops, tol):
     torch.manual_seed(9)
     logits = (0.8 * torch.randn(1000, 4, 4)).requires_grad_()
     weights = torch.randn(1000, 4, 4)
-    out = {}
-    for kernel in (False, True):
-        res = sinkhorn(logits, 20, tol, kernel)
-        (grad,) = torch.autograd.grad((res * weights).sum(), logits)
-        out[kernel] = res.detach(), _Sinkhorn.last_iterations, grad
-    assert out[True][1] == out[False][1] and (tol == 0 or out[True][1] < 20)
-    assert torch.allclose(out[True][0], out[False][0], atol=1e-6)
-    assert torch.allclose(out[True][2], out[False][2], atol=1e-4)
+    ref = sinkhorn(logits, 20, tol)
+    iterations = _Sinkhorn.last_iterations
+    (ref_grad,) = torch.autograd.grad((ref * weights).sum(), logits)
+    lg = logits.detach()
+    res, count = ops.sinkhorn(lg.sub(lg.amax((1, 2), keepdim=True)).exp(), 20, tol)
+    assert count == iterations and (tol == 0 or count < 20)
+    assert torch.allclose(res, ref.detach(), atol=1e-6)
+    assert torch.allclose(ops.sinkhorn_backward(res, weights), ref_grad, atol=1e-4)
     if tol:
-        assert (out[True][0].sum(-1) - 1).abs().max() <= tol
-    assert torch.allclose(out[True][0].sum(-2), torch.ones(1000, 4), atol=1e-6)
+        assert (res.sum(-1) - 1).abs().max() <= tol
+    assert torch.allclose(res.sum(-2), torch.ones(1000, 4), atol=1e-6)
 
 
 @pytest.mark.parametrize("amp", [None, torch.bfloat16])

@@ -91,54 +91,62 @@ def applies(*tensors: torch.Tensor) -> bool:
 
 class FusedConnection:
     """One mHC sub-layer call's backward state, shared by its two functions below. The streams x feed the
-    maps (projection and pre-mix: _MapsIn) and the stream mix; autograd would write one (N, n, D) gradient
-    for each and add them. Instead the stream mix leaves its output gradient here and returns none for x,
-    and _MapsIn's backward, which autograd runs last (its outputs feed the stream mix), writes x's whole
+    maps (_Maps: projection, gates, Sinkhorn, pre-mix) and the stream mix; autograd would write one (N, n, D)
+    gradient for each and add them. Instead the stream mix leaves its output gradient here and returns none
+    for x, and _Maps' backward, which autograd runs last (its outputs feed the stream mix), writes x's whole
     gradient in one pass."""
 
     def __init__(self, n: int):
         self.n = n
-        self.grad_out = self.res = self.pre = self.h = None
+        self.grad_out = self.pre = None
+        self.iterations = 0
 
-    def maps_in(self, x, weight, alpha0, b_pre, eps):
-        """z (N, 2n + n^2) of the maps' projection; sets self.pre and self.h (the pre-mixed input)."""
-        z, self.h = _MapsIn.apply(x, weight, alpha0, b_pre, eps, self)
-        return z
+    def maps(self, x, weight, alpha, b_pre, b_post, b_res, eps, iters, tol):
+        """(h, post, res) for (N, n, D) streams: the pre-mixed input, H_post and H_res; sets self.pre (H_pre,
+        without gradient: it acts only through h) and self.iterations (the Sinkhorn's)."""
+        return _Maps.apply(x, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, self)
 
     def stream_mix(self, res, x, post, y):
         return _StreamMix.apply(res, x, post, y, self)
 
 
-class _MapsIn(torch.autograd.Function):
-    """z = RMSNorm(x) W^T (as model.NormProj), pre = sigmoid(alpha0 z[:n] + b_pre) and h = sum_i pre_i x_i,
-    in one read of the streams; the backward completes x's gradient (FusedConnection)."""
+class _Maps(torch.autograd.Function):
+    """model.MHCMaps and the pre-mix h = sum_i H_pre_i x_i, in two kernels and a matmul around the Sinkhorn
+    kernel; the backward completes x's gradient (FusedConnection)."""
 
     @staticmethod
-    def forward(ctx, x, weight, alpha0, b_pre, eps, conn):
-        weight, b_pre, a0 = weight.float(), b_pre.float().contiguous(), float(alpha0)
-        flat = x.view(x.shape[0], -1)
-        with torch.autocast(x.device.type, enabled=False):
-            a = flat @ weight.t()
-        z, r, pre, h = mhc_ops().maps_in(x, a, a0, b_pre, eps)
-        ctx.save_for_backward(x, weight, z, r, pre)
-        ctx.conn, ctx.alpha0 = conn, a0
-        conn.pre = pre
-        return z, h
-
-    @staticmethod
-    def backward(ctx, grad_z, grad_h):
-        x, weight, z, r, pre = ctx.saved_tensors
-        conn, n = ctx.conn, x.shape[1]
-        grad_z = torch.zeros_like(z) if grad_z is None else grad_z.float().contiguous()
-        grad_h = x.new_zeros(x.shape[0], x.shape[2]) if grad_h is None else grad_h.float().contiguous()
-        if conn.grad_out is None:          # the output's gradient never came (a branch without gradient)
-            conn.grad_out, conn.res = torch.zeros_like(x), x.new_zeros(x.shape[0], n, n)
+    def forward(ctx, x, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, conn):
+        weight, gates = weight.float(), [float(v) for v in alpha]
+        biases = [v.float().contiguous() for v in (b_pre, b_post, b_res)]
         ops = mhc_ops()
-        ga, coef, grad_u = ops.maps_in_backward(x, z, r, pre, ctx.alpha0, grad_z, grad_h)
+        with torch.autocast(x.device.type, enabled=False):
+            a = x.view(x.shape[0], -1) @ weight.t()
+        z, r, pre, post, e, h = ops.maps_in(x, a, gates, *biases, eps)
+        res, conn.iterations = ops.sinkhorn(e, iters, tol)
+        ctx.save_for_backward(x, weight, z, r, pre, post, res)
+        ctx.conn, ctx.gates = conn, gates
+        conn.pre = pre
+        return h, post, res
+
+    @staticmethod
+    def backward(ctx, grad_h, grad_post, grad_res):
+        x, weight, z, r, pre, post, res = ctx.saved_tensors
+        conn, (tokens, n, d) = ctx.conn, x.shape
+        grad_h = x.new_zeros(tokens, d) if grad_h is None else grad_h.float().contiguous()
+        grad_post = torch.zeros_like(post) if grad_post is None else grad_post.float().contiguous()
+        grad_res = torch.zeros_like(res) if grad_res is None else grad_res.float().contiguous()
+        grad_out = torch.zeros_like(x) if conn.grad_out is None else conn.grad_out   # (no gradient came)
+        ops = mhc_ops()
+        grad_l = ops.sinkhorn_backward(res, grad_res)
+        ga, coef, grad_u, grad_v = ops.maps_in_backward(x, z, r, pre, post, ctx.gates, grad_post, grad_l, grad_h)
         grad_x = (ga @ weight).view_as(x)
-        ops.stream_grad_(grad_x, x, coef, conn.grad_out, conn.res, pre, grad_h)
-        ctx.conn = conn.grad_out = conn.res = conn.pre = conn.h = None
-        return grad_x, ga.t() @ x.view(x.shape[0], -1), (grad_u * z[:, :n]).sum(), grad_u.sum(0), None, None
+        ops.stream_grad_(grad_x, x, coef, grad_out, res, pre, grad_h)
+        ctx.conn = conn.grad_out = conn.pre = None
+        grad_l = grad_l.view(tokens, -1)
+        grad_alpha = torch.stack([(grad_u * z[:, :n]).sum(), (grad_v * z[:, n:2 * n]).sum(),
+                                  (grad_l * z[:, 2 * n:]).sum()])
+        return (grad_x, ga.t() @ x.view(tokens, -1), grad_alpha, grad_u.sum(0), grad_v.sum(0),
+                grad_l.sum(0).view(n, n), None, None, None, None)
 
 
 class _StreamMix(torch.autograd.Function):
@@ -155,7 +163,7 @@ class _StreamMix(torch.autograd.Function):
     def backward(ctx, grad):
         res, x, post, y = ctx.saved_tensors
         grad = grad.float().contiguous()
-        ctx.conn.grad_out, ctx.conn.res = grad, res
+        ctx.conn.grad_out = grad
         ctx.conn = None
         grad_res, grad_post, grad_y = mhc_ops().stream_mix_backward(grad, x, post, y)
         return grad_res, None, grad_post, grad_y, None

@@ -110,34 +110,51 @@ auto with_streams(int64_t n, F&& f) {
   }
 }
 
-// The maps' RMSNorm scale and the pre-mix, in one read of each token's streams (flattened to nD = n * D),
-// given a = x W^T (a matmul, faster in the BLAS than per token): r = 1 / rms(x), z = r a,
-// pre = sigmoid(alpha0 z[:n] + b_pre), h = sum_i pre_i x_i. Returns (z, r, pre, h).
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_in(
-    torch::Tensor x, torch::Tensor a, double alpha0, torch::Tensor b_pre, double eps) {
-  check(x, "x", 3), check(a, "a", 2), check(b_pre, "b_pre", 1);
-  const int64_t N = x.size(0), D = x.size(2), M = a.size(1);
+// The maps from the projection a = x W^T (a matmul, faster in the BLAS than per token), with the RMSNorm
+// scale, the three gates and the pre-mix in one read of each token's streams (flattened to nD = n * D):
+// r = 1 / rms(x), z = r a, pre = sigmoid(alpha0 z[:n] + b_pre), post = 2 sigmoid(alpha1 z[n:2n] + b_post),
+// E = exp(L - max L) with L = alpha2 z[2n:] + b_res (the Sinkhorn input), h = sum_i pre_i x_i.
+// Returns (z, r, pre, post, E, h).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_in(
+    torch::Tensor x, torch::Tensor a, std::vector<double> alpha, torch::Tensor b_pre, torch::Tensor b_post,
+    torch::Tensor b_res, double eps) {
+  check(x, "x", 3), check(a, "a", 2), check(b_pre, "b_pre", 1), check(b_post, "b_post", 1);
+  check(b_res, "b_res", 2);
+  const int64_t N = x.size(0), D = x.size(2), M = a.size(1), n_ = x.size(1);
+  TORCH_CHECK(M == 2 * n_ + n_ * n_ && alpha.size() == 3, "mhc_ops.maps_in: a must be (N, 2n + n^2), 3 gates");
   auto z = torch::empty({N, M}, x.options());
   auto r = torch::empty({N}, x.options());
-  auto pre = torch::empty({N, x.size(1)}, x.options());
+  auto pre = torch::empty({N, n_}, x.options());
+  auto post = torch::empty({N, n_}, x.options());
+  auto e = torch::empty({N, n_, n_}, x.options());
   auto h = torch::empty({N, D}, x.options());
   const float* __restrict__ xp = x.data_ptr<float>();
   const float* __restrict__ ap = a.data_ptr<float>();
-  const float* __restrict__ bp = b_pre.data_ptr<float>();
+  const float *__restrict__ bpre = b_pre.data_ptr<float>(), *__restrict__ bpost = b_post.data_ptr<float>(),
+              *__restrict__ bres = b_res.data_ptr<float>();
   float *__restrict__ zp = z.data_ptr<float>(), *__restrict__ rp = r.data_ptr<float>();
-  float *__restrict__ pp = pre.data_ptr<float>(), *__restrict__ hp = h.data_ptr<float>();
-  with_streams(x.size(1), [&](auto ns) {
+  float *__restrict__ pp = pre.data_ptr<float>(), *__restrict__ qp = post.data_ptr<float>();
+  float *__restrict__ ep = e.data_ptr<float>(), *__restrict__ hp = h.data_ptr<float>();
+  const float a0 = alpha[0], a1 = alpha[1], a2 = alpha[2];
+  with_streams(n_, [&](auto ns) {
     constexpr int n = decltype(ns)::value;
+    constexpr int m = 2 * n + n * n;
     const int64_t width = n * D;
-    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) {
+    at::parallel_for(0, N, kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t t = lo; t < hi; ++t) {
         const float* __restrict__ xt = xp + t * width;
         const float rt = 1.f / std::sqrt(dot(xt, xt, width) / width + static_cast<float>(eps));
         rp[t] = rt;
-        for (int64_t k = 0; k < M; ++k) zp[t * M + k] = rt * ap[t * M + k];
+        float zt[m];
+        for (int k = 0; k < m; ++k) zp[t * m + k] = zt[k] = rt * ap[t * m + k];
         float p[n];
-        for (int i = 0; i < n; ++i)
-          p[i] = pp[t * n + i] = 1.f / (1.f + std::exp(-(static_cast<float>(alpha0) * zp[t * M + i] + bp[i])));
+        for (int i = 0; i < n; ++i) {
+          p[i] = pp[t * n + i] = 1.f / (1.f + std::exp(-(a0 * zt[i] + bpre[i])));
+          qp[t * n + i] = 2.f / (1.f + std::exp(-(a1 * zt[n + i] + bpost[i])));
+        }
+        float l[n * n], mx = -INFINITY;
+        for (int k = 0; k < n * n; ++k) mx = std::max(mx, l[k] = a2 * zt[2 * n + k] + bres[k]);
+        for (int k = 0; k < n * n; ++k) ep[t * n * n + k] = std::exp(l[k] - mx);
         float* __restrict__ ht = hp + t * D;
         for (int64_t d = 0; d < D; ++d) {
           float s = 0.f;
@@ -148,57 +165,66 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_in(
     });
     return 0;
   });
-  return {z, r, pre, h};
+  return {z, r, pre, post, e, h};
 }
 
-// maps_in's backward up to the projection: grad_z (the gradient of z from the maps' other uses: post and
-// res) plus the pre-mix's term through the pre gate. With u = alpha0 z[:n] + b_pre:
-//   grad_u = <x_i, grad_h> pre (1 - pre),  gz = grad_z + alpha0 grad_u (pre columns),
-//   ga = r gz (the gradient of a = x W^T),  coef = -(gz . z) r^2 / nD (the RMSNorm's term: coef x).
-// Returns (ga, coef, grad_u); then x's gradient is ga W + coef x + ... (stream_grad_), W's is ga^T x.
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> maps_in_backward(
-    torch::Tensor x, torch::Tensor z, torch::Tensor r, torch::Tensor pre, double alpha0, torch::Tensor grad_z,
-    torch::Tensor grad_h) {
-  check(x, "x", 3), check(z, "z", 2), check(r, "r", 1), check(pre, "pre", 2), check(grad_z, "grad_z", 2),
-      check(grad_h, "grad_h", 2);
-  const int64_t N = x.size(0), D = x.size(2), M = z.size(1);
+// maps_in's backward up to the projection, given the gradients of post, of the Sinkhorn logits L
+// (sinkhorn_backward) and of h. With u = alpha0 z[:n] + b_pre and v = alpha1 z[n:2n] + b_post:
+//   grad_u = <x_i, grad_h> pre (1 - pre),  grad_v = grad_post post (1 - post / 2),
+//   gz = (alpha0 grad_u, alpha1 grad_v, alpha2 grad_L),  ga = r gz (the gradient of a = x W^T),
+//   coef = -(gz . z) r^2 / nD (the RMSNorm's term: coef x).
+// Returns (ga, coef, grad_u, grad_v); x's gradient is then ga W + coef x + ... (stream_grad_), W's ga^T x,
+// and the gates' and biases' gradients are sums of grad_u, grad_v and grad_L (times z).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_in_backward(
+    torch::Tensor x, torch::Tensor z, torch::Tensor r, torch::Tensor pre, torch::Tensor post,
+    std::vector<double> alpha, torch::Tensor grad_post, torch::Tensor grad_l, torch::Tensor grad_h) {
+  check(x, "x", 3), check(z, "z", 2), check(r, "r", 1), check(pre, "pre", 2), check(post, "post", 2);
+  check(grad_post, "grad_post", 2), check(grad_l, "grad_L", 3), check(grad_h, "grad_h", 2);
+  const int64_t N = x.size(0), D = x.size(2), M = z.size(1), n_ = x.size(1);
   auto ga = torch::empty({N, M}, x.options());
   auto coef = torch::empty({N}, x.options());
-  auto grad_u = torch::empty({N, x.size(1)}, x.options());
+  auto grad_u = torch::empty({N, n_}, x.options());
+  auto grad_v = torch::empty({N, n_}, x.options());
   const float* __restrict__ xp = x.data_ptr<float>();
   const float* __restrict__ zp = z.data_ptr<float>();
   const float* __restrict__ rp = r.data_ptr<float>();
-  const float* __restrict__ pp = pre.data_ptr<float>();
-  const float* __restrict__ gzp = grad_z.data_ptr<float>();
+  const float *__restrict__ pp = pre.data_ptr<float>(), *__restrict__ qp = post.data_ptr<float>();
+  const float *__restrict__ gqp = grad_post.data_ptr<float>(), *__restrict__ glp = grad_l.data_ptr<float>();
   const float* __restrict__ ghp = grad_h.data_ptr<float>();
   float *__restrict__ gap = ga.data_ptr<float>(), *__restrict__ cp = coef.data_ptr<float>();
-  float* __restrict__ gup = grad_u.data_ptr<float>();
-  with_streams(x.size(1), [&](auto ns) {
+  float *__restrict__ gup = grad_u.data_ptr<float>(), *__restrict__ gvp = grad_v.data_ptr<float>();
+  const float a0 = alpha[0], a1 = alpha[1], a2 = alpha[2];
+  with_streams(n_, [&](auto ns) {
     constexpr int n = decltype(ns)::value;
+    constexpr int m = 2 * n + n * n;
     const int64_t width = n * D;
     at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         const float* __restrict__ xt = xp + t * width;
         const float* __restrict__ gh = ghp + t * D;
         const float rt = rp[t];
+        float gz[m];
+        for (int i = 0; i < n; ++i) {
+          const float p = pp[t * n + i], q = qp[t * n + i];
+          const float gu = dot(xt + i * D, gh, D) * p * (1.f - p);
+          const float gv = gqp[t * n + i] * q * (1.f - 0.5f * q);
+          gup[t * n + i] = gu;
+          gvp[t * n + i] = gv;
+          gz[i] = a0 * gu;
+          gz[n + i] = a1 * gv;
+        }
+        for (int k = 0; k < n * n; ++k) gz[2 * n + k] = a2 * glp[t * n * n + k];
         float zg = 0.f;
-        for (int64_t k = 0; k < M; ++k) {
-          float gz = gzp[t * M + k];
-          if (k < n) {
-            const float p = pp[t * n + k];
-            const float gu = dot(xt + k * D, gh, D) * p * (1.f - p);
-            gup[t * n + k] = gu;
-            gz += static_cast<float>(alpha0) * gu;
-          }
-          zg += gz * zp[t * M + k];
-          gap[t * M + k] = gz * rt;
+        for (int k = 0; k < m; ++k) {
+          zg += gz[k] * zp[t * m + k];
+          gap[t * m + k] = gz[k] * rt;
         }
         cp[t] = -zg * rt * rt / width;
       }
     });
     return 0;
   });
-  return {ga, coef, grad_u};
+  return {ga, coef, grad_u, grad_v};
 }
 
 // The streams' whole gradient, in place on gx (which holds the maps' projection term on entry):

@@ -17,15 +17,15 @@ from trainer.recipes.sasrec.config import SeqRecConfig
 from trainer.recipes.sasrec.fused import FusedConnection, applies, mhc_ops
 
 
-def sinkhorn(logits: torch.Tensor, iters: int, tol: float = 0.0, fused: bool = False) -> torch.Tensor:
+def sinkhorn(logits: torch.Tensor, iters: int, tol: float = 0.0) -> torch.Tensor:
     """Doubly-stochastic projection of exp(logits) over the last two dims (rows, then columns), in fp32 or fp64.
 
     At most `iters` iterations; with tol > 0 it stops once every row sums to 1 within tol (columns are exact
     after each iteration). The gradient is that of the projection itself (implicit differentiation of
     P = diag(u) exp(L) diag(v), one n x n solve per map) instead of backpropagation through every
     iteration: the unrolled graph was 40 small autograd nodes per sub-layer and most of mHC's cost.
-    fused: the same iterations and gradient in one C++ loop per map (fused.py), for float32 CPU maps."""
-    return _Sinkhorn.apply(logits, iters, tol, fused)
+    (fused.py runs the same iterations and gradient in C++ for float32 CPU streams.)"""
+    return _Sinkhorn.apply(logits, iters, tol)
 
 
 def sinkhorn_iterations(m: torch.Tensor, iters: int, tol: float) -> int:
@@ -45,16 +45,10 @@ class _Sinkhorn(torch.autograd.Function):
     last_iterations = 0                   # of the latest call (the recipe reports a running mean)
 
     @staticmethod
-    def forward(ctx, logits, iters, tol, fused=False):
-        ctx.dtype, ctx.fused = logits.dtype, fused
+    def forward(ctx, logits, iters, tol):
+        ctx.dtype = logits.dtype
         with torch.no_grad():
             shape = logits.shape
-            if fused:
-                x = logits.float().reshape(-1, *shape[-2:])
-                m, _Sinkhorn.last_iterations = mhc_ops().sinkhorn(x.sub(x.amax((1, 2), keepdim=True)).exp_(),
-                                                                  iters, tol)
-                ctx.save_for_backward(m)
-                return m.view(shape)
             x = logits.to(torch.promote_types(logits.dtype, torch.float32)).reshape(-1, *shape[-2:]).permute(1, 2, 0)
             m = torch.exp(x - x.amax(dim=(0, 1), keepdim=True)).contiguous()
             _Sinkhorn.last_iterations = sinkhorn_iterations(m, iters, tol)
@@ -67,16 +61,13 @@ class _Sinkhorn(torch.autograd.Function):
         # dL = P * (G - a 1^T - 1 b^T), with a, b making its row and column sums zero (the projection is
         # invariant to adding row/column constants to L): (I - P^T P + 1 1^T) b = colsum(PG) - P^T rowsum(PG)
         (p,) = ctx.saved_tensors
-        if ctx.fused:
-            out = mhc_ops().sinkhorn_backward(p, grad.float().reshape(p.shape).contiguous())
-            return out.view(grad.shape).to(ctx.dtype), None, None, None
         pg = p * grad.float()
         rows, cols = pg.sum(-1, keepdim=True), pg.sum(-2).unsqueeze(-1)
         n = p.shape[-1]
         system = torch.eye(n, dtype=p.dtype, device=p.device) + 1.0 - p.mT @ p
         b = torch.linalg.solve_ex(system, cols - p.mT @ rows, check_errors=False)[0]
         a = rows - p @ b
-        return (pg - p * (a + b.mT)).to(ctx.dtype), None, None, None
+        return (pg - p * (a + b.mT)).to(ctx.dtype), None, None
 
 
 def causal_blocks(t: int, min_split: int = 64) -> list[tuple[int, int]]:
@@ -199,15 +190,16 @@ class MHCMaps(nn.Module):
         # n-times-wider stream is never written
         eps = self.norm.eps if self.norm.eps is not None else torch.finfo(x.dtype).eps
         weight = self.proj.weight * self.norm.weight
-        if conn is not None:                     # the kernels also apply H_pre (conn.pre, conn.h)
-            z = conn.maps_in(x.reshape(b * t, n, d), weight, self.alpha[0], self.b_pre, eps).view(b, t, -1)
-            pre = conn.pre.view(b, t, n)
+        if conn is not None:                     # all in the kernels, which also pre-mix (conn.h)
+            conn.h, post, res = conn.maps(x.reshape(b * t, n, d), weight, self.alpha, self.b_pre, self.b_post,
+                                          self.b_res, eps, self.iters, self.tol)
+            _Sinkhorn.last_iterations = conn.iterations
+            pre, post, res = conn.pre.view(b, t, n), post.view(b, t, n), res.view(b, t, n, n)
         else:
             z = NormProj.apply(x.reshape(b * t, n * d), weight, eps).view(b, t, -1)
             pre = torch.sigmoid(self.alpha[0] * z[..., :n] + self.b_pre)
-        post = 2 * torch.sigmoid(self.alpha[1] * z[..., n:2 * n] + self.b_post)
-        res = sinkhorn(self.alpha[2] * z[..., 2 * n:].view(b, t, n, n) + self.b_res, self.iters, self.tol,
-                       conn is not None)
+            post = 2 * torch.sigmoid(self.alpha[1] * z[..., n:2 * n] + self.b_post)
+            res = sinkhorn(self.alpha[2] * z[..., 2 * n:].view(b, t, n, n) + self.b_res, self.iters, self.tol)
         self.sinkhorn_calls += 1
         self.sinkhorn_iterations += _Sinkhorn.last_iterations
         return pre, post, res
