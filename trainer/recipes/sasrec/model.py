@@ -258,24 +258,35 @@ class Sublayer(nn.Module):
         self.maps = MHCMaps(cfg.mhc_streams, d, cfg) if cfg.mhc else None
         self.fused = cfg.mhc and cfg.mhc_fused
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None, **kw) -> torch.Tensor:
-        """keep (mHC only): zeroes the sub-layer's output at padded positions, whose streams are zero on entry,
-        so they stay zero without a pass over the n-times-wider result."""
+    def forward(self, x: torch.Tensor, index: torch.Tensor | None = None, **kw) -> torch.Tensor:
+        """mHC: x is (1, N, n, D), the streams of the N real (unpadded) positions only, index their positions in
+        the (B, T) batch: the streams of padded positions stay zero (zero input, zero output) so they are
+        neither stored nor computed; the attention's input is scattered back to (B, T) and its output gathered."""
         if self.maps is None:
             if self.pre_ln:
                 return x + self.fn(self.norm(x), **kw)
             return self.norm(x + self.fn(x, **kw))
-        b, t, n, d = x.shape                                             # x: (B, T, n, D) streams
+        _, tokens, n, d = x.shape
         conn = FusedConnection(n) if self.fused and applies(x) and x.is_contiguous() and mhc_ops() else None
         pre, post, res = self.maps(x, conn)
         if conn is not None:
-            h = conn.h.view(b, t, d)                                     # pre-mixed by the maps' kernel
+            h = conn.h                                                   # pre-mixed by the maps' kernel
         else:
             h = (pre.unsqueeze(-1).to(x.dtype) * x).sum(2)
-        y = self.fn(self.norm(h), **kw) * keep
+        y = self._fn(self.norm(h.view(tokens, d)), index, **kw)
         mix = conn.stream_mix if conn is not None else StreamMix.apply
-        out = mix(res.reshape(b * t, n, n), x.view(b * t, n, d), post.reshape(b * t, n), y.reshape(b * t, d))
-        return out.view(b, t, n, d)
+        out = mix(res.reshape(tokens, n, n), x.view(tokens, n, d), post.reshape(tokens, n), y)
+        return out.view(1, tokens, n, d)
+
+    def _fn(self, h: torch.Tensor, index: torch.Tensor, **kw) -> torch.Tensor:
+        """The sub-layer's function on the real positions' inputs h (N, D): per position (FFN) or, for the
+        attention (given its mask), over the (B, T) batch, padded positions zero (masked as keys, and their
+        own outputs dropped)."""
+        if "mask" not in kw:
+            return self.fn(h, **kw)
+        b, t = kw["mask"].shape[0], kw["mask"].shape[-1]
+        full = h.new_zeros(b * t, h.shape[-1]).index_copy_(0, index, h).view(b, t, -1)
+        return self.fn(full, **kw).view(b * t, -1).index_select(0, index)
 
 
 class Block(nn.Module):
@@ -288,7 +299,7 @@ class Block(nn.Module):
         self.mhc = cfg.mhc
 
     def forward(self, x, keep, mask, rel, offset):
-        if self.mhc:                     # keep: (B, T, 1) applied inside each sub-layer, on its narrow output
+        if self.mhc:                     # keep: the real positions' index (Sublayer.forward)
             return self.ffn(self.attn(x, keep, mask=mask, rel=rel, offset=offset), keep)
         x = self.attn(x, mask=mask, rel=rel, offset=offset)
         return self.ffn(x) * keep
@@ -367,15 +378,20 @@ class SeqRec(nn.Module):
             positions = torch.arange(offset + 1, offset + seq.shape[1] + 1, device=seq.device) * (seq != 0)
             x = x + self.pos_emb(positions)
         x = self.drop(x) * keep
-        if self.cfg.mhc:
-            x = x.unsqueeze(2).expand(-1, -1, self.cfg.mhc_streams, -1).contiguous()
+        where = keep
+        if self.cfg.mhc:                 # the real positions' streams, (1, N, n, D): see Sublayer.forward
+            where = keep.view(-1).nonzero().squeeze(1)
+            x = x.view(-1, x.shape[-1]).index_select(0, where)
+            x = x.unsqueeze(1).expand(-1, self.cfg.mhc_streams, -1).contiguous().unsqueeze(0)
         for block in self.blocks:
             if self.cfg.grad_checkpoint and self.training:
-                x = checkpoint(block, x, keep, mask, rel, offset, use_reentrant=False)
+                x = checkpoint(block, x, where, mask, rel, offset, use_reentrant=False)
             else:
-                x = block(x, keep, mask, rel, offset)
-        if self.cfg.mhc:
-            x = x.mean(2)                                                # collapse the streams once, at the end
+                x = block(x, where, mask, rel, offset)
+        if self.cfg.mhc:                 # collapse the streams once, at the end
+            streams = x[0].mean(1)
+            x = streams.new_zeros(keep.numel(), streams.shape[-1]).index_copy_(0, where, streams)
+            x = x.view(*keep.shape[:2], -1)
         return self.last_norm(x) * keep
 
     def forward(self, seq, time, pos, neg):
