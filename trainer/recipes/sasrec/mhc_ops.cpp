@@ -69,30 +69,46 @@ inline void hsum16(const v16 (&v)[16], float* out) {
 // registers over the width, reduced once at the end (a dot() per pair reloaded a_i and reduced every pair).
 template <int n, int m>
 inline void dots(const float* __restrict__ a, const float* const (&b)[m], int64_t D, float* out) {
-  v16 acc[n][m];
+  typedef float v8 __attribute__((vector_size(32)));
+  v8 acc[n][m];
   for (int i = 0; i < n; ++i)
-    for (int j = 0; j < m; ++j) acc[i][j] = v16{};
+    for (int j = 0; j < m; ++j) acc[i][j] = v8{};
   int64_t d = 0;
-  for (; d + 16 <= D; d += 16) {
-    v16 bv[m];
-    for (int j = 0; j < m; ++j) bv[j] = load16(b[j] + d);
+  for (; d + 8 <= D; d += 8) {
+    v8 bv[m];
+    for (int j = 0; j < m; ++j) std::memcpy(&bv[j], b[j] + d, sizeof(v8));
     for (int i = 0; i < n; ++i) {
-      const v16 av = load16(a + i * D + d);
+      v8 av;
+      std::memcpy(&av, a + i * D + d, sizeof(v8));
       for (int j = 0; j < m; ++j) acc[i][j] += av * bv[j];
     }
   }
-  constexpr int groups = (n * m + 15) / 16;
-  v16 all[groups * 16] = {};
-  for (int i = 0; i < n; ++i)
-    for (int j = 0; j < m; ++j) all[i * m + j] = acc[i][j];
-  float sums[groups * 16];
-  for (int k = 0; k < groups; ++k) hsum16(reinterpret_cast<const v16(&)[16]>(all[16 * k]), sums + 16 * k);
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < m; ++j) {
-      float s = sums[i * m + j];
+      const v8 v = acc[i][j];
+      float s = ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
       for (int64_t e = d; e < D; ++e) s += a[i * D + e] * b[j][e];
       out[i * m + j] = s;
     }
+}
+
+// exp(x) for x <= 0 by range reduction and a degree-6 polynomial (Cephes' expf, ~1 ulp), written so the
+// compiler vectorises a loop of it: libm's expf is a scalar call (24 per token were half of maps_in).
+inline float exp_neg(float x) {
+  x = std::max(x, -87.f);
+  const float k = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;   // 2^k (k >= -126 after the clamp)
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
 }
 
 // Calls f.template operator()<NS>() with the stream count as a compile-time constant: the per-token loops
@@ -147,14 +163,23 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
         rp[t] = rt;
         float zt[m];
         for (int k = 0; k < m; ++k) zp[t * m + k] = zt[k] = rt * ap[t * m + k];
+        // every exponent made <= 0 (sigmoid(u) = 1 / (1 + exp(-u)) for u >= 0, exp(u) / (1 + exp(u)) below)
+        float arg[m], ex[m];
+        for (int i = 0; i < n; ++i) {
+          arg[i] = a0 * zt[i] + bpre[i];
+          arg[n + i] = a1 * zt[n + i] + bpost[i];
+        }
+        float mx = -INFINITY;
+        for (int k = 0; k < n * n; ++k) mx = std::max(mx, arg[2 * n + k] = a2 * zt[2 * n + k] + bres[k]);
+        for (int k = 0; k < m; ++k) ex[k] = exp_neg(k < 2 * n ? -std::abs(arg[k]) : arg[k] - mx);
         float p[n];
         for (int i = 0; i < n; ++i) {
-          p[i] = pp[t * n + i] = 1.f / (1.f + std::exp(-(a0 * zt[i] + bpre[i])));
-          qp[t * n + i] = 2.f / (1.f + std::exp(-(a1 * zt[n + i] + bpost[i])));
+          const float sp = arg[i] >= 0 ? 1.f / (1.f + ex[i]) : ex[i] / (1.f + ex[i]);
+          const float sq = arg[n + i] >= 0 ? 1.f / (1.f + ex[n + i]) : ex[n + i] / (1.f + ex[n + i]);
+          p[i] = pp[t * n + i] = sp;
+          qp[t * n + i] = 2.f * sq;
         }
-        float l[n * n], mx = -INFINITY;
-        for (int k = 0; k < n * n; ++k) mx = std::max(mx, l[k] = a2 * zt[2 * n + k] + bres[k]);
-        for (int k = 0; k < n * n; ++k) ep[t * n * n + k] = std::exp(l[k] - mx);
+        for (int k = 0; k < n * n; ++k) ep[t * n * n + k] = ex[2 * n + k];
         float* __restrict__ ht = hp + t * D;
         for (int64_t d = 0; d < D; ++d) {
           float s = 0.f;
