@@ -48,6 +48,7 @@ bench: setup
 bench-recipes: setup
 	$(BIN)/python bench/sasrec.py
 	$(BIN)/python bench/sasrec_stock.py
+	$(BIN)/python bench/mhc_cost.py
 	$(BIN)/python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2
 	$(BIN)/python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2 --section ml100k_original \
 	  --extra model.layer_input=raw
