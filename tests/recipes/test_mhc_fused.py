@@ -215,3 +215,29 @@ def test_build_is_cached_per_source_and_moved_into_place(ops):
     assert target.is_file()
     assert not [p for p in target.parent.iterdir() if p.name.startswith("build-")]   # no half-built leftovers
     assert os.access(target, os.R_OK)
+
+
+def _padded_streams_reference(model: SeqRec, seq, time):
+    """The mHC forward with (B, T, n, D) streams over every position, padded ones included (before the
+    streams were packed to the real positions): h = sum_i pre_i x_i, y = fn(LN(h)) * keep, x = H_res x + post y."""
+    keep, mask, rel = model._masks(seq, time)
+    x = model.item_emb(seq) * model.cfg.width ** 0.5 * keep
+    x = x.unsqueeze(2).expand(-1, -1, model.cfg.mhc_streams, -1)
+    for block in model.blocks:
+        for sub, kw in ((block.attn, dict(mask=mask, rel=rel, offset=0)), (block.ffn, {})):
+            pre, post, res = sub.maps(x)
+            y = sub.fn(sub.norm((pre.unsqueeze(-1) * x).sum(2)), **kw) * keep
+            x = res @ x + post.unsqueeze(-1) * y.unsqueeze(2)
+    return model.last_norm(x.mean(2)) * keep
+
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["pytorch", "fused"])
+def test_packed_streams_compute_the_padded_function(ops, kernels):
+    model = _model(kernels, True).eval()
+    model.cfg.length_buckets = 1                             # every row at full length: padding inside
+    seq, time, _, _ = _batch()
+    seq[4:8, :12] = 0                                        # more rows with left padding
+    with torch.no_grad():
+        ours, ref = model.features(seq, time), _padded_streams_reference(model, seq, time)
+    assert torch.allclose(ours, ref, atol=1e-5)
+    assert (ours[seq == 0] == 0).all()
