@@ -27,8 +27,8 @@ import torch  # noqa: E402
 
 from bench.sasrec_profile import epoch, machine  # noqa: E402
 from bench.sasrec_stock import SETTINGS  # noqa: E402
+from trainer.recipes import kernels as cpu_kernels  # noqa: E402
 from trainer.recipes.sasrec import data as D  # noqa: E402
-from trainer.recipes.sasrec import fused  # noqa: E402
 from trainer.recipes.sasrec.config import SeqDataConfig, SeqRecConfig  # noqa: E402
 from trainer.recipes.sasrec.model import SeqRec  # noqa: E402
 
@@ -65,7 +65,7 @@ def measure(args) -> dict:
                                          shuffle=True, collate_fn=D.collate)
     names = args.variants.split(",")
     models = {name: build(name, data.num_items, args.seed) for name in names}
-    kernels = fused.mhc_ops() is not None                      # built before any timing
+    kernels = cpu_kernels.load() is not None                      # built before any timing
     for model, opt in models.values():                          # warm-up
         epoch(model, opt, loader)
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -81,7 +81,7 @@ def measure(args) -> dict:
                                 range=[round(min(per_round), 3), round(max(per_round), 3)],
                                 rounds=[round(v, 3) for v in per_round])
     return dict(source=source, settings={**s, "betas": list(s["betas"])}, rounds=args.rounds,
-                fused_kernels_built=kernels, kernels_unavailable=fused.unavailable_reason(),
+                fused_kernels_built=kernels, kernels_unavailable=cpu_kernels.unavailable_reason(),
                 epoch_s={k: [round(t, 3) for t in v] for k, v in times.items()},
                 epoch_median_s={k: round(statistics.median(v), 3) for k, v in times.items()},
                 ratios=ratios, machine=machine(), date=time.strftime("%Y-%m-%d %H:%M"))

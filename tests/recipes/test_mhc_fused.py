@@ -1,4 +1,4 @@
-"""The fused C++ mHC kernels (trainer/recipes/sasrec/mhc_ops.cpp): built here, the same function and gradients
+"""The fused C++ mHC kernels (trainer/recipes/kernels.cpp): built here, the same function and gradients
 as the PyTorch path, and the PyTorch path with a warning where they cannot be built."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import clean_env
-from trainer.recipes.sasrec import fused
+from trainer.recipes import kernels
 from trainer.recipes.sasrec.config import SeqRecConfig
 from trainer.recipes.sasrec.model import SeqRec, _Sinkhorn, sinkhorn
 
@@ -30,8 +30,8 @@ def ops():
     if why:
         print(f"SKIP: {why}", file=sys.stderr)
         pytest.skip(why)
-    module = fused.mhc_ops()
-    assert module is not None, f"the toolchain is here but the build failed: {fused.unavailable_reason()}"
+    module = kernels.load()
+    assert module is not None, f"the toolchain is here but the build failed: {kernels.unavailable_reason()}"
     return module
 
 
@@ -76,7 +76,7 @@ def test_fused_path_is_the_one_taken(ops, monkeypatch):
     """Guards the test above: with model.mhc_fused the kernels run (a broken kernel changes the output)."""
     batch = _batch()
     ref = _loss_and_grads(_model(True, False), batch)[0]
-    monkeypatch.setattr(fused, "_state", {"ops": _Broken(ops), "why": ""})
+    monkeypatch.setattr(kernels, "_state", {"ops": _Broken(ops), "why": ""})
     broken = _model(True, False)(*batch)[0].detach()
     assert not torch.allclose(broken, ref, atol=1e-3)
 
@@ -189,13 +189,13 @@ def test_fused_maps_stay_doubly_stochastic(ops, amp):
 def test_without_a_compiler_training_warns_and_uses_the_pytorch_path(tmp_path):
     """A user without g++ (or ninja): one warning naming the cause and the switch, then the same training."""
     code = ("import warnings, torch\n"
-            "from trainer.recipes.sasrec import fused\n"
+            "from trainer.recipes import kernels\n"
             "from tests.recipes.test_mhc_fused import _model, _batch, _loss_and_grads\n"
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
             "    out = _loss_and_grads(_model(True, True), _batch())\n"
             "print('WARN', [str(x.message) for x in w])\n"
-            "print('OPS', fused.mhc_ops())\n"
+            "print('OPS', kernels.load())\n"
             "print('SUM', float(out[0].sum()))\n")
     env = clean_env(TRAINER_EXTENSIONS_DIR=str(tmp_path / "ext"), CXX=str(tmp_path / "no-such-compiler"),
                     PYTHONPATH=str(REPO))
@@ -203,7 +203,7 @@ def test_without_a_compiler_training_warns_and_uses_the_pytorch_path(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "OPS None" in proc.stdout
-    assert "mHC fused CPU kernels unavailable" in proc.stdout and "model.mhc_fused=false" in proc.stdout
+    assert "fused CPU kernels unavailable" in proc.stdout and "TRAINER_CPU_KERNELS=0" in proc.stdout
     reference = _loss_and_grads(_model(False, True), _batch())[0]
     got = float(proc.stdout.split("SUM ")[1].split()[0])
     assert abs(got - float(reference.sum())) <= 1e-3 * max(1.0, abs(got))
@@ -211,7 +211,7 @@ def test_without_a_compiler_training_warns_and_uses_the_pytorch_path(tmp_path):
 
 
 def test_build_is_cached_per_source_and_moved_into_place(ops):
-    target = fused.cache_root() / fused.build_key() / f"{fused.NAME}.so"
+    target = kernels.cache_root() / kernels.build_key() / f"{kernels.NAME}.so"
     assert target.is_file()
     assert not [p for p in target.parent.iterdir() if p.name.startswith("build-")]   # no half-built leftovers
     assert os.access(target, os.R_OK)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trainer.recipes import kernels
+
 
 def keep_mask(x: torch.Tensor, p: float, scale: bool = True) -> tuple[torch.Tensor, float]:
     """Bernoulli(1-p) keep mask from four 15-bit fields of each random int64 word (random_ fills
@@ -26,6 +28,39 @@ def keep_mask(x: torch.Tensor, p: float, scale: bool = True) -> tuple[torch.Tens
     return keep, factor
 
 
+class _HashDropout(torch.autograd.Function):
+    """keep_mask's dropout in one C++ pass (kernels.cpp: a counter-based hash of one seed drawn from torch's
+    generator, so torch.manual_seed still fixes it); the backward recomputes the mask from the seed."""
+
+    @staticmethod
+    def forward(ctx, x, threshold, factor, ops):
+        ctx.seed = int(torch.randint(0, 2**62, (1,)).item())
+        ctx.threshold, ctx.factor, ctx.ops = threshold, factor, ops
+        return ops.dropout(x.contiguous(), ctx.seed, threshold, factor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.ops.dropout(grad.contiguous(), ctx.seed, ctx.threshold, ctx.factor), None, None, None
+
+
+def _kernels(x: torch.Tensor):
+    """The compiled CPU kernels where they apply to x (float32 on the CPU), else None."""
+    if x.device.type != "cpu" or x.dtype != torch.float32:
+        return None
+    return kernels.load()
+
+
+def dropout(x: torch.Tensor, p: float, scale: bool = True) -> tuple[torch.Tensor, float]:
+    """(x with dropped entries zeroed and, with scale, the kept ones scaled; the scale still to apply)."""
+    threshold = round(p * 32768)
+    factor = 32768 / (32768 - threshold)
+    ops = _kernels(x) if threshold else None
+    if ops is not None:
+        return _HashDropout.apply(x, threshold, factor if scale else 1.0, ops), 1.0 if scale else factor
+    keep, out_scale = keep_mask(x, p, scale)
+    return x * keep, out_scale
+
+
 class Dropout(nn.Module):
     """Inverted dropout with a cheap mask (see keep_mask): on CPU the RNG dominated the step, because
     the attention probabilities alone are B x H x T x T values per block."""
@@ -37,11 +72,10 @@ class Dropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
-        return x * keep_mask(x, self.p)[0]
+        return dropout(x, self.p)[0]
 
     def unscaled(self, x: torch.Tensor) -> tuple[torch.Tensor, float]:
         """(x with dropped entries zeroed, scale still to apply): lets attention scale its smaller output."""
         if not self.training or self.p == 0:
             return x, 1.0
-        keep, scale = keep_mask(x, self.p, scale=False)
-        return x * keep, scale
+        return dropout(x, self.p, scale=False)

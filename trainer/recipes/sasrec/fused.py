@@ -1,87 +1,18 @@
-"""Fused CPU kernels for mHC (mhc_ops.cpp), compiled on first use and cached; the PyTorch path is used where
-they cannot be built (no C++ compiler or ninja) or do not apply (GPU tensors, dtypes other than float32).
+"""mHC's autograd functions over the fused CPU kernels (trainer/recipes/kernels.cpp, built by
+trainer/recipes/kernels.py); the PyTorch path (model.py) is used where they cannot be built or do not apply
+(GPU tensors, dtypes other than float32).
 
-    ops = mhc_ops()                     # None: not available here (the reason is in unavailable_reason())
-    connection = FusedConnection()      # one per mHC sub-layer call; see model.Sublayer
+    connection = FusedConnection(n)     # one per mHC sub-layer call; see model.Sublayer
 
 Why a C++ extension: with n = 4 streams of width 50, mHC's cost is element-wise passes over the n-times-wider
 residual stream (mixing, gates, their gradients), which PyTorch runs as batched 4x4 matmuls and broadcast
 temporaries; torch.compile made the epoch no faster on this CPU (README, SASRec benchmark).
-
-The build is cached per source, torch version and CPU (the code is compiled with -march=native) under
-$TRAINER_EXTENSIONS_DIR, else ~/.cache/hpc-trainer/extensions; each process builds in its own temporary
-folder and moves the library into place, so a build killed half-way leaves no lock behind for the next run.
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
-import platform
-import shutil
-import tempfile
-import warnings
-from pathlib import Path
-
 import torch
 
-SOURCE = Path(__file__).with_name("mhc_ops.cpp")
-NAME = "seqrec_mhc_ops"
-CFLAGS = ["-O3", "-march=native", "-fopenmp"]          # -fopenmp: at::parallel_for is inline OpenMP
-_state: dict = {}
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("TRAINER_EXTENSIONS_DIR") or Path.home() / ".cache" / "hpc-trainer" / "extensions")
-
-
-def build_key() -> str:
-    """What a cached build depends on: the source, torch, the compiler flags and this CPU (-march=native)."""
-    cpu = ""
-    try:
-        cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        cpu = platform.processor()
-    parts = [SOURCE.read_bytes(), torch.__version__.encode(), " ".join(CFLAGS).encode(), cpu.encode()]
-    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-
-
-def _import(path: Path):
-    spec = importlib.util.spec_from_file_location(NAME, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _build(target: Path):
-    from torch.utils.cpp_extension import load
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="build-", dir=target.parent))
-    try:
-        module = load(NAME, [str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], build_directory=str(tmp),
-                      verbose=False)
-        os.replace(module.__file__, target)         # atomic: a concurrent build's result is the same library
-        return module
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def mhc_ops():
-    """The compiled module, or None (once per process: a failed build is not retried, and warned about once)."""
-    if "ops" not in _state:
-        _state["ops"], _state["why"] = None, ""
-        target = cache_root() / build_key() / f"{NAME}.so"
-        try:
-            _state["ops"] = _import(target) if target.exists() else _build(target)
-        except Exception as e:           # noqa: BLE001 - any build failure means the PyTorch path
-            _state["why"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-            warnings.warn(f"mHC fused CPU kernels unavailable ({_state['why']}); using the PyTorch path "
-                          "(same results, slower). model.mhc_fused=false silences this.", stacklevel=2)
-    return _state["ops"]
-
-
-def unavailable_reason() -> str:
-    return _state.get("why", "")
+from trainer.recipes.kernels import load as mhc_ops
 
 
 def applies(*tensors: torch.Tensor) -> bool:

@@ -1,6 +1,6 @@
-// Fused CPU kernels for mHC residual streams (float32, contiguous), built on first use by
-// trainer/recipes/sasrec/fused.py. Why: with n = 4 streams of width 50 every element-wise pass over the
-// (N, n, D) streams costs as much as the sub-layer's own matmuls, and PyTorch runs the stream mixing as
+// CPU kernels (float32, contiguous), built on first use by trainer/recipes/kernels.py: mHC's residual streams
+// and maps (used by trainer/recipes/sasrec/fused.py) and the hash-mask dropout (trainer/recipes/dropout.py).
+// mHC, why: with n = 4 streams of width 50 every element-wise pass over the (N, n, D) streams costs as much as the sub-layer's own matmuls, and PyTorch runs the stream mixing as
 // batched 4x4 matmuls and broadcast temporaries (about 3 GFLOP/s). Each kernel here reads every token's
 // streams once, with the token's n x n map and n gates in registers.
 #include <torch/extension.h>
@@ -20,7 +20,7 @@ constexpr int kLanes = 64;        // Sinkhorn maps per vectorised chunk (maps la
 
 void check(const torch::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.is_contiguous() && t.dim() == dim,
-              "mhc_ops: ", name, " must be a contiguous float32 CPU tensor with ", dim, " dims");
+              "kernels: ", name, " must be a contiguous float32 CPU tensor with ", dim, " dims");
 }
 
 // <a, b> over D floats; the pragma lets the compiler reorder the sum into vector lanes (-fopenmp-simd).
@@ -122,7 +122,7 @@ auto with_streams(int64_t n, F&& f) {
     case 4: return f(std::integral_constant<int, 4>{});
     case 6: return f(std::integral_constant<int, 6>{});
     case 8: return f(std::integral_constant<int, 8>{});
-    default: TORCH_CHECK(false, "mhc_ops: ", n, " streams (built for 1, 2, 3, 4, 6 or 8)");
+    default: TORCH_CHECK(false, "kernels: ", n, " streams (built for 1, 2, 3, 4, 6 or 8)");
   }
 }
 
@@ -137,7 +137,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
   check(x, "x", 3), check(a, "a", 2), check(b_pre, "b_pre", 1), check(b_post, "b_post", 1);
   check(b_res, "b_res", 2);
   const int64_t N = x.size(0), D = x.size(2), M = a.size(1), n_ = x.size(1);
-  TORCH_CHECK(M == 2 * n_ + n_ * n_ && alpha.size() == 3, "mhc_ops.maps_in: a must be (N, 2n + n^2), 3 gates");
+  TORCH_CHECK(M == 2 * n_ + n_ * n_ && alpha.size() == 3, "kernels.maps_in: a must be (N, 2n + n^2), 3 gates");
   auto z = torch::empty({N, M}, x.options());
   auto r = torch::empty({N}, x.options());
   auto pre = torch::empty({N, n_}, x.options());
@@ -413,7 +413,7 @@ void sinkhorn_chunk(float (*__restrict__ m)[kLanes], int64_t iters, float* err) 
 std::tuple<torch::Tensor, int64_t> sinkhorn(torch::Tensor logits, int64_t iters, double tol) {
   check(logits, "maps", 3);
   const int64_t N = logits.size(0);
-  TORCH_CHECK(logits.size(2) == logits.size(1), "mhc_ops.sinkhorn: square maps");
+  TORCH_CHECK(logits.size(2) == logits.size(1), "kernels.sinkhorn: square maps");
   auto p = torch::empty_like(logits);
   const float* lp = logits.data_ptr<float>();
   float* pp = p.data_ptr<float>();
@@ -522,6 +522,35 @@ torch::Tensor sinkhorn_backward(torch::Tensor p, torch::Tensor grad) {
   return out;
 }
 
+// splitmix64's finaliser: a counter-based random stream (element i of a call draws mix64(seed + i)).
+inline uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Inverted dropout in one pass: out[i] = x[i] * scale if the top 15 bits of mix64(seed + i) are >= threshold
+// (p = threshold / 32768, as trainer/recipes/dropout.py's keep_mask), else 0. The backward is the same call on
+// the gradient with the same seed: no mask is stored.
+torch::Tensor dropout(torch::Tensor x, int64_t seed, int64_t threshold, double scale) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat && x.is_contiguous(),
+              "kernels.dropout: a contiguous float32 CPU tensor");
+  auto out = torch::empty_like(x);
+  const float* __restrict__ xp = x.data_ptr<float>();
+  float* __restrict__ op = out.data_ptr<float>();
+  const uint64_t base = static_cast<uint64_t>(seed);
+  const uint64_t thr = static_cast<uint64_t>(threshold);
+  const float s = static_cast<float>(scale);
+  at::parallel_for(0, x.numel(), 16384, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const uint64_t field = mix64(base + static_cast<uint64_t>(i)) >> 49;
+      op[i] = field >= thr ? xp[i] * s : 0.f;
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -530,6 +559,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stream_grad_", &stream_grad_);
   m.def("stream_mix", &stream_mix);
   m.def("stream_mix_backward", &stream_mix_backward);
+  m.def("dropout", &dropout);
   m.def("sinkhorn", &sinkhorn);
   m.def("sinkhorn_backward", &sinkhorn_backward);
 }
