@@ -557,49 +557,6 @@ torch::Tensor dropout(torch::Tensor x, int64_t seed, int64_t threshold, double s
   return out;
 }
 
-// LayerNorm's backward over the last dimension of (N, D) rows, given the forward's per-row mean and 1/std:
-// xhat = (x - mean) rstd, gw = g w, dx = rstd (gw - mean(gw) - xhat mean(gw xhat)), dw = sum_rows g xhat,
-// db = sum_rows g (per-thread partial sums, added at the end). PyTorch's CPU kernel took 5x its forward at
-// D = 50 (SASRec's width). Returns (dx, dw, db).
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> layer_norm_backward(
-    torch::Tensor g, torch::Tensor x, torch::Tensor mean, torch::Tensor rstd, torch::Tensor w) {
-  check(g, "grad", 2), check(x, "x", 2), check(mean, "mean", 1), check(rstd, "rstd", 1), check(w, "weight", 1);
-  const int64_t N = x.size(0), D = x.size(1);
-  auto dx = torch::empty_like(x);
-  const int threads = at::get_num_threads();
-  auto partial = torch::zeros({threads, 2, D}, x.options());
-  const float *gp = g.data_ptr<float>(), *xp = x.data_ptr<float>(), *mp = mean.data_ptr<float>(),
-              *rp = rstd.data_ptr<float>(), *wp = w.data_ptr<float>();
-  float *dxp = dx.data_ptr<float>(), *pp = partial.data_ptr<float>();
-  at::parallel_for(0, N, 256, [&](int64_t b, int64_t e) {
-    const float* __restrict__ wv = wp;
-    float* __restrict__ dw = pp + at::get_thread_num() * 2 * D;
-    float* __restrict__ db = dw + D;
-    std::vector<float> xh(D), gw(D);
-    for (int64_t t = b; t < e; ++t) {
-      const float* __restrict__ gt = gp + t * D;
-      const float* __restrict__ xt = xp + t * D;
-      float* __restrict__ out = dxp + t * D;
-      const float m = mp[t], r = rp[t];
-      float s1 = 0.f, s2 = 0.f;
-      for (int64_t d = 0; d < D; ++d) {
-        const float h = (xt[d] - m) * r, q = gt[d] * wv[d];
-        xh[d] = h;
-        gw[d] = q;
-        s1 += q;
-        s2 += q * h;
-        dw[d] += gt[d] * h;
-        db[d] += gt[d];
-      }
-      s1 /= D;
-      s2 /= D;
-      for (int64_t d = 0; d < D; ++d) out[d] = r * (gw[d] - s1 - xh[d] * s2);
-    }
-  });
-  auto sums = partial.sum(0);
-  return {dx, sums[0], sums[1]};
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -609,7 +566,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stream_mix", &stream_mix);
   m.def("stream_mix_backward", &stream_mix_backward);
   m.def("dropout", &dropout);
-  m.def("layer_norm_backward", &layer_norm_backward);
   m.def("sinkhorn", &sinkhorn);
   m.def("sinkhorn_backward", &sinkhorn_backward);
 }

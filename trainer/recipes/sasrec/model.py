@@ -13,7 +13,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainer.recipes.dropout import Dropout
-from trainer.recipes.layer_norm import LayerNorm
 from trainer.recipes.sasrec.config import SeqRecConfig
 from trainer.recipes.sasrec.fused import FusedConnection, applies, mhc_ops
 
@@ -255,7 +254,7 @@ class Sublayer(nn.Module):
 
     def __init__(self, fn: nn.Module, d: int, cfg: SeqRecConfig):
         super().__init__()
-        self.fn, self.norm, self.pre_ln = fn, LayerNorm(d, eps=1e-8), cfg.norm == "pre"
+        self.fn, self.norm, self.pre_ln = fn, nn.LayerNorm(d, eps=1e-8), cfg.norm == "pre"
         self.maps = MHCMaps(cfg.mhc_streams, d, cfg) if cfg.mhc else None
         self.fused = cfg.mhc and cfg.mhc_fused
 
@@ -317,7 +316,7 @@ class SeqRec(nn.Module):
         self.pos_emb = None if cfg.time else nn.Embedding(maxlen + 1, d, padding_idx=0)
         self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(d, cfg, maxlen) for _ in range(cfg.depth))
-        self.last_norm = LayerNorm(d, eps=1e-8)
+        self.last_norm = nn.LayerNorm(d, eps=1e-8)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

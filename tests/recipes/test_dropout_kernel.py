@@ -1,6 +1,6 @@
-"""The dropout and LayerNorm kernels of trainer/recipes/kernels.cpp (float32 CPU tensors). Dropout: keep_mask's
-rate and scale, the backward's mask is the forward's, torch.manual_seed fixes it, gradient checkpointing
-recomputes the same mask. LayerNorm: nn.LayerNorm's outputs and gradients and state_dict."""
+"""The hash-mask dropout kernel (trainer/recipes/kernels.cpp, used by trainer/recipes/dropout.py on float32 CPU
+tensors): keep_mask's rate and scale, the backward's mask is the forward's, torch.manual_seed fixes it, and
+gradient checkpointing recomputes the same mask."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +10,6 @@ from torch.utils.checkpoint import checkpoint
 from trainer.recipes import dropout as DR
 from trainer.recipes import kernels
 from trainer.recipes.dropout import Dropout
-from trainer.recipes.layer_norm import LayerNorm
 
 
 @pytest.fixture(scope="module")
@@ -71,44 +70,3 @@ def test_without_kernels_dropout_keeps_its_pytorch_mask(monkeypatch):
     assert abs((y != 0).float().mean().item() - 0.8) < 5e-3
     y.sum().backward()
     assert torch.equal(x.grad != 0, y != 0)
-
-
-@pytest.mark.parametrize("width", [50, 7, 64])
-def test_kernel_layer_norm_is_nn_layer_norm(ops, width, monkeypatch):
-    torch.manual_seed(width)
-    ref, ours = torch.nn.LayerNorm(width, eps=1e-8), LayerNorm(width, eps=1e-8)
-    with torch.no_grad():
-        ref.weight.normal_(), ref.bias.normal_()
-    ours.load_state_dict(ref.state_dict())                  # same parameters, same keys
-    calls = []
-    real = ops.layer_norm_backward
-    monkeypatch.setattr(kernels, "_state", {"ops": _Spy(ops, calls), "why": ""})
-    x = (3 * torch.randn(37, 11, width) + 1).requires_grad_()
-    x2 = x.detach().clone().requires_grad_()
-    g = torch.randn(37, 11, width)
-    ref(x).backward(g)
-    out = ours(x2)
-    out.backward(g)
-    assert calls == ["layer_norm_backward"] and real is ops.layer_norm_backward
-    assert torch.allclose(out, ref(x), atol=1e-6)
-    assert torch.allclose(x2.grad, x.grad, atol=1e-5)
-    assert torch.allclose(ours.weight.grad, ref.weight.grad, atol=1e-4, rtol=1e-5)
-    assert torch.allclose(ours.bias.grad, ref.bias.grad, atol=1e-4, rtol=1e-5)
-
-
-class _Spy:
-    def __init__(self, ops, calls):
-        self._ops, self._calls = ops, calls
-
-    def __getattr__(self, name):
-        self._calls.append(name)
-        return getattr(self._ops, name)
-
-
-def test_layer_norm_without_gradients_or_kernels_is_plain(monkeypatch):
-    ref, ours = torch.nn.LayerNorm(16), LayerNorm(16)
-    x = torch.randn(4, 16)
-    with torch.no_grad():
-        assert torch.equal(ours(x), ref(x))
-    monkeypatch.setattr(kernels, "_state", {"ops": None, "why": "test"})
-    assert ours(x).grad_fn.name() == ref(x).grad_fn.name()
