@@ -26,10 +26,9 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from bench.sasrec_profile import epoch, machine  # noqa: E402
-from bench.sasrec_stock import SETTINGS  # noqa: E402
+from bench.sasrec_stock import SETTINGS, bench_data  # noqa: E402
 from trainer.recipes import kernels as cpu_kernels  # noqa: E402
-from trainer.recipes.sasrec import data as D  # noqa: E402
-from trainer.recipes.sasrec.config import SeqDataConfig, SeqRecConfig  # noqa: E402
+from trainer.recipes.sasrec.config import SeqRecConfig  # noqa: E402
 from trainer.recipes.sasrec.model import SeqRec  # noqa: E402
 
 # variant: (time-aware attention, mHC, fused kernels, its base variant)
@@ -54,15 +53,7 @@ def build(name: str, num_items: int, seed: int):
 
 def measure(args) -> dict:
     s = SETTINGS
-    if args.data and Path(args.data).exists():
-        cfg, source = SeqDataConfig(path=args.data, maxlen=s["maxlen"], kcore=5), args.data
-    else:
-        cfg = SeqDataConfig(maxlen=s["maxlen"], synthetic_users=943, synthetic_items=1349, synthetic_mean_len=104)
-        source = "synthetic (943 users, mean length 104)"
-    data = D.load(cfg)
-    split = D.Split(data)
-    loader = torch.utils.data.DataLoader(D.TrainSequences(split, s["maxlen"], 1, args.seed), batch_size=s["batch_size"],
-                                         shuffle=True, collate_fn=D.collate)
+    data, _, loader, source = bench_data(args.data, args.seed)
     names = args.variants.split(",")
     models = {name: build(name, data.num_items, args.seed) for name in names}
     kernels = cpu_kernels.load() is not None                      # built before any timing

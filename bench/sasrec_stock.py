@@ -123,21 +123,28 @@ def stock_epoch(model: StockSASRec, opt, batches) -> float:
     return time.perf_counter() - t0
 
 
-def measure(args) -> dict:
+def bench_data(path: str, seed: int):
+    """(data, split, the trainer's loader, source): MovieLens-100K at `path`, or generated data of its size."""
     s = SETTINGS
-    if args.data and Path(args.data).exists():
-        cfg, source = SeqDataConfig(path=args.data, maxlen=s["maxlen"], kcore=5), args.data
+    if path and Path(path).exists():
+        cfg, source = SeqDataConfig(path=path, maxlen=s["maxlen"], kcore=5), path
     else:
         cfg = SeqDataConfig(maxlen=s["maxlen"], synthetic_users=943, synthetic_items=1349, synthetic_mean_len=104)
         source = "synthetic (943 users, mean length 104)"
     data = D.load(cfg)
     split = D.Split(data)
+    loader = torch.utils.data.DataLoader(D.TrainSequences(split, s["maxlen"], 1, seed), batch_size=s["batch_size"],
+                                         shuffle=True, collate_fn=D.collate)
+    return data, split, loader, source
+
+
+def measure(args) -> dict:
+    s = SETTINGS
+    data, split, loader, source = bench_data(args.data, args.seed)
     torch.manual_seed(args.seed)
     ours = SeqRec(SeqRecConfig(time=False, mhc=False, width=s["width"], depth=s["depth"], heads=s["heads"],
                                dropout=s["dropout"]), data.num_items, s["maxlen"]).train()
     our_opt = torch.optim.Adam(ours.parameters(), lr=s["lr"], betas=s["betas"], fused=True)     # as the trainer
-    loader = torch.utils.data.DataLoader(D.TrainSequences(split, s["maxlen"], 1, args.seed), batch_size=s["batch_size"],
-                                         shuffle=True, collate_fn=D.collate)
     stock = StockSASRec(data.num_items, s["maxlen"], s["width"], s["depth"], s["heads"], s["dropout"]).train()
     stock_opt = torch.optim.Adam(stock.parameters(), lr=s["lr"], betas=s["betas"])
     rng = np.random.default_rng(args.seed)
