@@ -23,7 +23,7 @@ void check(const torch::Tensor& t, const char* name, int64_t dim) {
               "kernels: ", name, " must be a contiguous float32 CPU tensor with ", dim, " dims");
 }
 
-// <a, b> over D floats; the pragma lets the compiler reorder the sum into vector lanes (-fopenmp-simd).
+// <a, b> over D floats; the pragma lets the compiler reorder the sum into vector lanes (OpenMP simd).
 inline float dot(const float* __restrict__ a, const float* __restrict__ b, int64_t D) {
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
@@ -31,42 +31,9 @@ inline float dot(const float* __restrict__ a, const float* __restrict__ b, int64
   return s;
 }
 
-// GCC/Clang vector type: 16 floats, lowered to whatever vector width -march allows (one zmm on AVX-512).
-typedef float v16 __attribute__((vector_size(64)));
-
-inline v16 load16(const float* p) {
-  v16 v;
-  std::memcpy(&v, p, sizeof(v));       // an unaligned load
-  return v;
-}
-
-typedef int v16i __attribute__((vector_size(64)));
-
-// Halves every 16-lane group in two vectors and adds them: lanes of a then b, each group of g lanes
-// folded to g / 2 (the reduction tree of hsum16: 8 + 4 + 2 + 1 of these for 16 vectors).
-template <int g>
-inline v16 fold(v16 a, v16 b) {
-  v16i lo, hi;
-  for (int l = 0; l < 16; ++l) {
-    const int src = (l / (g / 2)) * g + l % (g / 2);  // the first half of each group, groups of a then b
-    lo[l] = src;
-    hi[l] = src + g / 2;
-  }
-  return __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
-}
-
-// out[k] = the sum of v[k]'s 16 lanes, for 16 vectors: 15 shuffle-and-add steps instead of 240 scalar adds.
-inline void hsum16(const v16 (&v)[16], float* out) {
-  v16 a[8], b[4], c[2];
-  for (int k = 0; k < 8; ++k) a[k] = fold<16>(v[2 * k], v[2 * k + 1]);
-  for (int k = 0; k < 4; ++k) b[k] = fold<8>(a[2 * k], a[2 * k + 1]);
-  for (int k = 0; k < 2; ++k) c[k] = fold<4>(b[2 * k], b[2 * k + 1]);
-  const v16 d = fold<2>(c[0], c[1]);
-  std::memcpy(out, &d, sizeof(d));
-}
-
-// out[i * m + j] = <a_i, b_j> for n rows a_i (stride D) and m rows b_j: partial sums in n * m vector
-// registers over the width, reduced once at the end (a dot() per pair reloaded a_i and reduced every pair).
+// out[i * m + j] = <a_i, b_j> for n rows a_i (stride D) and m rows b_j: partial sums in n * m 8-float vector
+// registers (GCC/Clang vector type) over the width, reduced once at the end (a dot() per pair reloaded a_i
+// and reduced every pair; 16-float registers with a shuffle-tree reduction measured slower).
 template <int n, int m>
 inline void dots(const float* __restrict__ a, const float* const (&b)[m], int64_t D, float* out) {
   typedef float v8 __attribute__((vector_size(32)));
