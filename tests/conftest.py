@@ -87,20 +87,56 @@ def wait_all(procs: list[subprocess.Popen], timeout: float = 180) -> list[tuple[
     return out
 
 
+def _tree(pid: int) -> list[int]:
+    """pid and every process descended from it (a torchrun agent's workers run in sessions of their own, so
+    a process group does not reach them; their parent links do)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += parents.get(found[-1], [])
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in reversed(pids):                 # the workers before the agent that watches them
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 def _stop_hung(procs: list[subprocess.Popen]) -> str:
-    """SIGABRT the ranks still running and return every rank's stderr tail (with the stacks)."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGABRT)
+    """SIGABRT the ranks still running and everything they started (faulthandler prints each one's stacks),
+    then SIGKILL what is left; every rank's stderr tail (with the stacks)."""
+    trees = {p.pid: _tree(p.pid) for p in procs if p.poll() is None}
+    for pids in trees.values():
+        _signal_all(pids, signal.SIGABRT)
     tails = []
     for rank, p in enumerate(procs):
         try:
             _, err = p.communicate(timeout=20)
         except subprocess.TimeoutExpired:
-            p.kill()
-            _, err = p.communicate()
+            _signal_all(trees.get(p.pid, [p.pid]), signal.SIGKILL)
+            try:
+                _, err = p.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                err = "(no stderr: its pipe is held open by a process outside its tree)"
         tails.append(f"--- rank {rank} (exit {p.returncode}) ---\n{(err or '')[-6000:]}")
     return "\n".join(tails)
+
+
+def run_group(argv: list[str], env: dict, timeout: float = 300) -> tuple[int, str]:
+    """(returncode, stderr) of ARGV (a launcher and everything it starts); a hang past timeout seconds fails
+    the test with the stacks of every process it started."""
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return wait_all([proc], timeout)[0]
 
 
 def run_ranks(n: int, *args: str, timeout: float = 180, extra_env: dict | None = None) -> list[tuple[int, str]]:

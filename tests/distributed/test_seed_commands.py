@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import PY, REPO, clean_env, free_port
+from tests.conftest import PY, REPO, clean_env, free_port, run_group, wait_all
 
 TINY = {   # per recipe: tiny model settings, put before the row's own arguments (the row's values win)
     "kgat": ["model.width=8", "model.relation_width=8", "model.layer_widths=[8]", "train.eval_batch_size=64"],
@@ -90,20 +90,21 @@ def test_readme_seed_command_runs(command, tmp_path, datasets):
         source = command.split("--init-from ")[1].split()[0]
         first = command.split(" --init-from")[0].replace("--run-dir runs/tisasrec_resume", "--run-dir source")
         argv, env = runnable(first, tmp_path, datasets)
-        subprocess.run(argv, cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+        code, err = run_group(argv, env)
+        assert code == 0, f"{shlex.join(argv)}\n{err[-3000:]}"
         command = command.replace(source, str(tmp_path / "source" / "checkpoints" / "final.pt"))
     if "--nnodes=2" in command:              # both "nodes" on this machine, as two torchrun agents
         port = free_port()
         procs = []
         for node in (0, 1):
             argv, env = runnable(command.replace("--node_rank=0", f"--node_rank={node}"), tmp_path, datasets, port)
-            procs.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            procs.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                           text=True))
-        outs = [p.communicate(timeout=300) for p in procs]
-        assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+        outs = wait_all(procs, 300)
+        assert [code for code, _ in outs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
     else:
         argv, env = runnable(command, tmp_path, datasets)
-        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, f"{shlex.join(argv)}\n{proc.stderr[-3000:]}"
+        code, err = run_group(argv, env)
+        assert code == 0, f"{shlex.join(argv)}\n{err[-3000:]}"
     finals = [p for p in tmp_path.rglob("checkpoints/final.pt") if "source" not in p.parts]
     assert len(finals) == 1, f"{command}: {finals}"
