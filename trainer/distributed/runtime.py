@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from trainer.distributed.binding import exchange_and_assign, visible_ids
 from trainer.distributed.environment import LaunchEnvironment, LaunchError
@@ -177,6 +178,32 @@ def broadcast(tensor: torch.Tensor, info: DistInfo, src: int = 0) -> torch.Tenso
     return tensor
 
 
+def average_grad(grad: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """The mean of every rank's gradient, as DDP's all-reduce would give it. A sparse gradient (rows of a
+    table) travels as its rows: every rank's (row ids, values) gathered, so a step sends its batch's rows,
+    not the whole table (NCCL has no sparse all-reduce)."""
+    if not info.distributed:
+        return grad
+    if not grad.is_sparse:
+        dist.all_reduce(grad)
+        return grad.div_(info.world_size)
+    grad = grad.coalesce()
+    rows, values = grad.indices()[0], grad.values()
+    count = torch.tensor([len(rows)], device=rows.device)
+    counts = [torch.empty_like(count) for _ in range(info.world_size)]
+    dist.all_gather(counts, count)
+    most = int(max(counts))
+    pad = most - len(rows)
+    rows, values = F.pad(rows, (0, pad)), F.pad(values, (0, 0, 0, pad))
+    all_rows, all_values = ([torch.empty_like(x) for _ in range(info.world_size)] for x in (rows, values))
+    dist.all_gather(all_rows, rows)
+    dist.all_gather(all_values, values)
+    keep = [slice(0, int(n)) for n in counts]
+    rows = torch.cat([r[k] for r, k in zip(all_rows, keep)])
+    values = torch.cat([v[k] for v, k in zip(all_values, keep)]).div_(info.world_size)
+    return torch.sparse_coo_tensor(rows[None], values, grad.shape).coalesce()
+
+
 def barrier(info: DistInfo) -> None:
     """Barrier across ranks; a no-op for a world of one."""
     if info.distributed:
@@ -206,5 +233,5 @@ def comm_device(info: DistInfo) -> torch.device:
     return torch.device(info.device) if info.backend == "nccl" else torch.device("cpu")
 
 
-__all__ = ["DistInfo", "init", "teardown", "all_reduce", "barrier", "all_gather_object",
+__all__ = ["DistInfo", "init", "teardown", "all_reduce", "average_grad", "barrier", "all_gather_object",
            "broadcast", "broadcast_object", "choose_backend", "comm_device"]

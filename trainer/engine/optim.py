@@ -85,3 +85,65 @@ def phased(base: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
 
     Phased.__name__ = Phased.__qualname__ = f"Phased{base.__name__}"
     return Phased
+
+
+def adam_rows_(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict, decoupled: bool,
+               grad_scale: torch.Tensor | None = None) -> None:
+    """Adam (AdamW when decoupled) on the rows of a sparse gradient only; the other rows and their moments
+    wait (lazy, as torch.optim.SparseAdam), so a step costs its rows, not the table. One step count per
+    parameter for the bias correction, in the same state keys as Adam's."""
+    grad = grad.coalesce()
+    rows, g = grad.indices()[0], grad.values()
+    if grad_scale is not None:                # a fused optimizer under a GradScaler: grads still scaled
+        g = g / grad_scale.to(g.device)
+    if not state:
+        state["step"] = torch.tensor(0.0)
+        state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+    state["step"] += 1
+    step, (beta1, beta2), lr = float(state["step"]), group["betas"], group["lr"]
+    x = param[rows]
+    if group["weight_decay"]:
+        if decoupled:
+            x.mul_(1 - lr * group["weight_decay"])
+        else:
+            g = g.add(x, alpha=group["weight_decay"])
+    m = state["exp_avg"][rows].mul_(beta1).add_(g, alpha=1 - beta1)
+    v = state["exp_avg_sq"][rows].mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    state["exp_avg"].index_copy_(0, rows, m)
+    state["exp_avg_sq"].index_copy_(0, rows, v)
+    denom = (v / (1 - beta2 ** step)).sqrt_().add_(group["eps"])
+    param.index_copy_(0, rows, x.addcdiv_(m, denom, value=-lr / (1 - beta1 ** step)))
+
+
+def sparse_rows(base: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+    """`base` (Adam or AdamW) that also takes sparse gradients (an embedding table's rows): those by
+    adam_rows_, every dense gradient by base.step as before."""
+    if not issubclass(base, torch.optim.Adam | torch.optim.AdamW):
+        raise ValueError(f"sparse row updates need Adam or AdamW, not {base.__name__}")
+
+    class SparseRows(base):
+        def step(self, closure=None):
+            held = [(p, p.grad) for group in self.param_groups for p in group["params"]
+                    if p.grad is not None and p.grad.is_sparse]
+            for p, _ in held:
+                p.grad = None                   # base.step (fused) refuses sparse gradients
+            try:
+                loss = super().step(closure)
+            finally:
+                for p, grad in held:
+                    p.grad = grad
+            found_inf = getattr(self, "found_inf", None)
+            if held and not (found_inf is not None and float(found_inf) > 0):     # a GradScaler's skipped step
+                self._step_rows(held)
+            return loss
+
+        @torch.no_grad()
+        def _step_rows(self, held: list) -> None:
+            groups = {id(p): group for group in self.param_groups for p in group["params"]}
+            for p, grad in held:
+                adam_rows_(p, grad, self.state[p], groups[id(p)], issubclass(base, torch.optim.AdamW),
+                           getattr(self, "grad_scale", None))
+
+    SparseRows.__name__ = SparseRows.__qualname__ = f"SparseRows{base.__name__}"
+    return SparseRows

@@ -44,6 +44,10 @@ class KGATModelConfig:
     aggregator: Literal["bi-interaction", "gcn", "graphsage"] = "bi-interaction"
     pretrain: str = ""             # mf.npz with user_embed/item_embed from BPR-MF ("" = random init)
     phase_optimizers: Literal["separate", "shared"] = "separate"   # one optimizer state per phase (original)
+    # which embedding rows a KG step updates: "sparse" (the rows of its batch; Adam's moments of the other
+    # rows wait, as SparseAdam; a step costs its batch at any graph size, ranks exchange those rows only) or
+    # "dense" (every row every step, as the original TF Adam: a step costs the whole table)
+    kg_update: Literal["sparse", "dense"] = "sparse"
     # what the next layer reads: "raw" (the original TF code: the un-normalised output; only the copies
     # concatenated into the final embedding are L2-normalised) or "normalized" (the PyTorch ports)
     layer_input: Literal["raw", "normalized"] = "raw"

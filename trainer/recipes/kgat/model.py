@@ -294,7 +294,9 @@ class KGAT(nn.Module):
         order = torch.argsort(r, stable=True)
         r = r[order]
         rels, counts = torch.unique_consecutive(r, return_counts=True)
-        x = self.embed[torch.stack([n[order] for n in nodes], 1)]                  # (B, k, d): one gather
+        idx = torch.stack([n[order] for n in nodes], 1)                           # (B, k, d): one gather
+        # sparse: the table's gradient is the batch's rows, not a zero-filled table (cfg.kg_update)
+        x = F.embedding(idx, self.embed, sparse=self.cfg.kg_update == "sparse")
         # unbind: one stack in the backward; indexing w[k] per relation made a zero-filled gradient of the
         # whole (relations, d, d_rel) stack per relation (80 memsets of 1.3 MB per KG step on amazon-book)
         w = self.trans.unbind(0)

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from trainer.distributed import runtime
 from trainer.engine.data import per_rank_batch_size
-from trainer.engine.optim import optimizer_spec, phased
+from trainer.engine.optim import optimizer_spec, phased, sparse_rows
 from trainer.engine.recipe import Recipe, unwrap
 from trainer.recipes.kgat import build
 from trainer.recipes.kgat import data as D
@@ -102,15 +103,28 @@ class KGATRecipe(Recipe):
 
     def build_model(self):
         m = self.model_cfg
+        if m.kg_update == "sparse" and (self.train_cfg.optimizer == "sgd" or self.dist.replicas > 1):
+            log.info("kgat: model.kg_update=dense (sparse row updates need Adam/AdamW and one device per process)")
+            m = self.model_cfg = replace(m, kg_update="dense")
         model = KGAT(m, self.data.n_entities, self.data.n_users, self.ckg.n_relations, len(self.ckg.heads),
                      loss=self.loss_cfg)
         model.set_graph(self.ckg.heads, self.ckg.rels, self.ckg.tails, self.ckg.weights)
         if m.pretrain:
             model.load_pretrained(m.pretrain, self.data.n_items)
+        # the table's gradient is averaged here, not by DDP: DDP would all-reduce the whole table at every KG
+        # step, where only the batch's rows have a gradient (every rank starts from the same seeded table)
+        # (both spellings: DDP's reducer names a root module's parameter ".embed", its other lists "embed")
+        model._ddp_params_and_buffers_to_ignore += ["embed", ".embed"]
+        model.embed.register_post_accumulate_grad_hook(self._average_table_grad)
         return model
+
+    def _average_table_grad(self, table: torch.Tensor) -> None:
+        table.grad = runtime.average_grad(table.grad, self.dist)
 
     def build_optimizer(self, model, lr):
         cls, kwargs = optimizer_spec(self.train_cfg, lr)
+        if self.model_cfg.kg_update == "sparse":
+            cls = sparse_rows(cls)
         if self.model_cfg.phase_optimizers == "shared":
             self.optimizer = cls(model.parameters(), **kwargs)
         else:

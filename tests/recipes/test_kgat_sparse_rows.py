@@ -1,0 +1,166 @@
+"""KG steps update only their batch's embedding rows (model.kg_update=sparse): the same gradient as the dense
+path, Adam on those rows only (torch's SparseAdam), and under DDP every rank's gradient the ranks' mean, the
+table's rows sent instead of the table (`python -m torch.distributed.run --nproc-per-node 2 THIS_FILE` is the
+two-rank check the last test runs)."""
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import PY, REPO, clean_env, wait_all
+from trainer.engine.optim import phased, sparse_rows
+from trainer.recipes.kgat.model import KGATModelConfig
+
+
+def kg_grads(update: str) -> dict[str, torch.Tensor]:
+    from tests.recipes.test_kgat_model import model_for, small_graph
+    d, g = small_graph()
+    m = model_for(d, g, kg_update=update)
+    h, r, t = (torch.as_tensor(d.kg[:, k]) for k in (0, 1, 2))
+    m("kg", h, r, t, torch.flip(t, (0,))).backward()
+    return {name: p.grad for name, p in m.named_parameters() if p.grad is not None}
+
+
+def test_the_sparse_kg_gradient_is_the_dense_one():
+    sparse, dense = kg_grads("sparse"), kg_grads("dense")
+    assert sparse["embed"].is_sparse and not dense["embed"].is_sparse
+    assert set(sparse) == set(dense) == {"embed", "relation", "trans"}
+    for name in dense:
+        assert torch.allclose(sparse[name].to_dense(), dense[name], atol=1e-7), name
+
+
+def table_step(table, w, rows):
+    F.embedding(rows, table, sparse=True).pow(2).sum().backward()
+    (w * 3).pow(2).sum().backward()
+
+
+def test_rows_follow_sparse_adam_and_dense_parameters_follow_adam():
+    torch.manual_seed(0)
+    table, w = torch.nn.Parameter(torch.randn(12, 4)), torch.nn.Parameter(torch.randn(5))
+    ref_table, ref_w = (torch.nn.Parameter(p.detach().clone()) for p in (table, w))
+    opt = phased(sparse_rows(torch.optim.Adam))([table, w], phases=("cf", "kg"), lr=0.05, fused=True)
+    opt.set_phase("kg")
+    refs = torch.optim.SparseAdam([ref_table], lr=0.05), torch.optim.Adam([ref_w], lr=0.05)
+    untouched = table.detach()[11].clone()
+    for rows in ([1, 3, 3, 7], [0, 2, 5, 1], [7, 7, 7, 2]):
+        for t, p in ((table, w), (ref_table, ref_w)):
+            table_step(t, p, torch.tensor(rows))
+        opt.step(), opt.zero_grad()
+        for o in refs:
+            o.step(), o.zero_grad()
+    assert torch.allclose(table, ref_table, atol=1e-6) and torch.allclose(w, ref_w, atol=1e-6)
+    assert torch.equal(table.detach()[11], untouched)                     # never in a batch: never moved
+    assert int(opt.state_dict()["phases"]["kg"]["state"][0]["step"]) == 3
+    assert not opt.state_dict()["phases"]["cf"]["state"]                   # the other phase's state untouched
+
+
+def test_adamw_decays_only_the_batch_rows():
+    torch.manual_seed(1)
+    table = torch.nn.Parameter(torch.randn(6, 3))
+    rows = torch.tensor([4, 1])
+    ref = torch.nn.Parameter(table.detach()[rows].clone())   # AdamW on just those rows: the same update
+    before = table.detach().clone()
+    opt = sparse_rows(torch.optim.AdamW)([table], lr=0.1, weight_decay=0.5, fused=True)
+    ref_opt = torch.optim.AdamW([ref], lr=0.1, weight_decay=0.5)
+    F.embedding(rows, table, sparse=True).sum().backward()
+    ref.sum().backward()
+    opt.step(), ref_opt.step()
+    assert torch.allclose(table.detach()[rows], ref.detach(), atol=1e-6)
+    others = [0, 2, 3, 5]
+    assert torch.equal(table.detach()[others], before[others])
+
+
+def test_a_grad_scaler_skips_an_inf_step_and_unscales_a_finite_one():
+    torch.manual_seed(2)
+    table, w = torch.nn.Parameter(torch.randn(6, 3)), torch.nn.Parameter(torch.randn(3))
+    ref_table = torch.nn.Parameter(table.detach().clone())
+    opt = sparse_rows(torch.optim.Adam)([table, w], lr=0.1, fused=True)
+    ref_opt = torch.optim.SparseAdam([ref_table], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    rows = torch.tensor([0, 5])
+    before = table.detach().clone()
+    scaler.scale(F.embedding(rows, table, sparse=True).sum() * float("inf") + w.sum()).backward()
+    scaler.step(opt), scaler.update(), opt.zero_grad()
+    assert torch.equal(table.detach(), before)                              # the inf step was skipped
+    scaler.scale(F.embedding(rows, table, sparse=True).pow(2).sum() + w.sum()).backward()
+    scaler.step(opt), scaler.update()
+    F.embedding(rows, ref_table, sparse=True).pow(2).sum().backward()
+    ref_opt.step()
+    assert torch.allclose(table, ref_table, atol=1e-6) and not torch.equal(table.detach(), before)
+
+
+def tiny_recipe(info=None, optimizer: str = "adam"):
+    """The KGAT recipe on its built-in synthetic data (no message dropout: two copies must agree)."""
+    from trainer.config import TrainConfig
+    from trainer.distributed.runtime import DistInfo
+    from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATLossConfig
+    from trainer.recipes.kgat.recipe import KGATRecipe
+    info = info or DistInfo(rank=0, local_rank=0, world_size=1, backend="none", local_world_size=1)
+    recipe = KGATRecipe(KGATDataConfig(), KGATModelConfig(width=16, relation_width=8, layer_widths=[8], dropout=0.0),
+                        TrainConfig(optimizer=optimizer, batch_size=64), info, KGATEvalConfig(), seed=3,
+                        loss_cfg=KGATLossConfig())
+    recipe.build_datasets()
+    return recipe
+
+
+def test_sgd_and_dataparallel_fall_back_to_dense_updates():
+    from trainer.distributed.runtime import DistInfo
+    assert tiny_recipe(optimizer="sgd").build_model().cfg.kg_update == "dense"
+    dp = DistInfo(dp_devices=(0, 1))            # DataParallel's replicas would reduce sparse gradients
+    assert tiny_recipe(dp).build_model().cfg.kg_update == "dense"
+    assert tiny_recipe(optimizer="adam").build_model().cfg.kg_update == "sparse"
+
+
+def two_rank_check() -> None:
+    """Under torchrun: one CF and one KG step through DDP (as the engine wraps it); every rank's gradients
+    must be the mean of the ranks' own (computed on a plain copy), and the tables equal after the step."""
+    import torch.distributed as dist
+
+    from trainer.config import DistConfig
+    from trainer.distributed.runtime import DistInfo
+    from trainer.engine.build import wrap_model
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    info = DistInfo(rank=rank, local_rank=rank, world_size=world, backend="gloo", local_world_size=world)
+    recipe, alone = tiny_recipe(info=info), tiny_recipe()
+    torch.manual_seed(0)
+    model = recipe.build_model()
+    torch.manual_seed(0)
+    plain = alone.build_model()
+    wrapped = wrap_model(model, info, DistConfig(), recipe.find_unused_parameters, recipe.broadcast_buffers)
+    opt = recipe.build_optimizer(wrapped, 0.01)
+    plan = recipe.epoch_batches(0)
+    for batch in (plan[0], plan[plan.n_cf_steps]):
+        with torch.no_grad():                    # the copy starts each step from the trained weights
+            for p, q in zip(model.parameters(), plain.parameters()):
+                q.copy_(p)
+        recipe.training_step(wrapped, batch).backward()
+        plain(batch["phase"], *batch["tensors"]).backward()
+        for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+            if q.grad is None:
+                continue
+            mean = q.grad.to_dense()
+            dist.all_reduce(mean)
+            assert torch.allclose(p.grad.to_dense(), mean / world, atol=1e-6), (batch["phase"], name)
+        assert model.embed.grad.is_sparse == (batch["phase"] == "kg")
+        opt.step(), opt.zero_grad(set_to_none=True), plain.zero_grad(set_to_none=True)
+        tables = [torch.empty_like(model.embed) for _ in range(world)]
+        dist.all_gather(tables, model.embed.detach())
+        assert all(torch.equal(tables[0], t) for t in tables)
+    if rank == 0:
+        print("TWO-RANK OK", file=sys.stderr)
+    dist.destroy_process_group()
+
+
+def test_two_ranks_average_the_table_gradient_in_both_phases():
+    proc = subprocess.Popen([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             str(REPO / "tests" / "recipes" / "test_kgat_sparse_rows.py")], cwd=REPO,
+                            env=clean_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    (code, err), = wait_all([proc], 180)
+    assert code == 0 and "TWO-RANK OK" in err, err[-4000:]
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    two_rank_check()
