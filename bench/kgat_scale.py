@@ -71,8 +71,9 @@ def worker(args) -> None:
     t0 = time.perf_counter()
     stats = stats_for(args.preset, args.fraction)
     data = D.hold_out_validation(build.synthesize(stats, args.seed), 0.0, 2019)
-    recipe = KGATRecipe(KGATDataConfig(val_fraction=0.0), KGATModelConfig(), replace(TrainConfig(), batch_size=1024),
-                        info, KGATEvalConfig(), seed=args.seed, loss_cfg=KGATLossConfig())
+    recipe = KGATRecipe(KGATDataConfig(val_fraction=0.0), KGATModelConfig(kg_update=args.kg_update),
+                        replace(TrainConfig(), batch_size=1024), info, KGATEvalConfig(), seed=args.seed,
+                        loss_cfg=KGATLossConfig())
     import trainer.recipes.kgat.recipe as R
     R.load_data = lambda cfg: data                   # the generated data above, not the config's
     _, evals = recipe.build_datasets()
@@ -146,7 +147,7 @@ def worker(args) -> None:
 def measure(fraction: float, world: int, args) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--fraction", str(fraction),
            "--preset", args.preset, "--cf-steps", str(args.cf_steps), "--kg-steps", str(args.kg_steps),
-           "--eval-batch", str(args.eval_batch), "--seed", str(args.seed)]
+           "--eval-batch", str(args.eval_batch), "--seed", str(args.seed), "--kg-update", args.kg_update]
     if world > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", *cmd[1:]]
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, args.threads // world)),
@@ -220,7 +221,9 @@ def main(argv=None) -> int:
     p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)))
     p.add_argument("--worlds", default="1,2")
     p.add_argument("--cf-steps", type=int, default=5, help="CF steps timed per point (after one warm-up)")
-    p.add_argument("--kg-steps", type=int, default=20, help="KG steps timed per point (after one warm-up)")
+    p.add_argument("--kg-steps", type=int, default=100, help="KG steps timed per point (after one warm-up)")
+    p.add_argument("--kg-update", default="sparse", choices=["sparse", "dense"],
+                   help="model.kg_update: the batch's rows (default) or every row at every KG step (the original)")
     p.add_argument("--eval-batch", type=int, default=2048, help="test users scored at once, per rank")
     p.add_argument("--threads", type=int, default=2, help="threads in all (divided among the ranks)")
     p.add_argument("--seed", type=int, default=0)
@@ -251,7 +254,7 @@ def main(argv=None) -> int:
     full = max(points, key=lambda r: (r["fraction"], -r["world"]))
     report = dict(preset=args.preset, points=points, slopes=slopes, repeats=args.repeat,
                   slope_range_over_rounds=slope_range, cf_steps_timed=args.cf_steps,
-                  kg_steps_timed=args.kg_steps, eval_batch=args.eval_batch,
+                  kg_steps_timed=args.kg_steps, kg_update=args.kg_update, eval_batch=args.eval_batch,
                   full_epoch_plus_eval_s=round(sum(full["phase_s"].values()), 1),
                   full_peak_rss_gib=round(full["peak_rss_gib"], 2),
                   machine_memory_gib=round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30, 1),
