@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -78,9 +79,21 @@ def causal_blocks(t: int, min_split: int = 64) -> list[tuple[int, int]]:
     return [(0, half), (half, t)] if half else [(0, t)]
 
 
-def mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Boolean attention mask (True = attend) as an additive 0 / -inf bias."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+@functools.lru_cache(maxsize=16)
+def causal_bias(t: int, device: torch.device) -> torch.Tensor:
+    """(T, T) additive causal bias: 0 on and below the diagonal, -inf above (one per length, reused)."""
+    return torch.full((t, t), float("-inf"), device=device).triu_(1)
+
+
+def attention_bias(seq: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) additive bias (0 / -inf): causal, no padded keys, but always the diagonal so a padded
+    query has one key (no NaN). One broadcast add and a pass over the diagonal: building boolean masks and
+    filling a zero tensor from them read and wrote the B x T x T map five times."""
+    t = seq.shape[1]
+    pad = torch.zeros(seq.shape, device=seq.device).masked_fill_(seq == 0, float("-inf"))
+    bias = causal_bias(t, seq.device) + pad[:, None, None, :]
+    bias.diagonal(dim1=-2, dim2=-1).zero_()
+    return bias
 
 
 class FeedForward(nn.Module):
@@ -331,12 +344,8 @@ class SeqRec(nn.Module):
                 self.pos_emb.weight[0].zero_()
 
     def _masks(self, seq: torch.Tensor, time: torch.Tensor):
-        t = seq.shape[1]
         keep = (seq != 0).unsqueeze(-1)
-        causal = torch.ones(t, t, dtype=torch.bool, device=seq.device).tril()
-        # causal, no padded keys, but always the diagonal so a padded query has one key (no NaN)
-        allowed = (causal & (seq != 0).unsqueeze(1)) | torch.eye(t, dtype=torch.bool, device=seq.device)
-        mask = mask_bias(allowed.unsqueeze(1), torch.float32)          # (B, 1, T, T) additive 0 / -inf
+        mask = attention_bias(seq)                                     # (B, 1, T, T) additive 0 / -inf
         rel = None
         if self.cfg.time:
             rel = (time.unsqueeze(2) - time.unsqueeze(1)).abs().clamp(max=self.cfg.time_span)
