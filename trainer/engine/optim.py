@@ -97,7 +97,7 @@ def adam_rows_(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
     if grad_scale is not None:                # a fused optimizer under a GradScaler: grads still scaled
         g = g / grad_scale.to(g.device)
     if not state:
-        state["step"] = torch.tensor(0.0)
+        state["step"] = torch.zeros((), device=param.device)     # where fused Adam keeps it (shared state)
         state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
     state["step"] += 1
