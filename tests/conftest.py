@@ -128,7 +128,7 @@ def _stop_hung(procs: list[subprocess.Popen]) -> str:
                 _, err = p.communicate(timeout=20)
             except subprocess.TimeoutExpired:
                 err = "(no stderr: its pipe is held open by a process outside its tree)"
-        tails.append(f"--- rank {rank} (exit {p.returncode}) ---\n{(err or '')[-6000:]}")
+        tails.append(f"--- rank {rank} (exit {p.returncode}) ---\n{(err or '')[-20000:]}")   # its workers too
     return "\n".join(tails)
 
 
