@@ -185,8 +185,7 @@ def average_grad(grad: torch.Tensor, info: DistInfo) -> torch.Tensor:
     if not info.distributed:
         return grad
     if not grad.is_sparse:
-        dist.all_reduce(grad)
-        return grad.div_(info.world_size)
+        return all_reduce(grad, info).div_(info.world_size)
     grad = grad.coalesce()
     rows, values = grad.indices()[0], grad.values()
     count = torch.tensor([len(rows)], device=rows.device)
