@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import math
+import multiprocessing
 import signal
+import threading
+from multiprocessing import forkserver
 from typing import Iterator, Sequence
 
 import torch
@@ -86,13 +89,44 @@ def ignore_preemption_signals(worker_id: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+# imported once in the fork server, so a worker starts with torch and the recipes' data modules in memory
+WORKER_PRELOAD = ["torch", "numpy", "trainer.cli", "trainer.engine.data"]
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """Loader workers forked from a single-threaded fork server, not from the training process.
+
+    A worker forked from a rank inherits copies of locks that the rank's other threads (gloo's, the
+    pin-memory thread, the intra-op pool) may hold at that instant, and can block on one forever: seen in
+    2-rank CI runs as a rank waiting in its first evaluation batch for a worker that never delivered
+    (pytorch #130610). The server and its resource tracker are started with the preemption signals ignored
+    (a disposition that survives exec), so Slurm's signals to every process of the task leave them, and the
+    workers they fork, running; the signals are blocked meanwhile, so the rank itself loses none."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(WORKER_PRELOAD)
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return ctx
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)
+    handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in PREEMPTION_SIGNALS}
+    try:
+        forkserver.ensure_running()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return ctx
+
+
 def make_loader(dataset: Dataset, sampler: Sampler, batch_size: int, num_workers: int, collate_fn,
                 seed: int, pin_memory: bool = False) -> DataLoader:
-    """A DataLoader with its own generator, so creating it never consumes the global RNG."""
+    """A DataLoader with its own generator, so creating it never consumes the global RNG; its workers
+    come from the fork server (worker_context)."""
+    workers = {"multiprocessing_context": worker_context(), "worker_init_fn": ignore_preemption_signals} \
+        if num_workers > 0 else {}
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                       collate_fn=collate_fn, pin_memory=pin_memory, drop_last=False,
-                      generator=torch.Generator().manual_seed(seed), persistent_workers=False,
-                      worker_init_fn=ignore_preemption_signals if num_workers > 0 else None)
+                      generator=torch.Generator().manual_seed(seed), persistent_workers=False, **workers)
 
 
 def per_rank_batch_size(train_cfg, world_size: int, replicas: int = 1) -> int:
