@@ -80,7 +80,7 @@ def test_causal_query_blocks_compute_the_same_attention(time_aware, monkeypatch)
     time = torch.cumsum(torch.randint(0, 4, (3, t)), 1) * (seq != 0)
     keep, mask, rel = model._masks(seq, time)
     att = model.blocks[0].attn.fn
-    att.attn_drop.p = 1e-9                      # the explicit (training) path, with nothing dropped
+    att.attn_drop.p, att.fused = 1e-9, False    # the explicit PyTorch (training) path, with nothing dropped
     x = torch.randn(3, t, 8, requires_grad=True)
 
     def run(blocks):

@@ -5,6 +5,7 @@
 // streams once, with the token's n x n map and n gates in registers.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstring>
@@ -524,6 +525,198 @@ torch::Tensor dropout(torch::Tensor x, int64_t seed, int64_t threshold, double s
   return out;
 }
 
+
+// Causal self-attention with dropout over packed sequences: the real (non-padded) positions of a batch, row
+// after row, q, k, v (N, H, dh) and starts (B + 1: row b's tokens are starts[b] .. starts[b + 1] - 1). One
+// (row, head) at a time with its L x L scores in cache: in PyTorch the (B, H, T, T) scores, probabilities,
+// dropout mask and their gradients were each written to memory and read back, padded positions included.
+// The backward recomputes the scores from q and k and the rows' log-sum-exps, and the mask from its seed.
+// A token sees the tokens of its row up to itself (model.py's attention_bias on the real positions; q comes
+// scaled). Dropout keeps element (bh, i, j) (bh = b H + head) when the top 15 bits of
+// fmix32(((bh T + i) T + j) golden + seed) are >= threshold, and scales the kept ones by `factor`.
+struct Attn {
+  int64_t T, H, dh;
+  uint32_t base, thr;
+  float factor;
+
+  // the counter of element (bh, i, 0); element j's is row + j (mod 2^32)
+  uint32_t row(int64_t bh, int64_t i) const { return static_cast<uint32_t>((bh * T + i) * T); }
+  bool kept(uint32_t row, uint32_t j) const { return (fmix32((row + j) * 0x9E3779B9u + base) >> 17) >= thr; }
+};
+
+Attn make_attn(const torch::Tensor& q, const torch::Tensor& starts, int64_t T, int64_t seed, int64_t threshold,
+               double factor) {
+  check(q, "q", 3);
+  TORCH_CHECK(starts.dim() == 1 && starts.scalar_type() == torch::kLong && starts.is_contiguous() &&
+              starts.size(0) >= 1, "kernels.attention: starts must be a contiguous int64 vector");
+  const int64_t* st = starts.data_ptr<int64_t>();
+  for (int64_t b = 0; b + 1 < starts.size(0); ++b)
+    TORCH_CHECK(st[b] >= 0 && st[b] <= st[b + 1] && st[b + 1] - st[b] <= T, "kernels.attention: row ", b,
+                " spans tokens ", st[b], " to ", st[b + 1], " (at most T = ", T, ")");
+  TORCH_CHECK(st[0] == 0 && st[starts.size(0) - 1] == q.size(0), "kernels.attention: starts do not cover the ",
+              q.size(0), " tokens");
+  return Attn{T, q.size(1), q.size(2), static_cast<uint32_t>(seed) ^ static_cast<uint32_t>(static_cast<uint64_t>(seed) >> 32),
+              static_cast<uint32_t>(threshold), static_cast<float>(factor)};
+}
+
+// exp(x) of a score minus its row's maximum or log-sum-exp; below e^-80 counts as 0 against a row sum >= 1.
+// Branch-free, so the row loops vectorise.
+inline float row_exp(float x) {
+  const float e = exp_neg(std::min(x, 0.f));
+  return x < -80.f ? 0.f : e;
+}
+
+// The BLAS's Fortran sgemm_ where torch's library exports it (MKL in the x86 wheels), looked up at run time:
+// a per-sequence product is ~2 MFLOP, and an ATen call around it cost a tenth of that again.
+using sgemm_fn = void (*)(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
+                          const int*, const float*, const int*, const float*, float*, const int*);
+sgemm_fn blas_sgemm() {
+  static const sgemm_fn f = [] {
+    void* lib = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);     // loaded already: torch is imported
+    void* sym = lib ? dlsym(lib, "sgemm_") : nullptr;
+    return reinterpret_cast<sgemm_fn>(sym ? sym : dlsym(RTLD_DEFAULT, "sgemm_"));
+  }();
+  return f;
+}
+
+bool has_blas() { return blas_sgemm() != nullptr; }
+
+// Row-major C (M x N, ldc) = alpha op(A) op(B) + beta C, as the column-major C^T = op(B)^T op(A)^T.
+void mm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+        const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (const sgemm_fn f = blas_sgemm()) {
+    const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
+    const int la = static_cast<int>(ldb), lb = static_cast<int>(lda), lc = static_cast<int>(ldc);
+    f(tb ? "T" : "N", ta ? "T" : "N", &m, &n, &k, &alpha, B, &la, A, &lb, &beta, C, &lc);
+    return;
+  }
+  auto opts = torch::TensorOptions().dtype(torch::kFloat);
+  auto a = torch::from_blob(const_cast<float*>(A), {ta ? K : M, ta ? M : K}, {lda, 1}, opts);
+  auto b = torch::from_blob(const_cast<float*>(B), {tb ? N : K, tb ? K : N}, {ldb, 1}, opts);
+  auto c = torch::from_blob(C, {M, N}, {ldc, 1}, opts);
+  at::addmm_out(c, c, ta ? a.t() : a, tb ? b.t() : b, beta, alpha);
+}
+
+// The causal blocks of an L x L product: the first half of the rows needs only the first half of the columns
+// (model.py's causal_blocks), a quarter of the work skipped.
+inline int64_t causal_half(int64_t L) { return L >= 64 ? L / 2 : 0; }
+
+// S (L x L, row stride L) = A B^T over the causal blocks, for A, B (L x dh, row stride ld).
+void causal_abt(const float* A, const float* B, int64_t L, int64_t dh, int64_t ld, float* S) {
+  const int64_t h = causal_half(L);
+  if (h) mm(false, true, h, h, dh, 1.f, A, ld, B, ld, 0.f, S, L);
+  mm(false, true, L - h, L, dh, 1.f, A + h * ld, ld, B, ld, 0.f, S + h * L, L);
+}
+
+// Out (L x dh, row stride ld) = alpha P X over the causal blocks (P lower triangular, L x L), or alpha P^T X.
+void causal_px(bool transpose, const float* P, const float* X, int64_t L, int64_t dh, int64_t ld, float alpha,
+               float* Out) {
+  const int64_t h = causal_half(L);
+  if (!transpose) {
+    if (h) mm(false, false, h, dh, h, alpha, P, L, X, ld, 0.f, Out, ld);
+    mm(false, false, L - h, dh, L, alpha, P + h * L, L, X, ld, 0.f, Out + h * ld, ld);
+    return;
+  }
+  mm(true, false, L, dh, L - h, alpha, P + h * L, L, X + h * ld, ld, 0.f, Out, ld);
+  if (h) mm(true, false, h, dh, h, alpha, P, L, X, ld, 1.f, Out, ld);
+}
+
+// Calls f(bh, L, offset) for every (row, head) in parallel: L its tokens, offset its first element in (N, H, dh).
+template <typename F>
+void for_each_head(const Attn& a, const torch::Tensor& starts, F&& f) {
+  const int64_t* st = starts.data_ptr<int64_t>();
+  const int64_t B = starts.size(0) - 1;
+  at::parallel_for(0, B * a.H, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t bh = lo; bh < hi; ++bh) {
+      const int64_t b = bh / a.H, L = st[b + 1] - st[b];
+      if (L) f(bh, L, (st[b] * a.H + bh % a.H) * a.dh);
+    }
+  });
+}
+
+// Returns (out (N, H, dh), lse (N, H)).
+std::tuple<torch::Tensor, torch::Tensor> attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                                                   torch::Tensor starts, int64_t T, int64_t seed, int64_t threshold,
+                                                   double factor) {
+  const Attn a = make_attn(q, starts, T, seed, threshold, factor);
+  check(k, "k", 3), check(v, "v", 3);
+  TORCH_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), "kernels.attention: q, k, v shapes differ");
+  auto out = torch::empty_like(q);
+  auto lse = torch::empty({q.size(0), a.H}, q.options());
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  float *op = out.data_ptr<float>(), *lp = lse.data_ptr<float>();
+  const int64_t ld = a.H * a.dh;
+  for_each_head(a, starts, [&](int64_t bh, int64_t L, int64_t off) {
+    thread_local std::vector<float> buf;
+    buf.resize(L * L);
+    float* S = buf.data();
+    causal_abt(qp + off, kp + off, L, a.dh, ld, S);
+    for (int64_t i = 0; i < L; ++i) {
+      float* __restrict__ r = S + i * L;
+      float m = r[0];
+#pragma omp simd reduction(max : m)
+      for (int64_t j = 0; j <= i; ++j) m = std::max(m, r[j]);
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j <= i; ++j) {
+        r[j] = row_exp(r[j] - m);
+        sum += r[j];
+      }
+      const float inv = 1.f / sum;
+      const uint32_t c = a.row(bh, i);
+#pragma omp simd
+      for (int64_t j = 0; j <= i; ++j) r[j] = a.kept(c, static_cast<uint32_t>(j)) ? r[j] * inv : 0.f;
+      std::fill(r + i + 1, r + L, 0.f);
+      lp[off / a.dh + i * a.H] = m + std::log(sum);
+    }
+    causal_px(false, S, vp + off, L, a.dh, ld, a.factor, op + off);
+  });
+  return {out, lse};
+}
+
+// Gradients (dq, dk, dv) of attention() given its output gradient g and lse.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attention_backward(
+    torch::Tensor g, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor starts, torch::Tensor lse,
+    int64_t T, int64_t seed, int64_t threshold, double factor) {
+  const Attn a = make_attn(q, starts, T, seed, threshold, factor);
+  check(g, "grad", 3), check(lse, "lse", 2);
+  auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
+  const float *gp = g.data_ptr<float>(), *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>();
+  const float *vp = v.data_ptr<float>(), *lp = lse.data_ptr<float>();
+  float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
+  const int64_t ld = a.H * a.dh;
+  for_each_head(a, starts, [&](int64_t bh, int64_t L, int64_t off) {
+    thread_local std::vector<float> buf;
+    buf.resize(3 * L * L);
+    float *P = buf.data(), *dS = P + L * L, *Pd = dS + L * L;
+    causal_abt(qp + off, kp + off, L, a.dh, ld, P);
+    causal_abt(gp + off, vp + off, L, a.dh, ld, dS);     // g V^T: the gradient of the kept probabilities
+    for (int64_t i = 0; i < L; ++i) {
+      float *__restrict__ p = P + i * L, *__restrict__ ds = dS + i * L, *__restrict__ pd = Pd + i * L;
+      const float l = lp[off / a.dh + i * a.H];
+      const uint32_t c = a.row(bh, i);
+      float rowdot = 0.f;
+#pragma omp simd reduction(+ : rowdot)
+      for (int64_t j = 0; j <= i; ++j) {
+        p[j] = row_exp(p[j] - l);
+        const bool kept = a.kept(c, static_cast<uint32_t>(j));
+        ds[j] = kept ? a.factor * ds[j] : 0.f;
+        pd[j] = kept ? p[j] : 0.f;
+        rowdot += p[j] * ds[j];
+      }
+#pragma omp simd
+      for (int64_t j = 0; j <= i; ++j) ds[j] = p[j] * (ds[j] - rowdot);
+      std::fill(ds + i + 1, ds + L, 0.f);
+      std::fill(pd + i + 1, pd + L, 0.f);
+    }
+    causal_px(true, Pd, gp + off, L, a.dh, ld, a.factor, dvp + off);
+    causal_px(false, dS, kp + off, L, a.dh, ld, 1.f, dqp + off);
+    causal_px(true, dS, qp + off, L, a.dh, ld, 1.f, dkp + off);
+  });
+  return {dq, dk, dv};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -535,4 +728,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dropout", &dropout);
   m.def("sinkhorn", &sinkhorn);
   m.def("sinkhorn_backward", &sinkhorn_backward);
+  m.def("attention", &attention);
+  m.def("has_blas", &has_blas);
+  m.def("attention_backward", &attention_backward);
 }

@@ -50,6 +50,7 @@ class SeqRecConfig:
     mhc_gate_init: float = 0.01
     mhc_fp32: bool = True                      # mHC maps in fp32 under AMP (the seed's --mhc_no_amp)
     mhc_fused: bool = True                     # fused C++ kernels for the streams on CPU (built on first use)
+    attention_fused: bool = True               # SASRec's training attention as one C++ kernel on CPU (float32)
     grad_checkpoint: bool = False
     length_buckets: int = 4                    # rows sorted by length, each bucket trimmed of padding
 

@@ -1,4 +1,4 @@
-"""mHC's autograd functions over the fused CPU kernels (trainer/recipes/kernels.cpp, built by
+"""mHC's and SASRec attention's autograd functions over the fused CPU kernels (trainer/recipes/kernels.cpp, built by
 trainer/recipes/kernels.py); the PyTorch path (model.py) is used where they cannot be built or do not apply
 (GPU tensors, dtypes other than float32).
 
@@ -98,3 +98,25 @@ class _StreamMix(torch.autograd.Function):
         ctx.conn = None
         grad_res, grad_post, grad_y = mhc_ops().stream_mix_backward(grad, x, post, y)
         return grad_res, None, grad_post, grad_y, None
+
+
+class FusedAttention(torch.autograd.Function):
+    """Causal attention with dropout (kernels.cpp `attention`) over packed sequences: (N, H, dh) float32 CPU
+    q (scaled), k, v of the real positions, row after row, and starts (B + 1 offsets, int64); T bounds a row's
+    length. model.attention_bias's function on the real positions, per row in cache. One seed from torch's
+    generator per call fixes the dropout mask (recomputed in the backward)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, starts, t, threshold, factor):
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+        q, k, v = (x.contiguous() for x in (q, k, v))
+        out, lse = mhc_ops().attention(q, k, v, starts, t, seed, threshold, factor)
+        ctx.save_for_backward(q, k, v, starts, lse)
+        ctx.args = (t, seed, threshold, factor)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, starts, lse = ctx.saved_tensors
+        dq, dk, dv = mhc_ops().attention_backward(grad.contiguous(), q, k, v, starts, lse, *ctx.args)
+        return dq, dk, dv, None, None, None, None

@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from trainer.recipes.dropout import Dropout
 from trainer.recipes.sasrec.config import SeqRecConfig
-from trainer.recipes.sasrec.fused import FusedConnection, applies, mhc_ops
+from trainer.recipes.sasrec.fused import FusedAttention, FusedConnection, applies, mhc_ops
 
 
 def sinkhorn(logits: torch.Tensor, iters: int, tol: float = 0.0) -> torch.Tensor:
@@ -85,15 +85,51 @@ def causal_bias(t: int, device: torch.device) -> torch.Tensor:
     return torch.full((t, t), float("-inf"), device=device).triu_(1)
 
 
-def attention_bias(seq: torch.Tensor) -> torch.Tensor:
+def key_bias(seq: torch.Tensor) -> torch.Tensor:
+    """(B, T) additive bias of the keys: 0, or -inf for a padded one."""
+    return torch.zeros(seq.shape, device=seq.device).masked_fill_(seq == 0, float("-inf"))
+
+
+def attention_bias(seq: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
     """(B, 1, T, T) additive bias (0 / -inf): causal, no padded keys, but always the diagonal so a padded
     query has one key (no NaN). One broadcast add and a pass over the diagonal: building boolean masks and
     filling a zero tensor from them read and wrote the B x T x T map five times."""
-    t = seq.shape[1]
-    pad = torch.zeros(seq.shape, device=seq.device).masked_fill_(seq == 0, float("-inf"))
-    bias = causal_bias(t, seq.device) + pad[:, None, None, :]
+    pad = key_bias(seq) if pad is None else pad
+    bias = causal_bias(seq.shape[1], seq.device) + pad[:, None, None, :]
     bias.diagonal(dim1=-2, dim2=-1).zero_()
     return bias
+
+
+class AttentionMask:
+    """The attention mask of a batch: the keys' padding bias `pad` (B, T), and attention_bias's (B, 1, T, T)
+    `bias`, built on first use (the packed path never builds the T x T map)."""
+
+    def __init__(self, seq: torch.Tensor):
+        self.seq, self.pad = seq, key_bias(seq)
+
+    @functools.cached_property
+    def bias(self) -> torch.Tensor:
+        return attention_bias(self.seq, self.pad)
+
+
+class Packing:
+    """The real (non-padded) positions of a (B, T) batch, row after row: `index` into the flattened batch and
+    `starts`, row b's tokens being starts[b] .. starts[b + 1] - 1 of the packed order."""
+
+    def __init__(self, seq: torch.Tensor):
+        self.batch, self.length = seq.shape
+        real = seq != 0
+        self.index = real.view(-1).nonzero().squeeze(1)
+        self.starts = F.pad(real.sum(1).cumsum(0), (1, 0))
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) -> (N, ...), the real positions."""
+        return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.index)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, T, ...), zeros at the padded positions."""
+        full = x.new_zeros(self.batch * self.length, *x.shape[1:]).index_copy_(0, self.index, x)
+        return full.view(self.batch, self.length, *x.shape[1:])
 
 
 class FeedForward(nn.Module):
@@ -111,11 +147,11 @@ class SelfAttention(nn.Module):
     """Causal multi-head self-attention; with time=True the TiSASRec relation terms are added:
     scores += Q.E_K[r_ij] + Q.P_K[j], outputs += sum_j a_ij (E_V[r_ij] + P_V[j])."""
 
-    def __init__(self, d: int, heads: int, p: float, maxlen: int, time: bool, time_span: int):
+    def __init__(self, d: int, heads: int, p: float, maxlen: int, time: bool, time_span: int, fused: bool = True):
         super().__init__()
         if d % heads:
             raise ValueError(f"model.width={d} is not divisible by model.heads={heads}")
-        self.h, self.dh, self.time = heads, d // heads, time
+        self.h, self.dh, self.time, self.fused = heads, d // heads, time, fused
         self.q, self.k, self.v, self.out = (nn.Linear(d, d) for _ in range(4))
         self.attn_drop = Dropout(p)
         if time:
@@ -127,29 +163,49 @@ class SelfAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.h, self.dh).transpose(1, 2)          # (B, H, T, dh)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, rel: torch.Tensor | None = None,
-                offset: int = 0) -> torch.Tensor:
-        """mask: additive attention bias (0 / -inf), (B, 1, T, T), built once per forward; offset: how many
-        leading (all-padding) positions were trimmed, so absolute positions stay those of the full length."""
-        # one (D, 3D) product for Q, K and V (and one for x's gradient): three reads of x and two gradient
-        # additions fewer; the parameters stay three Linear layers
-        qkv = F.linear(x, torch.cat([self.q.weight, self.k.weight, self.v.weight]),
-                       torch.cat([self.q.bias, self.k.bias, self.v.bias]))
-        q, k, v = (self._split(part) for part in qkv.chunk(3, -1))
+    def forward(self, x: torch.Tensor, mask: AttentionMask, rel: torch.Tensor | None = None, offset: int = 0,
+                packing: Packing | None = None) -> torch.Tensor:
+        """x: (B, T, D), or with `packing` the real positions' (N, D); offset: how many leading (all-padding)
+        positions were trimmed, so absolute positions stay those of the full length."""
+        if packing is not None:
+            if self.packs(x):
+                return self.out(self._kernel_attention(self._qkv(x), packing))
+            return packing.pack(self.forward(packing.unpack(x), mask, rel, offset))
+        q, k, v = (self._split(part) for part in self._qkv(x))
         if self.time:
             out = self._time_attention(q, k, v, mask, rel, offset)
         elif not self.training or self.attn_drop.p == 0:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))   # fused kernel
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.bias.to(q.dtype))   # fused kernel
         else:
             out = self._dropout_attention(q, k, v, mask)
         b, _, t, _ = out.shape
         return self.out(out.transpose(1, 2).reshape(b, t, self.h * self.dh))
 
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # one (D, 3D) product for Q, K and V (and one for x's gradient): three reads of x and two gradient
+        # additions fewer; the parameters stay three Linear layers
+        qkv = F.linear(x, torch.cat([self.q.weight, self.k.weight, self.v.weight]),
+                       torch.cat([self.q.bias, self.k.bias, self.v.bias]))
+        return qkv.chunk(3, -1)
+
+    def packs(self, x: torch.Tensor) -> bool:
+        """Whether training attention on x runs packed in the C++ kernel (SASRec, float32 CPU, built)."""
+        return (self.fused and self.training and not self.time and applies(x)
+                and not torch.is_autocast_enabled(x.device.type) and mhc_ops() is not None)
+
+    def _kernel_attention(self, qkv, packing: Packing) -> torch.Tensor:
+        """_dropout_attention's function on the packed real positions, one C++ call (fused.FusedAttention)."""
+        q, k, v = (part.reshape(-1, self.h, self.dh) for part in qkv)
+        threshold = round(self.attn_drop.p * 32768)
+        out = FusedAttention.apply(q * self.dh ** -0.5, k, v, packing.starts, packing.length, threshold,
+                                   32768 / (32768 - threshold))
+        return out.view(-1, self.h * self.dh)
+
     def _dropout_attention(self, q, k, v, mask):
         """Explicit softmax so the fast dropout applies; the mask added inside the matmul."""
         b, h, t, dh = q.shape
         q, k, v = (q * dh ** -0.5).reshape(b * h, t, dh), k.reshape(b * h, t, dh), v.reshape(b * h, t, dh)
-        bias = mask.to(q.dtype).expand(b, h, t, t).reshape(b * h, t, t)
+        bias = mask.bias.to(q.dtype).expand(b, h, t, t).reshape(b * h, t, t)
         outs, scale = [], 1.0
         for lo, hi in causal_blocks(t):
             scores = torch.baddbmm(bias[:, lo:hi, :hi], q[:, lo:hi], k[:, :hi].mT)
@@ -172,7 +228,7 @@ class SelfAttention(nn.Module):
             scores = qb @ keys[:, :, :hi].transpose(-1, -2)
             scores = scores + torch.einsum("bhtd,shd->bhts", qb, ek).gather(-1, ib)
             scores = scores / math.sqrt(self.dh)
-            attn = self.attn_drop(torch.softmax(scores + mask[..., lo:hi, :hi].to(scores.dtype), -1))
+            attn = self.attn_drop(torch.softmax(scores + mask.bias[..., lo:hi, :hi].to(scores.dtype), -1))
             bins = torch.zeros(*attn.shape[:-1], ek.shape[0], dtype=attn.dtype, device=attn.device)
             bins.scatter_add_(-1, ib, attn)                               # sum of a_ij per interval
             outs.append(attn @ values[:, :, :hi] + torch.einsum("bhts,shd->bhtd", bins, ev.to(attn.dtype)))
@@ -275,10 +331,10 @@ class Sublayer(nn.Module):
         self.maps = MHCMaps(cfg.mhc_streams, d, cfg) if cfg.mhc else None
         self.fused = cfg.mhc and cfg.mhc_fused
 
-    def forward(self, x: torch.Tensor, index: torch.Tensor | None = None, **kw) -> torch.Tensor:
-        """mHC: x is (1, N, n, D), the streams of the N real (unpadded) positions only, index their positions in
-        the (B, T) batch: the streams of padded positions stay zero (zero input, zero output) so they are
-        neither stored nor computed; the attention's input is scattered back to (B, T) and its output gathered."""
+    def forward(self, x: torch.Tensor, **kw) -> torch.Tensor:
+        """x: (B, T, D), or the real positions' (N, D) given `packing` (the attention's keyword); mHC: (1, N, n, D),
+        the streams of the N real positions only: the streams of padded positions would stay zero (zero input,
+        zero output), so they are neither stored nor computed."""
         if self.maps is None:
             if self.pre_ln:
                 return x + self.fn(self.norm(x), **kw)
@@ -290,36 +346,25 @@ class Sublayer(nn.Module):
             h = conn.h                                                   # pre-mixed by the maps' kernel
         else:
             h = (pre.unsqueeze(-1).to(x.dtype) * x).sum(2)
-        y = self._fn(self.norm(h.view(tokens, d)), index, **kw)
+        y = self.fn(self.norm(h.view(tokens, d)), **kw)
         mix = conn.stream_mix if conn is not None else StreamMix.apply
         out = mix(res.reshape(tokens, n, n), x.view(tokens, n, d), post.reshape(tokens, n), y)
         return out.view(1, tokens, n, d)
 
-    def _fn(self, h: torch.Tensor, index: torch.Tensor, **kw) -> torch.Tensor:
-        """The sub-layer's function on the real positions' inputs h (N, D): per position (FFN) or, for the
-        attention (given its mask), over the (B, T) batch, padded positions zero (masked as keys, and their
-        own outputs dropped)."""
-        if "mask" not in kw:
-            return self.fn(h, **kw)
-        b, t = kw["mask"].shape[0], kw["mask"].shape[-1]
-        full = h.new_zeros(b * t, h.shape[-1]).index_copy_(0, index, h).view(b, t, -1)
-        return self.fn(full, **kw).view(b * t, -1).index_select(0, index)
-
 
 class Block(nn.Module):
-    """Attention then feed-forward sub-layer; padded positions are zeroed after each block."""
+    """Attention then feed-forward sub-layer; padded positions are zeroed after each block (or not stored)."""
 
     def __init__(self, d: int, cfg: SeqRecConfig, maxlen: int):
         super().__init__()
-        self.attn = Sublayer(SelfAttention(d, cfg.heads, cfg.dropout, maxlen, cfg.time, cfg.time_span), d, cfg)
+        self.attn = Sublayer(SelfAttention(d, cfg.heads, cfg.dropout, maxlen, cfg.time, cfg.time_span,
+                                             cfg.attention_fused), d, cfg)
         self.ffn = Sublayer(FeedForward(d, cfg.dropout), d, cfg)
-        self.mhc = cfg.mhc
 
-    def forward(self, x, keep, mask, rel, offset):
-        if self.mhc:                     # keep: the real positions' index (Sublayer.forward)
-            return self.ffn(self.attn(x, keep, mask=mask, rel=rel, offset=offset), keep)
-        x = self.attn(x, mask=mask, rel=rel, offset=offset)
-        return self.ffn(x) * keep
+    def forward(self, x, keep, mask, rel, offset, packing=None):
+        """x: (B, T, D), or the real positions only (packing: Packing)."""
+        x = self.ffn(self.attn(x, mask=mask, rel=rel, offset=offset, packing=packing))
+        return x if packing is not None else x * keep
 
 
 class SeqRec(nn.Module):
@@ -349,7 +394,7 @@ class SeqRec(nn.Module):
 
     def _masks(self, seq: torch.Tensor, time: torch.Tensor):
         keep = (seq != 0).unsqueeze(-1)
-        mask = attention_bias(seq)                                     # (B, 1, T, T) additive 0 / -inf
+        mask = AttentionMask(seq)
         rel = None
         if self.cfg.time:
             rel = (time.unsqueeze(2) - time.unsqueeze(1)).abs().clamp(max=self.cfg.time_span)
@@ -363,7 +408,8 @@ class SeqRec(nn.Module):
         if buckets <= 1 or seq.shape[0] < 2 * buckets:
             yield None, 0, self._features(seq, time, 0)
             return
-        lengths = (seq != 0).sum(1)
+        # a row's span from its first real position (a padded item inside a row must not shorten it)
+        lengths = t - torch.where(seq != 0, torch.arange(t, device=seq.device), t).amin(1)
         for rows in torch.argsort(lengths, descending=True).chunk(buckets):
             cut = t - max(int(lengths[rows].max()), 1)
             yield rows, cut, self._features(seq[rows, cut:], time[rows, cut:], cut)
@@ -384,38 +430,55 @@ class SeqRec(nn.Module):
         """(B, T, D) representation of every prefix (zeros at padded positions)."""
         return self._assemble(self.buckets(seq, time))
 
-    def _features(self, seq: torch.Tensor, time: torch.Tensor, offset: int) -> torch.Tensor:
+    def _features(self, seq: torch.Tensor, time: torch.Tensor, offset: int, packing: Packing | None = None):
+        """(B, T, D) representation of every prefix (zeros at padded positions); given `packing`, the real
+        positions' (N, D). mHC always computes on the real positions (see Sublayer.forward)."""
         keep, mask, rel = self._masks(seq, time)
-        x = self.item_emb(seq) * math.sqrt(self.cfg.width)
-        if self.pos_emb is not None:
-            positions = torch.arange(offset + 1, offset + seq.shape[1] + 1, device=seq.device) * (seq != 0)
-            x = x + self.pos_emb(positions)
-        x = self.drop(x) * keep
-        where = keep
-        if self.cfg.mhc:                 # the real positions' streams, (1, N, n, D): see Sublayer.forward
-            where = keep.view(-1).nonzero().squeeze(1)
-            x = x.view(-1, x.shape[-1]).index_select(0, where)
+        packed = packing or (Packing(seq) if self.cfg.mhc else None)
+        x = self._embed(seq, offset, keep, packed)
+        if self.cfg.mhc:                 # the streams, (1, N, n, D)
             x = x.unsqueeze(1).expand(-1, self.cfg.mhc_streams, -1).contiguous().unsqueeze(0)
         for block in self.blocks:
             if self.cfg.grad_checkpoint and self.training:
-                x = checkpoint(block, x, where, mask, rel, offset, use_reentrant=False)
+                x = checkpoint(block, x, keep, mask, rel, offset, packed, use_reentrant=False)
             else:
-                x = block(x, where, mask, rel, offset)
+                x = block(x, keep, mask, rel, offset, packed)
         if self.cfg.mhc:                 # collapse the streams once, at the end
-            streams = x[0].mean(1)
-            x = streams.new_zeros(keep.numel(), streams.shape[-1]).index_copy_(0, where, streams)
-            x = x.view(*keep.shape[:2], -1)
-        return self.last_norm(x) * keep
+            x = x[0].mean(1)
+        if packed is None:
+            return self.last_norm(x) * keep
+        x = self.last_norm(x)
+        return x if packing is not None else packed.unpack(x)
+
+    def _embed(self, seq: torch.Tensor, offset: int, keep: torch.Tensor, packing: Packing | None) -> torch.Tensor:
+        """Item (and position) embeddings with dropout, of every position or the packed real ones."""
+        ids = seq if packing is None else packing.pack(seq)
+        x = self.item_emb(ids) * math.sqrt(self.cfg.width)
+        if self.pos_emb is not None:
+            positions = torch.arange(offset + 1, offset + seq.shape[1] + 1, device=seq.device) * (seq != 0)
+            x = x + self.pos_emb(positions if packing is None else packing.pack(positions))
+        x = self.drop(x)
+        return x * keep if packing is None else x
+
+    def packs(self, seq: torch.Tensor) -> bool:
+        """Whether training runs on the packed real positions only: SASRec with the attention kernel (the
+        bucketed padded batch computed a fifth more positions in every position-wise op)."""
+        return not self.cfg.mhc and self.blocks[0].attn.fn.packs(self.item_emb.weight) and seq.device.type == "cpu"
 
     def forward(self, seq, time, pos, neg):
-        """Training logits: (B, T) for the next items and (B, T, K) for the sampled negatives. Computed per
-        length bucket on the trimmed positions; only the logits are put back at full length."""
-        def logits(rows, cut, h):
-            p, n = (pos, neg) if rows is None else (pos[rows, cut:], neg[rows, cut:])
+        """Training logits: (B, T) for the next items and (B, T, K) for the sampled negatives. Computed on the
+        real positions (packs) or per length bucket on the trimmed positions; only the logits are put back at
+        full length."""
+        def logits(h, p, n):
             # a multiply-and-sum: einsum made K=1 a batched matmul of B*T 1x1 products
             return torch.cat([(h * self.item_emb(p)).sum(-1, keepdim=True),
-                              (h.unsqueeze(2) * self.item_emb(n)).sum(-1)], -1)
-        out = self._assemble((r, c, logits(r, c, h)) for r, c, h in self.buckets(seq, time))
+                              (h.unsqueeze(-2) * self.item_emb(n)).sum(-1)], -1)
+        if self.packs(seq):
+            packing = Packing(seq)
+            out = packing.unpack(logits(self._features(seq, time, 0, packing), packing.pack(pos), packing.pack(neg)))
+        else:
+            out = self._assemble((r, c, logits(h, *((pos, neg) if r is None else (pos[r, c:], neg[r, c:]))))
+                                 for r, c, h in self.buckets(seq, time))
         return out[..., 0], out[..., 1:]
 
     def score(self, seq, time, items: torch.Tensor | None = None) -> torch.Tensor:
