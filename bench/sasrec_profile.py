@@ -5,10 +5,11 @@ bench/results/sasrec_profile.{json,png}.
     python bench/sasrec_profile.py --epochs 2                              # generated data (no ../shared)
 
 One epoch of the engine's work (data loading, forward, loss, backward, Adam) is timed as a whole; each part
-is then replayed alone on the tensors the epoch really saw (captured by forward hooks: the trimmed length
-buckets, the same dropout): the embedding layer, every attention and every feed-forward sub-layer
-(forward + backward), the loss, the optimizer step and the data loader. What the replays do not cover
-(LayerNorms, residual adds, bucket bookkeeping, autograd's own overhead) is the "other" row.
+is then replayed alone on the tensors the epoch really saw (captured by forward hooks: the packed real
+positions, or the trimmed length buckets with model.attention_fused=false; the same dropout): the embedding
+layer, every attention and every feed-forward sub-layer (forward + backward), the loss, the optimizer step
+and the data loader. What the replays do not cover (LayerNorms, residual adds, packing and bucket
+bookkeeping, autograd's own overhead) is the "other" row.
 
 The limit: the multiply-adds the epoch cannot avoid (linear layers and attention over the real positions
 only, forward and backward = 3x forward) at the matmul throughput this machine reaches at these shapes.
@@ -33,7 +34,7 @@ import torch  # noqa: E402
 
 from trainer.recipes.sasrec import data as D  # noqa: E402
 from trainer.recipes.sasrec.config import SeqDataConfig, SeqRecConfig  # noqa: E402
-from trainer.recipes.sasrec.model import FeedForward, SelfAttention, SeqRec  # noqa: E402
+from trainer.recipes.sasrec.model import FeedForward, Packing, SelfAttention, SeqRec  # noqa: E402
 from trainer.recipes.sasrec.recipe import sequence_loss  # noqa: E402
 
 PARTS = ("data", "embedding", "attention", "ffn", "loss", "optimizer", "other")
@@ -69,14 +70,16 @@ def replay(calls, reps: int = 1) -> float:
 
 
 def embedding_pass(model, batches) -> float:
-    """Forward + backward of the input embedding (items, positions, dropout) and the logits' item lookups."""
+    """Forward + backward of the input embedding (items, positions, dropout) and the logits' item lookups, of
+    the real positions where the model trains packed (SeqRec.packs), else of every position."""
     d = model.cfg.width
     t0 = time.perf_counter()
     for b in batches:
         seq, pos, neg = b["seq"], b["pos"], b["neg"]
+        pack = Packing(seq).pack if model.packs(seq) else (lambda t: t)
         positions = torch.arange(1, seq.shape[1] + 1) * (seq != 0)
-        x = model.drop(model.item_emb(seq) * math.sqrt(d) + model.pos_emb(positions))
-        y = x.sum() + model.item_emb(pos).sum() + model.item_emb(neg).sum()
+        x = model.drop(model.item_emb(pack(seq)) * math.sqrt(d) + model.pos_emb(pack(positions)))
+        y = x.sum() + model.item_emb(pack(pos)).sum() + model.item_emb(pack(neg)).sum()
         y.backward()
     return time.perf_counter() - t0
 

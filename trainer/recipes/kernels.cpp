@@ -623,15 +623,31 @@ void causal_px(bool transpose, const float* P, const float* X, int64_t L, int64_
 }
 
 // Calls f(bh, L, offset) for every (row, head) in parallel: L its tokens, offset its first element in (N, H, dh).
+// The rows' costs (~L^2) differ a hundredfold, so they are dealt longest first to the least-loaded thread: an
+// even split of the batch's rows left one thread ~10% more work on ml-100k's batches.
 template <typename F>
 void for_each_head(const Attn& a, const torch::Tensor& starts, F&& f) {
   const int64_t* st = starts.data_ptr<int64_t>();
-  const int64_t B = starts.size(0) - 1;
-  at::parallel_for(0, B * a.H, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t bh = lo; bh < hi; ++bh) {
-      const int64_t b = bh / a.H, L = st[b + 1] - st[b];
-      if (L) f(bh, L, (st[b] * a.H + bh % a.H) * a.dh);
-    }
+  const int64_t n = (starts.size(0) - 1) * a.H;
+  const auto tokens = [&](int64_t bh) { return st[bh / a.H + 1] - st[bh / a.H]; };
+  std::vector<int64_t> order(n);
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return tokens(x) > tokens(y); });
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
+  std::vector<std::vector<int64_t>> lists(threads);
+  std::vector<double> load(threads, 0.0);
+  for (const int64_t bh : order) {
+    const int64_t t = std::min_element(load.begin(), load.end()) - load.begin();
+    const double L = static_cast<double>(tokens(bh));
+    lists[t].push_back(bh);
+    load[t] += L * L + 64.0 * L;              // the L x L maps, and the per-row work
+  }
+  at::parallel_for(0, threads, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t)
+      for (const int64_t bh : lists[t]) {
+        const int64_t L = tokens(bh);
+        if (L) f(bh, L, (st[bh / a.H] * a.H + bh % a.H) * a.dh);
+      }
   });
 }
 
