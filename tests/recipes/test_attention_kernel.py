@@ -54,10 +54,10 @@ def test_kernel_equals_the_masked_softmax_on_the_real_positions(ops, p):
     b, t, dh = *seq.shape, 8
     packing = Packing(seq)
     q, k, v = (torch.randn(b, t, heads, dh, requires_grad=True) for _ in range(3))
-    threshold, seed = round(p * 32768), 1234567890123
+    threshold, seed, scale = round(p * 32768), 1234567890123, dh ** -0.5
     factor = 32768 / (32768 - threshold)
-    pq, pk, pv = (packing.pack(x).detach().contiguous() for x in (q, k, v))
-    out, lse = ops.attention(pq, pk, pv, packing.starts, t, seed, threshold, factor)
+    qkv = packing.pack(torch.stack([q, k, v], 2)).detach().contiguous()            # (N, 3, H, dh)
+    out, lse = ops.attention(qkv, packing.starts, t, scale, seed, threshold, factor)
     # the mask over (row, head, i, j) of each row's real positions, spread to the padded batch's (i, j)
     keep = torch.ones(b, heads, t, t, dtype=torch.bool)
     real = [torch.nonzero(seq[r]).squeeze(1) for r in range(b)]
@@ -65,37 +65,37 @@ def test_kernel_equals_the_masked_softmax_on_the_real_positions(ops, p):
     for r in range(b):
         n = len(real[r])
         keep[r][:, real[r][:, None], real[r][None, :]] = drawn[r][:, :n, :n]
-    probs = torch.softmax(q.transpose(1, 2) @ k.transpose(1, 2).mT + attention_bias(seq), -1)
+    probs = torch.softmax(q.transpose(1, 2) @ k.transpose(1, 2).mT * scale + attention_bias(seq), -1)
     ref = ((probs * keep) @ v.transpose(1, 2)).transpose(1, 2) * factor          # (B, T, H, dh)
     assert torch.allclose(out, packing.pack(ref), atol=1e-5), (out - packing.pack(ref)).abs().max()
     g = torch.randn_like(out)
-    got = ops.attention_backward(g, pq, pk, pv, packing.starts, lse, t, seed, threshold, factor)
-    for a, want in zip(got, torch.autograd.grad(packing.pack(ref), [q, k, v], g)):
-        assert torch.allclose(a, packing.pack(want), atol=1e-4), (a - packing.pack(want)).abs().max()
+    got = ops.attention_backward(g, qkv, packing.starts, lse, t, scale, seed, threshold, factor)
+    want = torch.stack(torch.autograd.grad(packing.pack(ref), [q, k, v], g), 2)
+    assert torch.allclose(got, packing.pack(want), atol=1e-4), (got - packing.pack(want)).abs().max()
     if p:
         assert abs((~drawn).float().mean().item() - p) < 0.02
 
 
 def test_bad_offsets_are_refused(ops):
-    q = torch.zeros(5, 1, 4)
+    qkv = torch.zeros(5, 3, 1, 4)
     with pytest.raises(RuntimeError, match="do not cover the 5 tokens"):
-        ops.attention(q, q, q, torch.tensor([0, 3]), 8, 0, 0, 1.0)
+        ops.attention(qkv, torch.tensor([0, 3]), 8, 1.0, 0, 0, 1.0)
     with pytest.raises(RuntimeError, match="at most T = 4"):
-        ops.attention(q, q, q, torch.tensor([0, 5]), 4, 0, 0, 1.0)
+        ops.attention(qkv, torch.tensor([0, 5]), 4, 1.0, 0, 0, 1.0)
 
 
 def test_the_dropout_rate_and_the_seed(ops):
     torch.manual_seed(0)
-    q, k = (torch.randn(1600, 1, 4) for _ in range(2))
-    v = torch.ones(1600, 1, 4)
+    qkv = torch.randn(1600, 3, 1, 4)
+    qkv[:, 2] = 1.0
     starts = torch.arange(0, 1601, 200)
-    run = lambda: fused.FusedAttention.apply(q, k, v, starts, 200, round(0.2 * 32768), 1.25)   # noqa: E731
+    run = lambda: fused.FusedAttention.apply(qkv, starts, 200, 0.5, round(0.2 * 32768), 1.25)   # noqa: E731
     torch.manual_seed(3)
     a = run()
     torch.manual_seed(3)
     assert torch.equal(run(), a)                    # torch.manual_seed fixes the mask
     assert not torch.equal(run(), a)                # a fresh mask per call
-    # rows of ones: each output is 1.25 x the kept probability mass, 0.8 of it on average
+    # values of ones: each output is 1.25 x the kept probability mass, 0.8 of it on average
     assert abs(a.mean().item() - 1.0) < 0.02
 
 

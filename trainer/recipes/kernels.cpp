@@ -527,35 +527,43 @@ torch::Tensor dropout(torch::Tensor x, int64_t seed, int64_t threshold, double s
 
 
 // Causal self-attention with dropout over packed sequences: the real (non-padded) positions of a batch, row
-// after row, q, k, v (N, H, dh) and starts (B + 1: row b's tokens are starts[b] .. starts[b + 1] - 1). One
-// (row, head) at a time with its L x L scores in cache: in PyTorch the (B, H, T, T) scores, probabilities,
-// dropout mask and their gradients were each written to memory and read back, padded positions included.
-// The backward recomputes the scores from q and k and the rows' log-sum-exps, and the mask from its seed.
-// A token sees the tokens of its row up to itself (model.py's attention_bias on the real positions; q comes
-// scaled). Dropout keeps element (bh, i, j) (bh = b H + head) when the top 15 bits of
+// after row, as the (N, 3, H, dh) output of the Q/K/V projection, and starts (B + 1: row b's tokens are
+// starts[b] .. starts[b + 1] - 1). One (row, head) at a time with its L x L scores in cache: in PyTorch the
+// (B, H, T, T) scores, probabilities, dropout mask and their gradients were each written to memory and read
+// back, padded positions included; reading q, k, v where the projection left them (row stride 3 H dh) and
+// scaling inside the products saves the copies and the scaling passes. The backward recomputes the scores from
+// q and k and the rows' log-sum-exps, and the mask from its seed, and writes one (N, 3, H, dh) gradient.
+// A token sees the tokens of its row up to itself (model.py's attention_bias on the real positions).
+// Dropout keeps element (bh, i, j) (bh = b H + head) when the top 15 bits of
 // fmix32(((bh T + i) T + j) golden + seed) are >= threshold, and scales the kept ones by `factor`.
 struct Attn {
   int64_t T, H, dh;
+  float scale;
   uint32_t base, thr;
   float factor;
 
   // the counter of element (bh, i, 0); element j's is row + j (mod 2^32)
   uint32_t row(int64_t bh, int64_t i) const { return static_cast<uint32_t>((bh * T + i) * T); }
   bool kept(uint32_t row, uint32_t j) const { return (fmix32((row + j) * 0x9E3779B9u + base) >> 17) >= thr; }
+  // offsets of token t's q (part 0), k (1), v (2) of head h in (N, 3, H, dh), and of its output in (N, H, dh)
+  int64_t in(int64_t t, int64_t part, int64_t h) const { return ((t * 3 + part) * H + h) * dh; }
+  int64_t out(int64_t t, int64_t h) const { return (t * H + h) * dh; }
 };
 
-Attn make_attn(const torch::Tensor& q, const torch::Tensor& starts, int64_t T, int64_t seed, int64_t threshold,
-               double factor) {
-  check(q, "q", 3);
+Attn make_attn(const torch::Tensor& qkv, const torch::Tensor& starts, int64_t T, double scale, int64_t seed,
+               int64_t threshold, double factor) {
+  check(qkv, "qkv", 4);
+  TORCH_CHECK(qkv.size(1) == 3, "kernels.attention: qkv must be (N, 3, H, dh)");
   TORCH_CHECK(starts.dim() == 1 && starts.scalar_type() == torch::kLong && starts.is_contiguous() &&
               starts.size(0) >= 1, "kernels.attention: starts must be a contiguous int64 vector");
   const int64_t* st = starts.data_ptr<int64_t>();
   for (int64_t b = 0; b + 1 < starts.size(0); ++b)
     TORCH_CHECK(st[b] >= 0 && st[b] <= st[b + 1] && st[b + 1] - st[b] <= T, "kernels.attention: row ", b,
                 " spans tokens ", st[b], " to ", st[b + 1], " (at most T = ", T, ")");
-  TORCH_CHECK(st[0] == 0 && st[starts.size(0) - 1] == q.size(0), "kernels.attention: starts do not cover the ",
-              q.size(0), " tokens");
-  return Attn{T, q.size(1), q.size(2), static_cast<uint32_t>(seed) ^ static_cast<uint32_t>(static_cast<uint64_t>(seed) >> 32),
+  TORCH_CHECK(st[0] == 0 && st[starts.size(0) - 1] == qkv.size(0), "kernels.attention: starts do not cover the ",
+              qkv.size(0), " tokens");
+  return Attn{T, qkv.size(2), qkv.size(3), static_cast<float>(scale),
+              static_cast<uint32_t>(seed) ^ static_cast<uint32_t>(static_cast<uint64_t>(seed) >> 32),
               static_cast<uint32_t>(threshold), static_cast<float>(factor)};
 }
 
@@ -602,27 +610,29 @@ void mm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const fl
 // (model.py's causal_blocks), a quarter of the work skipped.
 inline int64_t causal_half(int64_t L) { return L >= 64 ? L / 2 : 0; }
 
-// S (L x L, row stride L) = A B^T over the causal blocks, for A, B (L x dh, row stride ld).
-void causal_abt(const float* A, const float* B, int64_t L, int64_t dh, int64_t ld, float* S) {
+// S (L x L, row stride L) = alpha A B^T over the causal blocks, for A, B (L x dh, row strides lda, ldb).
+void causal_abt(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t L, int64_t dh, float alpha,
+                float* S) {
   const int64_t h = causal_half(L);
-  if (h) mm(false, true, h, h, dh, 1.f, A, ld, B, ld, 0.f, S, L);
-  mm(false, true, L - h, L, dh, 1.f, A + h * ld, ld, B, ld, 0.f, S + h * L, L);
+  if (h) mm(false, true, h, h, dh, alpha, A, lda, B, ldb, 0.f, S, L);
+  mm(false, true, L - h, L, dh, alpha, A + h * lda, lda, B, ldb, 0.f, S + h * L, L);
 }
 
-// Out (L x dh, row stride ld) = alpha P X over the causal blocks (P lower triangular, L x L), or alpha P^T X.
-void causal_px(bool transpose, const float* P, const float* X, int64_t L, int64_t dh, int64_t ld, float alpha,
-               float* Out) {
+// Out (L x dh, row stride ldo) = alpha P X over the causal blocks (P lower triangular, L x L; X row stride ldx),
+// or alpha P^T X.
+void causal_px(bool transpose, const float* P, const float* X, int64_t L, int64_t dh, int64_t ldx, float alpha,
+               float* Out, int64_t ldo) {
   const int64_t h = causal_half(L);
   if (!transpose) {
-    if (h) mm(false, false, h, dh, h, alpha, P, L, X, ld, 0.f, Out, ld);
-    mm(false, false, L - h, dh, L, alpha, P + h * L, L, X, ld, 0.f, Out + h * ld, ld);
+    if (h) mm(false, false, h, dh, h, alpha, P, L, X, ldx, 0.f, Out, ldo);
+    mm(false, false, L - h, dh, L, alpha, P + h * L, L, X, ldx, 0.f, Out + h * ldo, ldo);
     return;
   }
-  mm(true, false, L, dh, L - h, alpha, P + h * L, L, X + h * ld, ld, 0.f, Out, ld);
-  if (h) mm(true, false, h, dh, h, alpha, P, L, X, ld, 1.f, Out, ld);
+  mm(true, false, L, dh, L - h, alpha, P + h * L, L, X + h * ldx, ldx, 0.f, Out, ldo);
+  if (h) mm(true, false, h, dh, h, alpha, P, L, X, ldx, 1.f, Out, ldo);
 }
 
-// Calls f(bh, L, offset) for every (row, head) in parallel: L its tokens, offset its first element in (N, H, dh).
+// Calls f(bh, L, t0) for every (row, head) in parallel: L its tokens, t0 its first token.
 // The rows' costs (~L^2) differ a hundredfold, so they are dealt longest first to the least-loaded thread: an
 // even split of the batch's rows left one thread ~10% more work on ml-100k's batches.
 template <typename F>
@@ -646,28 +656,26 @@ void for_each_head(const Attn& a, const torch::Tensor& starts, F&& f) {
     for (int64_t t = lo; t < hi; ++t)
       for (const int64_t bh : lists[t]) {
         const int64_t L = tokens(bh);
-        if (L) f(bh, L, (st[bh / a.H] * a.H + bh % a.H) * a.dh);
+        if (L) f(bh, L, st[bh / a.H]);
       }
   });
 }
 
 // Returns (out (N, H, dh), lse (N, H)).
-std::tuple<torch::Tensor, torch::Tensor> attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                                                   torch::Tensor starts, int64_t T, int64_t seed, int64_t threshold,
-                                                   double factor) {
-  const Attn a = make_attn(q, starts, T, seed, threshold, factor);
-  check(k, "k", 3), check(v, "v", 3);
-  TORCH_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), "kernels.attention: q, k, v shapes differ");
-  auto out = torch::empty_like(q);
-  auto lse = torch::empty({q.size(0), a.H}, q.options());
-  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+std::tuple<torch::Tensor, torch::Tensor> attention(torch::Tensor qkv, torch::Tensor starts, int64_t T, double scale,
+                                                   int64_t seed, int64_t threshold, double factor) {
+  const Attn a = make_attn(qkv, starts, T, scale, seed, threshold, factor);
+  const int64_t N = qkv.size(0), ld = 3 * a.H * a.dh, ldo = a.H * a.dh;
+  auto out = torch::empty({N, a.H, a.dh}, qkv.options());
+  auto lse = torch::empty({N, a.H}, qkv.options());
+  const float* x = qkv.data_ptr<float>();
   float *op = out.data_ptr<float>(), *lp = lse.data_ptr<float>();
-  const int64_t ld = a.H * a.dh;
-  for_each_head(a, starts, [&](int64_t bh, int64_t L, int64_t off) {
+  for_each_head(a, starts, [&](int64_t bh, int64_t L, int64_t t0) {
+    const int64_t h = bh % a.H;
     thread_local std::vector<float> buf;
     buf.resize(L * L);
     float* S = buf.data();
-    causal_abt(qp + off, kp + off, L, a.dh, ld, S);
+    causal_abt(x + a.in(t0, 0, h), ld, x + a.in(t0, 1, h), ld, L, a.dh, a.scale, S);
     for (int64_t i = 0; i < L; ++i) {
       float* __restrict__ r = S + i * L;
       float m = r[0];
@@ -684,33 +692,33 @@ std::tuple<torch::Tensor, torch::Tensor> attention(torch::Tensor q, torch::Tenso
 #pragma omp simd
       for (int64_t j = 0; j <= i; ++j) r[j] = a.kept(c, static_cast<uint32_t>(j)) ? r[j] * inv : 0.f;
       std::fill(r + i + 1, r + L, 0.f);
-      lp[off / a.dh + i * a.H] = m + std::log(sum);
+      lp[(t0 + i) * a.H + h] = m + std::log(sum);
     }
-    causal_px(false, S, vp + off, L, a.dh, ld, a.factor, op + off);
+    causal_px(false, S, x + a.in(t0, 2, h), L, a.dh, ld, a.factor, op + a.out(t0, h), ldo);
   });
   return {out, lse};
 }
 
-// Gradients (dq, dk, dv) of attention() given its output gradient g and lse.
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attention_backward(
-    torch::Tensor g, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor starts, torch::Tensor lse,
-    int64_t T, int64_t seed, int64_t threshold, double factor) {
-  const Attn a = make_attn(q, starts, T, seed, threshold, factor);
+// The gradient (N, 3, H, dh) of attention()'s qkv, given its output gradient g (N, H, dh) and lse.
+torch::Tensor attention_backward(torch::Tensor g, torch::Tensor qkv, torch::Tensor starts, torch::Tensor lse,
+                                 int64_t T, double scale, int64_t seed, int64_t threshold, double factor) {
+  const Attn a = make_attn(qkv, starts, T, scale, seed, threshold, factor);
   check(g, "grad", 3), check(lse, "lse", 2);
-  auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
-  const float *gp = g.data_ptr<float>(), *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>();
-  const float *vp = v.data_ptr<float>(), *lp = lse.data_ptr<float>();
-  float *dqp = dq.data_ptr<float>(), *dkp = dk.data_ptr<float>(), *dvp = dv.data_ptr<float>();
-  const int64_t ld = a.H * a.dh;
-  for_each_head(a, starts, [&](int64_t bh, int64_t L, int64_t off) {
+  const int64_t ld = 3 * a.H * a.dh, ldo = a.H * a.dh;
+  auto grad = torch::empty_like(qkv);
+  const float *gp = g.data_ptr<float>(), *x = qkv.data_ptr<float>(), *lp = lse.data_ptr<float>();
+  float* dx = grad.data_ptr<float>();
+  for_each_head(a, starts, [&](int64_t bh, int64_t L, int64_t t0) {
+    const int64_t h = bh % a.H;
+    const float *Q = x + a.in(t0, 0, h), *K = x + a.in(t0, 1, h), *V = x + a.in(t0, 2, h), *G = gp + a.out(t0, h);
     thread_local std::vector<float> buf;
     buf.resize(3 * L * L);
     float *P = buf.data(), *dS = P + L * L, *Pd = dS + L * L;
-    causal_abt(qp + off, kp + off, L, a.dh, ld, P);
-    causal_abt(gp + off, vp + off, L, a.dh, ld, dS);     // g V^T: the gradient of the kept probabilities
+    causal_abt(Q, ld, K, ld, L, a.dh, a.scale, P);
+    causal_abt(G, ldo, V, ld, L, a.dh, 1.f, dS);                 // g V^T: the kept probabilities' gradient
     for (int64_t i = 0; i < L; ++i) {
       float *__restrict__ p = P + i * L, *__restrict__ ds = dS + i * L, *__restrict__ pd = Pd + i * L;
-      const float l = lp[off / a.dh + i * a.H];
+      const float l = lp[(t0 + i) * a.H + h];
       const uint32_t c = a.row(bh, i);
       float rowdot = 0.f;
 #pragma omp simd reduction(+ : rowdot)
@@ -726,11 +734,11 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attention_backward(
       std::fill(ds + i + 1, ds + L, 0.f);
       std::fill(pd + i + 1, pd + L, 0.f);
     }
-    causal_px(true, Pd, gp + off, L, a.dh, ld, a.factor, dvp + off);
-    causal_px(false, dS, kp + off, L, a.dh, ld, 1.f, dqp + off);
-    causal_px(true, dS, qp + off, L, a.dh, ld, 1.f, dkp + off);
+    causal_px(true, Pd, G, L, a.dh, ldo, a.factor, dx + a.in(t0, 2, h), ld);
+    causal_px(false, dS, K, L, a.dh, ld, a.scale, dx + a.in(t0, 0, h), ld);
+    causal_px(true, dS, Q, L, a.dh, ld, a.scale, dx + a.in(t0, 1, h), ld);
   });
-  return {dq, dk, dv};
+  return grad;
 }
 
 }  // namespace

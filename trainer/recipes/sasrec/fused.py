@@ -101,22 +101,23 @@ class _StreamMix(torch.autograd.Function):
 
 
 class FusedAttention(torch.autograd.Function):
-    """Causal attention with dropout (kernels.cpp `attention`) over packed sequences: (N, H, dh) float32 CPU
-    q (scaled), k, v of the real positions, row after row, and starts (B + 1 offsets, int64); T bounds a row's
-    length. model.attention_bias's function on the real positions, per row in cache. One seed from torch's
-    generator per call fixes the dropout mask (recomputed in the backward)."""
+    """Causal attention with dropout (kernels.cpp `attention`) over packed sequences: qkv (N, 3, H, dh), the
+    float32 CPU Q/K/V projection of the real positions, row after row, and starts (B + 1 offsets, int64); T
+    bounds a row's length, scale multiplies the scores. model.attention_bias's function on the real positions,
+    per row in cache. One seed from torch's generator per call fixes the dropout mask (recomputed in the
+    backward). Returns (N, H, dh)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, starts, t, threshold, factor):
+    def forward(ctx, qkv, starts, t, scale, threshold, factor):
         seed = int(torch.randint(0, 2**62, (1,)).item())
-        q, k, v = (x.contiguous() for x in (q, k, v))
-        out, lse = mhc_ops().attention(q, k, v, starts, t, seed, threshold, factor)
-        ctx.save_for_backward(q, k, v, starts, lse)
-        ctx.args = (t, seed, threshold, factor)
+        qkv = qkv.contiguous()
+        out, lse = mhc_ops().attention(qkv, starts, t, scale, seed, threshold, factor)
+        ctx.save_for_backward(qkv, starts, lse)
+        ctx.args = (t, scale, seed, threshold, factor)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, starts, lse = ctx.saved_tensors
-        dq, dk, dv = mhc_ops().attention_backward(grad.contiguous(), q, k, v, starts, lse, *ctx.args)
-        return dq, dk, dv, None, None, None, None
+        qkv, starts, lse = ctx.saved_tensors
+        grad_qkv = mhc_ops().attention_backward(grad.contiguous(), qkv, starts, lse, *ctx.args)
+        return grad_qkv, None, None, None, None, None

@@ -171,7 +171,7 @@ class SelfAttention(nn.Module):
             if self.packs(x):
                 return self.out(self._kernel_attention(self._qkv(x), packing))
             return packing.pack(self.forward(packing.unpack(x), mask, rel, offset))
-        q, k, v = (self._split(part) for part in self._qkv(x))
+        q, k, v = (self._split(part) for part in self._qkv(x).chunk(3, -1))
         if self.time:
             out = self._time_attention(q, k, v, mask, rel, offset)
         elif not self.training or self.attn_drop.p == 0:
@@ -181,24 +181,23 @@ class SelfAttention(nn.Module):
         b, _, t, _ = out.shape
         return self.out(out.transpose(1, 2).reshape(b, t, self.h * self.dh))
 
-    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # one (D, 3D) product for Q, K and V (and one for x's gradient): three reads of x and two gradient
-        # additions fewer; the parameters stay three Linear layers
-        qkv = F.linear(x, torch.cat([self.q.weight, self.k.weight, self.v.weight]),
-                       torch.cat([self.q.bias, self.k.bias, self.v.bias]))
-        return qkv.chunk(3, -1)
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., 3D): Q, K and V from one (D, 3D) product (and one for x's gradient): three reads of x and two
+        gradient additions fewer; the parameters stay three Linear layers."""
+        return F.linear(x, torch.cat([self.q.weight, self.k.weight, self.v.weight]),
+                        torch.cat([self.q.bias, self.k.bias, self.v.bias]))
 
     def packs(self, x: torch.Tensor) -> bool:
         """Whether training attention on x runs packed in the C++ kernel (SASRec, float32 CPU, built)."""
         return (self.fused and self.training and not self.time and applies(x)
                 and not torch.is_autocast_enabled(x.device.type) and mhc_ops() is not None)
 
-    def _kernel_attention(self, qkv, packing: Packing) -> torch.Tensor:
-        """_dropout_attention's function on the packed real positions, one C++ call (fused.FusedAttention)."""
-        q, k, v = (part.reshape(-1, self.h, self.dh) for part in qkv)
+    def _kernel_attention(self, qkv: torch.Tensor, packing: Packing) -> torch.Tensor:
+        """_dropout_attention's function on the packed real positions, one C++ call (fused.FusedAttention)
+        reading Q, K and V where the projection wrote them."""
         threshold = round(self.attn_drop.p * 32768)
-        out = FusedAttention.apply(q * self.dh ** -0.5, k, v, packing.starts, packing.length, threshold,
-                                   32768 / (32768 - threshold))
+        out = FusedAttention.apply(qkv.view(-1, 3, self.h, self.dh), packing.starts, packing.length,
+                                   self.dh ** -0.5, threshold, 32768 / (32768 - threshold))
         return out.view(-1, self.h * self.dh)
 
     def _dropout_attention(self, q, k, v, mask):
