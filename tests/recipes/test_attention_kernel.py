@@ -142,3 +142,30 @@ def test_gradient_checkpointing_recomputes_the_same_mask(ops):
     for a, b in zip(plain[1], again[1]):
         if a is not None:
             assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_the_aten_path_computes_what_the_blas_path_does(ops, tmp_path):
+    """Where torch's library exports no sgemm_ the kernel's products go through ATen's addmm: forced here with
+    TRAINER_KERNEL_SGEMM=0 in a fresh process, the same outputs and gradient."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = ("import torch\nfrom trainer.recipes import kernels\nops = kernels.load()\nassert not ops.has_blas()\n"
+            "torch.manual_seed(0)\nqkv = torch.randn(130, 3, 2, 8)\nst = torch.tensor([0, 70, 100, 100, 130])\n"
+            "out, lse = ops.attention(qkv, st, 70, 0.3, 11, 6554, 1.25)\n"
+            "g = ops.attention_backward(out, qkv, st, lse, 70, 0.3, 11, 6554, 1.25)\n"
+            f"torch.save((out, g), {str(tmp_path / 'aten.pt')!r})\n")
+    env = {**__import__("os").environ, "TRAINER_KERNEL_SGEMM": "0", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if not ops.has_blas():
+        print("NOTE: torch's library here exports no sgemm_: both processes took ATen's path")
+    torch.manual_seed(0)
+    qkv, st = torch.randn(130, 3, 2, 8), torch.tensor([0, 70, 100, 100, 130])
+    out, lse = ops.attention(qkv, st, 70, 0.3, 11, 6554, 1.25)
+    g = ops.attention_backward(out, qkv, st, lse, 70, 0.3, 11, 6554, 1.25)
+    aten_out, aten_g = torch.load(tmp_path / "aten.pt", weights_only=True)
+    assert torch.allclose(out, aten_out, atol=1e-5) and torch.allclose(g, aten_g, atol=1e-5)

@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <cmath>
 #include <tuple>
@@ -576,10 +577,13 @@ inline float row_exp(float x) {
 
 // The BLAS's Fortran sgemm_ where torch's library exports it (MKL in the x86 wheels), looked up at run time:
 // a per-sequence product is ~2 MFLOP, and an ATen call around it cost a tenth of that again.
+// TRAINER_KERNEL_SGEMM=0 takes ATen's path (what builds without an exported sgemm_ run; tested that way).
 using sgemm_fn = void (*)(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
                           const int*, const float*, const int*, const float*, float*, const int*);
 sgemm_fn blas_sgemm() {
-  static const sgemm_fn f = [] {
+  static const sgemm_fn f = []() -> sgemm_fn {
+    const char* off = std::getenv("TRAINER_KERNEL_SGEMM");
+    if (off && std::strcmp(off, "0") == 0) return nullptr;
     void* lib = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);     // loaded already: torch is imported
     void* sym = lib ? dlsym(lib, "sgemm_") : nullptr;
     return reinterpret_cast<sgemm_fn>(sym ? sym : dlsym(RTLD_DEFAULT, "sgemm_"));
