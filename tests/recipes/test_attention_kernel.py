@@ -6,21 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.recipes import kernels
 from trainer.recipes.sasrec import fused
 from trainer.recipes.sasrec.config import SeqRecConfig
 from trainer.recipes.sasrec.model import Packing, SeqRec, attention_bias
 
 M32 = 0xFFFFFFFF
-
-
-@pytest.fixture(scope="module")
-def ops():
-    module = kernels.load()
-    if module is None:
-        print(f"SKIP: CPU kernels not built here: {kernels.unavailable_reason()}")
-        pytest.skip(f"CPU kernels not built here: {kernels.unavailable_reason()}")
-    return module
 
 
 def fmix32(h: torch.Tensor) -> torch.Tensor:

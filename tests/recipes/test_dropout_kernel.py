@@ -12,15 +12,6 @@ from trainer.recipes import kernels
 from trainer.recipes.dropout import Dropout
 
 
-@pytest.fixture(scope="module")
-def ops():
-    module = kernels.load()
-    if module is None:
-        print(f"SKIP: CPU kernels not built here: {kernels.unavailable_reason()}")
-        pytest.skip(f"CPU kernels not built here: {kernels.unavailable_reason()}")
-    return module
-
-
 @pytest.mark.parametrize("p", [0.1, 0.2, 0.5])
 def test_kernel_dropout_rate_scale_and_gradient(ops, p, monkeypatch):
     calls = []

@@ -85,31 +85,26 @@ def causal_bias(t: int, device: torch.device) -> torch.Tensor:
     return torch.full((t, t), float("-inf"), device=device).triu_(1)
 
 
-def key_bias(seq: torch.Tensor) -> torch.Tensor:
-    """(B, T) additive bias of the keys: 0, or -inf for a padded one."""
-    return torch.zeros(seq.shape, device=seq.device).masked_fill_(seq == 0, float("-inf"))
-
-
-def attention_bias(seq: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
+def attention_bias(seq: torch.Tensor) -> torch.Tensor:
     """(B, 1, T, T) additive bias (0 / -inf): causal, no padded keys, but always the diagonal so a padded
     query has one key (no NaN). One broadcast add and a pass over the diagonal: building boolean masks and
     filling a zero tensor from them read and wrote the B x T x T map five times."""
-    pad = key_bias(seq) if pad is None else pad
+    pad = torch.zeros(seq.shape, device=seq.device).masked_fill_(seq == 0, float("-inf"))
     bias = causal_bias(seq.shape[1], seq.device) + pad[:, None, None, :]
     bias.diagonal(dim1=-2, dim2=-1).zero_()
     return bias
 
 
 class AttentionMask:
-    """The attention mask of a batch: the keys' padding bias `pad` (B, T), and attention_bias's (B, 1, T, T)
-    `bias`, built on first use (the packed path never builds the T x T map)."""
+    """The attention mask of a batch: attention_bias's (B, 1, T, T) `bias`, built on first use (the packed
+    path never builds the T x T map)."""
 
     def __init__(self, seq: torch.Tensor):
-        self.seq, self.pad = seq, key_bias(seq)
+        self.seq = seq
 
     @functools.cached_property
     def bias(self) -> torch.Tensor:
-        return attention_bias(self.seq, self.pad)
+        return attention_bias(self.seq)
 
 
 class Packing:
