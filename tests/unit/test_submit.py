@@ -171,7 +171,7 @@ def test_debug_and_local_clusters_run_without_slurm(tmp_path, cluster, tasks):
     assert f"world={tasks}" in (tmp_path / "run" / "train.log").read_text()
 
 
-@pytest.mark.parametrize("minutes,delay", [(60, 120), (4, 120), (3, 90), (1, 30)])
+@pytest.mark.parametrize("minutes,delay", [(60, 120), (4, 120), (3, 120), (2, 60), (1, 1)])
 def test_the_time_limit_warning_never_comes_at_the_start(minutes, delay):
     from hpc.submit import signal_delay_s
     assert signal_delay_s(minutes) == delay
