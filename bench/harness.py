@@ -4,6 +4,7 @@
     scaling_efficiency(throughput_2, 2, throughput_1)  # 1.0 = perfect linear scaling
     cost_shares(t1, t2, t_shared, sync_wait_s)         # where the step time beyond t1 goes
     repeat_efficiency(ones, twos, 2)                   # from the medians; the paired repeats' range
+    phase_extra_ms(ddp_stats, independent_stats)       # DDP's extra ms per step: forward, backward, rest
 """
 from __future__ import annotations
 
@@ -38,11 +39,30 @@ def step_stats(records: list[dict], warmup: int) -> dict[str, float]:
     samples = sum(r["samples_per_s"] * r["step_time_s"] for r in steps)
     waited = sum(r.get("data_wait_frac", 0.0) * r["step_time_s"] for r in steps)
     synced = sum(r.get("sync_wait_frac", 0.0) * r["step_time_s"] for r in steps)
+    phases = {f"{p}_s": sum(r[f"{p}_frac"] * r["step_time_s"] for r in steps) / len(steps)
+              for p in PHASES if all(f"{p}_frac" in r for r in steps)}
     return dict(steps=len(steps), samples_per_s=samples / total, step_time_mean_s=total / len(steps),
                 step_time_median_s=percentile(times, 50),
                 step_time_p90_s=percentile(times, 90), data_wait_frac=waited / total, sync_wait_frac=synced / total,
                 peak_rss_mb=max((r.get("rss_mb", 0.0) for r in records), default=0.0),
-                peak_gpu_mem_mb=max((r.get("gpu_mem_mb", 0.0) for r in records), default=0.0))
+                peak_gpu_mem_mb=max((r.get("gpu_mem_mb", 0.0) for r in records), default=0.0), **phases)
+
+
+PHASES = ("forward", "backward")      # timed per step with train.measure_sync; the rest is optimizer + loop
+
+
+def phase_extra_ms(ddp: dict, alone: dict) -> dict[str, float] | None:
+    """What a DDP step spends beyond as many independent processes sharing the machine (no communication),
+    per phase, in ms per step: forward (DDP's pre-forward), backward (with the gradient all-reduce waits in
+    it), rest (optimizer, the loop's per-step agreement, logging). They add up to the step time difference.
+    None where a run lacks the phase times."""
+    keys = [f"{p}_s" for p in PHASES]
+    if not all(k in ddp and k in alone for k in keys):
+        return None
+    out = {p: 1000 * (ddp[k] - alone[k]) for p, k in zip(PHASES, keys)}
+    rest = [r["step_time_mean_s"] - sum(r[k] for k in keys) for r in (ddp, alone)]
+    out["rest"] = 1000 * (rest[0] - rest[1])
+    return out
 
 
 def scaling_efficiency(throughput: float, world: int, single: float) -> float:

@@ -47,7 +47,22 @@ def tables(rows: list[dict]) -> str:
                     f"{_f(r.get('peak_rss_mb'), '{:.0f}')} | {_f(r.get('eval_time_s'), '{:.3f}')} | "
                     f"{_f(r.get('first_step_s_1'), '{:.1f}')} / {_f(r.get('first_step_s_ddp'), '{:.1f}')} / "
                     f"{_f(r.get('first_step_s_slurm'), '{:.1f}')} |")
-    return "\n".join(head + cost)
+    return "\n".join(head + cost + _extra_table(rows, w))
+
+
+def _extra_table(rows: list[dict], w: int) -> list[str]:
+    """DDP's own cost, phase by phase: the DDP step against the independent processes' (same machine sharing)."""
+    out = ["", f"What a {w}-rank DDP step spends beyond {w} independent processes' steps, ms per step by phase "
+           "(they add up to the difference; the backward holds DDP's gradient all-reduce waits):", "",
+           "| recipe | forward | backward | rest (optimizer, loop) | DDP step - independent step | "
+           "waiting in collectives | the step's collectives alone |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        x = r.get("ddp_extra_ms")
+        if not x:
+            continue
+        out.append(f"| {r['recipe']} | {x['forward']:+.2f} | {x['backward']:+.2f} | {x['rest']:+.2f} | "
+                   f"{sum(x.values()):+.2f} | {_f(r.get('sync_wait_ms'))} | {_f(r.get('collectives_alone_ms'))} |")
+    return out
 
 
 def plot(rows: list[dict], path: Path) -> None:

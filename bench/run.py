@@ -28,7 +28,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.common import trainer_env  # noqa: E402
-from bench.harness import cost_shares, repeat_efficiency, scaling_efficiency, step_stats  # noqa: E402
+from bench.harness import cost_shares, phase_extra_ms, repeat_efficiency, scaling_efficiency, step_stats  # noqa: E402
 from bench.report import plot, tables  # noqa: E402
 from trainer.engine.logging import read_metrics  # noqa: E402
 
@@ -120,6 +120,8 @@ def combine(parts: list[dict]) -> dict:
                step_time_p90_s=max(p["step_time_p90_s"] for p in parts),
                data_wait_frac=sum(p["data_wait_frac"] for p in parts) / len(parts),
                peak_rss_mb=max(p["peak_rss_mb"] for p in parts),
+               **{k: sum(p[k] for p in parts) / len(parts) for k in ("forward_s", "backward_s")
+                  if all(k in p for p in parts)},
                per_process_samples_per_s=[round(p["samples_per_s"], 3) for p in parts])
     return out
 
@@ -194,6 +196,9 @@ def annotate(records: list[dict], collectives: dict[tuple[str, int], dict]) -> N
             r["costs"] = {k: round(v, 4) for k, v in cost_shares(
                 base["step_time_mean_s"], r["step_time_mean_s"], shared["step_time_mean_s"],
                 r["sync_wait_frac"] * r["step_time_mean_s"]).items()}
+            extra = phase_extra_ms(r, shared)
+            if extra:
+                r["ddp_extra_ms"] = {k: round(v, 3) for k, v in extra.items()}
 
 
 def summarize(records: list[dict]) -> list[dict]:
@@ -223,8 +228,9 @@ def summarize(records: list[dict]) -> list[dict]:
                         row[f"efficiency_{name}_repeats"] = {k: round(v, 4) for k, v in spread.items()}
             if ddp and "costs" in ddp:
                 row.update(costs=ddp["costs"], allreduce_alone_ms=ddp["collectives"]["grad_ms"],
+                           collectives_alone_ms=ddp["collectives"].get("step_ms"),
                            sync_wait_ms=round(1000 * ddp["sync_wait_frac"] * ddp["step_time_mean_s"], 3),
-                           data_wait_frac_ddp=ddp["data_wait_frac"])
+                           data_wait_frac_ddp=ddp["data_wait_frac"], ddp_extra_ms=ddp.get("ddp_extra_ms"))
             if ddp and slurm:
                 row["slurm_vs_torchrun"] = round(slurm["samples_per_s"] / ddp["samples_per_s"], 4)
             rows.append(row)

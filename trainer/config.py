@@ -56,7 +56,7 @@ class TrainConfig:
     eval_batch_size: int = 0              # per rank (0: the training batch size)
     early_stop_patience: int = 0          # epochs without improvement of the primary metric (0: off)
     log_every_steps: int = 10
-    measure_sync: bool = False            # DDP: log sync_wait_frac, the step's wait in collectives
+    measure_sync: bool = False            # log forward/backward_frac; under DDP sync_wait_frac (collectives)
     num_workers: int = 0
     progress: Literal["auto", "on", "off"] = "auto"   # tqdm bar on rank 0 (auto: when a terminal)
     log_per_rank: bool = False            # every rank also writes RUN_DIR/train.rank{N}.log (rank 0: train.log too)

@@ -6,7 +6,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from bench.harness import cost_shares, percentile, repeat_efficiency, scaling_efficiency, step_stats
+from bench.harness import cost_shares, percentile, phase_extra_ms, repeat_efficiency, scaling_efficiency, step_stats
 from tests.conftest import REPO, clean_env
 
 
@@ -63,6 +63,21 @@ def test_cost_shares_split_one_minus_efficiency():
         cost_shares(0.2, 0.0, 0.2, 0.0)
 
 
+def test_phase_times_and_what_ddp_adds_per_phase():
+    steps = [dict(samples_per_s=10.0, step_time_s=t, forward_frac=f, backward_frac=b)
+             for t, f, b in [(0.1, 0.4, 0.5), (0.3, 0.2, 0.7)]]
+    s = step_stats(steps, warmup=0)
+    assert s["forward_s"] == pytest.approx((0.04 + 0.06) / 2) and s["backward_s"] == pytest.approx((0.05 + 0.21) / 2)
+    untimed = dict(samples_per_s=1.0, step_time_s=0.1)
+    assert "forward_s" not in step_stats([steps[1], untimed], warmup=0)   # a step without it: not reported
+    ddp = dict(step_time_mean_s=0.060, forward_s=0.022, backward_s=0.028)
+    alone = dict(step_time_mean_s=0.049, forward_s=0.021, backward_s=0.024)
+    x = phase_extra_ms(ddp, alone)
+    assert x == pytest.approx(dict(forward=1.0, backward=4.0, rest=6.0))
+    assert sum(x.values()) == pytest.approx(1000 * (0.060 - 0.049))      # the parts add up to the difference
+    assert phase_extra_ms(dict(step_time_mean_s=0.06), alone) is None
+
+
 @pytest.mark.slurm
 def test_make_bench_smoke_runs_every_launch_path(tmp_path, slurm_cluster):
     args = f"har --steps 2 --warmup 1 --repeat 1 --slurm on --out {tmp_path}"
@@ -80,9 +95,16 @@ def test_make_bench_smoke_runs_every_launch_path(tmp_path, slurm_cluster):
     assert "scaling_efficiency" in slurm and 0 < ddp["sync_wait_frac"] < 1        # measured by the DDP hook
     assert sum(ddp["costs"].values()) == pytest.approx(
         1 - one["step_time_mean_s"] / ddp["step_time_mean_s"], abs=1e-3)
+    shared = runs[("independent", 2)]
+    assert sum(ddp["ddp_extra_ms"].values()) == pytest.approx(           # phases timed in every run
+        1000 * (ddp["step_time_mean_s"] - shared["step_time_mean_s"]), abs=0.01)
+    assert 0 < one["forward_s"] and 0 < one["backward_s"]
+    assert one["forward_s"] + one["backward_s"] < one["step_time_mean_s"]
     summary = json.loads((tmp_path / "summary.json").read_text())
     row = summary["rows"][0]
     assert summary["slurm"] and row["efficiency_ddp"] == ddp["scaling_efficiency"]
     assert row["efficiency_ddp_repeats"]["median"] == pytest.approx(ddp["scaling_efficiency"], abs=1e-3)  # 1 repeat
     assert row["slurm_vs_torchrun"] == pytest.approx(slurm["samples_per_s"] / ddp["samples_per_s"], rel=1e-3)
-    assert "| har |" in (tmp_path / "summary.md").read_text() and (tmp_path / "summary.png").stat().st_size > 5000
+    md = (tmp_path / "summary.md").read_text()
+    assert row["ddp_extra_ms"] == ddp["ddp_extra_ms"] and "DDP step - independent step" in md
+    assert "| har |" in md and (tmp_path / "summary.png").stat().st_size > 5000

@@ -134,6 +134,7 @@ def two_rank_check() -> None:
 
     from trainer.config import DistConfig
     from trainer.distributed.runtime import DistInfo, teardown
+    from trainer.engine import syncwait
     from trainer.engine.build import wrap_model
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -144,6 +145,7 @@ def two_rank_check() -> None:
     torch.manual_seed(0)
     plain = alone.build_model()
     wrapped = wrap_model(model, info, DistConfig(), recipe.find_unused_parameters, recipe.broadcast_buffers)
+    recipe.sync_timer = timer = syncwait.attach(wrapped)     # as train.measure_sync wires it
     opt = recipe.build_optimizer(wrapped, 0.01)
     plan = recipe.epoch_batches(0)
     for batch in (plan[0], plan[plan.n_cf_steps]):
@@ -159,6 +161,9 @@ def two_rank_check() -> None:
             dist.all_reduce(mean)
             assert torch.allclose(p.grad.to_dense(), mean / world, atol=1e-6), (batch["phase"], name)
         assert model.embed.grad.is_sparse == (batch["phase"] == "kg")
+        # the table's own all-reduce (or row gathers) counted as waiting in collectives, after DDP's buckets
+        own = timer.own
+        assert own > 0 and timer.own_end >= timer.ready and timer.take() >= own, batch["phase"]
         opt.step(), opt.zero_grad(set_to_none=True), plain.zero_grad(set_to_none=True)
         tables = [torch.empty_like(model.embed) for _ in range(world)]
         dist.all_gather(tables, model.embed.detach())

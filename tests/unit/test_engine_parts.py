@@ -221,3 +221,30 @@ def test_requeue_signals_name_any_catchable_signal():
     for bad in ("SIGKILL", "SIGFOO", "USR1"):
         with pytest.raises(ValueError, match=f"'{bad}' is not a signal this process can catch"):
             trapped_signals([bad])
+
+
+def test_sync_timer_counts_own_collectives_and_the_buckets_wait_after_them(tmp_path):
+    """train.measure_sync: a recipe's blocking collective in the backward is its own time; DDP's buckets add
+    only what they take beyond its end (before it this rank was busy, not waiting)."""
+    import time
+
+    import torch.distributed as dist
+
+    from trainer.engine.syncwait import GradSyncTimer
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        timer = GradSyncTimer()
+        timer.ready, timer.finished = 10.0, 10.004
+        assert timer.take() == pytest.approx(0.004) and timer.take() == 0.0        # reset after each step
+        with timer.timed():
+            time.sleep(0.02)
+        own, end = timer.own, timer.own_end
+        assert own >= 0.02
+        timer.ready, timer.finished = end - 0.015, end - 0.001     # the buckets finished inside it: no extra
+        assert timer.take() == pytest.approx(own)
+        with timer.timed():
+            pass
+        timer.ready, timer.finished = timer.own_end - 0.01, timer.own_end + 0.003
+        assert timer.take() == pytest.approx(0.003, abs=1e-3)             # the empty one's ~0 + 3 ms after
+    finally:
+        dist.destroy_process_group()

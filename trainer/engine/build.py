@@ -138,7 +138,7 @@ def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
     run = _data_and_model(recipe, info, cfg, wrap=True)
     run.accum = max(tc.grad_accum_steps, 1)
     if tc.measure_sync and isinstance(run.wrapped, DDP):
-        run.sync_timer = syncwait.attach(run.wrapped)
+        run.sync_timer = recipe.sync_timer = syncwait.attach(run.wrapped)
     run.sampler = ResumableSampler(len(run.train_set), info.rank, info.world_size, True, cfg.seed,
                                    recipe.sample_costs(), run.batch_size)
     plan = recipe.epoch_batches(0)

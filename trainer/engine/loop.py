@@ -115,10 +115,14 @@ class Trainer:
         last = (micro + 1) % run.accum == 0 or micro + 1 == run.micro_per_epoch
         sync = contextlib.nullcontext() if last or not isinstance(run.wrapped, DDP) else run.wrapped.no_sync()
         batch = move_to(batch, run.device)
+        t0 = time.perf_counter()
         with sync:
             with run.autocast():
                 loss = run.recipe.training_step(run.wrapped, batch)
+            t1 = time.perf_counter()
             run.scaler.scale(loss / self._window_len(micro)).backward()
+        if self.tc.measure_sync:        # where a DDP step's time beyond one rank's goes (bench/run.py)
+            self.meter.update(0, phases={"forward": t1 - t0, "backward": time.perf_counter() - t1})
         if run.sync_timer is not None:
             self.meter.update(0, synced=run.sync_timer.take())
         n = run.recipe.batch_size_of(batch)

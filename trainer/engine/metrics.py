@@ -60,6 +60,7 @@ class Throughput:
     def reset(self) -> None:
         """Start a new window."""
         self.t0, self.samples, self.steps, self.waited, self.synced = time.perf_counter(), 0, 0, 0.0, None
+        self.phases: dict[str, float] = {}
 
     def timed(self, batches):
         """Yield from batches, adding the time spent waiting for each one (the loader) to the window."""
@@ -73,20 +74,25 @@ class Throughput:
             self.waited += time.perf_counter() - t0
             yield batch
 
-    def update(self, samples: int, steps: int = 0, synced: float | None = None) -> None:
-        """Count samples (and optimizer steps) done since the window started, and seconds spent waiting for
-        gradients (train.measure_sync)."""
+    def update(self, samples: int, steps: int = 0, synced: float | None = None,
+               phases: dict[str, float] | None = None) -> None:
+        """Count samples (and optimizer steps) done since the window started, seconds spent waiting for
+        gradients, and seconds per step phase (forward, backward: train.measure_sync)."""
         self.samples += samples
         self.steps += steps
         if synced is not None:
             self.synced = (self.synced or 0.0) + synced
+        for name, seconds in (phases or {}).items():
+            self.phases[name] = self.phases.get(name, 0.0) + seconds
 
     def rates(self) -> dict[str, float]:
         """samples_per_s, step_time_s, data_wait_frac (share of the window spent waiting for batches) and,
-        when measured, sync_wait_frac (waiting in collectives: gradients and the loop's own)."""
+        when measured, sync_wait_frac (waiting in collectives: gradients and the loop's own), forward_frac and
+        backward_frac (the step's forward, its backward with DDP's collectives in it)."""
         dt = max(time.perf_counter() - self.t0, 1e-9)
         out = dict(samples_per_s=self.samples / dt, step_time_s=dt / max(self.steps, 1),
                    data_wait_frac=round(min(self.waited / dt, 1.0), 4))
         if self.synced is not None:
             out["sync_wait_frac"] = round(min(self.synced / dt, 1.0), 4)
+        out.update({f"{name}_frac": round(min(seconds / dt, 1.0), 4) for name, seconds in self.phases.items()})
         return out

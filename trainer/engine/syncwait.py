@@ -4,8 +4,12 @@ the time of its own per-step collectives, the preemption-signal agreement and th
 A DDP comm hook all-reduces each bucket as DDP's default does, and notes when the bucket was ready and when
 its all-reduce finished; a step's wait is the last finish minus the last ready time, which is when this
 rank's backward had nothing left to compute. It covers the all-reduce itself and the wait for the slowest
-rank. On CUDA the times are the host's view of NCCL's work, so the figure is meant for CPU/gloo.
+rank. A recipe's own blocking collective inside the backward (KGAT's table gradient) is timed with
+`timer.timed()`; the buckets' wait then counts only from the end of the last such collective, since until
+then this rank was busy (computing the rest of its backward, or in that collective). On CUDA the times are
+the host's view of NCCL's work, so the figure is meant for CPU/gloo.
 """
+import contextlib
 import time
 
 import torch
@@ -19,11 +23,22 @@ class GradSyncTimer:
         self.group = group
         self.world = dist.get_world_size(group)
         self.ready, self.finished = 0.0, 0.0
+        self.own, self.own_end = 0.0, 0.0           # the recipe's blocking collectives: their time, the last end
+
+    @contextlib.contextmanager
+    def timed(self):
+        """Time a blocking collective that the recipe runs inside the backward."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.own_end = time.perf_counter()
+            self.own += self.own_end - t0
 
     def take(self) -> float:
         """Seconds this step waited for its gradients; resets for the next step."""
-        wait = max(self.finished - self.ready, 0.0)
-        self.ready = self.finished = 0.0
+        wait = self.own + max(self.finished - max(self.ready, self.own_end), 0.0)
+        self.ready = self.finished = self.own = self.own_end = 0.0
         return wait
 
 

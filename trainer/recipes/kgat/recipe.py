@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import replace
@@ -119,7 +120,8 @@ class KGATRecipe(Recipe):
         return model
 
     def _average_table_grad(self, table: torch.Tensor) -> None:
-        table.grad = runtime.average_grad(table.grad, self.dist)
+        with self.sync_timer.timed() if self.sync_timer else contextlib.nullcontext():
+            table.grad = runtime.average_grad(table.grad, self.dist)
 
     def build_optimizer(self, model, lr):
         cls, kwargs = optimizer_spec(self.train_cfg, lr)
