@@ -152,10 +152,13 @@ class Trainer:
             self.budget.step(time.perf_counter() - t_step)
             self.meter.update(0, steps=1)
             self.state.batch_in_epoch = micro + 1
-            if self.state.global_step % max(self.tc.log_every_steps, 1) == 0:
-                self._log_train(epoch, window, bar)
+            logs = self.state.global_step % max(self.tc.log_every_steps, 1) == 0
+            signum, bad, totals = self._timed_sync(preempt.agreed_signal, self.info, bad_loss,
+                                                   window if logs else None)
+            if logs:
+                self._log_train(epoch, totals, bar)
                 window.zero_()
-            stop = self._after_step(preempt, bad_loss)
+            stop = self._after_step(signum, bad)
             if stop is not Stop.EPOCH_DONE:
                 self._close_bar(bar)
                 return stop
@@ -175,8 +178,8 @@ class Trainer:
                            run.recipe.collate_fn(), rank_seed(self.cfg.seed, self.info.rank, epoch),
                            pin_memory=run.device.type == "cuda")
 
-    def _after_step(self, preempt: PreemptionHandler, bad_loss: bool = False) -> Stop:
-        signum, bad = self._timed_sync(preempt.agreed_signal, self.info, bad_loss)
+    def _after_step(self, signum: int, bad: bool) -> Stop:
+        """Act on the step's agreement (a signal, a non-finite loss on any rank), then periodic work."""
         if bad:
             self._stop_on_bad_loss()
         if signum:
@@ -226,8 +229,9 @@ class Trainer:
         t = sums.clone().to(runtime.comm_device(self.info))
         return runtime.all_reduce(t, self.info).cpu()
 
-    def _log_train(self, epoch: int, window: torch.Tensor, bar) -> None:
-        loss_sum, count = self._timed_sync(self._reduced, window).tolist()
+    def _log_train(self, epoch: int, totals: torch.Tensor, bar) -> None:
+        """One train record; totals: (loss sum, samples) of the window, summed over the ranks."""
+        loss_sum, count = totals.tolist()
         rates = self.meter.rates()
         rates["samples_per_s"] *= self.info.world_size  # every rank runs at the same pace
         self.meter.reset()
