@@ -53,7 +53,8 @@ def worker(args) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from trainer.config import TrainConfig
-    from trainer.distributed.runtime import DistInfo, all_reduce, teardown
+    from trainer.distributed.runtime import DistInfo, all_reduce, attach_local, teardown
+    from trainer.engine import syncwait
     from trainer.recipes.kgat import build
     from trainer.recipes.kgat import data as D
     from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATLossConfig, KGATModelConfig
@@ -67,6 +68,7 @@ def worker(args) -> None:
         dist.init_process_group("gloo")
     info = DistInfo(rank=rank, local_rank=rank, world_size=world, backend="gloo" if world > 1 else "none",
                     local_world_size=world)
+    comm = attach_local(info, args.shm)                    # the trainer's all-reduce path (shared memory)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     stats = stats_for(args.preset, args.fraction)
@@ -79,6 +81,8 @@ def worker(args) -> None:
     _, evals = recipe.build_datasets()
     model = recipe.build_model()
     wrapped = DDP(model, find_unused_parameters=True, broadcast_buffers=False) if world > 1 else model
+    if comm is not None:
+        syncwait.attach(wrapped, comm, timed=False)
     optimizer = recipe.build_optimizer(wrapped, 1e-4)
     setup_s = time.perf_counter() - t0
     plan = recipe.epoch_batches(0)
@@ -139,7 +143,8 @@ def worker(args) -> None:
                       eval=len(users) * data.n_items),
             dense_scores_gib=len(users) * data.n_items * 4 / 2 ** 30,
             eval_batch_scores_gib=args.eval_batch * data.n_items * 4 / 2 ** 30,
-            peak_rss_gib=float(peak), setup_s=setup_s, recall20=metrics.get("recall@20"))), flush=True)
+            peak_rss_gib=float(peak), setup_s=setup_s, recall20=metrics.get("recall@20"),
+            allreduce_via="shm" if comm is not None else info.backend)), flush=True)
     del steps, wrapped, optimizer                    # DDP's reducer holds the group: free it before teardown
     teardown(info)        # the trainer's ordered shutdown: a bare destroy here aborted a rank now and then
 
@@ -147,7 +152,8 @@ def worker(args) -> None:
 def measure(fraction: float, world: int, args) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--fraction", str(fraction),
            "--preset", args.preset, "--cf-steps", str(args.cf_steps), "--kg-steps", str(args.kg_steps),
-           "--eval-batch", str(args.eval_batch), "--seed", str(args.seed), "--kg-update", args.kg_update]
+           "--eval-batch", str(args.eval_batch), "--seed", str(args.seed), "--kg-update", args.kg_update,
+           "--shm", args.shm]
     if world > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", *cmd[1:]]
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, args.threads // world)),
@@ -227,6 +233,8 @@ def main(argv=None) -> int:
     p.add_argument("--eval-batch", type=int, default=2048, help="test users scored at once, per rank")
     p.add_argument("--threads", type=int, default=2, help="threads in all (divided among the ranks)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shm", default="auto", choices=["auto", "off"],
+                   help="dist.shm_allreduce: the trainer's shared-memory all-reduce (auto) or gloo's (off)")
     p.add_argument("--repeat", type=int, default=1, help="sweeps; each point's times are the median of its runs")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -254,7 +262,7 @@ def main(argv=None) -> int:
     full = max(points, key=lambda r: (r["fraction"], -r["world"]))
     report = dict(preset=args.preset, points=points, slopes=slopes, repeats=args.repeat,
                   slope_range_over_rounds=slope_range, cf_steps_timed=args.cf_steps,
-                  kg_steps_timed=args.kg_steps, kg_update=args.kg_update, eval_batch=args.eval_batch,
+                  kg_steps_timed=args.kg_steps, kg_update=args.kg_update, eval_batch=args.eval_batch, shm=args.shm,
                   full_epoch_plus_eval_s=round(sum(full["phase_s"].values()), 1),
                   full_peak_rss_gib=round(full["peak_rss_gib"], 2),
                   machine_memory_gib=round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30, 1),

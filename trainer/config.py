@@ -89,6 +89,7 @@ class DistConfig:
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     timeout_s: float = 1800.0            # process-group timeout: a dead rank ends the others
     find_unused_parameters: bool = False
+    shm_allreduce: Literal["auto", "on", "off"] = "auto"   # gloo on one host: all-reduce through shared memory
 
 
 @dataclass

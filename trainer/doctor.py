@@ -97,8 +97,10 @@ def allreduce_check(info, size_mb: float) -> dict:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     dt = (time.perf_counter() - t0) / reps
+    via = "shared memory" if runtime.local_comm() else info.backend
     return dict(allreduce_sum=x.item(), allreduce_expected=expected, allreduce_ok=x.item() == expected,
-                bandwidth_gb_s=round(buf.numel() * 4 / dt / 1e9, 3), size_mb=size_mb)
+                bandwidth_gb_s=round(buf.numel() * 4 / dt / 1e9, 3), size_mb=size_mb, via=via,
+                shm_off=runtime.shm.attach.why if info.distributed and not runtime.local_comm() else "")
 
 
 def checks(env, facts: list[dict], ar: dict, port: tuple[str, str | None] | None = None) -> list[dict]:
@@ -168,8 +170,9 @@ def render(report: dict) -> str:
                      f"{f['master_addr']}:{f['master_port']}")
     lines.append("slurm: " + (", ".join(f"{k}={v}" for k, v in report["slurm"].items()) or "not in a job"))
     ar = report["allreduce"]
-    lines.append(f"all_reduce: sum={ar['allreduce_sum']} (expected {ar['allreduce_expected']}), "
-                 f"{ar['bandwidth_gb_s']} GB/s for {ar['size_mb']} MB")
+    lines.append(f"all_reduce via {ar['via']}: sum={ar['allreduce_sum']} (expected {ar['allreduce_expected']}), "
+                 f"{ar['bandwidth_gb_s']} GB/s for {ar['size_mb']} MB"
+                 + (f" (no shared memory: {ar['shm_off']})" if ar.get("shm_off") else ""))
     for c in report["checks"]:
         lines.append(f"[{c['level'].upper()}] {c['check']}: {c['detail']}"
                      + (f"\n       HINT: {c['hint']}" if c["hint"] else ""))

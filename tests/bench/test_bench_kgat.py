@@ -47,6 +47,7 @@ def test_kgat_scale_bench_smoke(tmp_path):
         assert p["work"]["cf"] == p["cf_steps"] * p["edges"] and 0 <= p["recall20"] <= 1
         assert p["eval_batch_scores_gib"] < p["dense_scores_gib"] and p["peak_rss_gib"] > 0
     assert points[1.0, 2]["cf_steps"] < full["cf_steps"]                 # two ranks share the epoch's steps
+    assert points[1.0, 2]["allreduce_via"] == "shm" and full["allreduce_via"] == "none"   # the trainer's path
     assert set(report["slopes"]) == {f"{k}_w{w}" for k in ("cf", "kg", "attention", "eval") for w in (1, 2)}
     assert (tmp_path / "kgat_scale.png").stat().st_size > 10_000
 

@@ -92,6 +92,7 @@ def test_make_bench_smoke_runs_every_launch_path(tmp_path, slurm_cluster):
     assert all(r["recipe"] == "har" and r["steps"] == 2 and r["samples_per_s"] > 0 for r in runs.values())
     assert "macro_f1" in one["metrics"] and one["epochs_timed"] == [0] and one["first_step_s"] > 0
     assert "scaling_efficiency" not in one and {"scaling_efficiency", "costs", "collectives"} <= set(ddp)
+    assert ddp["collectives"]["via"] == "shm" and ddp["collectives"]["gloo_grad_ms"] > 0   # as trained; gloo
     assert "scaling_efficiency" in slurm and 0 < ddp["sync_wait_frac"] < 1        # measured by the DDP hook
     assert sum(ddp["costs"].values()) == pytest.approx(
         1 - one["step_time_mean_s"] / ddp["step_time_mean_s"], abs=1e-3)

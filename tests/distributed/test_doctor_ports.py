@@ -13,6 +13,7 @@ def test_under_torchrun_every_rank_reaches_the_agent_store():
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "[OK] rendezvous store 127.0.0.1:" in proc.stdout and "reachable" in proc.stdout
+    assert "all_reduce via shared memory: sum=3.0 (expected 3.0)" in proc.stdout
 
 
 def test_an_unreachable_store_under_torchrun_is_named():

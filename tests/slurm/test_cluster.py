@@ -61,6 +61,7 @@ def test_doctor_across_two_nodes(slurm_cluster):
     assert [r["slurmd_nodename"] for r in ranks] == ["node1", "node1", "node2", "node2"]
     assert len({(r["master_addr"], r["master_port"]) for r in ranks}) == 1 and ranks[0]["master_addr"] == "node1"
     assert report["allreduce"]["allreduce_ok"] and report["allreduce"]["allreduce_sum"] == 10.0
+    assert report["allreduce"]["via"] == "shared memory"     # the two slurmd "nodes" are one host here
     assert {c["check"]: c["level"] for c in report["checks"]}["scontrol reachable"] == "ok"
 
 

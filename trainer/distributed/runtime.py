@@ -15,11 +15,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from trainer.distributed import shm
 from trainer.distributed.binding import exchange_and_assign, visible_ids
 from trainer.distributed.environment import LaunchEnvironment, LaunchError
 
 log = logging.getLogger(__name__)
 _TEARDOWN_KEY = "trainer/teardown"
+_local: dict[str, shm.ShmComm | None] = {"comm": None}    # like the process group: one per process, set by init
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,7 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
         device = f"cuda:{index}"      # DataParallel wants the module on device_ids[0]
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    return DistInfo(rank=env.rank, local_rank=env.local_rank, world_size=world, node_rank=env.node_rank,
+    info = DistInfo(rank=env.rank, local_rank=env.local_rank, world_size=world, node_rank=env.node_rank,
                     device=device, backend=backend, launcher=env.name,
                     local_world_size=env.local_world_size, job_id=env.job_id, step_id=env.step_id,
                     requeue_id=env.requeue_id,
@@ -128,6 +130,24 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
                     preempt_signal=env.preempt_signal, agent_signals=env.agent_signals,
                     agent_shutdown_s=env.agent_shutdown_s, gpu=ids[index] if index < len(ids) else None,
                     dp_devices=dp_devices)
+    try:
+        attach_local(info, getattr(dist_cfg, "shm_allreduce", "auto"), timeout)
+    except LaunchError:
+        dist.destroy_process_group()
+        raise
+    return info
+
+
+def attach_local(info: DistInfo, mode: str = "auto", timeout_s: float = 1800.0) -> shm.ShmComm | None:
+    """Set up the shared-memory all-reduce for this process group (init does; a script that forms its own
+    group calls it after init_process_group); every rank must call it."""
+    _local["comm"] = shm.attach(info, mode, timeout_s)
+    return _local["comm"]
+
+
+def local_comm() -> shm.ShmComm | None:
+    """The shared-memory all-reduce of this process group (gloo, every rank on one host), else None."""
+    return _local["comm"]
 
 
 def _bind(env: LaunchEnvironment, ids: list[str], timeout_s: float) -> int:
@@ -147,6 +167,7 @@ def teardown(info: DistInfo, clean: bool = True) -> None:
     leaves last, so no peer loses the store in the middle of its own shutdown (an abort at exit)."""
     if not (info.distributed and dist.is_initialized()):
         return
+    _local["comm"] = None
     gc.collect()  # free DDP reducers (they hold the group) now, not at interpreter exit after it is gone
     store = None
     if clean:
@@ -165,7 +186,8 @@ def teardown(info: DistInfo, clean: bool = True) -> None:
 
 def all_reduce(tensor: torch.Tensor, info: DistInfo, op: str = "sum") -> torch.Tensor:
     """In-place all-reduce (sum, max, min); a no-op for a world of one."""
-    if info.distributed:
+    comm = _local["comm"]
+    if info.distributed and not (comm is not None and comm.all_reduce_(tensor, op)):
         dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                                     "min": dist.ReduceOp.MIN}[op])
     return tensor
@@ -232,5 +254,5 @@ def comm_device(info: DistInfo) -> torch.device:
     return torch.device(info.device) if info.backend == "nccl" else torch.device("cpu")
 
 
-__all__ = ["DistInfo", "init", "teardown", "all_reduce", "average_grad", "barrier", "all_gather_object",
-           "broadcast", "broadcast_object", "choose_backend", "comm_device"]
+__all__ = ["DistInfo", "init", "teardown", "attach_local", "local_comm", "all_reduce", "average_grad", "barrier",
+           "all_gather_object", "broadcast", "broadcast_object", "choose_backend", "comm_device"]

@@ -1,5 +1,7 @@
-"""How long each optimizer step waits for DDP's gradient all-reduce (`train.measure_sync=true`; the loop adds
-the time of its own per-step collectives, the preemption-signal agreement and the logged loss).
+"""DDP's gradient all-reduce as a comm hook: through shared memory where the ranks have it
+(`dist.shm_allreduce`, trainer/distributed/shm.py), else gloo/NCCL as DDP's default; and how long each optimizer
+step waits for it (`train.measure_sync=true`; the loop adds the time of its own per-step collective, the
+preemption-signal agreement).
 
 A DDP comm hook all-reduces each bucket as DDP's default does, and notes when the bucket was ready and when
 its all-reduce finished; a step's wait is the last finish minus the last ready time, which is when this
@@ -19,8 +21,8 @@ import torch.distributed as dist
 class GradSyncTimer:
     """DDP comm hook state: the ready and finish times of the current step's buckets."""
 
-    def __init__(self, group=None):
-        self.group = group
+    def __init__(self, comm=None, group=None):
+        self.comm, self.group = comm, group          # comm: a ShmComm, or None for the process group
         self.world = dist.get_world_size(group)
         self.ready, self.finished = 0.0, 0.0
         self.own, self.own_end = 0.0, 0.0           # the recipe's blocking collectives: their time, the last end
@@ -43,20 +45,30 @@ class GradSyncTimer:
 
 
 # no `from __future__ import annotations` here: DDP checks the hook's annotations as objects
+def allreduce_hook(state: GradSyncTimer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's default all-reduce: the mean of the ranks' gradients (sum, then divide by the world size)."""
+    buffer = bucket.buffer()
+    if state.comm is not None and state.comm.all_reduce_(buffer, "sum", 1.0 / state.world):
+        done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        done.set_result(buffer)
+        return done
+    fut = dist.all_reduce(buffer, group=state.group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].div_(state.world))
+
+
 def timed_allreduce_hook(timer: GradSyncTimer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP's default all-reduce (sum, then divide by the world size), timed."""
+    """allreduce_hook, timed."""
     timer.ready = max(timer.ready, time.perf_counter())
-    fut = dist.all_reduce(bucket.buffer(), group=timer.group, async_op=True).get_future()
 
     def finish(f: torch.futures.Future) -> torch.Tensor:
         timer.finished = max(timer.finished, time.perf_counter())
-        return f.value()[0].div_(timer.world)
+        return f.value()
 
-    return fut.then(finish)
+    return allreduce_hook(timer, bucket).then(finish)
 
 
-def attach(ddp: torch.nn.parallel.DistributedDataParallel) -> GradSyncTimer:
-    """Register the timed all-reduce on a DDP module; returns its timer."""
-    timer = GradSyncTimer()
-    ddp.register_comm_hook(timer, timed_allreduce_hook)
+def attach(ddp: torch.nn.parallel.DistributedDataParallel, comm=None, timed: bool = True) -> GradSyncTimer:
+    """Register the all-reduce (timed or not) on a DDP module; returns its state (the timer)."""
+    timer = GradSyncTimer(comm)
+    ddp.register_comm_hook(timer, timed_allreduce_hook if timed else allreduce_hook)
     return timer

@@ -11,74 +11,14 @@ TRAINER_CPU_KERNELS=0 turns them off (no build, no warning).
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
-import platform
-import shutil
-import tempfile
-import warnings
 from pathlib import Path
 
-import torch
+from trainer import native
+from trainer.native import cache_root  # noqa: F401 - where the builds are cached (tests look there)
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 NAME = "trainer_cpu_kernels"
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]          # -fopenmp: at::parallel_for is inline OpenMP
-_state: dict = {}
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("TRAINER_EXTENSIONS_DIR") or Path.home() / ".cache" / "hpc-trainer" / "extensions")
-
-
-def build_key() -> str:
-    """What a cached build depends on: the source, torch, the compiler flags and this CPU (-march=native)."""
-    cpu = ""
-    try:
-        cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        cpu = platform.processor()
-    parts = [SOURCE.read_bytes(), torch.__version__.encode(), " ".join(CFLAGS).encode(), cpu.encode()]
-    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-
-
-def _import(path: Path):
-    spec = importlib.util.spec_from_file_location(NAME, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _build(target: Path):
-    from torch.utils.cpp_extension import load
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="build-", dir=target.parent))
-    try:
-        module = load(NAME, [str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], build_directory=str(tmp),
-                      verbose=False)
-        os.replace(module.__file__, target)         # atomic: a concurrent build's result is the same library
-        return module
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def load():
-    """The compiled module, or None (once per process: a failed build is not retried, and warned about once)."""
-    if "ops" not in _state:
-        _state["ops"], _state["why"] = None, ""
-        if os.environ.get("TRAINER_CPU_KERNELS", "1") == "0":
-            _state["why"] = "TRAINER_CPU_KERNELS=0"
-            return None
-        target = cache_root() / build_key() / f"{NAME}.so"
-        try:
-            _state["ops"] = _import(target) if target.exists() else _build(target)
-        except Exception as e:           # noqa: BLE001 - any build failure means the PyTorch path
-            _state["why"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-            warnings.warn(f"fused CPU kernels unavailable ({_state['why']}); using the PyTorch path (same "
-                          "function, slower). TRAINER_CPU_KERNELS=0 silences this.", stacklevel=2)
-    return _state["ops"]
-
-
-def unavailable_reason() -> str:
-    return _state.get("why", "")
+_EXT = native.Extension(NAME, SOURCE, CFLAGS, ["-fopenmp"], what="fused CPU kernels",
+                        fallback="the PyTorch path (same function, slower)", off_env="TRAINER_CPU_KERNELS")
+build_key, load, unavailable_reason = _EXT.build_key, _EXT.load, _EXT.unavailable_reason

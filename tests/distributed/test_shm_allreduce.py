@@ -1,0 +1,133 @@
+"""The shared-memory all-reduce (trainer/distributed/shm.py) against gloo's, with real ranks: the same sums,
+maxima and minima (every dtype it takes, chunked, empty, non-contiguous), the same bits on every rank, one
+decision for all ranks where it cannot serve them, a dead or frozen peer named instead of a hang, and a DDP
+training run bitwise equal to one over gloo."""
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tests.conftest import assert_bitwise_equal, run_ranks, weights
+from trainer.distributed import shm
+from trainer.distributed.environment import LaunchError
+from trainer.distributed.runtime import DistInfo
+
+pytestmark = pytest.mark.skipif(shm.EXT.load() is None, reason=f"shm extension not built: "
+                                f"{shm.EXT.unavailable_reason()}")
+
+
+def _group(rank: int, world: int, store: str) -> DistInfo:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    return DistInfo(rank=rank, local_rank=rank, world_size=world, backend="gloo", local_world_size=world)
+
+
+def _collectives(rank: int, world: int, store: str, out: str) -> None:
+    info = _group(rank, world, store)
+    comm = shm.attach(info, "on", timeout_s=30, slot_bytes=4096)       # 4 KiB slots: most tensors are chunked
+    mismatches, gen = [], torch.Generator().manual_seed(rank)
+    for n in (0, 1, 7, 1000, 300_001):
+        for dtype in (torch.float32, torch.float64, torch.int64, torch.int32):
+            x = (torch.randint(-50, 50, (n,), generator=gen)).to(dtype)
+            for op, ref_op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN)):
+                ref, got = x.clone(), x.clone()
+                dist.all_reduce(ref, op=ref_op)
+                if not comm.all_reduce_(got, op) or not torch.equal(got, ref):
+                    mismatches.append((n, str(dtype), op))
+    strided = torch.randn(64, 64, generator=gen)[:, ::3]
+    ref = strided.contiguous()
+    dist.all_reduce(ref)
+    comm.all_reduce_(strided, "sum", scale=1 / world)
+    mean_ok = torch.allclose(strided, ref / world, atol=1e-6)
+    floats = torch.randn(100_003, generator=gen)           # arbitrary floats: every rank must get the same bits
+    comm.all_reduce_(floats)
+    gathered = [torch.empty_like(floats) for _ in range(world)]
+    dist.all_gather(gathered, floats)
+    refused = comm.all_reduce_(torch.ones(3, dtype=torch.bfloat16))
+    torch.save(dict(mismatches=mismatches, mean_ok=mean_ok, same=all(torch.equal(gathered[0], g) for g in gathered),
+                    refused=refused, left=os.listdir(shm.SHM_DIR)), f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_matches_gloo_and_gives_every_rank_the_same_bits(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINER_SHM_DIR", str(tmp_path / "shm"))
+    (tmp_path / "shm").mkdir()
+    monkeypatch.setattr(shm, "SHM_DIR", tmp_path / "shm")
+    mp.spawn(_collectives, args=(3, str(tmp_path / "store"), str(tmp_path / "got")), nprocs=3)
+    for rank in range(3):
+        got = torch.load(tmp_path / f"got.{rank}", weights_only=True)
+        assert got["mismatches"] == [] and got["mean_ok"] and got["same"], got
+        assert got["refused"] is False                      # bf16: the caller falls back to the process group
+        assert got["left"] == []                            # unlinked once every rank had it mapped
+
+
+def _split_dirs(rank: int, world: int, store: str, base: str, mode: str, out: str) -> None:
+    shm.SHM_DIR = shm.Path(base) / str(rank)              # as on two hosts: rank 1 cannot see rank 0's file
+    shm.SHM_DIR.mkdir(parents=True, exist_ok=True)
+    info = _group(rank, world, store)
+    try:
+        result = "none" if shm.attach(info, mode, timeout_s=30) is None else "comm"
+    except LaunchError as e:
+        result = f"error: {e}"
+    torch.save(dict(result=result, left=os.listdir(shm.SHM_DIR)), f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_ranks_that_cannot_share_a_segment_all_fall_back_or_all_stop(tmp_path, mode):
+    mp.spawn(_split_dirs, args=(2, str(tmp_path / "store"), str(tmp_path / "shm"), mode, str(tmp_path / "got")),
+             nprocs=2)
+    got = [torch.load(tmp_path / f"got.{r}", weights_only=True) for r in (0, 1)]
+    if mode == "auto":
+        assert [g["result"] for g in got] == ["none", "none"]
+    else:
+        for g in got:
+            assert g["result"].startswith("error: dist.shm_allreduce=on: rank 1 cannot open"), g["result"]
+            assert "dist.shm_allreduce=auto" in g["result"]
+    assert got[0]["left"] == [] and got[1]["left"] == []
+
+
+def _peer_fault(rank: int, world: int, store: str, how: str, out: str) -> None:
+    info = _group(rank, world, store)
+    comm = shm.attach(info, "on", timeout_s=3)
+    comm.all_reduce_(torch.ones(10))
+    if rank == 1:
+        if how == "exit":
+            os._exit(0)
+        time.sleep(10)                                      # frozen past the timeout
+        return
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce_(torch.ones(10))
+        error = None
+    except RuntimeError as e:
+        error = str(e)
+    torch.save(dict(error=error, after=time.monotonic() - t0), f"{out}.0")
+    os._exit(0)                                             # the group is broken; do not wait in its teardown
+
+
+@pytest.mark.parametrize("how", ["exit", "freeze"])
+def test_a_dead_or_frozen_peer_is_named_not_waited_for(tmp_path, how):
+    ctx = mp.spawn(_peer_fault, args=(2, str(tmp_path / "store"), how, str(tmp_path / "got")), nprocs=2, join=False)
+    for p in ctx.processes:
+        p.join(60)
+    got = torch.load(tmp_path / "got.0", weights_only=True)
+    if how == "exit":
+        assert "rank 1 (pid" in got["error"] and "has exited" in got["error"] and got["after"] < 2.0, got
+    else:
+        assert "timed out after 3 s (dist.timeout_s)" in got["error"] and 3.0 <= got["after"] < 6.0, got
+
+
+RUN = ("--recipe", "toy", "--epochs", "2", "--seed", "5", "--batch-size", "16", "train.tensorboard=false")
+
+
+def test_ddp_training_through_shared_memory_is_bitwise_gloos(tmp_path):
+    """Two ranks, one host: the default path (shared memory) gives the same weights as gloo's all-reduce
+    (for two ranks both sum a + b, and halving is exact), and its log says which path ran."""
+    fast = run_ranks(2, "train", *RUN, "--run-dir", str(tmp_path / "shm"))
+    slow = run_ranks(2, "train", *RUN, "--run-dir", str(tmp_path / "gloo"), "dist.shm_allreduce=off")
+    assert "DDP's gradient all-reduce: shared memory, 2 ranks on one host" in fast[0][1]
+    assert "DDP's gradient all-reduce: gloo (no shared memory: dist.shm_allreduce=off)" in slow[0][1]
+    assert_bitwise_equal(weights(tmp_path / "shm"), weights(tmp_path / "gloo"))
