@@ -1,7 +1,7 @@
 """The shared-memory all-reduce (trainer/distributed/shm.py) against gloo's, with real ranks: the same sums,
-maxima and minima (every dtype it takes, chunked, empty, non-contiguous), the same bits on every rank, one
-decision for all ranks where it cannot serve them, a dead or frozen peer named instead of a hang, and a DDP
-training run bitwise equal to one over gloo."""
+maxima and minima (every dtype it takes, chunked, empty, non-contiguous) and all-gathers, the same bits on
+every rank, one decision for all ranks where it cannot serve them, a dead or frozen peer named instead of a
+hang, and a DDP training run bitwise equal to one over gloo."""
 import os
 import time
 
@@ -46,8 +46,15 @@ def _collectives(rank: int, world: int, store: str, out: str) -> None:
     gathered = [torch.empty_like(floats) for _ in range(world)]
     dist.all_gather(gathered, floats)
     refused = comm.all_reduce_(torch.ones(3, dtype=torch.bfloat16))
+    gathers_ok = True
+    for shape, dtype in (((0,), torch.int64), ((1,), torch.int64), ((2500, 3), torch.float32), ((7,), torch.bfloat16)):
+        mine = (torch.randn(shape, generator=gen) * 100).to(dtype)
+        ref = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(ref, mine)
+        got = comm.all_gather(mine)                         # 30 KB through 4 KiB slots: chunked too
+        gathers_ok &= len(got) == world and all(torch.equal(a, b) for a, b in zip(got, ref))
     torch.save(dict(mismatches=mismatches, mean_ok=mean_ok, same=all(torch.equal(gathered[0], g) for g in gathered),
-                    refused=refused, left=os.listdir(shm.SHM_DIR)), f"{out}.{rank}")
+                    refused=refused, gathers_ok=gathers_ok, left=os.listdir(shm.SHM_DIR)), f"{out}.{rank}")
     dist.destroy_process_group()
 
 
@@ -60,6 +67,7 @@ def test_matches_gloo_and_gives_every_rank_the_same_bits(tmp_path, monkeypatch):
         got = torch.load(tmp_path / f"got.{rank}", weights_only=True)
         assert got["mismatches"] == [] and got["mean_ok"] and got["same"], got
         assert got["refused"] is False                      # bf16: the caller falls back to the process group
+        assert got["gathers_ok"]                            # all_gather: gloo's result, any dtype
         assert got["left"] == []                            # unlinked once every rank had it mapped
 
 

@@ -133,7 +133,7 @@ def two_rank_check() -> None:
     import torch.distributed as dist
 
     from trainer.config import DistConfig
-    from trainer.distributed.runtime import DistInfo, teardown
+    from trainer.distributed.runtime import DistInfo, attach_local, teardown
     from trainer.engine import syncwait
     from trainer.engine.build import wrap_model
     dist.init_process_group("gloo")
@@ -145,7 +145,9 @@ def two_rank_check() -> None:
     torch.manual_seed(0)
     plain = alone.build_model()
     wrapped = wrap_model(model, info, DistConfig(), recipe.find_unused_parameters, recipe.broadcast_buffers)
-    recipe.sync_timer = timer = syncwait.attach(wrapped)     # as train.measure_sync wires it
+    comm = attach_local(info)                   # as runtime.init does: shared memory for buckets, table and rows
+    assert comm is not None
+    recipe.sync_timer = timer = syncwait.attach(wrapped, comm)     # as train.measure_sync wires it
     opt = recipe.build_optimizer(wrapped, 0.01)
     plan = recipe.epoch_batches(0)
     for batch in (plan[0], plan[plan.n_cf_steps]):

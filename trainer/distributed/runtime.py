@@ -210,19 +210,27 @@ def average_grad(grad: torch.Tensor, info: DistInfo) -> torch.Tensor:
         return all_reduce(grad, info).div_(info.world_size)
     grad = grad.coalesce()
     rows, values = grad.indices()[0], grad.values()
-    count = torch.tensor([len(rows)], device=rows.device)
-    counts = [torch.empty_like(count) for _ in range(info.world_size)]
-    dist.all_gather(counts, count)
+    counts = all_gather(torch.tensor([len(rows)], device=rows.device), info)
     most = int(max(counts))
     pad = most - len(rows)
     rows, values = F.pad(rows, (0, pad)), F.pad(values, (0, 0, 0, pad))
-    all_rows, all_values = ([torch.empty_like(x) for _ in range(info.world_size)] for x in (rows, values))
-    dist.all_gather(all_rows, rows)
-    dist.all_gather(all_values, values)
+    all_rows, all_values = all_gather(rows, info), all_gather(values, info)
     keep = [slice(0, int(n)) for n in counts]
     rows = torch.cat([r[k] for r, k in zip(all_rows, keep)])
     values = torch.cat([v[k] for v, k in zip(all_values, keep)]).div_(info.world_size)
     return torch.sparse_coo_tensor(rows[None], values, grad.shape).coalesce()
+
+
+def all_gather(tensor: torch.Tensor, info: DistInfo) -> list[torch.Tensor]:
+    """Every rank's tensor (the same shape on every rank), in rank order."""
+    if not info.distributed:
+        return [tensor]
+    comm = _local["comm"]
+    parts = comm.all_gather(tensor) if comm is not None else None
+    if parts is None:
+        parts = [torch.empty_like(tensor) for _ in range(info.world_size)]
+        dist.all_gather(parts, tensor.contiguous())
+    return parts
 
 
 def barrier(info: DistInfo) -> None:
@@ -254,5 +262,5 @@ def comm_device(info: DistInfo) -> torch.device:
     return torch.device(info.device) if info.backend == "nccl" else torch.device("cpu")
 
 
-__all__ = ["DistInfo", "init", "teardown", "attach_local", "local_comm", "all_reduce", "average_grad", "barrier",
-           "all_gather_object", "broadcast", "broadcast_object", "choose_backend", "comm_device"]
+__all__ = ["DistInfo", "init", "teardown", "attach_local", "local_comm", "all_reduce", "average_grad", "all_gather",
+           "barrier", "all_gather_object", "broadcast", "broadcast_object", "choose_backend", "comm_device"]

@@ -169,10 +169,32 @@ void all_reduce(torch::Tensor segment, torch::Tensor t, int64_t world, int64_t r
   }
 }
 
+// out (world * t.numel() elements, t's dtype): every rank's t in rank order. Any dtype (bytes are copied).
+void all_gather(torch::Tensor segment, torch::Tensor t, torch::Tensor out, int64_t world, int64_t rank,
+                int64_t slot_bytes, double timeout_s) {
+  TORCH_CHECK(t.device().is_cpu() && out.device().is_cpu() && t.is_contiguous() && out.is_contiguous() &&
+              out.scalar_type() == t.scalar_type() && out.numel() == world * t.numel(),
+              "shared-memory all-gather: contiguous CPU tensors, out of world x numel elements");
+  py::gil_scoped_release nogil;
+  char* base = reinterpret_cast<char*>(segment.data_ptr());
+  Header* h = reinterpret_cast<Header*>(base);
+  const int64_t bytes = t.numel() * t.element_size();
+  const char* src = reinterpret_cast<const char*>(t.data_ptr());
+  char* dst = reinterpret_cast<char*>(out.data_ptr());
+  for (int64_t off = 0; off < bytes; off += slot_bytes) {
+    const int64_t m = std::min(slot_bytes, bytes - off);
+    std::memcpy(base + kHeaderBytes + rank * slot_bytes, src + off, m);
+    barrier_impl(h, world, rank, timeout_s);
+    for (int k = 0; k < world; ++k) std::memcpy(dst + k * bytes + off, base + kHeaderBytes + k * slot_bytes, m);
+    barrier_impl(h, world, rank, timeout_s);
+  }
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supports", &supports);
   m.def("barrier", &barrier);
   m.def("all_reduce", &all_reduce);
+  m.def("all_gather", &all_gather);
   m.attr("header_bytes") = kHeaderBytes;
   m.attr("max_ranks") = kMaxRanks;
 }

@@ -2,6 +2,7 @@
 
     comm = shm.attach(info, "auto", timeout_s=1800)   # None where it cannot serve every rank (gloo then)
     comm.all_reduce_(tensor, "sum", scale=1.0)         # False where the tensor is not one it takes
+    parts = comm.all_gather(tensor)                    # every rank's tensor (same shape everywhere)
 
 Why: gloo sends even two ranks' gradients through loopback TCP and its own threads; on a busy 2-vCPU machine a
 300 KB all-reduce after a training step's compute took 3-3.7 ms, through this segment 0.12-0.14 ms (2 MB: 3.0 vs
@@ -49,6 +50,16 @@ class ShmComm:
         if work is not tensor:
             tensor.copy_(work)
         return True
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor] | None:
+        """Every rank's `tensor` (same shape and dtype on every rank), in rank order; None for a GPU or sparse
+        tensor (the caller then uses the process group)."""
+        if tensor.device.type != "cpu" or tensor.is_sparse:
+            return None
+        tensor = tensor.contiguous()
+        out = torch.empty((self.world, *tensor.shape), dtype=tensor.dtype)
+        self.ops.all_gather(self.segment, tensor, out, self.world, self.rank, self.slot_bytes, self.timeout_s)
+        return list(out.unbind(0))
 
     def barrier(self) -> None:
         self.ops.barrier(self.segment, self.world, self.rank, self.timeout_s)
