@@ -80,7 +80,8 @@ def worker(args) -> None:
     R.load_data = lambda cfg: data                   # the generated data above, not the config's
     _, evals = recipe.build_datasets()
     model = recipe.build_model()
-    wrapped = DDP(model, find_unused_parameters=True, broadcast_buffers=False) if world > 1 else model
+    wrapped = DDP(model, find_unused_parameters=recipe.find_unused_parameters, broadcast_buffers=False) \
+        if world > 1 else model
     if comm is not None:
         syncwait.attach(wrapped, comm, timed=False)
     optimizer = recipe.build_optimizer(wrapped, 1e-4)

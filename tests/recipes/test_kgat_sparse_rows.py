@@ -4,7 +4,9 @@ table's rows sent instead of the table (`python -m torch.distributed.run --nproc
 two-rank check the last test runs)."""
 import subprocess
 import sys
+from dataclasses import replace
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -125,6 +127,31 @@ def test_sgd_and_dataparallel_fall_back_to_dense_updates():
     dp = DistInfo(dp_devices=(0, 1))            # DataParallel's replicas would reduce sparse gradients
     assert tiny_recipe(dp).build_model().cfg.kg_update == "dense"
     assert tiny_recipe(optimizer="adam").build_model().cfg.kg_update == "sparse"
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adam"])
+def test_tying_the_other_phase_in_changes_no_weight(optimizer):
+    """Under DDP the model adds a zero term of the other phase's parameters to the loss (so DDP needs no search
+    for unused parameters) and the optimizer drops their zero gradients: the same weights, bit for bit, as the
+    plain model whose unused parameters get no gradient (AdamW's decay would move them otherwise)."""
+    runs = []
+    for tie in (False, True):
+        recipe = tiny_recipe(optimizer=optimizer)
+        recipe.train_cfg = replace(recipe.train_cfg, weight_decay=0.05)
+        torch.manual_seed(0)
+        model = recipe.build_model()
+        model.tie_phases = tie
+        opt = recipe.build_optimizer(model, 0.01)
+        plan = recipe.epoch_batches(0)
+        for i in (0, plan.n_cf_steps, 1, plan.n_cf_steps + 1):
+            recipe.training_step(model, plan[i]).backward()
+            if tie:
+                assert all(p.grad is not None for p in model.parameters())   # every parameter in the graph
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        runs.append({k: v.clone() for k, v in model.state_dict().items()})
+    assert runs[0].keys() == runs[1].keys()
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
 
 
 def two_rank_check() -> None:

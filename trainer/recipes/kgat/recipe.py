@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import types
 from dataclasses import replace
 
 import numpy as np
@@ -21,7 +22,7 @@ from trainer.recipes.kgat import build
 from trainer.recipes.kgat import data as D
 from trainer.recipes.kgat.config import KGATDataConfig
 from trainer.recipes.kgat.metrics import finalize, sums_from_hits
-from trainer.recipes.kgat.model import KGAT
+from trainer.recipes.kgat.model import KGAT, phase_parameters
 from trainer.recipes.kgat.sampling import EpochPlan, PhaseSampler, batch_entries, csr, hits_of
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,10 @@ class KGATRecipe(Recipe):
     """BPR on propagated embeddings (CF phase) and TransR (KG phase), attention refreshed every epoch."""
 
     primary_metric = ("recall@20", "max")
-    find_unused_parameters = True     # the CF loss leaves the TransR parameters out, the KG loss the layers
+    # the CF loss leaves the TransR parameters out, the KG loss the layers: rather than DDP's search for unused
+    # parameters at every step (its forward's graph walk, zeroed bucket slots and a used-parameter map
+    # all-reduced through the process group), the model ties them in with a zero term (model.tie_phases)
+    find_unused_parameters = False
     broadcast_buffers = False         # the graph's index buffers are built alike on every rank; attention is
                                       # sent from rank 0 once per refresh (below), not before every step
     reuse_freed_memory = True         # node tables of large graphs: 1.8x the CF step at amazon-book's size
@@ -117,6 +121,7 @@ class KGATRecipe(Recipe):
         # (both spellings: DDP's reducer names a root module's parameter ".embed", its other lists "embed")
         model._ddp_params_and_buffers_to_ignore += ["embed", ".embed"]
         model.embed.register_post_accumulate_grad_hook(self._average_table_grad)
+        model.tie_phases = self.dist.distributed
         return model
 
     def _average_table_grad(self, table: torch.Tensor) -> None:
@@ -131,7 +136,22 @@ class KGATRecipe(Recipe):
             self.optimizer = cls(model.parameters(), **kwargs)
         else:
             self.optimizer = phased(cls)(model.parameters(), phases=("cf", "kg"), **kwargs)
+        if unwrap(model).tie_phases:
+            self._drop_tied_gradients(unwrap(model))
         return self.optimizer
+
+    def _drop_tied_gradients(self, model) -> None:
+        """Before each step, the other phase's zero gradients (model.tie_phases) go back to None, so the
+        optimizer leaves those parameters and their moments alone, as it did when DDP left them unused."""
+        step = self.optimizer.step
+
+        def step_this_phase(optimizer, *args, **kwargs):
+            for p in phase_parameters(model, "kg" if getattr(self, "phase", "cf") == "cf" else "cf"):
+                p.grad = None
+            return step(*args, **kwargs)
+
+        # a bound method, as LR schedulers expect to find (they wrap it to count the steps)
+        self.optimizer.step = types.MethodType(step_this_phase, self.optimizer)
 
     def epoch_batches(self, epoch):
         if self._plan is None or self._plan.epoch != epoch:
@@ -148,7 +168,7 @@ class KGATRecipe(Recipe):
         self.phase_start: dict[str, float] = {}
 
     def training_step(self, model, batch):
-        phase = batch["phase"]
+        phase = self.phase = batch["phase"]
         self.phase_start.setdefault(phase, time.perf_counter())
         if hasattr(self.optimizer, "set_phase"):
             self.optimizer.set_phase(phase)
