@@ -1,4 +1,4 @@
-// All-reduce and barrier for the ranks of one host through one shared-memory segment (trainer/distributed/shm.py).
+// All-reduce and all-gather for the ranks of one host through one shared-memory segment (trainer/distributed/shm.py).
 //
 // Segment: a 4 KiB header (barrier counter and generation, each rank's pid), then one slot per rank and one result
 // slot of slot_bytes each. A tensor goes through in slot-sized chunks: every rank copies its chunk into its slot,
@@ -143,11 +143,6 @@ bool supports(torch::Tensor t) {
          (d == torch::kFloat || d == torch::kDouble || d == torch::kLong || d == torch::kInt);
 }
 
-void barrier(torch::Tensor segment, int64_t world, int64_t rank, double timeout_s) {
-  py::gil_scoped_release nogil;
-  barrier_impl(reinterpret_cast<Header*>(segment.data_ptr()), world, rank, timeout_s);
-}
-
 // In place; `scale` multiplies the result (1/world for a mean; floating dtypes only).
 void all_reduce(torch::Tensor segment, torch::Tensor t, int64_t world, int64_t rank, int64_t slot_bytes,
                 int64_t op, double scale, double timeout_s) {
@@ -192,9 +187,7 @@ void all_gather(torch::Tensor segment, torch::Tensor t, torch::Tensor out, int64
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supports", &supports);
-  m.def("barrier", &barrier);
   m.def("all_reduce", &all_reduce);
   m.def("all_gather", &all_gather);
-  m.attr("header_bytes") = kHeaderBytes;
   m.attr("max_ranks") = kMaxRanks;
 }

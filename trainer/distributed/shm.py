@@ -61,9 +61,6 @@ class ShmComm:
         self.ops.all_gather(self.segment, tensor, out, self.world, self.rank, self.slot_bytes, self.timeout_s)
         return list(out.unbind(0))
 
-    def barrier(self) -> None:
-        self.ops.barrier(self.segment, self.world, self.rank, self.timeout_s)
-
 
 def _create(world: int, slot_bytes: int) -> tuple[Path, bytes] | str:
     """Rank 0: a new segment file with a random name and token; or why not."""

@@ -139,12 +139,13 @@ def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
     run = _data_and_model(recipe, info, cfg, wrap=True)
     run.accum = max(tc.grad_accum_steps, 1)
     if isinstance(run.wrapped, DDP):
-        log.info("DDP's gradient all-reduce: %s", "shared memory, %d ranks on one host" % info.world_size
-                 if runtime.local_comm() else f"{info.backend} (no shared memory: {runtime.shm.attach.why})")
-    if isinstance(run.wrapped, DDP) and (tc.measure_sync or runtime.local_comm() is not None):
-        timer = syncwait.attach(run.wrapped, runtime.local_comm(), timed=tc.measure_sync)
-        if tc.measure_sync:
-            run.sync_timer = recipe.sync_timer = timer
+        comm = runtime.local_comm()
+        log.info("DDP's gradient all-reduce: %s", f"shared memory, {info.world_size} ranks on one host" if comm
+                 else f"{info.backend} (no shared memory: {runtime.shm.attach.why})")
+        if tc.measure_sync or comm is not None:
+            timer = syncwait.attach(run.wrapped, comm, timed=tc.measure_sync)
+            if tc.measure_sync:
+                run.sync_timer = recipe.sync_timer = timer
     run.sampler = ResumableSampler(len(run.train_set), info.rank, info.world_size, True, cfg.seed,
                                    recipe.sample_costs(), run.batch_size)
     plan = recipe.epoch_batches(0)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import types
 from dataclasses import replace
 
 import numpy as np
@@ -143,15 +142,11 @@ class KGATRecipe(Recipe):
     def _drop_tied_gradients(self, model) -> None:
         """Before each step, the other phase's zero gradients (model.tie_phases) go back to None, so the
         optimizer leaves those parameters and their moments alone, as it did when DDP left them unused."""
-        step = self.optimizer.step
-
-        def step_this_phase(optimizer, *args, **kwargs):
+        def drop(optimizer, args, kwargs) -> None:
             for p in phase_parameters(model, "kg" if getattr(self, "phase", "cf") == "cf" else "cf"):
                 p.grad = None
-            return step(*args, **kwargs)
 
-        # a bound method, as LR schedulers expect to find (they wrap it to count the steps)
-        self.optimizer.step = types.MethodType(step_this_phase, self.optimizer)
+        self.optimizer.register_step_pre_hook(drop)
 
     def epoch_batches(self, epoch):
         if self._plan is None or self._plan.epoch != epoch:
