@@ -52,9 +52,10 @@ def worker(args) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from trainer.config import TrainConfig
+    from trainer.config import DistConfig, TrainConfig
     from trainer.distributed.runtime import DistInfo, all_reduce, attach_local, teardown
     from trainer.engine import syncwait
+    from trainer.engine.build import wrap_model
     from trainer.recipes.kgat import build
     from trainer.recipes.kgat import data as D
     from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATLossConfig, KGATModelConfig
@@ -80,9 +81,10 @@ def worker(args) -> None:
     R.load_data = lambda cfg: data                   # the generated data above, not the config's
     _, evals = recipe.build_datasets()
     model = recipe.build_model()
-    wrapped = DDP(model, find_unused_parameters=recipe.find_unused_parameters, broadcast_buffers=False) \
-        if world > 1 else model
-    if comm is not None:
+    wrapped = wrap_model(model, info, DistConfig(), recipe.find_unused_parameters, recipe.broadcast_buffers,
+                         not recipe.average_after_backward)          # as the engine wraps it (KGAT: no DDP)
+    sync = syncwait.after_backward(list(model.parameters()), info, None) if wrapped is model else None
+    if comm is not None and isinstance(wrapped, DDP):
         syncwait.attach(wrapped, comm, timed=False)
     optimizer = recipe.build_optimizer(wrapped, 1e-4)
     setup_s = time.perf_counter() - t0
@@ -90,13 +92,15 @@ def worker(args) -> None:
 
     optimizer_s = {"cf": [], "kg": []}
 
-    def steps(indices, wrapped=wrapped, optimizer=optimizer) -> list[float]:
+    def steps(indices, wrapped=wrapped, optimizer=optimizer, sync=sync) -> list[float]:
         times = []
         for i in indices:
             batch = plan[i]
             t = time.perf_counter()
             loss = recipe.training_step(wrapped, batch)
             loss.backward()
+            if sync is not None:
+                sync()
             t_opt = time.perf_counter()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -146,7 +150,7 @@ def worker(args) -> None:
             eval_batch_scores_gib=args.eval_batch * data.n_items * 4 / 2 ** 30,
             peak_rss_gib=float(peak), setup_s=setup_s, recall20=metrics.get("recall@20"),
             allreduce_via="shm" if comm is not None else info.backend)), flush=True)
-    del steps, wrapped, optimizer                    # DDP's reducer holds the group: free it before teardown
+    del steps, wrapped, optimizer, sync              # a DDP reducer holds the group: free it before teardown
     teardown(info)        # the trainer's ordered shutdown: a bare destroy here aborted a rank now and then
 
 

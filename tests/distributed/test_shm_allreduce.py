@@ -53,9 +53,39 @@ def _collectives(rank: int, world: int, store: str, out: str) -> None:
         dist.all_gather(ref, mine)
         got = comm.all_gather(mine)                         # 30 KB through 4 KiB slots: chunked too
         gathers_ok &= len(got) == world and all(torch.equal(a, b) for a, b in zip(got, ref))
+    many_ok, mixed_refused, grads_ok = _many(comm, info, gen)
     torch.save(dict(mismatches=mismatches, mean_ok=mean_ok, same=all(torch.equal(gathered[0], g) for g in gathered),
-                    refused=refused, gathers_ok=gathers_ok, left=os.listdir(shm.SHM_DIR)), f"{out}.{rank}")
+                    refused=refused, gathers_ok=gathers_ok, left=os.listdir(shm.SHM_DIR), many_ok=many_ok,
+                    mixed_refused=mixed_refused, grads_ok=grads_ok), f"{out}.{rank}")
     dist.destroy_process_group()
+
+
+def _many(comm, info: DistInfo, gen: torch.Generator) -> tuple[bool, bool, bool]:
+    """all_reduce_many_ (tensors across 4 KiB chunk edges as one buffer, one of them strided) against gloo per
+    tensor; a mixed-dtype list refused untouched; runtime.average_grads through it and through gloo alone."""
+    from trainer.distributed import runtime
+    xs = [torch.randn(n, generator=gen) for n in (3, 0, 1500, 1, 2049)] + [torch.randn(40, 40, generator=gen)[:, ::2]]
+    refs = [x.clone() for x in xs]
+    for r in refs:
+        dist.all_reduce(r)
+    many_ok = comm.all_reduce_many_(xs, "sum", 0.5)      # gloo sums in another order: the last bits may differ
+    many_ok &= all(torch.allclose(x, r / 2, atol=1e-6) for x, r in zip(xs, refs))
+    mixed = [torch.ones(3), torch.ones(3, dtype=torch.float64)]
+    mixed_refused = not comm.all_reduce_many_(mixed) and all(bool((m == 1).all()) for m in mixed)
+    grads_ok = True
+    for through in (comm, None):                            # the shared segment, then gloo's flattened all-reduce
+        runtime._local["comm"] = through
+        params = [torch.nn.Parameter(torch.zeros(s)) for s in ((5, 3), (1030,), (2,))]
+        for q in params[:2]:
+            q.grad = torch.randn(q.shape, generator=gen)
+        expect = [q.grad.clone() for q in params[:2]]
+        for e in expect:
+            dist.all_reduce(e)
+        runtime.average_grads(params, info)
+        grads_ok &= params[2].grad is None and all(torch.allclose(q.grad, e / info.world_size, atol=1e-6)
+                                                   for q, e in zip(params, expect))
+    runtime._local["comm"] = None
+    return many_ok, mixed_refused, grads_ok
 
 
 def test_matches_gloo_and_gives_every_rank_the_same_bits(tmp_path, monkeypatch):
@@ -69,6 +99,7 @@ def test_matches_gloo_and_gives_every_rank_the_same_bits(tmp_path, monkeypatch):
         assert got["refused"] is False                      # bf16: the caller falls back to the process group
         assert got["gathers_ok"]                            # all_gather: gloo's result, any dtype
         assert got["left"] == []                            # unlinked once every rank had it mapped
+        assert (got["many_ok"], got["mixed_refused"], got["grads_ok"]) == (True, True, True)
 
 
 def _split_dirs(rank: int, world: int, store: str, base: str, mode: str, out: str) -> None:

@@ -6,7 +6,6 @@ import subprocess
 import sys
 from dataclasses import replace
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -129,34 +128,10 @@ def test_sgd_and_dataparallel_fall_back_to_dense_updates():
     assert tiny_recipe(optimizer="adam").build_model().cfg.kg_update == "sparse"
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "adam"])
-def test_tying_the_other_phase_in_changes_no_weight(optimizer):
-    """Under DDP the model adds a zero term of the other phase's parameters to the loss (so DDP needs no search
-    for unused parameters) and the optimizer drops their zero gradients: the same weights, bit for bit, as the
-    plain model whose unused parameters get no gradient (AdamW's decay would move them otherwise)."""
-    runs = []
-    for tie in (False, True):
-        recipe = tiny_recipe(optimizer=optimizer)
-        recipe.train_cfg = replace(recipe.train_cfg, weight_decay=0.05)
-        torch.manual_seed(0)
-        model = recipe.build_model()
-        model.tie_phases = tie
-        opt = recipe.build_optimizer(model, 0.01)
-        plan = recipe.epoch_batches(0)
-        for i in (0, plan.n_cf_steps, 1, plan.n_cf_steps + 1):
-            recipe.training_step(model, plan[i]).backward()
-            if tie:
-                assert all(p.grad is not None for p in model.parameters())   # every parameter in the graph
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        runs.append({k: v.clone() for k, v in model.state_dict().items()})
-    assert runs[0].keys() == runs[1].keys()
-    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
-
-
 def two_rank_check() -> None:
-    """Under torchrun: one CF and one KG step through DDP (as the engine wraps it); every rank's gradients
-    must be the mean of the ranks' own (computed on a plain copy), and the tables equal after the step."""
+    """Under torchrun: one CF and one KG step as the engine runs them (no DDP: every gradient averaged after the
+    backward); every rank's gradients must be the mean of the ranks' own (computed on a plain copy), the other
+    phase's parameters untouched by AdamW's decay, and the tables equal after the step."""
     import torch.distributed as dist
 
     from trainer.config import DistConfig
@@ -167,14 +142,18 @@ def two_rank_check() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     info = DistInfo(rank=rank, local_rank=rank, world_size=world, backend="gloo", local_world_size=world)
     recipe, alone = tiny_recipe(info=info), tiny_recipe()
+    recipe.train_cfg = replace(recipe.train_cfg, weight_decay=0.05, optimizer="adamw")
     torch.manual_seed(0)
     model = recipe.build_model()
     torch.manual_seed(0)
     plain = alone.build_model()
-    wrapped = wrap_model(model, info, DistConfig(), recipe.find_unused_parameters, recipe.broadcast_buffers)
-    comm = attach_local(info)                   # as runtime.init does: shared memory for buckets, table and rows
+    wrapped = wrap_model(model, info, DistConfig(), recipe.find_unused_parameters, recipe.broadcast_buffers,
+                         not recipe.average_after_backward)
+    assert wrapped is model                     # KGAT averages after the backward, outside DDP
+    comm = attach_local(info)                   # as runtime.init does: shared memory for the dense grads and rows
     assert comm is not None
-    recipe.sync_timer = timer = syncwait.attach(wrapped, comm)     # as train.measure_sync wires it
+    timer = syncwait.GradSyncTimer(comm)        # as train.measure_sync wires it
+    sync = syncwait.after_backward(list(model.parameters()), info, timer)
     opt = recipe.build_optimizer(wrapped, 0.01)
     plan = recipe.epoch_batches(0)
     for batch in (plan[0], plan[plan.n_cf_steps]):
@@ -182,25 +161,28 @@ def two_rank_check() -> None:
             for p, q in zip(model.parameters(), plain.parameters()):
                 q.copy_(p)
         recipe.training_step(wrapped, batch).backward()
+        sync()
         plain(batch["phase"], *batch["tensors"]).backward()
         for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+            assert (p.grad is None) == (q.grad is None), (batch["phase"], name)
             if q.grad is None:
                 continue
             mean = q.grad.to_dense()
             dist.all_reduce(mean)
             assert torch.allclose(p.grad.to_dense(), mean / world, atol=1e-6), (batch["phase"], name)
         assert model.embed.grad.is_sparse == (batch["phase"] == "kg")
-        # the table's own all-reduce (or row gathers) counted as waiting in collectives, after DDP's buckets
-        own = timer.own
-        assert own > 0 and timer.own_end >= timer.ready and timer.take() >= own, batch["phase"]
+        unused = {n: p.detach().clone() for n, p in model.named_parameters() if p.grad is None}
+        assert unused, batch["phase"]            # the other phase's parameters: no gradient, so no update
+        own = timer.own                          # the averaging counted as waiting in collectives
+        assert own > 0 and timer.take() >= own, batch["phase"]
         opt.step(), opt.zero_grad(set_to_none=True), plain.zero_grad(set_to_none=True)
+        assert all(torch.equal(p, unused[n]) for n, p in model.named_parameters() if n in unused), batch["phase"]
         tables = [torch.empty_like(model.embed) for _ in range(world)]
         dist.all_gather(tables, model.embed.detach())
         assert all(torch.equal(tables[0], t) for t in tables)
     if rank == 0:
         print("TWO-RANK OK", file=sys.stderr)
-    del wrapped, opt                  # DDP's reducer holds the group; then the trainer's ordered shutdown (a bare
-    teardown(info)                    # destroy_process_group aborted a rank now and then)
+    teardown(info)
 
 
 def test_two_ranks_average_the_table_gradient_in_both_phases():

@@ -1,4 +1,4 @@
-"""KGAT end to end on synthetic data: the phase sampler, per-phase optimizer state, 2-rank DDP beats the
+"""KGAT end to end on synthetic data: the phase sampler, per-phase optimizer state, 2 ranks beat the
 popularity ranking on recall@20, sharded evaluation equals single-process, bitwise resume mid-KG-phase."""
 import copy
 
@@ -120,6 +120,9 @@ def test_two_rank_ddp_beats_popularity_on_recall20(trained):
     ckpt = torch.load(trained / "checkpoints" / "best.pt", weights_only=True)
     assert ckpt["state"]["best"] == max(r["recall@20"] for r in rows(trained, "val"))
     assert set(ckpt["optimizer"]["phases"]) == {"cf", "kg"} and "attention" in ckpt["model"]
+    # no DDP: the loop averages every gradient in one all-reduce after the backward, here through shared memory
+    assert "gradients averaged after the backward in one all-reduce: shared memory, 2 ranks on one host" \
+        in (trained / "train.log").read_text()
 
 
 def test_sharded_evaluation_equals_single_process(trained, tmp_path):

@@ -9,7 +9,7 @@ import gc
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
@@ -221,6 +221,29 @@ def average_grad(grad: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return torch.sparse_coo_tensor(rows[None], values, grad.shape).coalesce()
 
 
+def average_grads(params: Iterable[torch.nn.Parameter], info: DistInfo) -> None:
+    """Every parameter's gradient replaced by the mean over the ranks, the dense ones of a dtype in one
+    all-reduce (DDP's result without its buckets); parameters without a gradient are left out, so every rank
+    must leave out the same ones (the same phase on every rank)."""
+    if not info.distributed:
+        return
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None and p.grad.is_sparse:
+            p.grad = average_grad(p.grad, info)
+        elif p.grad is not None:
+            groups.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
+    comm = _local["comm"]
+    for dense in groups.values():
+        if comm is not None and comm.all_reduce_many_(dense, "sum", 1.0 / info.world_size):
+            continue
+        flat = torch._utils._flatten_dense_tensors(dense)
+        dist.all_reduce(flat)
+        flat.div_(info.world_size)
+        for g, f in zip(dense, torch._utils._unflatten_dense_tensors(flat, dense)):
+            g.copy_(f)
+
+
 def all_gather(tensor: torch.Tensor, info: DistInfo) -> list[torch.Tensor]:
     """Every rank's tensor (the same shape on every rank), in rank order."""
     if not info.distributed:
@@ -262,5 +285,6 @@ def comm_device(info: DistInfo) -> torch.device:
     return torch.device(info.device) if info.backend == "nccl" else torch.device("cpu")
 
 
-__all__ = ["DistInfo", "init", "teardown", "attach_local", "local_comm", "all_reduce", "average_grad", "all_gather",
-           "barrier", "all_gather_object", "broadcast", "broadcast_object", "choose_backend", "comm_device"]
+__all__ = ["DistInfo", "init", "teardown", "attach_local", "local_comm", "all_reduce", "average_grad", "average_grads",
+           "all_gather", "barrier", "all_gather_object", "broadcast", "broadcast_object", "choose_backend",
+           "comm_device"]

@@ -8,6 +8,7 @@
 // and that the timeout has not passed, and throws (a Python RuntimeError) naming the rank if either fails.
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -143,24 +145,49 @@ bool supports(torch::Tensor t) {
          (d == torch::kFloat || d == torch::kDouble || d == torch::kLong || d == torch::kInt);
 }
 
-// In place; `scale` multiplies the result (1/world for a mean; floating dtypes only).
-void all_reduce(torch::Tensor segment, torch::Tensor t, int64_t world, int64_t rank, int64_t slot_bytes,
-                int64_t op, double scale, double timeout_s) {
-  TORCH_CHECK(supports(t) && t.is_contiguous(), "shared-memory all-reduce: a contiguous CPU tensor of float32, "
-              "float64, int64 or int32");
+// Moves one chunk between the tensors, seen as one concatenated buffer, and a slot: [off, off + m) elements.
+void copy_span(std::vector<torch::Tensor>& ts, int64_t off, int64_t m, char* slot, bool to_slot) {
+  int64_t start = 0;
+  for (auto& t : ts) {
+    const int64_t n = t.numel(), esize = t.element_size();
+    const int64_t lo = std::max(off, start), hi = std::min(off + m, start + n);
+    if (lo < hi) {
+      char* data = reinterpret_cast<char*>(t.data_ptr()) + (lo - start) * esize;
+      char* s = slot + (lo - off) * esize;
+      if (to_slot) {
+        std::memcpy(s, data, (hi - lo) * esize);
+      } else {
+        std::memcpy(data, s, (hi - lo) * esize);
+      }
+    }
+    start += n;
+    if (start >= off + m) break;
+  }
+}
+
+// In place, every tensor of the list as one buffer (one synchronisation per slot-sized chunk, not per tensor);
+// `scale` multiplies the result (1/world for a mean; floating dtypes only).
+void all_reduce(torch::Tensor segment, std::vector<torch::Tensor> ts, int64_t world, int64_t rank,
+                int64_t slot_bytes, int64_t op, double scale, double timeout_s) {
+  TORCH_CHECK(!ts.empty(), "shared-memory all-reduce: no tensors");
+  int64_t n = 0;
+  for (const auto& t : ts) {
+    TORCH_CHECK(supports(t) && t.is_contiguous() && t.scalar_type() == ts[0].scalar_type(),
+                "shared-memory all-reduce: contiguous CPU tensors of one dtype: float32, float64, int64 or int32");
+    n += t.numel();
+  }
   TORCH_CHECK(world >= 1 && world <= kMaxRanks && rank >= 0 && rank < world, "bad rank/world");
   py::gil_scoped_release nogil;
   char* base = reinterpret_cast<char*>(segment.data_ptr());
   Header* h = reinterpret_cast<Header*>(base);
-  const int64_t esize = t.element_size(), per_chunk = slot_bytes / esize, n = t.numel();
-  char* data = reinterpret_cast<char*>(t.data_ptr());
+  const int64_t per_chunk = slot_bytes / ts[0].element_size();
   for (int64_t off = 0; off < n; off += per_chunk) {
     const int64_t m = std::min(per_chunk, n - off);
-    std::memcpy(base + kHeaderBytes + rank * slot_bytes, data + off * esize, m * esize);
+    copy_span(ts, off, m, base + kHeaderBytes + rank * slot_bytes, true);
     barrier_impl(h, world, rank, timeout_s);
-    reduce_chunk(t.scalar_type(), base, slot_bytes, world, rank, m, op, scale);
+    reduce_chunk(ts[0].scalar_type(), base, slot_bytes, world, rank, m, op, scale);
     barrier_impl(h, world, rank, timeout_s);
-    std::memcpy(data + off * esize, base + kHeaderBytes + world * slot_bytes, m * esize);
+    copy_span(ts, off, m, base + kHeaderBytes + world * slot_bytes, false);
   }
 }
 

@@ -2,6 +2,7 @@
 
     comm = shm.attach(info, "auto", timeout_s=1800)   # None where it cannot serve every rank (gloo then)
     comm.all_reduce_(tensor, "sum", scale=1.0)         # False where the tensor is not one it takes
+    comm.all_reduce_many_([a, b], "sum", 0.5)          # several tensors as one buffer
     parts = comm.all_gather(tensor)                    # every rank's tensor (same shape everywhere)
 
 Why: gloo sends even two ranks' gradients through loopback TCP and its own threads; on a busy 2-vCPU machine a
@@ -42,13 +43,19 @@ class ShmComm:
     def all_reduce_(self, tensor: torch.Tensor, op: str = "sum", scale: float = 1.0) -> bool:
         """Reduce `tensor` in place across the ranks (then multiply by `scale`); False, untouched, where this path
         does not take it (a GPU, sparse or 16-bit tensor): the caller then uses the process group."""
-        if not self.ops.supports(tensor):
+        return self.all_reduce_many_([tensor], op, scale)
+
+    def all_reduce_many_(self, tensors: list[torch.Tensor], op: str = "sum", scale: float = 1.0) -> bool:
+        """all_reduce_ of several tensors of one dtype as one buffer: one synchronisation per 4 MiB, not one per
+        tensor, and no flattened copy. False, all untouched, where one of them is not a tensor this path takes."""
+        if not tensors or any(not self.ops.supports(t) or t.dtype != tensors[0].dtype for t in tensors):
             return False
-        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        work = [t if t.is_contiguous() else t.contiguous() for t in tensors]
         self.ops.all_reduce(self.segment, work, self.world, self.rank, self.slot_bytes, _OPS[op], float(scale),
                             self.timeout_s)
-        if work is not tensor:
-            tensor.copy_(work)
+        for w, t in zip(work, tensors):
+            if w is not t:
+                t.copy_(w)
         return True
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor] | None:

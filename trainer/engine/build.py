@@ -42,12 +42,15 @@ def seed_everything(seed: int) -> None:
 
 
 def wrap_model(model: torch.nn.Module, info: DistInfo, dist_cfg, find_unused: bool = False,
-               broadcast_buffers: bool = True) -> torch.nn.Module:
-    """DDP for a world > 1, DataParallel for --strategy dp on several GPUs, else the plain module."""
+               broadcast_buffers: bool = True, ddp: bool = True) -> torch.nn.Module:
+    """DDP for a world > 1 (the plain module where the loop averages the gradients itself: ddp=False),
+    DataParallel for --strategy dp on several GPUs, else the plain module."""
     if info.distributed:
         if dist_cfg.strategy != "ddp":
             raise ValueError(f"--strategy {dist_cfg.strategy} with a world of {info.world_size} processes.\n"
                              f"HINT: use --strategy ddp under srun/torchrun, or launch one process.")
+        if not ddp:
+            return model
         ids = [info.torch_device.index] if info.device.startswith("cuda") else None
         return DDP(model, device_ids=ids, find_unused_parameters=dist_cfg.find_unused_parameters or find_unused,
                    forward_sync_buffers=broadcast_buffers)
@@ -90,6 +93,7 @@ class Run:
     scheduler: Any = None
     scaler: Any = None
     sync_timer: Any = None            # train.measure_sync: time spent in DDP's collectives
+    grad_sync: Any = None             # Recipe.average_after_backward: averages the gradients after the backward
 
     @property
     def device(self) -> torch.device:
@@ -121,8 +125,8 @@ def _data_and_model(recipe: Recipe, info: DistInfo, cfg: Config, wrap: bool) -> 
                          f"(data.path={getattr(cfg.data, 'path', '')})")
     model = recipe.build_model().to(info.torch_device)
     seed_everything(rank_seed(cfg.seed, info.rank))  # per-rank dropout/sampling streams
-    wrapped = wrap_model(model, info, cfg.dist, recipe.find_unused_parameters, recipe.broadcast_buffers) \
-        if wrap else model
+    wrapped = wrap_model(model, info, cfg.dist, recipe.find_unused_parameters, recipe.broadcast_buffers,
+                         not recipe.average_after_backward) if wrap else model
     return Run(recipe, info, cfg, train_set, eval_sets, model, wrapped,
                per_rank_batch_size(cfg.train, info.world_size, info.replicas),
                amp_dtype(cfg.train.amp, info.torch_device))
@@ -133,19 +137,31 @@ def build_for_eval(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
     return _data_and_model(recipe, info, cfg, wrap=not info.distributed)
 
 
+def _sync_gradients(run: Run, comm) -> None:
+    """How the ranks' gradients meet: DDP's comm hook, or one all-reduce after the backward; timed with
+    train.measure_sync."""
+    info, measure = run.info, run.cfg.train.measure_sync
+    how = f"shared memory, {info.world_size} ranks on one host" if comm \
+        else f"{info.backend} (no shared memory: {runtime.shm.attach.why})"
+    timer = syncwait.GradSyncTimer(comm) if measure else None
+    if isinstance(run.wrapped, DDP):
+        log.info("DDP's gradient all-reduce: %s", how)
+        if measure or comm is not None:
+            timer = syncwait.attach(run.wrapped, comm, timed=measure)
+    else:
+        log.info("gradients averaged after the backward in one all-reduce: %s", how)
+        run.grad_sync = syncwait.after_backward(list(run.model.parameters()), info, timer)
+    if measure:
+        run.sync_timer = run.recipe.sync_timer = timer
+
+
 def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
     """Everything training needs, built in a fixed order (the RNG streams of a resumed run depend on it)."""
     tc = cfg.train
     run = _data_and_model(recipe, info, cfg, wrap=True)
     run.accum = max(tc.grad_accum_steps, 1)
-    if isinstance(run.wrapped, DDP):
-        comm = runtime.local_comm()
-        log.info("DDP's gradient all-reduce: %s", f"shared memory, {info.world_size} ranks on one host" if comm
-                 else f"{info.backend} (no shared memory: {runtime.shm.attach.why})")
-        if tc.measure_sync or comm is not None:
-            timer = syncwait.attach(run.wrapped, comm, timed=tc.measure_sync)
-            if tc.measure_sync:
-                run.sync_timer = recipe.sync_timer = timer
+    if info.distributed:
+        _sync_gradients(run, runtime.local_comm())
     run.sampler = ResumableSampler(len(run.train_set), info.rank, info.world_size, True, cfg.seed,
                                    recipe.sample_costs(), run.batch_size)
     plan = recipe.epoch_batches(0)

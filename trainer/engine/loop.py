@@ -121,6 +121,8 @@ class Trainer:
                 loss = run.recipe.training_step(run.wrapped, batch)
             t1 = time.perf_counter()
             run.scaler.scale(loss / self._window_len(micro)).backward()
+            if last and run.grad_sync is not None:
+                run.grad_sync()
         if self.tc.measure_sync:        # where a DDP step's time beyond one rank's goes (bench/run.py)
             self.meter.update(0, phases={"forward": t1 - t0, "backward": time.perf_counter() - t1})
         if run.sync_timer is not None:

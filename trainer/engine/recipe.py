@@ -23,10 +23,13 @@ class Recipe:
     primary_metric: ClassVar[tuple[str, str]] = ("loss", "min")   # (val metric, "min" | "max")
     tie_break_metric: ClassVar[tuple[str, str] | None] = None     # decides between equal primary values
     find_unused_parameters: ClassVar[bool] = False   # DDP: some steps leave parameters without gradients
+    # instead of DDP: every gradient averaged in one all-reduce after the backward (no buckets, no per-bucket
+    # synchronisation, no search for unused parameters); for models whose steps use different parameters
+    average_after_backward: ClassVar[bool] = False
     broadcast_buffers: ClassVar[bool] = True         # DDP: rank 0's buffers to every rank before each forward
     buffers_before_eval: ClassVar[bool] = False      # instead: rank 0's buffers to every rank before evaluating
     reuse_freed_memory: ClassVar[bool] = False       # steps make tensors over 32 MiB: trainer/memory.py
-    sync_timer: Any = None    # train.measure_sync under DDP: time own collectives in the backward with .timed()
+    sync_timer: Any = None    # train.measure_sync: time own collectives in the backward with .timed()
 
     def __init__(self, data_cfg: Any, model_cfg: Any, train_cfg: Any, dist: Any, eval_cfg: Any = None,
                  seed: int = 0, loss_cfg: Any = None):

@@ -6,16 +6,19 @@ preemption-signal agreement).
 A DDP comm hook all-reduces each bucket as DDP's default does, and notes when the bucket was ready and when
 its all-reduce finished; a step's wait is the last finish minus the last ready time, which is when this
 rank's backward had nothing left to compute. It covers the all-reduce itself and the wait for the slowest
-rank. A recipe's own blocking collective inside the backward (KGAT's table gradient) is timed with
-`timer.timed()`; the buckets' wait then counts only from the end of the last such collective, since until
-then this rank was busy (computing the rest of its backward, or in that collective). On CUDA the times are
-the host's view of NCCL's work, so the figure is meant for CPU/gloo.
+rank. A model outside DDP (Recipe.average_after_backward: KGAT) has its gradients averaged by `after_backward`
+in one all-reduce once the backward is done, timed whole as waiting. A recipe's own blocking collective inside
+the backward is timed with `timer.timed()`; the buckets' wait then counts only from the end of the last such
+collective, since until then this rank was busy (computing the rest of its backward, or in that collective).
+On CUDA the times are the host's view of NCCL's work, so the figure is meant for CPU/gloo.
 """
 import contextlib
 import time
 
 import torch
 import torch.distributed as dist
+
+from trainer.distributed import runtime
 
 
 class GradSyncTimer:
@@ -72,3 +75,13 @@ def attach(ddp: torch.nn.parallel.DistributedDataParallel, comm=None, timed: boo
     timer = GradSyncTimer(comm)
     ddp.register_comm_hook(timer, timed_allreduce_hook if timed else allreduce_hook)
     return timer
+
+
+def after_backward(params: list[torch.nn.Parameter], info, timer: GradSyncTimer | None):
+    """The step's gradient averaging for a model outside DDP (Recipe.average_after_backward): call it after the
+    last micro-batch's backward. Its whole time counts as waiting (it starts when this rank's backward ends)."""
+    def sync() -> None:
+        with timer.timed() if timer is not None else contextlib.nullcontext():
+            runtime.average_grads(params, info)
+
+    return sync

@@ -136,11 +136,6 @@ class Aggregator(nn.Module):
         return self.dropout(out)
 
 
-def phase_parameters(model: KGAT, phase: str) -> list[nn.Parameter]:
-    """The parameters one phase's loss uses, the node table aside (it is in both)."""
-    return list(model.aggregators.parameters()) if phase == "cf" else [model.relation, model.trans]
-
-
 class KGAT(nn.Module):
     """Node embeddings for entities (items first) and users (after the entities)."""
 
@@ -258,16 +253,11 @@ class KGAT(nn.Module):
             self._products_key = key
         return self._products[0], (self._products[1] if grad else None)
 
-    tie_phases = False                # DDP: the other phase's parameters join the loss as a zero term
-
     def forward(self, phase: str, *batch: torch.Tensor) -> torch.Tensor:
         """The loss of a CF batch (users, pos, neg) or a KG batch (h, r, pos_t, neg_t)."""
         if phase not in ("cf", "kg"):
             raise ValueError(f"unknown KGAT phase {phase!r} (cf, kg)")
-        loss = self.cf_loss(*batch) if phase == "cf" else self.kg_loss(*batch)
-        if self.tie_phases:   # under DDP every parameter needs a gradient; KGATRecipe drops these zeros again
-            loss = loss + 0.0 * sum(p.sum() for p in phase_parameters(self, "kg" if phase == "cf" else "cf"))
-        return loss
+        return self.cf_loss(*batch) if phase == "cf" else self.kg_loss(*batch)
 
     def propagate(self) -> torch.Tensor:
         """Concatenation of the ego embedding and every layer's L2-normalised output: (n_nodes, out_dim)."""

@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import replace
@@ -21,7 +20,7 @@ from trainer.recipes.kgat import build
 from trainer.recipes.kgat import data as D
 from trainer.recipes.kgat.config import KGATDataConfig
 from trainer.recipes.kgat.metrics import finalize, sums_from_hits
-from trainer.recipes.kgat.model import KGAT, phase_parameters
+from trainer.recipes.kgat.model import KGAT
 from trainer.recipes.kgat.sampling import EpochPlan, PhaseSampler, batch_entries, csr, hits_of
 
 log = logging.getLogger(__name__)
@@ -70,12 +69,13 @@ class KGATRecipe(Recipe):
     """BPR on propagated embeddings (CF phase) and TransR (KG phase), attention refreshed every epoch."""
 
     primary_metric = ("recall@20", "max")
-    # the CF loss leaves the TransR parameters out, the KG loss the layers: rather than DDP's search for unused
-    # parameters at every step (its forward's graph walk, zeroed bucket slots and a used-parameter map
-    # all-reduced through the process group), the model ties them in with a zero term (model.tie_phases)
-    find_unused_parameters = False
+    # the CF loss leaves the TransR parameters out, the KG loss the layers, and the node table's gradient is
+    # dense in one phase and a few rows in the other: rather than DDP (its search for unused parameters, a
+    # used-parameter map and two synchronisations per step: its bucket and the table), the loop averages every
+    # gradient in one all-reduce after the backward, the table's rows gathered in the KG phase
+    average_after_backward = True
     broadcast_buffers = False         # the graph's index buffers are built alike on every rank; attention is
-                                      # sent from rank 0 once per refresh (below), not before every step
+                                      # sent from rank 0 once per refresh (below)
     reuse_freed_memory = True         # node tables of large graphs: 1.8x the CF step at amazon-book's size
 
     def build_datasets(self):
@@ -115,17 +115,7 @@ class KGATRecipe(Recipe):
         model.set_graph(self.ckg.heads, self.ckg.rels, self.ckg.tails, self.ckg.weights)
         if m.pretrain:
             model.load_pretrained(m.pretrain, self.data.n_items)
-        # the table's gradient is averaged here, not by DDP: DDP would all-reduce the whole table at every KG
-        # step, where only the batch's rows have a gradient (every rank starts from the same seeded table)
-        # (both spellings: DDP's reducer names a root module's parameter ".embed", its other lists "embed")
-        model._ddp_params_and_buffers_to_ignore += ["embed", ".embed"]
-        model.embed.register_post_accumulate_grad_hook(self._average_table_grad)
-        model.tie_phases = self.dist.distributed
         return model
-
-    def _average_table_grad(self, table: torch.Tensor) -> None:
-        with self.sync_timer.timed() if self.sync_timer else contextlib.nullcontext():
-            table.grad = runtime.average_grad(table.grad, self.dist)
 
     def build_optimizer(self, model, lr):
         cls, kwargs = optimizer_spec(self.train_cfg, lr)
@@ -135,18 +125,7 @@ class KGATRecipe(Recipe):
             self.optimizer = cls(model.parameters(), **kwargs)
         else:
             self.optimizer = phased(cls)(model.parameters(), phases=("cf", "kg"), **kwargs)
-        if unwrap(model).tie_phases:
-            self._drop_tied_gradients(unwrap(model))
         return self.optimizer
-
-    def _drop_tied_gradients(self, model) -> None:
-        """Before each step, the other phase's zero gradients (model.tie_phases) go back to None, so the
-        optimizer leaves those parameters and their moments alone, as it did when DDP left them unused."""
-        def drop(optimizer, args, kwargs) -> None:
-            for p in phase_parameters(model, "kg" if getattr(self, "phase", "cf") == "cf" else "cf"):
-                p.grad = None
-
-        self.optimizer.register_step_pre_hook(drop)
 
     def epoch_batches(self, epoch):
         if self._plan is None or self._plan.epoch != epoch:
@@ -163,7 +142,7 @@ class KGATRecipe(Recipe):
         self.phase_start: dict[str, float] = {}
 
     def training_step(self, model, batch):
-        phase = self.phase = batch["phase"]
+        phase = batch["phase"]
         self.phase_start.setdefault(phase, time.perf_counter())
         if hasattr(self.optimizer, "set_phase"):
             self.optimizer.set_phase(phase)
