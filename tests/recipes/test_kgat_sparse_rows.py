@@ -131,7 +131,8 @@ def test_sgd_and_dataparallel_fall_back_to_dense_updates():
 def two_rank_check() -> None:
     """Under torchrun: one CF and one KG step as the engine runs them (no DDP: every gradient averaged after the
     backward); every rank's gradients must be the mean of the ranks' own (computed on a plain copy), the other
-    phase's parameters untouched by AdamW's decay, and the tables equal after the step."""
+    phase's parameters untouched by AdamW's decay, and the tables equal after the step; then the attention
+    refreshed by the ranks together equals one process's and is the same on every rank."""
     import torch.distributed as dist
 
     from trainer.config import DistConfig
@@ -180,6 +181,15 @@ def two_rank_check() -> None:
         tables = [torch.empty_like(model.embed) for _ in range(world)]
         dist.all_gather(tables, model.embed.detach())
         assert all(torch.equal(tables[0], t) for t in tables)
+    recipe.on_epoch_end(0, wrapped)             # each rank scores half of the edges, then all of them normalise
+    with torch.no_grad():
+        for p, q in zip(model.parameters(), plain.parameters()):
+            q.copy_(p)
+    plain.refresh_attention()
+    assert torch.allclose(model.attention, plain.attention, atol=1e-6) and model.attention.sum() > 0
+    attention = [torch.empty_like(model.attention) for _ in range(world)]
+    dist.all_gather(attention, model.attention)
+    assert all(torch.equal(attention[0], a) for a in attention)       # the same bits on every rank
     if rank == 0:
         print("TWO-RANK OK", file=sys.stderr)
     teardown(info)

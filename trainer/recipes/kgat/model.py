@@ -318,9 +318,16 @@ class KGAT(nn.Module):
         return out
 
     @torch.no_grad()
-    def refresh_attention(self) -> None:
-        """Recompute pi for every edge and normalise it per head on the device: the new propagation matrix."""
-        scores = self.attention_scores(self.heads, self.rels, self.tails)
+    def refresh_attention(self, rank: int = 0, world: int = 1, gather=None) -> None:
+        """Recompute pi for every edge and normalise it per head on the device: the new propagation matrix.
+        With world > 1 this rank scores its 1/world of the edges and gather(part) returns every rank's part
+        (each padded to one length), in rank order."""
+        n = len(self.heads)
+        per = -(-n // world)
+        lo, hi = min(n, rank * per), min(n, (rank + 1) * per)
+        scores = self.attention_scores(self.heads[lo:hi], self.rels[lo:hi], self.tails[lo:hi])
+        if world > 1:
+            scores = torch.cat(gather(F.pad(scores, (0, per - (hi - lo)))))[:n]
         self.set_attention(sparse_softmax(scores, self.heads, self.n_nodes))
 
     @torch.no_grad()

@@ -74,8 +74,8 @@ class KGATRecipe(Recipe):
     # used-parameter map and two synchronisations per step: its bucket and the table), the loop averages every
     # gradient in one all-reduce after the backward, the table's rows gathered in the KG phase
     average_after_backward = True
-    broadcast_buffers = False         # the graph's index buffers are built alike on every rank; attention is
-                                      # sent from rank 0 once per refresh (below)
+    broadcast_buffers = False         # the graph's index buffers are built alike on every rank; the ranks
+                                      # refresh the attention together once per epoch (below)
     reuse_freed_memory = True         # node tables of large graphs: 1.8x the CF step at amazon-book's size
 
     def build_datasets(self):
@@ -162,10 +162,14 @@ class KGATRecipe(Recipe):
         self.phase_time = {p: t0 - t for p, t in self.phase_start.items()}
         if "kg" in self.phase_time and "cf" in self.phase_time:
             self.phase_time["cf"] -= self.phase_time["kg"]
-        unwrap(model).refresh_attention()
-        # the same weights give the same attention, but a GPU's scatter order may differ in the last bits
-        runtime.broadcast(unwrap(model).attention, self.dist)
-        if unwrap(model).embed.is_cuda:
+        m = unwrap(model)
+        # every rank scores its share of the edges; the softmax over all of them then runs on every rank
+        m.refresh_attention(self.dist.rank, self.dist.world_size, lambda part: runtime.all_gather(part, self.dist))
+        if m.embed.is_cuda or runtime.local_comm() is None:
+            # the same scores give the same attention, but a GPU's scatter order (or another host's CPU) may
+            # differ in the last bits: rank 0's is everyone's
+            runtime.broadcast(m.attention, self.dist)
+        if m.embed.is_cuda:
             torch.cuda.synchronize()
         self.phase_time["attention"] = time.perf_counter() - t0
 
