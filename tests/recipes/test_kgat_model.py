@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from trainer.recipes.kgat import build
 from trainer.recipes.kgat import data as kd
 from trainer.recipes.kgat.config import KGATLossConfig
-from trainer.recipes.kgat.model import KGAT, KGATModelConfig, l2_mean, sparse_softmax
+from trainer.recipes.kgat.model import KGAT, KGATModelConfig, attention_scores, l2_mean, sparse_softmax
 
 
 def small_graph():
@@ -45,7 +45,7 @@ def test_sparse_softmax_equals_a_softmax_per_head():
 def test_attention_scores_equal_a_per_edge_reference():
     d, g = small_graph()
     m = model_for(d, g)
-    got = m.attention_scores(g.heads, g.rels, g.tails)
+    got = attention_scores(m, g.heads, g.rels, g.tails)
     for k in range(0, len(g.heads), 7):
         h, r, t = int(g.heads[k]), int(g.rels[k]), int(g.tails[k])
         w = m.trans[r].detach()
@@ -57,6 +57,10 @@ def test_refreshed_propagation_matrix_rows_sum_to_one_and_match_dense():
     d, g = small_graph()
     m = model_for(d, g)
     m.refresh_attention()
+    # scored relation by relation (m.by_rel), then put back in edge order: the same as scoring edge by edge
+    in_edge_order = sparse_softmax(attention_scores(m, g.heads, g.rels, g.tails), g.heads, g.n_nodes)
+    assert bool((g.rels[m.by_rel][1:] >= g.rels[m.by_rel][:-1]).all()) and len(set(g.rels.tolist())) > 1
+    assert torch.allclose(m.attention, in_edge_order, atol=1e-6)
     dense = m.adj.to_dense()
     rows = dense.sum(1)
     has = torch.bincount(g.heads, minlength=g.n_nodes) > 0
