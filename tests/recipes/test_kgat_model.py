@@ -97,6 +97,28 @@ def test_bpr_loss_equals_hand_computation():
     assert abs(m.cf_loss(users, pos, neg).item() - expected) < 1e-5
 
 
+def test_cf_gradients_equal_those_of_gathering_from_the_concatenation():
+    """cf_loss gathers the batch's rows layer by layer (one zero-filled gradient per layer); every parameter's
+    gradient equals gathering users, positives and negatives from propagate()'s concatenation, repeated rows
+    (an item positive for one user and negative for another) included."""
+    d, g = small_graph()
+    users, pos, neg = torch.tensor([0, 3, 3]), torch.tensor([1, 2, 5]), torch.tensor([5, 1, 6])
+    grads = []
+    for by_layer in (True, False):
+        m = model_for(d, g, dropout=0.0, cf_l2=0.1)
+        if by_layer:
+            loss = m.cf_loss(users, pos, neg)
+        else:
+            emb = m.propagate()
+            u, p, n = emb[users + d.n_entities], emb[pos], emb[neg]
+            loss = F.softplus((u * n).sum(1) - (u * p).sum(1)).mean() + 0.1 * (l2_mean(u) + l2_mean(p) + l2_mean(n))
+        loss.backward()
+        grads.append({k: q.grad.clone() for k, q in m.named_parameters() if q.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and "embed" in grads[0]
+    for k in grads[0]:
+        assert torch.allclose(grads[0][k], grads[1][k], atol=1e-7), k
+
+
 def test_transr_loss_equals_hand_computation():
     d, g = small_graph()
     m = model_for(d, g, kg_l2=0.01)
