@@ -143,13 +143,12 @@ def _sync_gradients(run: Run, comm) -> None:
     info, measure = run.info, run.cfg.train.measure_sync
     how = f"shared memory, {info.world_size} ranks on one host" if comm \
         else f"{info.backend} (no shared memory: {runtime.shm.attach.why})"
-    timer = syncwait.GradSyncTimer(comm) if measure else None
     if isinstance(run.wrapped, DDP):
         log.info("DDP's gradient all-reduce: %s", how)
-        if measure or comm is not None:
-            timer = syncwait.attach(run.wrapped, comm, timed=measure)
+        timer = syncwait.attach(run.wrapped, comm, timed=measure) if measure or comm is not None else None
     else:
         log.info("gradients averaged after the backward in one all-reduce: %s", how)
+        timer = syncwait.GradSyncTimer(comm) if measure else None
         run.grad_sync = syncwait.after_backward(list(run.model.parameters()), info, timer)
     if measure:
         run.sync_timer = run.recipe.sync_timer = timer

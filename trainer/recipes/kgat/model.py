@@ -169,10 +169,6 @@ class KGAT(nn.Module):
         for name in ("p_edge", "p_col", "p_crow", "pt_edge", "pt_col", "pt_crow"):
             self.register_buffer(name, torch.zeros(0, dtype=torch.int64), persistent=False)
         self._panel_cols, self._p_starts, self._pt_starts = self.n_nodes, [0], [0]
-        # every rank computes the same attention from the same weights: DDP need not broadcast these
-        self._ddp_params_and_buffers_to_ignore = ["crow", "heads", "rels", "tails", "crow_t", "by_tail", "by_rel",
-                                                  "attention", "p_edge", "p_col", "p_crow", "pt_edge", "pt_col",
-                                                  "pt_crow"]
 
     @property
     def out_dim(self) -> int:

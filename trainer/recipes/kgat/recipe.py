@@ -73,9 +73,9 @@ class KGATRecipe(Recipe):
     # dense in one phase and a few rows in the other: rather than DDP (its search for unused parameters, a
     # used-parameter map and two synchronisations per step: its bucket and the table), the loop averages every
     # gradient in one all-reduce after the backward, the table's rows gathered in the KG phase
+    # (no DDP, so no buffer broadcast either: the graph's buffers are built alike on every rank, and the ranks
+    # refresh the attention together once per epoch, below)
     average_after_backward = True
-    broadcast_buffers = False         # the graph's index buffers are built alike on every rank; the ranks
-                                      # refresh the attention together once per epoch (below)
     reuse_freed_memory = True         # node tables of large graphs: 1.8x the CF step at amazon-book's size
 
     def build_datasets(self):
