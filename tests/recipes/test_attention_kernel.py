@@ -111,8 +111,10 @@ def test_the_model_with_the_kernel_computes_the_pytorch_paths_function(ops, mhc,
     real = fused.FusedAttention.apply
     monkeypatch.setattr(fused.FusedAttention, "apply", lambda *a: calls.append(1) or real(*a))
     seq = batch()
-    loss_k, grads_k = _loss_and_grads(_model(True, 1e-9, mhc=mhc, length_buckets=2), seq)
-    assert calls
+    kernel_model = _model(True, 1e-9, mhc=mhc, length_buckets=2)
+    assert kernel_model.packs(seq)                      # one packed batch, mHC too: no length buckets
+    loss_k, grads_k = _loss_and_grads(kernel_model, seq)
+    assert len(calls) == kernel_model.cfg.depth
     calls.clear()
     loss_p, grads_p = _loss_and_grads(_model(False, 1e-9, mhc=mhc, length_buckets=2), seq)
     assert not calls

@@ -220,11 +220,11 @@ def test_build_is_cached_per_source_and_moved_into_place(ops):
 def _padded_streams_reference(model: SeqRec, seq, time):
     """The mHC forward with (B, T, n, D) streams over every position, padded ones included (before the
     streams were packed to the real positions): h = sum_i pre_i x_i, y = fn(LN(h)) * keep, x = H_res x + post y."""
-    keep, mask, rel = model._masks(seq, time)
+    keep, mask = model._masks(seq, time)
     x = model.item_emb(seq) * model.cfg.width ** 0.5 * keep
     x = x.unsqueeze(2).expand(-1, -1, model.cfg.mhc_streams, -1)
     for block in model.blocks:
-        for sub, kw in ((block.attn, dict(mask=mask, rel=rel, offset=0)), (block.ffn, {})):
+        for sub, kw in ((block.attn, dict(mask=mask, offset=0)), (block.ffn, {})):
             pre, post, res = sub.maps(x)
             y = sub.fn(sub.norm((pre.unsqueeze(-1) * x).sum(2)), **kw) * keep
             x = res @ x + post.unsqueeze(-1) * y.unsqueeze(2)

@@ -59,10 +59,10 @@ def test_time_interval_attention_matches_slow_reference():
     model = SeqRec(cfg, num_items=30, maxlen=12).eval()
     seq, time = batch()
     x = torch.randn(3, 12, 8)
-    keep, mask, rel = model._masks(seq, time)
+    keep, mask = model._masks(seq, time)
     att = model.blocks[0].attn.fn
-    fast = att(x, mask=mask, rel=rel)
-    assert rel.max() == 6 and rel.min() == 0
+    fast = att(x, mask=mask)
+    assert mask.rel.max() == 6 and mask.rel.min() == 0
     assert torch.allclose(fast, slow_time_attention(att, x, seq, time, 6), atol=1e-5)
 
 
@@ -78,14 +78,14 @@ def test_causal_query_blocks_compute_the_same_attention(time_aware, monkeypatch)
     lengths = torch.tensor([70, 41, 5])
     seq = torch.where(torch.arange(t) >= t - lengths[:, None], torch.randint(1, 41, (3, t)), 0)
     time = torch.cumsum(torch.randint(0, 4, (3, t)), 1) * (seq != 0)
-    keep, mask, rel = model._masks(seq, time)
+    keep, mask = model._masks(seq, time)
     att = model.blocks[0].attn.fn
     att.attn_drop.p, att.fused = 1e-9, False    # the explicit PyTorch (training) path, with nothing dropped
     x = torch.randn(3, t, 8, requires_grad=True)
 
     def run(blocks):
         monkeypatch.setattr(M, "causal_blocks", blocks)
-        out = att(x, mask=mask, rel=rel) * keep
+        out = att(x, mask=mask) * keep
         return (out, *torch.autograd.grad(out.square().sum(), [x, *att.parameters()], allow_unused=True))
 
     split, whole = run(M.causal_blocks), run(lambda n: [(0, n)])
@@ -183,8 +183,33 @@ def test_length_buckets_compute_the_same_function(variant):
     assert torch.allclose(full.score(seq, time, cand), bucketed.score(seq, time, cand), atol=1e-4)
     assert torch.allclose(full.score(seq, time), bucketed.score(seq, time), atol=1e-4)
     pos, neg = seq.roll(-1, 1), torch.randint(1, 31, (10, 40, 3), generator=g)   # training logits, per bucket
-    for x, y in zip(full.train()(seq, time, pos, neg), bucketed.train()(seq, time, pos, neg)):
+    outs = [model.train()(seq, time, pos, neg) for model in (full, bucketed)]
+    for x, y in zip(*outs):
         assert x.shape == y.shape and torch.allclose(x, y, atol=1e-4)
+    # and the same gradients (mHC trains on the whole batch's packed positions, its attention per bucket)
+    grads = [torch.autograd.grad(sum(o.square().sum() for o in out), list(model.parameters()), allow_unused=True)
+             for out, model in zip(outs, (full, bucketed))]
+    for x, y in zip(*grads):
+        assert (x is None) == (y is None) and (x is None or torch.allclose(x, y, atol=1e-4, rtol=1e-4))
+
+
+def test_packing_runs_a_function_per_length_bucket_and_restores_the_packed_order():
+    seq = torch.zeros(6, 10, dtype=torch.long)
+    for row, n in enumerate([10, 2, 7, 1, 5, 9]):
+        seq[row, 10 - n:] = torch.arange(1, n + 1)
+    packing = M.Packing(seq, buckets=3)
+    x = packing.pack(torch.arange(60.0).view(6, 10, 1) + 1)            # each position's flat index + 1
+    seen = []
+
+    def fn(xb, rows, cut):
+        seen.append((rows.tolist(), cut, xb.shape[:2]))
+        expected = (torch.arange(60.0).view(6, 10) + 1)[rows, cut:] * (seq[rows, cut:] != 0)
+        assert torch.equal(xb[..., 0], expected)                         # the bucket's padded form
+        return xb * 2
+    assert torch.equal(packing.per_bucket(x, fn), x * 2)
+    assert sorted(r for rows, _, _ in seen for r in rows) == list(range(6))
+    assert [(cut, tuple(shape)) for _, cut, shape in seen] == [(0, (2, 10)), (3, (2, 7)), (8, (2, 2))]
+    assert M.Packing(seq[:4], buckets=3).groups is None                    # too few rows: the whole batch
 
 
 def test_fast_dropout_has_the_right_rate_and_expectation():

@@ -96,26 +96,75 @@ def attention_bias(seq: torch.Tensor) -> torch.Tensor:
 
 
 class AttentionMask:
-    """The attention mask of a batch: attention_bias's (B, 1, T, T) `bias`, built on first use (the packed
-    path never builds the T x T map)."""
+    """The attention mask of a batch: attention_bias's (B, 1, T, T) `bias` and, given the timestamps, TiSASRec's
+    (B, T, T) clamped intervals `rel`, each built on first use (the packed path never builds a T x T map)."""
 
-    def __init__(self, seq: torch.Tensor):
-        self.seq = seq
+    def __init__(self, seq: torch.Tensor, time: torch.Tensor | None = None, span: int = 0):
+        self.seq, self.time, self.span = seq, time, span
+        self._buckets: dict[tuple[int, int], AttentionMask] = {}
 
     @functools.cached_property
     def bias(self) -> torch.Tensor:
         return attention_bias(self.seq)
 
+    @functools.cached_property
+    def rel(self) -> torch.Tensor:
+        return (self.time.unsqueeze(2) - self.time.unsqueeze(1)).abs().clamp(max=self.span)
+
+    def rows(self, rows: torch.Tensor | None, cut: int) -> AttentionMask:
+        """The mask of a length bucket: those rows, from position cut on; one per bucket, shared by the blocks
+        (each would build the bucket's bias and intervals again)."""
+        if rows is None:
+            return self
+        key = (id(rows), cut)                       # the packing's own row tensors, alive for the step
+        if key not in self._buckets:
+            time = None if self.time is None else self.time[rows, cut:]
+            self._buckets[key] = AttentionMask(self.seq[rows, cut:], time, self.span)
+        return self._buckets[key]
+
+
+def length_groups(seq: torch.Tensor, buckets: int) -> list[tuple[torch.Tensor | None, int]]:
+    """(rows, cut) per length bucket: rows sorted by length and split into `buckets` groups, each trimmed of its
+    common left padding (positions cut..); [(None, 0)], the whole batch, when too few rows to split."""
+    t = seq.shape[1]
+    if buckets <= 1 or seq.shape[0] < 2 * buckets:
+        return [(None, 0)]
+    # a row's span from its first real position (a padded item inside a row must not shorten it)
+    lengths = t - torch.where(seq != 0, torch.arange(t, device=seq.device), t).amin(1)
+    return [(rows, t - max(int(lengths[rows].max()), 1))
+            for rows in torch.argsort(lengths, descending=True).chunk(buckets)]
+
 
 class Packing:
     """The real (non-padded) positions of a (B, T) batch, row after row: `index` into the flattened batch and
-    `starts`, row b's tokens being starts[b] .. starts[b + 1] - 1 of the packed order."""
+    `starts`, row b's tokens being starts[b] .. starts[b + 1] - 1 of the packed order. With buckets > 1, also
+    the length buckets (length_groups: `groups`) that `per_bucket` unpacks to."""
 
-    def __init__(self, seq: torch.Tensor):
+    def __init__(self, seq: torch.Tensor, buckets: int = 1):
         self.batch, self.length = seq.shape
         real = seq != 0
         self.index = real.view(-1).nonzero().squeeze(1)
         self.starts = F.pad(real.sum(1).cumsum(0), (1, 0))
+        self.groups = self._groups(seq, buckets)
+
+    def _groups(self, seq: torch.Tensor, buckets: int):
+        """(rows, cut) per length bucket, and self.slots: where each packed position lies in the buckets'
+        padded blocks (len(rows), T - cut) laid end to end."""
+        groups = length_groups(seq, buckets)
+        if len(groups) == 1:
+            return None
+        slot = torch.full((self.batch * self.length,), -1, dtype=torch.long, device=seq.device)
+        slot[self.index] = torch.arange(len(self.index), device=seq.device)
+        slot, base, srcs, dests = slot.view(self.batch, self.length), 0, [], []
+        for rows, cut in groups:
+            sub = slot[rows, cut:].reshape(-1)
+            where = (sub >= 0).nonzero().squeeze(1)
+            srcs.append(sub[where])
+            dests.append(where + base)
+            base += sub.numel()
+        self.slots = torch.empty_like(self.index).index_copy_(0, torch.cat(srcs), torch.cat(dests))
+        self.padded = base
+        return groups
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) -> (N, ...), the real positions."""
@@ -125,6 +174,21 @@ class Packing:
         """(N, ...) -> (B, T, ...), zeros at the padded positions."""
         full = x.new_zeros(self.batch * self.length, *x.shape[1:]).index_copy_(0, self.index, x)
         return full.view(self.batch, self.length, *x.shape[1:])
+
+    def per_bucket(self, x: torch.Tensor, fn) -> torch.Tensor:
+        """fn on the padded form of the packed (N, ...) x, one length bucket at a time: fn(x_b, rows, cut) takes
+        and returns (len(rows), T - cut, ...), zeros at padded positions (rows None: the whole batch, cut 0).
+        Returns the packed result. One scatter into all buckets' blocks and one gather back (per bucket, the
+        copies and their gradients were a twentieth of TiSASRec+mHC's epoch)."""
+        if self.groups is None:
+            return self.pack(fn(self.unpack(x), None, 0))
+        blocks, parts, at = x.new_zeros(self.padded, *x.shape[1:]).index_copy_(0, self.slots, x), [], 0
+        for rows, cut in self.groups:
+            shape = (len(rows), self.length - cut)
+            out = fn(blocks[at:at + shape[0] * shape[1]].view(*shape, *x.shape[1:]), rows, cut)
+            parts.append(out.reshape(shape[0] * shape[1], *out.shape[2:]))
+            at += shape[0] * shape[1]
+        return torch.cat(parts).index_select(0, self.slots)
 
 
 class FeedForward(nn.Module):
@@ -158,17 +222,18 @@ class SelfAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.h, self.dh).transpose(1, 2)          # (B, H, T, dh)
 
-    def forward(self, x: torch.Tensor, mask: AttentionMask, rel: torch.Tensor | None = None, offset: int = 0,
+    def forward(self, x: torch.Tensor, mask: AttentionMask, offset: int = 0,
                 packing: Packing | None = None) -> torch.Tensor:
         """x: (B, T, D), or with `packing` the real positions' (N, D); offset: how many leading (all-padding)
-        positions were trimmed, so absolute positions stay those of the full length."""
+        positions were trimmed, so absolute positions stay those of the full length. Packed x without the
+        kernel: the padded attention per length bucket of the packing."""
         if packing is not None:
             if self.packs(x):
                 return self.out(self._kernel_attention(self._qkv(x), packing))
-            return packing.pack(self.forward(packing.unpack(x), mask, rel, offset))
+            return packing.per_bucket(x, lambda xb, rows, cut: self.forward(xb, mask.rows(rows, cut), offset + cut))
         q, k, v = (self._split(part) for part in self._qkv(x).chunk(3, -1))
         if self.time:
-            out = self._time_attention(q, k, v, mask, rel, offset)
+            out = self._time_attention(q, k, v, mask, offset)
         elif not self.training or self.attn_drop.p == 0:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.bias.to(q.dtype))   # fused kernel
         else:
@@ -207,8 +272,8 @@ class SelfAttention(nn.Module):
             outs.append(probs @ v[:, :hi])
         return (torch.cat(outs, 1) * scale).view(b, h, t, dh)
 
-    def _time_attention(self, q, k, v, mask, rel, offset):
-        t = q.shape[2]
+    def _time_attention(self, q, k, v, mask, offset):
+        t, rel = q.shape[2], mask.rel
         pos = torch.arange(offset, offset + t, device=q.device)
         pk = self.emb_drop(self.pos_k(pos)).view(t, self.h, self.dh)
         pv = self.emb_drop(self.pos_v(pos)).view(t, self.h, self.dh)
@@ -355,9 +420,9 @@ class Block(nn.Module):
                                              cfg.attention_fused), d, cfg)
         self.ffn = Sublayer(FeedForward(d, cfg.dropout), d, cfg)
 
-    def forward(self, x, keep, mask, rel, offset, packing=None):
+    def forward(self, x, keep, mask, offset, packing=None):
         """x: (B, T, D), or the real positions only (packing: Packing)."""
-        x = self.ffn(self.attn(x, mask=mask, rel=rel, offset=offset, packing=packing))
+        x = self.ffn(self.attn(x, mask=mask, offset=offset, packing=packing))
         return x if packing is not None else x * keep
 
 
@@ -387,26 +452,17 @@ class SeqRec(nn.Module):
                 self.pos_emb.weight[0].zero_()
 
     def _masks(self, seq: torch.Tensor, time: torch.Tensor):
-        keep = (seq != 0).unsqueeze(-1)
-        mask = AttentionMask(seq)
-        rel = None
-        if self.cfg.time:
-            rel = (time.unsqueeze(2) - time.unsqueeze(1)).abs().clamp(max=self.cfg.time_span)
-        return keep, mask, rel
+        return (seq != 0).unsqueeze(-1), AttentionMask(seq, time if self.cfg.time else None, self.cfg.time_span)
 
     def buckets(self, seq: torch.Tensor, time: torch.Tensor):
         """(rows, cut, h) per length bucket: h (len(rows), T - cut, D) is the representation of positions
         cut.. of those rows, trimmed of their common left padding. Padded keys are masked and positions keep
         their full-length index, so h equals the slice of one padded batch, at a fraction of the cost."""
-        buckets, t = self.cfg.length_buckets, seq.shape[1]
-        if buckets <= 1 or seq.shape[0] < 2 * buckets:
-            yield None, 0, self._features(seq, time, 0)
-            return
-        # a row's span from its first real position (a padded item inside a row must not shorten it)
-        lengths = t - torch.where(seq != 0, torch.arange(t, device=seq.device), t).amin(1)
-        for rows in torch.argsort(lengths, descending=True).chunk(buckets):
-            cut = t - max(int(lengths[rows].max()), 1)
-            yield rows, cut, self._features(seq[rows, cut:], time[rows, cut:], cut)
+        for rows, cut in length_groups(seq, self.cfg.length_buckets):
+            if rows is None:
+                yield None, 0, self._features(seq, time, 0)
+            else:
+                yield rows, cut, self._features(seq[rows, cut:], time[rows, cut:], cut)
 
     @staticmethod
     def _assemble(parts) -> torch.Tensor:
@@ -427,18 +483,18 @@ class SeqRec(nn.Module):
     def _features(self, seq: torch.Tensor, time: torch.Tensor, offset: int, packing: Packing | None = None):
         """(B, T, D) representation of every prefix (zeros at padded positions); given `packing`, the real
         positions' (N, D). mHC always computes on the real positions (see Sublayer.forward)."""
-        keep, mask, rel = self._masks(seq, time)
+        keep, mask = self._masks(seq, time)
         packed = packing or (Packing(seq) if self.cfg.mhc else None)
         x = self._embed(seq, offset, keep, packed)
         if self.cfg.mhc:                 # the streams, (1, N, n, D)
             x = x.unsqueeze(1).expand(-1, self.cfg.mhc_streams, -1).contiguous().unsqueeze(0)
         for block in self.blocks:
             if self.cfg.grad_checkpoint and self.training:
-                x = checkpoint(block, x, keep, mask, rel, offset, packed, use_reentrant=False)
+                x = checkpoint(block, x, keep, mask, offset, packed, use_reentrant=False)
             else:
-                x = block(x, keep, mask, rel, offset, packed)
+                x = block(x, keep, mask, offset, packed)
         if self.cfg.mhc:                 # collapse the streams once, at the end
-            x = x[0].mean(1)
+            x = x.squeeze(0).mean(1)     # a view: x[0]'s backward wrote a zero-filled copy of the streams
         if packed is None:
             return self.last_norm(x) * keep
         x = self.last_norm(x)
@@ -455,9 +511,14 @@ class SeqRec(nn.Module):
         return x * keep if packing is None else x
 
     def packs(self, seq: torch.Tensor) -> bool:
-        """Whether training runs on the packed real positions only: SASRec with the attention kernel (the
-        bucketed padded batch computed a fifth more positions in every position-wise op)."""
-        return not self.cfg.mhc and self.blocks[0].attn.fn.packs(self.item_emb.weight) and seq.device.type == "cpu"
+        """Whether training runs on the packed real positions of the whole batch: with the attention kernel
+        (SASRec, float32 CPU: the bucketed padded batch computed a fifth more positions in every position-wise
+        op), or with mHC, whose streams are kept for the real positions only anyway (per bucket, it ran four
+        times as many small calls); without the kernel the attention alone runs per length bucket."""
+        return self.cfg.mhc or self._kernel_attention(seq)
+
+    def _kernel_attention(self, seq: torch.Tensor) -> bool:
+        return self.blocks[0].attn.fn.packs(self.item_emb.weight) and seq.device.type == "cpu"
 
     def forward(self, seq, time, pos, neg):
         """Training logits: (B, T) for the next items and (B, T, K) for the sampled negatives. Computed on the
@@ -468,7 +529,7 @@ class SeqRec(nn.Module):
             return torch.cat([(h * self.item_emb(p)).sum(-1, keepdim=True),
                               (h.unsqueeze(-2) * self.item_emb(n)).sum(-1)], -1)
         if self.packs(seq):
-            packing = Packing(seq)
+            packing = Packing(seq, 1 if self._kernel_attention(seq) else self.cfg.length_buckets)
             out = packing.unpack(logits(self._features(seq, time, 0, packing), packing.pack(pos), packing.pack(neg)))
         else:
             out = self._assemble((r, c, logits(h, *((pos, neg) if r is None else (pos[r, c:], neg[r, c:]))))
