@@ -4,8 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trainer.recipes import kernels
 from trainer.recipes.kgat import build
 from trainer.recipes.kgat import data as kd
+from trainer.recipes.kgat import model as M
 from trainer.recipes.kgat.config import KGATLossConfig
 from trainer.recipes.kgat.model import KGAT, KGATModelConfig, attention_scores, l2_mean, sparse_softmax
 
@@ -42,15 +44,61 @@ def test_sparse_softmax_equals_a_softmax_per_head():
     assert torch.allclose(sparse_softmax(sc, h, g.n_nodes), torch.softmax(dense, 1)[h, t], atol=1e-12)
 
 
-def test_attention_scores_equal_a_per_edge_reference():
+def _per_edge(m, k):
+    h, r, t = int(m.heads[k]), int(m.rels[k]), int(m.tails[k])
+    w = m.trans[r].detach()
+    return (m.embed[t].detach() @ w) @ torch.tanh(m.embed[h].detach() @ w + m.relation[r].detach())
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["gather_dot", "pytorch"])
+def test_attention_scores_equal_a_per_edge_reference(kernel, monkeypatch):
+    """Scores come in by_rel order (relation by relation), each (node, relation) projected once; the C++
+    product and the PyTorch path's agree with the formula edge by edge."""
     d, g = small_graph()
     m = model_for(d, g)
-    got = attention_scores(m, g.heads, g.rels, g.tails)
-    for k in range(0, len(g.heads), 7):
-        h, r, t = int(g.heads[k]), int(g.rels[k]), int(g.tails[k])
-        w = m.trans[r].detach()
-        ref = (m.embed[t].detach() @ w) @ torch.tanh(m.embed[h].detach() @ w + m.relation[r].detach())
-        assert torch.allclose(got[k], ref, atol=1e-5), k
+    if not kernel:
+        monkeypatch.setattr(M, "cpu_kernels", lambda: None)
+    elif M.cpu_kernels() is None:
+        pytest.skip(f"the C++ kernels cannot be built here: {kernels.unavailable_reason()}")
+    got = attention_scores(m)
+    assert len(got) == len(g.heads)
+    for k in range(len(g.heads)):
+        assert torch.allclose(got[k], _per_edge(m, int(m.by_rel[k])), atol=1e-6), k
+
+
+def test_attention_scores_of_any_slice_equal_the_whole():
+    """refresh_attention's ranks each score a slice of by_rel order, cutting relation runs anywhere."""
+    d, g = small_graph()
+    m = model_for(d, g)
+    whole, n = attention_scores(m), len(g.heads)
+    assert len(m.runs) == len(set(g.rels.tolist())) > 1
+    for lo, hi in [(0, n), (1, n - 1), (3, 4), (n // 3, 2 * n // 3), (m.runs[1][1], m.runs[1][2]), (5, 5)]:
+        assert torch.equal(attention_scores(m, lo, hi), whole[lo:hi]), (lo, hi)
+
+
+def test_relation_runs_list_each_runs_distinct_nodes_once():
+    d, g = small_graph()
+    m = model_for(d, g)
+    heads, rels, tails = (x[m.by_rel] for x in (g.heads, g.rels, g.tails))
+    for r, e0, e1, h0, h1, t0, t1 in m.runs:
+        assert bool((rels[e0:e1] == r).all())
+        assert m.run_heads[h0:h1].tolist() == sorted(set(heads[e0:e1].tolist()))
+        assert m.run_tails[t0:t1].tolist() == sorted(set(tails[e0:e1].tolist()))
+        assert torch.equal(m.run_heads[h0:h1][m.head_slot[e0:e1].long()].long(), heads[e0:e1])
+        assert torch.equal(m.run_tails[t0:t1][m.tail_slot[e0:e1].long()].long(), tails[e0:e1])
+    assert m.head_slot.dtype == m.tail_slot.dtype == torch.int32
+
+
+def test_gather_dot_refuses_an_index_out_of_range():
+    ops = M.cpu_kernels()
+    if ops is None:
+        pytest.skip(f"the C++ kernels cannot be built here: {kernels.unavailable_reason()}")
+    a, b = torch.randn(4, 3), torch.randn(2, 3)
+    idx = torch.tensor([0, 3], dtype=torch.int32)
+    assert torch.allclose(ops.gather_dot(a, idx, b, torch.tensor([1, 0], dtype=torch.int32)),
+                          torch.stack([a[0] @ b[1], a[3] @ b[0]]))
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.gather_dot(a, idx, b, torch.tensor([0, 2], dtype=torch.int32))
 
 
 def test_refreshed_propagation_matrix_rows_sum_to_one_and_match_dense():
@@ -58,7 +106,8 @@ def test_refreshed_propagation_matrix_rows_sum_to_one_and_match_dense():
     m = model_for(d, g)
     m.refresh_attention()
     # scored relation by relation (m.by_rel), then put back in edge order: the same as scoring edge by edge
-    in_edge_order = sparse_softmax(attention_scores(m, g.heads, g.rels, g.tails), g.heads, g.n_nodes)
+    per_edge = torch.stack([_per_edge(m, k) for k in range(len(g.heads))])
+    in_edge_order = sparse_softmax(per_edge, g.heads, g.n_nodes)
     assert bool((g.rels[m.by_rel][1:] >= g.rels[m.by_rel][:-1]).all()) and len(set(g.rels.tolist())) > 1
     assert torch.allclose(m.attention, in_edge_order, atol=1e-6)
     dense = m.adj.to_dense()

@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <cmath>
@@ -491,6 +492,36 @@ torch::Tensor sinkhorn_backward(torch::Tensor p, torch::Tensor grad) {
   return out;
 }
 
+// KGAT's attention scores: out[e] = <a[ia[e]], b[ib[e]]> for (Na, D) and (Nb, D) row tables and int32 row
+// indices. One pass over the edges reading two rows each, where torch gathered both into (E, D) copies,
+// multiplied them into a third and summed it (four passes over E x D floats).
+torch::Tensor gather_dot(torch::Tensor a, torch::Tensor ia, torch::Tensor b, torch::Tensor ib) {
+  check(a, "a", 2), check(b, "b", 2);
+  TORCH_CHECK(ia.device().is_cpu() && ib.device().is_cpu() && ia.scalar_type() == torch::kInt &&
+                  ib.scalar_type() == torch::kInt && ia.is_contiguous() && ib.is_contiguous() &&
+                  ia.dim() == 1 && ib.sizes() == ia.sizes(),
+              "kernels.gather_dot: ia and ib must be contiguous int32 CPU vectors of one length");
+  const int64_t E = ia.size(0), D = a.size(1), na = a.size(0), nb = b.size(0);
+  TORCH_CHECK(b.size(1) == D, "kernels.gather_dot: a and b must have the same width");
+  auto out = torch::empty({E}, a.options());
+  const float *__restrict__ ap = a.data_ptr<float>(), *__restrict__ bp = b.data_ptr<float>();
+  const int32_t *__restrict__ iap = ia.data_ptr<int32_t>(), *__restrict__ ibp = ib.data_ptr<int32_t>();
+  float* __restrict__ op = out.data_ptr<float>();
+  std::atomic<bool> bad{false};
+  at::parallel_for(0, E, 2048, [&](int64_t lo, int64_t hi) {
+    for (int64_t e = lo; e < hi; ++e) {
+      const int64_t i = iap[e], j = ibp[e];
+      if (i < 0 || i >= na || j < 0 || j >= nb) {
+        bad = true;
+        return;
+      }
+      op[e] = dot(ap + i * D, bp + j * D, D);
+    }
+  });
+  TORCH_CHECK(!bad, "kernels.gather_dot: a row index is out of range");
+  return out;
+}
+
 // murmur3's 32-bit finaliser on a Weyl sequence: a counter-based random stream (element i of a call draws
 // fmix32(i * golden + seed)); 32-bit lanes, so a loop of it vectorises 16 wide (splitmix64's 64-bit
 // multiplies ran the loop at 1.4 ns per element, slower than torch's generator).
@@ -758,5 +789,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sinkhorn_backward", &sinkhorn_backward);
   m.def("attention", &attention);
   m.def("has_blas", &has_blas);
+  m.def("gather_dot", &gather_dot);
   m.def("attention_backward", &attention_backward);
 }
