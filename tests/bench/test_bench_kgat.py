@@ -3,6 +3,8 @@ per-phase timings recorded; no timing assertions."""
 import json
 import subprocess
 
+import pytest
+
 from tests.conftest import PY, REPO, clean_env
 
 ML100K = REPO.parent / "shared" / "data" / "ml-100k"
@@ -46,6 +48,9 @@ def test_kgat_scale_bench_smoke(tmp_path):
         assert p["work"]["eval"] == p["test_users"] * p["items"] and p["work"]["attention"] == p["edges"]
         assert p["work"]["cf"] == p["cf_steps"] * p["edges"] and 0 <= p["recall20"] <= 1
         assert p["eval_batch_scores_gib"] < p["dense_scores_gib"] and p["peak_rss_gib"] > 0
+        warm = p["warmup_steps_s"]["cf"]              # the first steps counted once, the steady mean for the rest
+        assert len(warm) == min(2, p["cf_steps"]) and all(t > 0 for t in warm)
+        assert p["phase_s"]["cf"] == pytest.approx(sum(warm) + p["cf_step_s"] * (p["cf_steps"] - len(warm)))
     assert points[1.0, 2]["cf_steps"] < full["cf_steps"]                 # two ranks share the epoch's steps
     assert points[1.0, 2]["allreduce_via"] == "shm" and full["allreduce_via"] == "none"   # the trainer's path
     assert set(report["slopes"]) == {f"{k}_w{w}" for k in ("cf", "kg", "attention", "eval") for w in (1, 2)}
