@@ -89,6 +89,18 @@ def test_relation_runs_list_each_runs_distinct_nodes_once():
     assert m.head_slot.dtype == m.tail_slot.dtype == torch.int32
 
 
+def test_balanced_bounds_give_ranks_equal_scoring_cost():
+    # (relation, edges e0..e1, heads h0..h1, tails t0..t1): a cheap run (few distinct nodes) then costly ones
+    runs = [(0, 0, 900, 0, 100, 0, 100), (1, 900, 1000, 100, 200, 100, 200), (2, 1000, 1100, 200, 300, 200, 300)]
+    assert M.balanced_bounds(runs, 1, 1100) == [0, 1100]
+    costs = [900 + 4 * 200, 100 + 4 * 200, 100 + 4 * 200]              # 1700, 900, 900
+    two = M.balanced_bounds(runs, 2, 1100)
+    assert two[0] == 0 and two[-1] == 1100 and 900 < two[1] < 1000     # half the cost, not half the edges
+    three = M.balanced_bounds(runs, 3, 1100)
+    assert three == sorted(three) and len(three) == 4 and three[1] < 900
+    assert sum(costs) == 3500 and M.balanced_bounds([], 4, 0) == [0, 0, 0, 0, 0]
+
+
 def test_gather_dot_refuses_an_index_out_of_range():
     ops = M.cpu_kernels()
     if ops is None:
