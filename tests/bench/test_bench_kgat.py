@@ -50,6 +50,7 @@ def test_kgat_scale_bench_smoke(tmp_path):
         assert p["eval_batch_scores_gib"] < p["dense_scores_gib"] and p["peak_rss_gib"] > 0
         warm = p["warmup_steps_s"]["cf"]              # the first steps counted once, the steady mean for the rest
         assert len(warm) == min(2, p["cf_steps"]) and all(t > 0 for t in warm)
+        assert len(p["attention_runs_s"]) == 3 and p["phase_s"]["attention"] == sorted(p["attention_runs_s"])[1]
         assert p["phase_s"]["cf"] == pytest.approx(sum(warm) + p["cf_step_s"] * (p["cf_steps"] - len(warm)))
     assert points[1.0, 2]["cf_steps"] < full["cf_steps"]                 # two ranks share the epoch's steps
     assert points[1.0, 2]["allreduce_via"] == "shm" and full["allreduce_via"] == "none"   # the trainer's path

@@ -101,6 +101,21 @@ def test_balanced_bounds_give_ranks_equal_scoring_cost():
     assert sum(costs) == 3500 and M.balanced_bounds([], 4, 0) == [0, 0, 0, 0, 0]
 
 
+def test_segment_softmax_kernel_equals_the_scatter_softmax():
+    ops = M.cpu_kernels()
+    if ops is None:
+        pytest.skip(f"the C++ kernels cannot be built here: {kernels.unavailable_reason()}")
+    heads = torch.tensor([0, 0, 0, 2, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5])   # nodes 1, 3 have none
+    crow = torch.zeros(7, dtype=torch.int64)
+    crow[1:] = torch.bincount(heads, minlength=6).cumsum(0)
+    scores = torch.randn(len(heads)) * 30                                   # large: the max must be taken out
+    got = ops.segment_softmax(scores, crow)
+    assert torch.allclose(got, sparse_softmax(scores, heads, 6), atol=1e-6)
+    assert got[3] == 1.0 and torch.allclose(torch.zeros(6).index_add_(0, heads, got)[[0, 2, 4, 5]], torch.ones(4))
+    with pytest.raises(RuntimeError, match="edge count"):
+        ops.segment_softmax(scores[:-1], crow)
+
+
 def test_gather_dot_refuses_an_index_out_of_range():
     ops = M.cpu_kernels()
     if ops is None:

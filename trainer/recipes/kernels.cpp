@@ -522,6 +522,36 @@ torch::Tensor gather_dot(torch::Tensor a, torch::Tensor ia, torch::Tensor b, tor
   return out;
 }
 
+// KGAT's attention normalisation: the softmax of scores within each row's edges crow[i] .. crow[i + 1] - 1
+// (edges sorted by head), one row at a time in cache; torch's scatter max, gather, exp, scatter sum, gather
+// and divide were six passes over the edges with random access into node-sized tables.
+torch::Tensor segment_softmax(torch::Tensor scores, torch::Tensor crow) {
+  check(scores, "scores", 1);
+  TORCH_CHECK(crow.device().is_cpu() && crow.scalar_type() == torch::kLong && crow.is_contiguous() &&
+                  crow.dim() == 1 && crow.size(0) >= 1,
+              "kernels.segment_softmax: crow must be a contiguous int64 CPU vector");
+  const int64_t rows = crow.size(0) - 1, E = scores.size(0);
+  const int64_t* __restrict__ cp = crow.data_ptr<int64_t>();
+  TORCH_CHECK(cp[0] == 0 && cp[rows] == E, "kernels.segment_softmax: crow must run from 0 to the edge count");
+  auto out = torch::empty_like(scores);
+  const float* __restrict__ sp = scores.data_ptr<float>();
+  float* __restrict__ op = out.data_ptr<float>();
+  at::parallel_for(0, rows, 4096, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t a = cp[i], b = cp[i + 1];
+      if (b <= a) continue;
+      float mx = -INFINITY, total = 0.f;
+      for (int64_t e = a; e < b; ++e) mx = std::max(mx, sp[e]);
+#pragma omp simd reduction(+ : total)
+      for (int64_t e = a; e < b; ++e) total += op[e] = exp_neg(sp[e] - mx);
+      const float inv = 1.f / total;
+#pragma omp simd
+      for (int64_t e = a; e < b; ++e) op[e] *= inv;
+    }
+  });
+  return out;
+}
+
 // murmur3's 32-bit finaliser on a Weyl sequence: a counter-based random stream (element i of a call draws
 // fmix32(i * golden + seed)); 32-bit lanes, so a loop of it vectorises 16 wide (splitmix64's 64-bit
 // multiplies ran the loop at 1.4 ns per element, slower than torch's generator).
@@ -790,5 +820,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention);
   m.def("has_blas", &has_blas);
   m.def("gather_dot", &gather_dot);
+  m.def("segment_softmax", &segment_softmax);
   m.def("attention_backward", &attention_backward);
 }

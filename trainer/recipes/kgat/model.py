@@ -333,7 +333,9 @@ class KGAT(nn.Module):
             scores = torch.cat([part[:b - a] for part, a, b in zip(parts, bounds, bounds[1:])])
         pi = torch.empty_like(scores)
         pi[self.by_rel] = scores
-        self.set_attention(sparse_softmax(pi, self.heads, self.n_nodes))
+        ops = cpu_kernels() if pi.device.type == "cpu" and pi.dtype == torch.float32 else None
+        self.set_attention(ops.segment_softmax(pi, self.crow) if ops is not None
+                           else sparse_softmax(pi, self.heads, self.n_nodes))
 
     @torch.no_grad()
     def score_users(self, users: torch.Tensor, emb: torch.Tensor | None = None, n_items: int | None = None):
