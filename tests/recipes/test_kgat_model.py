@@ -66,6 +66,14 @@ def test_attention_scores_equal_a_per_edge_reference(kernel, monkeypatch):
         assert torch.allclose(got[k], _per_edge(m, int(m.by_rel[k])), atol=1e-6), k
 
 
+def test_attention_scores_under_autocast_are_the_fp32_scores():
+    d, g = small_graph()
+    m = model_for(d, g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = attention_scores(m)
+    assert got.dtype == torch.float32 and torch.equal(got, attention_scores(m))
+
+
 def test_attention_scores_of_any_slice_equal_the_whole():
     """refresh_attention's ranks each score a slice of by_rel order, cutting relation runs anywhere."""
     d, g = small_graph()

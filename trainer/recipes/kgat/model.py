@@ -393,11 +393,12 @@ def project(model: KGAT, nodes: torch.Tensor, r: int, tanh: bool) -> torch.Tenso
     w, e_r = model.trans[r], model.relation[r]
     out = torch.empty(len(nodes), w.shape[1], device=w.device, dtype=w.dtype)
     chunk = PROJECT_CHUNK if w.device.type == "cpu" else max(len(nodes), 1)
-    for lo in range(0, len(nodes), chunk):
-        part = out[lo:lo + chunk]
-        torch.mm(model.embed.index_select(0, nodes[lo:lo + chunk]), w, out=part)
-        if tanh:
-            part.add_(e_r).tanh_()
+    with torch.autocast(w.device.type, enabled=False):       # mm's out= is fp32, as the parameters
+        for lo in range(0, len(nodes), chunk):
+            part = out[lo:lo + chunk]
+            torch.mm(model.embed.index_select(0, nodes[lo:lo + chunk]), w, out=part)
+            if tanh:
+                part.add_(e_r).tanh_()
     return out
 
 
