@@ -110,6 +110,13 @@ def sparse_softmax(scores: torch.Tensor, heads: torch.Tensor, n_nodes: int) -> t
     return ex / total[heads]
 
 
+def head_softmax(scores: torch.Tensor, heads: torch.Tensor, crow: torch.Tensor, n_nodes: int) -> torch.Tensor:
+    """sparse_softmax for edges sorted by head (crow: the CSR row pointers): one C++ pass per head on float32 CPU
+    tensors (kernels.cpp's segment_softmax), the scatter softmax elsewhere."""
+    ops = cpu_kernels() if scores.device.type == "cpu" and scores.dtype == torch.float32 else None
+    return ops.segment_softmax(scores, crow) if ops is not None else sparse_softmax(scores, heads, n_nodes)
+
+
 class Aggregator(nn.Module):
     """One propagation layer: combine e_h with its neighbourhood e_N = A e."""
 
@@ -333,9 +340,7 @@ class KGAT(nn.Module):
             scores = torch.cat([part[:b - a] for part, a, b in zip(parts, bounds, bounds[1:])])
         pi = torch.empty_like(scores)
         pi[self.by_rel] = scores
-        ops = cpu_kernels() if pi.device.type == "cpu" and pi.dtype == torch.float32 else None
-        self.set_attention(ops.segment_softmax(pi, self.crow) if ops is not None
-                           else sparse_softmax(pi, self.heads, self.n_nodes))
+        self.set_attention(head_softmax(pi, self.heads, self.crow, self.n_nodes))
 
     @torch.no_grad()
     def score_users(self, users: torch.Tensor, emb: torch.Tensor | None = None, n_items: int | None = None):
