@@ -151,7 +151,7 @@ def worker(args) -> None:
             test_users=len(users), edges=edges, cf_steps=n_cf, kg_steps=n_kg, cf_batch=recipe.cf_batch,
             kg_batch=recipe.kg_batch, cf_steps_timed=len(cf), kg_steps_timed=len(kg),
             cf_step_s=float(np.mean(cf)), kg_step_s=float(np.mean(kg)),
-            optimizer_step_s={k: float(np.mean(v[1:] or v or [0.0])) for k, v in optimizer_s.items()},
+            optimizer_step_s={k: float(np.mean(v[args.warmup:] or v or [0.0])) for k, v in optimizer_s.items()},
             warmup_steps_s=dict(cf=cf_warm, kg=kg_warm), attention_runs_s=refreshes,
             phase_s=dict(cf=sum(cf_warm) + float(np.mean(cf)) * (n_cf - len(cf_warm)),
                          kg=sum(kg_warm) + float(np.mean(kg)) * (n_kg - len(kg_warm)), attention=attention_s,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from trainer import native
 from trainer.native import cache_root  # noqa: F401 - where the builds are cached (tests look there)
 
@@ -22,3 +24,8 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp"]          # -fopenmp: at::parallel_
 _EXT = native.Extension(NAME, SOURCE, CFLAGS, ["-fopenmp"], what="fused CPU kernels",
                         fallback="the PyTorch path (same function, slower)", off_env="TRAINER_CPU_KERNELS")
 build_key, load, unavailable_reason = _EXT.build_key, _EXT.load, _EXT.unavailable_reason
+
+
+def applies(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels can take these tensors (CPU, float32)."""
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.recipes.dropout import Dropout
+from trainer.recipes.kernels import applies
 from trainer.recipes.kernels import load as cpu_kernels
 from trainer.recipes.kgat.config import KGATLossConfig, KGATModelConfig
 
@@ -113,7 +114,7 @@ def sparse_softmax(scores: torch.Tensor, heads: torch.Tensor, n_nodes: int) -> t
 def head_softmax(scores: torch.Tensor, heads: torch.Tensor, crow: torch.Tensor, n_nodes: int) -> torch.Tensor:
     """sparse_softmax for edges sorted by head (crow: the CSR row pointers): one C++ pass per head on float32 CPU
     tensors (kernels.cpp's segment_softmax), the scatter softmax elsewhere."""
-    ops = cpu_kernels() if scores.device.type == "cpu" and scores.dtype == torch.float32 else None
+    ops = cpu_kernels() if applies(scores) else None
     return ops.segment_softmax(scores, crow) if ops is not None else sparse_softmax(scores, heads, n_nodes)
 
 
@@ -414,7 +415,7 @@ def attention_scores(model: KGAT, lo: int = 0, hi: int | None = None) -> torch.T
     kernel's gather_dot on float32 CPU tensors, one pass; else gathered rows in chunks)."""
     hi = len(model.by_rel) if hi is None else hi
     out = torch.empty(hi - lo, device=model.embed.device, dtype=model.embed.dtype)
-    ops = cpu_kernels() if model.embed.device.type == "cpu" and model.embed.dtype == torch.float32 else None
+    ops = cpu_kernels() if applies(model.embed) else None
     for r, e0, e1, h0, h1, t0, t1 in model.runs:
         a, b = max(lo, e0), min(hi, e1)
         if a >= b:
@@ -425,7 +426,7 @@ def attention_scores(model: KGAT, lo: int = 0, hi: int | None = None) -> torch.T
         tails = project(model, model.run_tails[t0:t1], r, tanh=False)
         head_slot = head_slot - first if first else head_slot
         if ops is not None:
-            out[a - lo:b - lo] = ops.gather_dot(tails, tail_slot.contiguous(), heads, head_slot.contiguous())
+            out[a - lo:b - lo] = ops.gather_dot(tails, tail_slot, heads, head_slot)
             continue
         chunk = ATTENTION_CHUNK_GPU if out.device.type == "cuda" else ATTENTION_CHUNK
         for c in range(0, b - a, chunk):

@@ -12,12 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from trainer.recipes.kernels import applies  # noqa: F401 - model.py takes it from here
 from trainer.recipes.kernels import load as mhc_ops
-
-
-def applies(*tensors: torch.Tensor) -> bool:
-    """Whether the fused kernels can take these tensors (CPU, float32)."""
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
 
 
 class FusedConnection:
