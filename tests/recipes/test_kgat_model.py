@@ -101,12 +101,18 @@ def test_balanced_bounds_give_ranks_equal_scoring_cost():
     # (relation, edges e0..e1, heads h0..h1, tails t0..t1): a cheap run (few distinct nodes) then costly ones
     runs = [(0, 0, 900, 0, 100, 0, 100), (1, 900, 1000, 100, 200, 100, 200), (2, 1000, 1100, 200, 300, 200, 300)]
     assert M.balanced_bounds(runs, 1, 1100) == [0, 1100]
-    costs = [900 + 4 * 200, 100 + 4 * 200, 100 + 4 * 200]              # 1700, 900, 900
+    nodes = 100 * (M.HEAD_COST + M.TAIL_COST)                           # each run: 100 heads, 100 tails
+    costs = [900 + nodes, 100 + nodes, 100 + nodes]
     two = M.balanced_bounds(runs, 2, 1100)
     assert two[0] == 0 and two[-1] == 1100 and 900 < two[1] < 1000     # half the cost, not half the edges
+    assert two[1] == 900 + round((sum(costs) / 2 - costs[0]) / costs[1] * 100)   # in run 1, by its cost
     three = M.balanced_bounds(runs, 3, 1100)
     assert three == sorted(three) and len(three) == 4 and three[1] < 900
-    assert sum(costs) == 3500 and M.balanced_bounds([], 4, 0) == [0, 0, 0, 0, 0]
+    assert M.balanced_bounds([], 4, 0) == [0, 0, 0, 0, 0]
+    # a head costs more than a tail (bias and tanh): of two runs alike but for which end has 100 distinct nodes,
+    # the head-heavy one holds the split
+    assert M.HEAD_COST > M.TAIL_COST
+    assert M.balanced_bounds([(0, 0, 100, 0, 100, 0, 10), (1, 100, 200, 100, 110, 10, 110)], 2, 200)[1] < 100
 
 
 def test_segment_softmax_kernel_equals_the_scatter_softmax():
