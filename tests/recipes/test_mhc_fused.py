@@ -14,7 +14,8 @@ import torch
 from tests.conftest import clean_env
 from trainer.recipes import kernels
 from trainer.recipes.sasrec.config import SeqRecConfig
-from trainer.recipes.sasrec.model import SeqRec, _Sinkhorn, sinkhorn
+from trainer.recipes.sasrec.fused import FusedCopiesMix
+from trainer.recipes.sasrec.model import CopiesMix, SeqRec, _Sinkhorn, sinkhorn
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,6 +108,71 @@ def test_stream_kernels_match_their_formulas(ops, n):
     assert close(grad_y, (post.unsqueeze(-1) * g).sum(1))
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_copies_mix_kernels_match_the_stream_mix_of_copies(ops, n):
+    """The first sub-layer's mix, its streams n copies of e: the same as the stream mix of the expanded copies,
+    and its gradients (rows = H_res's row sums) the same as autograd's through the formula; FusedCopiesMix and
+    the PyTorch CopiesMix alike."""
+    torch.manual_seed(20 + n)
+    tokens, d = 37, 23
+    e, y, g = torch.randn(tokens, d), torch.randn(tokens, d), torch.randn(tokens, n, d)
+    res, post = torch.rand(tokens, n, n), torch.rand(tokens, n)
+    copies = e.unsqueeze(1).expand(-1, n, -1).contiguous()
+    out = ops.copies_mix(res.sum(-1), e, post, y)
+    assert torch.allclose(out, ops.stream_mix(res, copies, post, y), atol=1e-5)
+    leaves = [t.clone().requires_grad_() for t in (res.sum(-1), e, post, y)]
+    rows, e_, post_, y_ = leaves
+    ref = torch.autograd.grad(((rows.unsqueeze(-1) * e_.unsqueeze(1) + post_.unsqueeze(-1) * y_.unsqueeze(1))
+                               * g).sum(), leaves)
+    grad_rows, grad_post, grad_e, grad_y = ops.copies_mix_backward(g, res.sum(-1), e, post, y)
+    for name, ours, theirs in zip(("rows", "e", "post", "y"), (grad_rows, grad_e, grad_post, grad_y), ref):
+        assert torch.allclose(ours, theirs, atol=1e-5), name
+    for mix in (FusedCopiesMix, CopiesMix):
+        inputs = [t.clone().requires_grad_() for t in (res.sum(-1), e, post, y)]
+        got = torch.autograd.grad((mix.apply(*inputs) * g).sum(), inputs)
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, ref)), mix.__name__
+    double = [t.double().requires_grad_() for t in (res.sum(-1), e[:5], post, y[:5])]
+    double[0], double[2] = double[0][:5].detach().requires_grad_(), double[2][:5].detach().requires_grad_()
+    assert torch.autograd.gradcheck(CopiesMix.apply, double)
+
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["pytorch", "fused"])
+def test_first_sublayer_from_copies_has_the_expanded_streams_gradients(ops, kernels):
+    """The first sub-layer takes the embedding itself (its streams are n copies of it, never written): the
+    model's features and every parameter's gradient equal those through explicitly expanded (B, T, n, D)
+    streams and the general maps."""
+    model, (seq, time, _, _) = _model(kernels, True), _batch()
+    model.cfg.length_buckets = 1                             # as the reference: every row at full length
+    weights = torch.randn(12, 20, 16)
+    ours = model.features(seq, time)
+    grads = torch.autograd.grad((ours * weights).sum(), list(model.parameters()), allow_unused=True)
+    ref = _padded_streams_reference(model, seq, time)
+    ref_grads = torch.autograd.grad((ref * weights).sum(), list(model.parameters()), allow_unused=True)
+    assert torch.allclose(ours, ref, atol=1e-5)
+    scale = max(g.abs().max() for g in ref_grads if g is not None)
+    for (name, _), a, b in zip(model.named_parameters(), grads, ref_grads):
+        assert (a is None) == (b is None), name
+        assert a is None or (a - b).abs().max() <= 1e-5 * scale, name
+
+
+def test_first_sublayer_runs_the_copies_kernel(ops, monkeypatch):
+    """Guards the test above: with model.mhc_fused the first sub-layer's mix is kernels.cpp's copies_mix."""
+    batch = _batch()
+    ref = _model(True, False)(*batch)[0].detach()
+    monkeypatch.setattr(kernels._EXT, "_ops", _BrokenCopies(ops))
+    assert not torch.allclose(_model(True, False)(*batch)[0].detach(), ref, atol=1e-3)
+
+
+class _BrokenCopies(_Broken):
+    """The kernels with the first sub-layer's post term dropped (the other sub-layers' intact)."""
+
+    def stream_mix(self, res, x, post, y):
+        return self._ops.stream_mix(res, x, post, y)
+
+    def copies_mix(self, rows, e, post, y):
+        return self._ops.copies_mix(rows, e, torch.zeros_like(post), y)
+
+
 def _maps_reference(x, w, alpha, b_pre, b_post, b_res, eps):
     n = x.shape[1]
     flat = x.reshape(len(x), -1)
@@ -170,6 +236,21 @@ def test_fused_sinkhorn_is_the_pytorch_one(ops, tol):
     if tol:
         assert (res.sum(-1) - 1).abs().max() <= tol
     assert torch.allclose(res.sum(-2), torch.ones(1000, 4), atol=1e-6)
+
+
+@pytest.mark.parametrize("tol", [0.0, 1e-3])
+def test_sinkhorn_with_kernel_is_the_pytorch_one(ops, tol):
+    """model.sinkhorn(kernel=True), the first sub-layer's: the C++ iterations and gradient, the same maps,
+    gradient and iteration count as the PyTorch path, over maps of any leading shape."""
+    torch.manual_seed(11)
+    logits, weights = (0.8 * torch.randn(6, 50, 4, 4)).requires_grad_(), torch.randn(6, 50, 4, 4)
+    ref = sinkhorn(logits, 20, tol)
+    iterations = _Sinkhorn.last_iterations
+    (ref_grad,) = torch.autograd.grad((ref * weights).sum(), logits)
+    got = sinkhorn(logits, 20, tol, kernel=True)
+    assert _Sinkhorn.last_iterations == iterations and got.shape == ref.shape
+    (grad,) = torch.autograd.grad((got * weights).sum(), logits)
+    assert torch.allclose(got, ref, atol=1e-6) and torch.allclose(grad, ref_grad, atol=1e-4)
 
 
 @pytest.mark.parametrize("amp", [None, torch.bfloat16])

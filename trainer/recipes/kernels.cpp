@@ -342,6 +342,73 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> stream_mix_backward(
   return {grad_res, grad_post, grad_y};
 }
 
+// The first mHC sub-layer's stream mix, where the n streams are n copies of the embedding e (never written):
+// out[t, i] = rows[t, i] e[t] + post[t, i] y[t], with rows the row sums of H_res (sum_j res[t, i, j] x[t, j]
+// for x[t, j] = e[t]). One read of e and y, one write of the streams.
+torch::Tensor copies_mix(torch::Tensor rows, torch::Tensor e, torch::Tensor post, torch::Tensor y) {
+  check(rows, "rows", 2), check(e, "e", 2), check(post, "post", 2), check(y, "y", 2);
+  const int64_t N = e.size(0), D = e.size(1), n_ = rows.size(1);
+  TORCH_CHECK(post.size(1) == n_ && y.size(1) == D, "kernels.copies_mix: rows, post (N, n), e, y (N, D)");
+  auto out = torch::empty({N, n_, D}, e.options());
+  const float *__restrict__ rp = rows.data_ptr<float>(), *__restrict__ ep = e.data_ptr<float>();
+  const float *__restrict__ pp = post.data_ptr<float>(), *__restrict__ yp = y.data_ptr<float>();
+  float* __restrict__ op = out.data_ptr<float>();
+  with_streams(n_, [&](auto ns) {
+    constexpr int n = decltype(ns)::value;
+    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t end) {
+      for (int64_t t = b; t < end; ++t) {
+        const float *__restrict__ et = ep + t * D, *__restrict__ yt = yp + t * D;
+        for (int i = 0; i < n; ++i) {
+          const float r = rp[t * n + i], q = pp[t * n + i];
+          float* __restrict__ ot = op + (t * n + i) * D;
+          for (int64_t d = 0; d < D; ++d) ot[d] = r * et[d] + q * yt[d];
+        }
+      }
+    });
+    return 0;
+  });
+  return out;
+}
+
+// copies_mix's gradients from the streams' gradient g, in one read of it: grad_rows[t, i] = <g_i, e>,
+// grad_post[t, i] = <g_i, y>, grad_e = sum_i rows_i g_i, grad_y = sum_i post_i g_i.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> copies_mix_backward(
+    torch::Tensor g, torch::Tensor rows, torch::Tensor e, torch::Tensor post, torch::Tensor y) {
+  check(g, "grad", 3), check(rows, "rows", 2), check(e, "e", 2), check(post, "post", 2), check(y, "y", 2);
+  const int64_t N = e.size(0), D = e.size(1), n_ = rows.size(1);
+  auto grad_rows = torch::empty({N, n_}, e.options());
+  auto grad_post = torch::empty({N, n_}, e.options());
+  auto grad_e = torch::empty({N, D}, e.options());
+  auto grad_y = torch::empty({N, D}, e.options());
+  const float* __restrict__ gp = g.data_ptr<float>();
+  const float *__restrict__ rp = rows.data_ptr<float>(), *__restrict__ ep = e.data_ptr<float>();
+  const float *__restrict__ pp = post.data_ptr<float>(), *__restrict__ yp = y.data_ptr<float>();
+  float *__restrict__ grp = grad_rows.data_ptr<float>(), *__restrict__ gpp = grad_post.data_ptr<float>();
+  float *__restrict__ gep = grad_e.data_ptr<float>(), *__restrict__ gyp = grad_y.data_ptr<float>();
+  with_streams(n_, [&](auto ns) {
+    constexpr int n = decltype(ns)::value;
+    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t end) {
+      for (int64_t t = b; t < end; ++t) {
+        const float* __restrict__ gt = gp + t * n * D;
+        float r[n], q[n];
+        for (int i = 0; i < n; ++i) r[i] = rp[t * n + i], q[i] = pp[t * n + i];
+        float *__restrict__ ge = gep + t * D, *__restrict__ gy = gyp + t * D;
+        for (int64_t d = 0; d < D; ++d) {
+          float se = 0.f, sy = 0.f;
+          for (int i = 0; i < n; ++i) se += r[i] * gt[i * D + d], sy += q[i] * gt[i * D + d];
+          ge[d] = se, gy[d] = sy;
+        }
+        const float* src[2] = {ep + t * D, yp + t * D};
+        float out[n * 2];
+        dots<n, 2>(gt, src, D, out);
+        for (int i = 0; i < n; ++i) grp[t * n + i] = out[2 * i], gpp[t * n + i] = out[2 * i + 1];
+      }
+    });
+    return 0;
+  });
+  return {grad_rows, grad_post, grad_e, grad_y};
+}
+
 // Sinkhorn on a chunk of maps held maps-last in m[n * n][kLanes] (so every step is a vector operation over
 // the maps): `iters` iterations of rows then columns. err (if given) gets, for it = 1 .. iters - 1, the
 // largest row error after `it` iterations (err[it - 1]): the row sums the next iteration divides by.
@@ -825,6 +892,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stream_grad_", &stream_grad_);
   m.def("stream_mix", &stream_mix);
   m.def("stream_mix_backward", &stream_mix_backward);
+  m.def("copies_mix", &copies_mix);
+  m.def("copies_mix_backward", &copies_mix_backward);
   m.def("dropout", &dropout);
   m.def("sinkhorn", &sinkhorn);
   m.def("sinkhorn_backward", &sinkhorn_backward);

@@ -96,6 +96,22 @@ class _StreamMix(torch.autograd.Function):
         return grad_res, None, grad_post, grad_y, None
 
 
+class FusedCopiesMix(torch.autograd.Function):
+    """model.CopiesMix (the first sub-layer's mix, its streams n copies of e) in kernels.cpp's copies_mix."""
+
+    @staticmethod
+    def forward(ctx, rows, e, post, y):
+        rows, post, y = rows.float().contiguous(), post.float().contiguous(), y.float().contiguous()
+        ctx.save_for_backward(rows, e, post, y)
+        return mhc_ops().copies_mix(rows, e, post, y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_rows, grad_post, grad_e, grad_y = mhc_ops().copies_mix_backward(grad.float().contiguous(),
+                                                                             *ctx.saved_tensors)
+        return grad_rows, grad_e, grad_post, grad_y
+
+
 class FusedAttention(torch.autograd.Function):
     """Causal attention with dropout (kernels.cpp `attention`) over packed sequences: qkv (N, 3, H, dh), the
     float32 CPU Q/K/V projection of the real positions, row after row, and starts (B + 1 offsets, int64); T

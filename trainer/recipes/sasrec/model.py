@@ -15,18 +15,18 @@ from torch.utils.checkpoint import checkpoint
 
 from trainer.recipes.dropout import Dropout
 from trainer.recipes.sasrec.config import SeqRecConfig
-from trainer.recipes.sasrec.fused import FusedAttention, FusedConnection, applies, mhc_ops
+from trainer.recipes.sasrec.fused import FusedAttention, FusedConnection, FusedCopiesMix, applies, mhc_ops
 
 
-def sinkhorn(logits: torch.Tensor, iters: int, tol: float = 0.0) -> torch.Tensor:
+def sinkhorn(logits: torch.Tensor, iters: int, tol: float = 0.0, kernel: bool = False) -> torch.Tensor:
     """Doubly-stochastic projection of exp(logits) over the last two dims (rows, then columns), in fp32 or fp64.
 
     At most `iters` iterations; with tol > 0 it stops once every row sums to 1 within tol (columns are exact
     after each iteration). The gradient is that of the projection itself (implicit differentiation of
     P = diag(u) exp(L) diag(v), one n x n solve per map) instead of backpropagation through every
     iteration: the unrolled graph was 40 small autograd nodes per sub-layer and most of mHC's cost.
-    (fused.py runs the same iterations and gradient in C++ for float32 CPU streams.)"""
-    return _Sinkhorn.apply(logits, iters, tol)
+    kernel: the same iterations and gradient in C++ (kernels.cpp; float32 CPU logits, the kernels built)."""
+    return _Sinkhorn.apply(logits, iters, tol, kernel)
 
 
 def sinkhorn_iterations(m: torch.Tensor, iters: int, tol: float) -> int:
@@ -46,8 +46,14 @@ class _Sinkhorn(torch.autograd.Function):
     last_iterations = 0                   # of the latest call (the recipe reports a running mean)
 
     @staticmethod
-    def forward(ctx, logits, iters, tol):
-        ctx.dtype = logits.dtype
+    def forward(ctx, logits, iters, tol, kernel=False):
+        ctx.dtype, ctx.kernel = logits.dtype, kernel
+        if kernel:
+            maps = logits.reshape(-1, *logits.shape[-2:])
+            m, _Sinkhorn.last_iterations = mhc_ops().sinkhorn(
+                torch.exp(maps - maps.amax((1, 2), keepdim=True)).contiguous(), iters, tol)
+            ctx.save_for_backward(m)
+            return m.view(logits.shape)
         with torch.no_grad():
             shape = logits.shape
             x = logits.to(torch.promote_types(logits.dtype, torch.float32)).reshape(-1, *shape[-2:]).permute(1, 2, 0)
@@ -62,13 +68,17 @@ class _Sinkhorn(torch.autograd.Function):
         # dL = P * (G - a 1^T - 1 b^T), with a, b making its row and column sums zero (the projection is
         # invariant to adding row/column constants to L): (I - P^T P + 1 1^T) b = colsum(PG) - P^T rowsum(PG)
         (p,) = ctx.saved_tensors
+        if ctx.kernel:
+            n = p.shape[-1]
+            return mhc_ops().sinkhorn_backward(p, grad.float().reshape(-1, n, n).contiguous()).view(grad.shape), \
+                None, None, None
         pg = p * grad.float()
         rows, cols = pg.sum(-1, keepdim=True), pg.sum(-2).unsqueeze(-1)
         n = p.shape[-1]
         system = torch.eye(n, dtype=p.dtype, device=p.device) + 1.0 - p.mT @ p
         b = torch.linalg.solve_ex(system, cols - p.mT @ rows, check_errors=False)[0]
         a = rows - p @ b
-        return (pg - p * (a + b.mT)).to(ctx.dtype), None, None
+        return (pg - p * (a + b.mT)).to(ctx.dtype), None, None, None
 
 
 def causal_blocks(t: int, min_split: int = 64) -> list[tuple[int, int]]:
@@ -316,25 +326,44 @@ class MHCMaps(nn.Module):
                 return self._maps(x.float(), conn)
         return self._maps(x, conn)
 
+    def from_copies(self, e: torch.Tensor, kernel: bool):
+        """The maps for streams that are n copies of e (N, D), the first sub-layer's: the copies' projection is
+        (sum_i W_i) e and their RMS e's, so the n-times-wider streams are neither written nor read.
+        kernel: Sinkhorn in C++ (float32 CPU)."""
+        if self.fp32 and torch.is_autocast_enabled(e.device.type):
+            with torch.autocast(e.device.type, enabled=False):
+                return self._copies_maps(e.float(), kernel)
+        return self._copies_maps(e, kernel)
+
+    def _copies_maps(self, e: torch.Tensor, kernel: bool):
+        eps = self.norm.eps if self.norm.eps is not None else torch.finfo(e.dtype).eps
+        weight = (self.proj.weight * self.norm.weight).view(-1, self.n, e.shape[-1]).sum(1)
+        return self._gates(NormProj.apply(e, weight, eps), kernel)
+
+    def _gates(self, z: torch.Tensor, kernel: bool = False):
+        """(H_pre, H_post, H_res) from the normalised projection z (..., 2n + n^2)."""
+        n = self.n
+        pre = torch.sigmoid(self.alpha[0] * z[..., :n] + self.b_pre)
+        post = 2 * torch.sigmoid(self.alpha[1] * z[..., n:2 * n] + self.b_post)
+        res = sinkhorn(self.alpha[2] * z[..., 2 * n:].unflatten(-1, (n, n)) + self.b_res, self.iters, self.tol, kernel)
+        self.sinkhorn_calls += 1
+        self.sinkhorn_iterations += _Sinkhorn.last_iterations
+        return pre, post, res
+
     def _maps(self, x: torch.Tensor, conn: FusedConnection | None):
         b, t, n, d = x.shape
         # RMSNorm folded into the projection: (x r w) W^T = r (x (W w)^T), so the normalised copy of the
         # n-times-wider stream is never written
         eps = self.norm.eps if self.norm.eps is not None else torch.finfo(x.dtype).eps
         weight = self.proj.weight * self.norm.weight
-        if conn is not None:                     # all in the kernels, which also pre-mix (conn.h)
-            conn.h, post, res = conn.maps(x.reshape(b * t, n, d), weight, self.alpha, self.b_pre, self.b_post,
-                                          self.b_res, eps, self.iters, self.tol)
-            _Sinkhorn.last_iterations = conn.iterations
-            pre, post, res = conn.pre.view(b, t, n), post.view(b, t, n), res.view(b, t, n, n)
-        else:
-            z = NormProj.apply(x.reshape(b * t, n * d), weight, eps).view(b, t, -1)
-            pre = torch.sigmoid(self.alpha[0] * z[..., :n] + self.b_pre)
-            post = 2 * torch.sigmoid(self.alpha[1] * z[..., n:2 * n] + self.b_post)
-            res = sinkhorn(self.alpha[2] * z[..., 2 * n:].view(b, t, n, n) + self.b_res, self.iters, self.tol)
+        if conn is None:
+            return self._gates(NormProj.apply(x.reshape(b * t, n * d), weight, eps).view(b, t, -1))
+        # all in the kernels, which also pre-mix (conn.h)
+        conn.h, post, res = conn.maps(x.reshape(b * t, n, d), weight, self.alpha, self.b_pre, self.b_post,
+                                      self.b_res, eps, self.iters, self.tol)
         self.sinkhorn_calls += 1
-        self.sinkhorn_iterations += _Sinkhorn.last_iterations
-        return pre, post, res
+        self.sinkhorn_iterations += conn.iterations
+        return conn.pre.view(b, t, n), post.view(b, t, n), res.view(b, t, n, n)
 
 
 class StreamMix(torch.autograd.Function):
@@ -355,6 +384,26 @@ class StreamMix(torch.autograd.Function):
         grad = grad.to(x.dtype).contiguous()         # (bmm with a transposed batch of 4x4 maps was ~10x slower on CPU)
         return (torch.bmm(grad, x.mT), torch.bmm(res.mT.contiguous(), grad),
                 torch.bmm(grad, y.unsqueeze(-1)).squeeze(-1), torch.bmm(post.unsqueeze(1), grad).squeeze(1))
+
+
+class CopiesMix(torch.autograd.Function):
+    """StreamMix for streams that are n copies of e (the first sub-layer's): sum_j H_res_ij e + post_i y =
+    rows_i e + post_i y, with rows the row sums of H_res; (N, n) rows and post, (N, D) e and y. fused.py's
+    FusedCopiesMix is the same in one C++ pass each way."""
+
+    @staticmethod
+    def forward(ctx, rows, e, post, y):
+        rows, post, y = rows.to(e.dtype), post.to(e.dtype), y.to(e.dtype)
+        ctx.save_for_backward(rows, e, post, y)
+        with torch.autocast(e.device.type, enabled=False):    # the streams keep their dtype under AMP
+            return (rows.unsqueeze(-1) * e.unsqueeze(1)).addcmul_(post.unsqueeze(-1), y.unsqueeze(1))
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, e, post, y = ctx.saved_tensors
+        grad = grad.to(e.dtype)
+        return ((grad * e.unsqueeze(1)).sum(-1), (rows.unsqueeze(-1) * grad).sum(1),
+                (grad * y.unsqueeze(1)).sum(-1), (post.unsqueeze(-1) * grad).sum(1))
 
 
 class NormProj(torch.autograd.Function):
@@ -398,6 +447,8 @@ class Sublayer(nn.Module):
             if self.pre_ln:
                 return x + self.fn(self.norm(x), **kw)
             return self.norm(x + self.fn(x, **kw))
+        if x.dim() == 2:
+            return self._from_copies(x, **kw)
         _, tokens, n, d = x.shape
         conn = FusedConnection(n) if self.fused and applies(x) and x.is_contiguous() and mhc_ops() else None
         pre, post, res = self.maps(x, conn)
@@ -409,6 +460,16 @@ class Sublayer(nn.Module):
         mix = conn.stream_mix if conn is not None else StreamMix.apply
         out = mix(res.reshape(tokens, n, n), x.view(tokens, n, d), post.reshape(tokens, n), y)
         return out.view(1, tokens, n, d)
+
+    def _from_copies(self, e: torch.Tensor, **kw) -> torch.Tensor:
+        """The first sub-layer, whose streams are n copies of the embedding e (N, D): the maps from e alone
+        (MHCMaps.from_copies), h = (sum_i H_pre_i) e, and the streams written once, by the mix."""
+        tokens, d = e.shape
+        kernel = self.fused and applies(e) and e.is_contiguous() and mhc_ops() is not None
+        pre, post, res = self.maps.from_copies(e, kernel)
+        y = self.fn(self.norm(pre.sum(-1, keepdim=True).to(e.dtype) * e), **kw)
+        mix = FusedCopiesMix if kernel else CopiesMix
+        return mix.apply(res.sum(-1), e, post, y).view(1, tokens, self.maps.n, d)
 
 
 class Block(nn.Module):
@@ -486,8 +547,8 @@ class SeqRec(nn.Module):
         keep, mask = self._masks(seq, time)
         packed = packing or (Packing(seq) if self.cfg.mhc else None)
         x = self._embed(seq, offset, keep, packed)
-        if self.cfg.mhc:                 # the streams, (1, N, n, D)
-            x = x.unsqueeze(1).expand(-1, self.cfg.mhc_streams, -1).contiguous().unsqueeze(0)
+        # mHC: the streams start as n copies of x, which the first sub-layer takes as x itself
+        # (Sublayer._from_copies) and turns into the (1, N, n, D) streams
         for block in self.blocks:
             if self.cfg.grad_checkpoint and self.training:
                 x = checkpoint(block, x, keep, mask, offset, packed, use_reentrant=False)
