@@ -6,12 +6,46 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from tests.conftest import PY, REPO, clean_env, wait_all
 from trainer.engine.optim import phased, sparse_rows
+from trainer.recipes.kernels import load as cpu_kernels
+from trainer.recipes.kernels import unavailable_reason
 from trainer.recipes.kgat.model import KGATModelConfig
+
+
+class _Counted:
+    """The C++ kernels, counting the row updates they make (so a test knows the kernel path ran)."""
+
+    def __init__(self, ops):
+        self.ops, self.calls = ops, 0
+
+    def adam_rows_(self, *args):
+        self.calls += 1
+        return self.ops.adam_rows_(*args)
+
+
+def _ops_or_skip():
+    ops = cpu_kernels()
+    if ops is None:
+        why = f"the C++ kernels are not built here: {unavailable_reason()}"
+        print(f"SKIP: {why}", file=sys.stderr)
+        pytest.skip(why)
+    return ops
+
+
+@pytest.fixture(params=["torch", "kernel"])
+def kernel(request):
+    """Each row-update test runs on torch's path and on the C++ kernel (kernels.cpp adam_rows_)."""
+    if request.param == "torch":
+        yield None
+        return
+    counted = _Counted(_ops_or_skip())
+    yield counted
+    assert counted.calls > 0, "the kernel path did not run"
 
 
 def kg_grads(update: str) -> dict[str, torch.Tensor]:
@@ -36,11 +70,11 @@ def table_step(table, w, rows):
     (w * 3).pow(2).sum().backward()
 
 
-def test_rows_follow_sparse_adam_and_dense_parameters_follow_adam():
+def test_rows_follow_sparse_adam_and_dense_parameters_follow_adam(kernel):
     torch.manual_seed(0)
     table, w = torch.nn.Parameter(torch.randn(12, 4)), torch.nn.Parameter(torch.randn(5))
     ref_table, ref_w = (torch.nn.Parameter(p.detach().clone()) for p in (table, w))
-    opt = phased(sparse_rows(torch.optim.Adam))([table, w], phases=("cf", "kg"), lr=0.05, fused=True)
+    opt = phased(sparse_rows(torch.optim.Adam, kernel))([table, w], phases=("cf", "kg"), lr=0.05, fused=True)
     opt.set_phase("kg")
     refs = torch.optim.SparseAdam([ref_table], lr=0.05), torch.optim.Adam([ref_w], lr=0.05)
     untouched = table.detach()[11].clone()
@@ -56,12 +90,12 @@ def test_rows_follow_sparse_adam_and_dense_parameters_follow_adam():
     assert not opt.state_dict()["phases"]["cf"]["state"]                   # the other phase's state untouched
 
 
-def test_one_shared_state_takes_dense_and_row_steps_alike():
+def test_one_shared_state_takes_dense_and_row_steps_alike(kernel):
     """model.phase_optimizers=shared: the CF phase's dense (fused) steps and the KG phase's row steps share the
     table's Adam state, its step count included."""
     torch.manual_seed(4)
     table = torch.nn.Parameter(torch.randn(8, 3))
-    opt = sparse_rows(torch.optim.Adam)([table], lr=0.1, fused=True)
+    opt = sparse_rows(torch.optim.Adam, kernel)([table], lr=0.1, fused=True)
     for sparse in (True, False, True):
         rows = torch.tensor([1, 6])
         F.embedding(rows, table, sparse=sparse).sum().backward()
@@ -71,13 +105,13 @@ def test_one_shared_state_takes_dense_and_row_steps_alike():
     assert torch.isfinite(table).all() and state["exp_avg"][[0, 2, 3]].abs().sum() == 0
 
 
-def test_adamw_decays_only_the_batch_rows():
+def test_adamw_decays_only_the_batch_rows(kernel):
     torch.manual_seed(1)
     table = torch.nn.Parameter(torch.randn(6, 3))
     rows = torch.tensor([4, 1])
     ref = torch.nn.Parameter(table.detach()[rows].clone())   # AdamW on just those rows: the same update
     before = table.detach().clone()
-    opt = sparse_rows(torch.optim.AdamW)([table], lr=0.1, weight_decay=0.5, fused=True)
+    opt = sparse_rows(torch.optim.AdamW, kernel)([table], lr=0.1, weight_decay=0.5, fused=True)
     ref_opt = torch.optim.AdamW([ref], lr=0.1, weight_decay=0.5)
     F.embedding(rows, table, sparse=True).sum().backward()
     ref.sum().backward()
@@ -87,11 +121,11 @@ def test_adamw_decays_only_the_batch_rows():
     assert torch.equal(table.detach()[others], before[others])
 
 
-def test_a_grad_scaler_skips_an_inf_step_and_unscales_a_finite_one():
+def test_a_grad_scaler_skips_an_inf_step_and_unscales_a_finite_one(kernel):
     torch.manual_seed(2)
     table, w = torch.nn.Parameter(torch.randn(6, 3)), torch.nn.Parameter(torch.randn(3))
     ref_table = torch.nn.Parameter(table.detach().clone())
-    opt = sparse_rows(torch.optim.Adam)([table, w], lr=0.1, fused=True)
+    opt = sparse_rows(torch.optim.Adam, kernel)([table, w], lr=0.1, fused=True)
     ref_opt = torch.optim.SparseAdam([ref_table], lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
     rows = torch.tensor([0, 5])
@@ -104,6 +138,37 @@ def test_a_grad_scaler_skips_an_inf_step_and_unscales_a_finite_one():
     F.embedding(rows, ref_table, sparse=True).pow(2).sum().backward()
     ref_opt.step()
     assert torch.allclose(table, ref_table, atol=1e-6) and not torch.equal(table.detach(), before)
+
+
+@pytest.mark.parametrize("cls, decay", [(torch.optim.Adam, 0.0), (torch.optim.Adam, 0.1), (torch.optim.AdamW, 0.1)])
+def test_the_row_kernel_is_torchs_row_update(cls, decay):
+    """At a KG batch's shape (rows repeated up to many times, more rows than a prefetch distance, width 64)
+    the C++ row update gives torch's path's parameters and moments, with L2 or decoupled weight decay."""
+    kernel = _Counted(_ops_or_skip())
+    torch.manual_seed(7)
+    tables = [torch.nn.Parameter(torch.randn(300, 64)) for _ in range(2)]
+    with torch.no_grad():
+        tables[1].copy_(tables[0])
+    opts = [sparse_rows(cls, k)([t], lr=0.05, weight_decay=decay, fused=True) for t, k in zip(tables, (None, kernel))]
+    for _ in range(3):
+        rows = torch.randint(0, 300, (700,))
+        for t, o in zip(tables, opts):
+            F.embedding(rows, t, sparse=True).sin().sum().backward()
+            o.step(), o.zero_grad()
+    assert torch.allclose(tables[1], tables[0], atol=1e-6)
+    for key in ("exp_avg", "exp_avg_sq"):
+        # (a row's repeated values are summed in another order: the last bits differ)
+        assert torch.allclose(opts[1].state[tables[1]][key], opts[0].state[tables[0]][key], atol=1e-6), key
+    assert kernel.calls == 3
+
+
+def test_the_row_kernel_refuses_a_row_out_of_range():
+    ops = _ops_or_skip()
+    table = torch.zeros(5, 4)
+    with pytest.raises(RuntimeError, match="row 5 of 5"):
+        ops.adam_rows_(table, torch.zeros(5, 4), torch.zeros(5, 4), torch.tensor([1, 5]), torch.ones(2, 4),
+                       0.1, 0.9, 0.999, 1e-8, 0.0, False, 1.0, 1.0)
+    assert not table.any()                                  # nothing written before the check
 
 
 def tiny_recipe(info=None, optimizer: str = "adam"):

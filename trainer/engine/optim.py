@@ -88,20 +88,28 @@ def phased(base: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
 
 
 def adam_rows_(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict, decoupled: bool,
-               grad_scale: torch.Tensor | None = None) -> None:
+               grad_scale: torch.Tensor | None = None, kernel=None) -> None:
     """Adam (AdamW when decoupled) on the rows of a sparse gradient only; the other rows and their moments
     wait (lazy, as torch.optim.SparseAdam), so a step costs its rows, not the table. One step count per
-    parameter for the bias correction, in the same state keys as Adam's."""
-    grad = grad.coalesce()
-    rows, g = grad.indices()[0], grad.values()
-    if grad_scale is not None:                # a fused optimizer under a GradScaler: grads still scaled
-        g = g / grad_scale.to(g.device)
+    parameter for the bias correction, in the same state keys as Adam's. kernel: a module with the same update
+    in one C++ pass, `kernel.adam_rows_` (trainer/recipes/kernels.cpp), used for contiguous float32 CPU tables."""
     if not state:
         state["step"] = torch.zeros((), device=param.device)     # where fused Adam keeps it (shared state)
         state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
     state["step"] += 1
     step, (beta1, beta2), lr = float(state["step"]), group["betas"], group["lr"]
+    tables = (param, grad._values(), state["exp_avg"], state["exp_avg_sq"])
+    if kernel is not None and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+                                  for t in tables) and param.dim() == 2:
+        kernel.adam_rows_(param, state["exp_avg"], state["exp_avg_sq"], grad._indices()[0].contiguous(),
+                          grad._values(), lr, beta1, beta2, group["eps"], group["weight_decay"], decoupled, step,
+                          1.0 if grad_scale is None else float(grad_scale))
+        return
+    grad = grad.coalesce()
+    rows, g = grad.indices()[0], grad.values()
+    if grad_scale is not None:                # a fused optimizer under a GradScaler: grads still scaled
+        g = g / grad_scale.to(g.device)
     x = param.index_select(0, rows)           # index_select: 1.8x aten::index on a table's rows
     if group["weight_decay"]:
         if decoupled:
@@ -116,9 +124,9 @@ def adam_rows_(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
     param.index_copy_(0, rows, x.addcdiv_(m, denom, value=-lr / (1 - beta1 ** step)))
 
 
-def sparse_rows(base: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+def sparse_rows(base: type[torch.optim.Optimizer], kernel=None) -> type[torch.optim.Optimizer]:
     """`base` (Adam or AdamW) that also takes sparse gradients (an embedding table's rows): those by
-    adam_rows_, every dense gradient by base.step as before."""
+    adam_rows_ (with `kernel`, see there), every dense gradient by base.step as before."""
     if not issubclass(base, torch.optim.Adam | torch.optim.AdamW):
         raise ValueError(f"sparse row updates need Adam or AdamW, not {base.__name__}")
 
@@ -143,7 +151,7 @@ def sparse_rows(base: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer
             groups = {id(p): group for group in self.param_groups for p in group["params"]}
             for p, grad in held:
                 adam_rows_(p, grad, self.state[p], groups[id(p)], issubclass(base, torch.optim.AdamW),
-                           getattr(self, "grad_scale", None))
+                           getattr(self, "grad_scale", None), kernel)
 
     SparseRows.__name__ = SparseRows.__qualname__ = f"SparseRows{base.__name__}"
     return SparseRows

@@ -20,7 +20,8 @@ from trainer.native import cache_root  # noqa: F401 - where the builds are cache
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 NAME = "trainer_cpu_kernels"
-CFLAGS = ["-O3", "-march=native", "-fopenmp"]          # -fopenmp: at::parallel_for is inline OpenMP
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]   # -fopenmp: at::parallel_for is inline
+# OpenMP; -fno-math-errno: sqrt may vectorise (errno for a negative root kept it a scalar call)
 _EXT = native.Extension(NAME, SOURCE, CFLAGS, ["-fopenmp"], what="fused CPU kernels",
                         fallback="the PyTorch path (same function, slower)", off_env="TRAINER_CPU_KERNELS")
 build_key, load, unavailable_reason = _EXT.build_key, _EXT.load, _EXT.unavailable_reason

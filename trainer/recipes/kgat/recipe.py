@@ -16,6 +16,7 @@ from trainer.distributed import runtime
 from trainer.engine.data import per_rank_batch_size
 from trainer.engine.optim import optimizer_spec, phased, sparse_rows
 from trainer.engine.recipe import Recipe, unwrap
+from trainer.recipes.kernels import load as cpu_kernels
 from trainer.recipes.kgat import build
 from trainer.recipes.kgat import data as D
 from trainer.recipes.kgat.config import KGATDataConfig
@@ -120,7 +121,7 @@ class KGATRecipe(Recipe):
     def build_optimizer(self, model, lr):
         cls, kwargs = optimizer_spec(self.train_cfg, lr)
         if self.model_cfg.kg_update == "sparse":
-            cls = sparse_rows(cls)
+            cls = sparse_rows(cls, cpu_kernels())            # the C++ row update where the kernels are built
         if self.model_cfg.phase_optimizers == "shared":
             self.optimizer = cls(model.parameters(), **kwargs)
         else:
