@@ -1,4 +1,5 @@
 """`make demo` end to end (one epoch): data generated, 2-process DDP, table and paths printed."""
+import re
 import subprocess
 
 from tests.conftest import PY, REPO, clean_env
@@ -12,4 +13,8 @@ def test_demo_runs_and_reports(tmp_path):
     assert "tensorboard --logdir" in proc.stdout
     run = next(tmp_path.glob("demo-2*"))
     assert (run / "checkpoints" / "best.pt").exists() and (run / "tb").is_dir()
-    assert "world=2" in (run / "train.log").read_text()
+    log = (run / "train.log").read_text()
+    assert "world=2" in log
+    # the checkpoint line names the epoch as the evaluation line before it does (not the epoch a resume starts)
+    assert "val after epoch 0:" in log
+    assert re.search(r"saved best checkpoint \S+ \(after epoch 0, step \d+\)", log), log[-2000:]

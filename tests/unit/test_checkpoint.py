@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from trainer.engine import checkpoint as ck
+from trainer.engine.checkpointer import TrainState, where
 
 
 def _ckpt(step, recipe="toy", model=None):
@@ -81,3 +82,9 @@ def test_rng_round_trip_through_a_file(tmp_path):
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
     ck.restore_rng(torch.load(tmp_path / "r.pt", weights_only=True)["rng"])
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_a_checkpoint_names_where_it_stands_as_the_evaluation_lines_do():
+    assert where(TrainState(epoch=16, batch_in_epoch=0, global_step=112)) == "after epoch 15"
+    assert where(TrainState(epoch=2, batch_in_epoch=3, global_step=19)) == "epoch 2, batch 3"
+    assert where(TrainState()) == "epoch 0, batch 0"                 # nothing trained yet

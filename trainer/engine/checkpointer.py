@@ -32,6 +32,14 @@ class TrainState:
     bad_epochs: int = 0           # evaluations without improvement (early stopping)
 
 
+def where(state: TrainState) -> str:
+    """Where a checkpoint stands, in the evaluation lines' terms: "after epoch 3" at an epoch's end (state.epoch
+    is then the next one, where a resume starts), else "epoch 4, batch 2"."""
+    if state.batch_in_epoch == 0 and state.epoch > 0:
+        return f"after epoch {state.epoch - 1}"
+    return f"epoch {state.epoch}, batch {state.batch_in_epoch}"
+
+
 class Checkpointer:
     """Snapshot, save, prune and resume the checkpoints of one run."""
 
@@ -57,7 +65,7 @@ class Checkpointer:
         snap = self.snapshot(kind, state, metrics)
         if self.info.is_main:
             path = self.files.save(snap, kind)
-            log.info("saved %s checkpoint %s (epoch %d, step %d)", kind, path, state.epoch, state.global_step)
+            log.info("saved %s checkpoint %s (%s, step %d)", kind, path, where(state), state.global_step)
         runtime.barrier(self.info)
 
     def resume(self) -> tuple[TrainState, dict] | None:
