@@ -12,13 +12,20 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.cli import flags_from_args, get_parser, parse_args
-from trainer.config import ConfigError, build_config, from_dict, parse_override, save_config, set_key
-from trainer.data.download import DownloadError, check_data_path
-from trainer.distributed import runtime
-from trainer.distributed.environment import LaunchError, select_environment
-from trainer.engine.checkpoint import CheckpointError
-from trainer.extras import MissingExtraError
+from trainer.extras import MissingExtraError, missing_core
+
+try:
+    from trainer.cli import flags_from_args, get_parser, parse_args
+    from trainer.config import ConfigError, build_config, from_dict, parse_override, save_config, set_key
+    from trainer.data.download import DownloadError, check_data_path
+    from trainer.distributed import runtime
+    from trainer.distributed.environment import LaunchError, select_environment
+    from trainer.engine.checkpoint import CheckpointError
+except ModuleNotFoundError as _err:             # a Python without the project's environment: say which to use
+    if missing_core(_err) is None:
+        raise
+    print(missing_core(_err), file=sys.stderr)
+    sys.exit(2)
 
 log = logging.getLogger("trainer")
 EXIT_USAGE = 2

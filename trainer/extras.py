@@ -5,7 +5,13 @@
 from __future__ import annotations
 
 import importlib
+import sys
+from pathlib import Path
 from types import ModuleType
+
+# the trainer's own dependencies (pyproject's `dependencies`) by import name: pip name
+CORE = {"torch": "torch==2.13.0", "numpy": "numpy", "yaml": "pyyaml", "tqdm": "tqdm", "psutil": "psutil",
+        "PIL": "pillow"}
 
 
 class MissingExtraError(ImportError):
@@ -21,3 +27,18 @@ def require(module: str, extra: str, purpose: str) -> ModuleType:
             f"{purpose} needs the Python package {module!r}, which is not installed ({err}).\n"
             f"HINT: pip install 'hpc-trainer[{extra}]' (or pip install -e '.[{extra}]' in the repository; "
             f"make setup installs every extra)") from None
+
+
+def missing_core(err: ModuleNotFoundError) -> str | None:
+    """The message for an entry point whose import failed on one of the trainer's own dependencies (a Python
+    without the project's environment, e.g. the system python3 with .venv not activated); None for any other
+    missing module (a real bug: let it raise)."""
+    name = (err.name or "").split(".")[0]
+    if name not in CORE:
+        return None
+    venv = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "python"
+    hint = (f"HINT: this repository's environment is {venv}: run it with that interpreter "
+            f"(or `source {venv.parent}/activate` first)" if venv.exists() and Path(sys.executable) != venv
+            else "HINT: `make setup` in the repository (a .venv with everything), or pip install torch==2.13.0 "
+                 "then pip install . (torch pinned first: an unpinned torch pulls several GB of CUDA wheels)")
+    return f"error: {sys.executable} has no {name!r} module (the package {CORE[name]!r}).\n{hint}"

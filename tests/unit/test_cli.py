@@ -1,10 +1,12 @@
 """The one parser: help lists recipes, flags map to config keys, reuse through parents=."""
 import argparse
+import subprocess
 
 import pytest
 
-from tests.conftest import clean_env, trainer
+from tests.conftest import PY, REPO, clean_env, trainer
 from trainer.cli import FLAG_KEYS, flags_from_args, get_parser, get_train_parser
+from trainer.extras import missing_core
 
 
 @pytest.fixture(autouse=True)
@@ -92,3 +94,25 @@ def test_print_config_shows_the_resolved_config_and_starts_nothing(tmp_path):
     helped = subprocess.run([PY, "-m", "trainer", "train", "--help"], cwd=REPO, env=clean_env(),
                             capture_output=True, text=True).stdout
     assert "--print-config" in helped and "loss.*" in helped
+
+
+def test_a_python_without_torch_gets_the_interpreter_to_use_not_a_traceback():
+    """A newcomer's `python3 -m trainer ...` with the project's .venv not activated: import torch fails."""
+    blocked = "import sys, runpy; sys.modules['torch'] = None; runpy.run_module('trainer', run_name='__main__')"
+    proc = subprocess.run([PY, "-c", blocked, "train", "--recipe", "toy"], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "has no 'torch' module (the package 'torch==2.13.0')" in proc.stderr
+    assert "HINT:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_only_the_trainers_own_dependencies_get_that_message():
+    assert "'pyyaml'" in missing_core(ModuleNotFoundError("No module named 'yaml'", name="yaml"))
+    assert missing_core(ModuleNotFoundError("No module named 'trainer.nope'", name="trainer.nope")) is None
+
+
+def test_the_benchmarks_give_the_same_message():
+    blocked = "import sys, runpy; sys.modules['torch'] = None; runpy.run_module('bench', run_name='__main__')"
+    proc = subprocess.run([PY, "-c", blocked, "har"], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "has no 'torch' module" in proc.stderr and "Traceback" not in proc.stderr
