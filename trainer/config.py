@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -187,7 +188,9 @@ def _node_for(cfg: Any, parts: list[str], source: str, dotted: str) -> tuple[Any
         if part not in fields:
             section = ".".join(parts[:i])
             choices = valid_keys(node, f"{section}." if section else "") if fields else []
-            raise ConfigError(f"{source}: unknown config key {dotted!r}.\nValid keys"
+            close = difflib.get_close_matches(dotted, valid_keys(cfg), n=1, cutoff=0.7)
+            guess = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{source}: unknown config key {dotted!r}.{guess}\nValid keys"
                               f"{' under ' + section if section else ''}: {', '.join(choices)}")
         if i == len(parts) - 1:
             return node, fields[part]
@@ -246,7 +249,9 @@ def load_yaml(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
+        close = difflib.get_close_matches(path.name, [p.name for p in path.parent.glob("*.y*ml")], n=1)
+        guess = f" (did you mean {path.parent / close[0]}?)" if close else ""
+        raise ConfigError(f"config file {path} does not exist{guess}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""

@@ -66,8 +66,19 @@ def test_bad_overrides_are_clear_errors(text, message):
 def test_unknown_yaml_key_names_file(tmp_path):
     y = tmp_path / "bad.yaml"
     y.write_text("train:\n  epochz: 3\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml.*unknown config key 'train.epochz'"):
+    with pytest.raises(ConfigError, match=r"bad.yaml.*unknown config key 'train.epochz'. Did you mean 'train.epochs'"):
         build_config("toy", str(y))
+
+
+def test_a_misspelt_key_or_config_file_gets_the_nearest_name(tmp_path):
+    with pytest.raises(ConfigError, match=r"'trian.lr'. Did you mean 'train.lr'\?"):
+        build_config("toy", overrides=["trian.lr=0.1"])
+    with pytest.raises(ConfigError) as err:                      # nothing near: no guess, the valid keys
+        build_config("toy", overrides=["zzz=1"])
+    assert "Did you mean" not in str(err.value) and "train.lr" in str(err.value)
+    (tmp_path / "basicmotions.yaml").write_text("train:\n  epochs: 1\n")
+    with pytest.raises(ConfigError, match=r"basicmotion.yaml does not exist \(did you mean .*basicmotions.yaml\?\)"):
+        load_yaml(tmp_path / "basicmotion.yaml")
 
 
 def test_yaml_syntax_error_names_line(tmp_path):
