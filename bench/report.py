@@ -36,8 +36,9 @@ def tables(rows: list[dict]) -> str:
             "1 - efficiency), and the single-rank figures:", "",
             "| recipe | machine sharing | waiting in collectives (ms / step; the gradient all-reduce alone) | other | "
             "step median / p90 s (1 rank) | "
-            f"loader wait 1 / {w} ranks | peak RSS MB | eval s | first step done after s: 1 rank / torchrun / srun |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            f"loader wait 1 / {w} ranks | peak RSS MB | eval s | first step done after s: 1 rank / torchrun / srun | "
+            "1 rank alone, run to run: fastest / slowest repeat |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r.get("costs", {})
         cost.append(f"| {r['recipe']} | {_pct(c.get('machine_sharing'))} | {_pct(c.get('sync_wait'))} "
@@ -46,7 +47,7 @@ def tables(rows: list[dict]) -> str:
                     f"{_pct(r.get('data_wait_frac'))} / {_pct(r.get('data_wait_frac_ddp'))} | "
                     f"{_f(r.get('peak_rss_mb'), '{:.0f}')} | {_f(r.get('eval_time_s'), '{:.3f}')} | "
                     f"{_f(r.get('first_step_s_1'), '{:.1f}')} / {_f(r.get('first_step_s_ddp'), '{:.1f}')} / "
-                    f"{_f(r.get('first_step_s_slurm'), '{:.1f}')} |")
+                    f"{_f(r.get('first_step_s_slurm'), '{:.1f}')} | {_f(r.get('single_rank_spread'), '{:.2f}x')} |")
     return "\n".join(head + cost + _extra_table(rows, w))
 
 

@@ -217,6 +217,9 @@ def summarize(records: list[dict]) -> list[dict]:
                            step_time_p90_s=base["step_time_p90_s"], data_wait_frac=base["data_wait_frac"],
                            peak_rss_mb=base["peak_rss_mb"], eval_time_s=base["eval_time_s"],
                            first_step_s_1=base["first_step_s"], params=base["params"])
+                one = base.get("repeats_samples_per_s") or []
+                if len(one) > 1:        # the machine's own drift: one process alone, run to run
+                    row["single_rank_spread"] = round(max(one) / min(one), 4)
             for name, run in (("ddp", ddp), ("independent", shared), ("slurm", slurm)):
                 if run and w > 1:
                     row[f"samples_per_s_{name}"] = round(run["samples_per_s"], 2)

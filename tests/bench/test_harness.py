@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from bench.harness import cost_shares, percentile, phase_extra_ms, repeat_efficiency, scaling_efficiency, step_stats
+from bench.report import tables
+from bench.run import summarize
 from tests.conftest import REPO, clean_env
 
 
@@ -109,3 +111,15 @@ def test_make_bench_smoke_runs_every_launch_path(tmp_path, slurm_cluster):
     md = (tmp_path / "summary.md").read_text()
     assert row["ddp_extra_ms"] == ddp["ddp_extra_ms"] and "DDP step - independent step" in md
     assert "| har |" in md and (tmp_path / "summary.png").stat().st_size > 5000
+
+
+def test_the_summary_states_the_single_rank_runs_own_spread():
+    """The machine's drift, measured with one process alone: the fastest over the slowest 1-rank repeat."""
+    def rec(launcher, world, repeats):
+        return dict(recipe="har", launcher=launcher, world=world, samples_per_s=max(repeats), step_time_median_s=0.1,
+                    step_time_p90_s=0.11, data_wait_frac=0.01, peak_rss_mb=500, eval_time_s=1.0, first_step_s=2.0,
+                    params=10, repeats_samples_per_s=repeats, scaling_efficiency=max(repeats) / 148)
+    rows = summarize([rec("torchrun", 1, [52.5, 73.5, 63.7]), rec("torchrun", 2, [100.0, 117.3, 108.0])])
+    assert rows[0]["single_rank_spread"] == pytest.approx(1.4)
+    assert "| 1.40x |" in tables(rows) and "fastest / slowest repeat" in tables(rows)
+    assert "single_rank_spread" not in summarize([rec("torchrun", 1, [50.0]), rec("torchrun", 2, [90.0])])[0]
