@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.extras import MissingExtraError, missing_core
+from trainer.extras import MissingExtraError, exit_if_core_missing
 
 try:
     from trainer.cli import flags_from_args, get_parser, parse_args
@@ -21,11 +21,8 @@ try:
     from trainer.distributed import runtime
     from trainer.distributed.environment import LaunchError, select_environment
     from trainer.engine.checkpoint import CheckpointError
-except ModuleNotFoundError as _err:             # a Python without the project's environment: say which to use
-    if missing_core(_err) is None:
-        raise
-    print(missing_core(_err), file=sys.stderr)
-    sys.exit(2)
+except ModuleNotFoundError as err:              # a Python without the project's environment: say which to use
+    exit_if_core_missing(err)
 
 log = logging.getLogger("trainer")
 EXIT_USAGE = 2

@@ -42,3 +42,12 @@ def missing_core(err: ModuleNotFoundError) -> str | None:
             else "HINT: `make setup` in the repository (a .venv with everything), or pip install torch==2.13.0 "
                  "then pip install . (torch pinned first: an unpinned torch pulls several GB of CUDA wheels)")
     return f"error: {sys.executable} has no {name!r} module (the package {CORE[name]!r}).\n{hint}"
+
+
+def exit_if_core_missing(err: ModuleNotFoundError):
+    """In an entry point's `except ModuleNotFoundError`: exit 2 with missing_core's message, or re-raise."""
+    message = missing_core(err)
+    if message is None:
+        raise err
+    print(message, file=sys.stderr)
+    sys.exit(2)
