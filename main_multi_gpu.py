@@ -1,0 +1,10 @@
+"""The seed guides' `main_multi_gpu.py`, run by the trainer with the guide's meaning (trainer/seedscripts.py).
+
+    torchrun --nproc_per_node=4 main_multi_gpu.py --multi-gpu ddp --epochs 20    # seed 002: HAR
+"""
+import sys
+
+from trainer.seedscripts import run
+
+if __name__ == "__main__":
+    sys.exit(run("main_multi_gpu.py", sys.argv[1:]))

@@ -1,0 +1,65 @@
+"""The seed guides' script names at the repository root (main.py, main_multi_gpu.py, train.py): a user who types
+the guide's command line gets the guide's run, or, where main.py's flags do not tell which guide, both commands."""
+import subprocess
+
+import pytest
+
+from tests.conftest import PY, REPO, clean_env
+from trainer.seedscripts import guide_of, trainer_args
+
+
+@pytest.mark.parametrize("argv, guide", [
+    (["--dataset=ml-1m", "--train_dir=x", "--use_amp"], "001"),
+    (["--dataset", "ml-1m"], "001"),
+    (["--no_time", "--no_mhc"], "001"),
+    (["--lr", "1e-3", "--batch-size", "32"], "002"),
+    (["--local-rank=0", "--batch-size", "32"], "002"),      # torch.distributed.launch's own argument tells nothing
+    ([], None),                                              # `python main.py`: both guides' launch line
+    (["--lr", "1e-3"], None),
+    (["--dataset=ml-1m", "--print-config", "--epochs", "3"], "001"),   # the trainer's own flags tell nothing
+    (["--print-config"], None),
+])
+def test_main_py_is_told_apart_by_its_flags(argv, guide):
+    assert guide_of("main.py", argv) == guide
+    assert guide_of("main_multi_gpu.py", argv) == "002" and guide_of("train.py", argv) == "003"
+
+
+def test_seed_001s_dataset_picks_the_config_of_that_name():
+    args = trainer_args("001", ["--dataset", "ml-100k", "--no_mhc"])
+    assert args[0:2] == ["train", "--config"] and args[2].endswith("configs/tisasrec/ml-100k.yaml")
+    assert args[3:] == ["model.mhc=true", "--no_mhc"]                # the flag after the guide's default: it wins
+    assert "--dataset=ml-2m" in trainer_args("001", ["--dataset=ml-2m"])   # the trainer refuses it, with the choices
+
+
+def test_bare_main_py_stops_with_both_commands():
+    proc = subprocess.run([PY, "main.py"], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "seed 001 (SASRec/TiSASRec+mHC): python -m trainer train --config configs/tisasrec/ml-1m.yaml" in proc.stderr
+    assert "seed 002 (HAR): python -m trainer train --config configs/har/uci-har.yaml" in proc.stderr
+
+
+def test_seed_001s_main_py_refuses_an_unknown_dataset_with_the_choices():
+    proc = subprocess.run([PY, "main.py", "--dataset=ml-2m", "--no_mhc"], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--dataset ml-2m is a flag of the seed scripts" in proc.stderr
+
+
+def test_seed_002s_ddp_command_line_trains_from_another_directory(tmp_path):
+    """`torchrun --nproc_per_node=2 main_multi_gpu.py --multi-gpu ddp ...` (data generated: data.path=)."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc_per_node=2", str(REPO / "main_multi_gpu.py"),
+                           "--multi-gpu", "ddp", "--epochs", "1", "--batch-size", "32", "--run-dir", str(run_dir),
+                           "data.path=", "train.tensorboard=false"], cwd=tmp_path, env=clean_env(),
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("main_multi_gpu.py: seed 002's script (HAR); here the same is torchrun "
+                             "--nproc-per-node 2 -m trainer train --config") == 1      # said once, by rank 0
+    log = (run_dir / "train.log").read_text()
+    assert "recipe=har world=2" in log and (run_dir / "checkpoints" / "final.pt").exists()
+
+
+def test_seed_003s_train_py_under_torch_distributed_launch():
+    proc = subprocess.run([PY, "-m", "torch.distributed.launch", "--nproc_per_node=1", "train.py", "--print-config"],
+                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "recipe: video" in proc.stdout and "path: data/mouse" in proc.stdout
