@@ -85,7 +85,7 @@ ruff: setup
 
 lint: setup ruff
 	$(BIN)/python -m compileall -q trainer hpc tests
-	$(BIN)/shellcheck -x slurm/common.sh slurm/*.sbatch hpc/cluster/*.sh .ci/run
+	$(BIN)/shellcheck -x slurm/common.sh slurm/*.sbatch hpc/cluster/*.sh .ci/run scripts/*.sh train_*.sh
 	$(BIN)/hadolint Dockerfile
 
 # docker/requirements.lock: every pip dependency of the images, pinned with hashes (torch is the base image's)

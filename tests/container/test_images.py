@@ -33,7 +33,8 @@ def test_hadolint_clean():
 
 def test_shellcheck_clean():
     scripts = ["slurm/common.sh", *map(str, sorted((REPO / "slurm").glob("*.sbatch"))),
-               *map(str, sorted((REPO / "hpc" / "cluster").glob("*.sh"))), ".ci/run"]
+               *map(str, sorted((REPO / "hpc" / "cluster").glob("*.sh"))), ".ci/run",
+               *map(str, sorted((REPO / "scripts").glob("*.sh"))), "train_distributed.sh", "train_multigpu.sh"]
     proc = subprocess.run([tool("shellcheck"), "-x", *scripts], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 

@@ -63,3 +63,49 @@ def test_seed_003s_train_py_under_torch_distributed_launch():
                           cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "recipe: video" in proc.stdout and "path: data/mouse" in proc.stdout
+
+
+def _sh(args, cwd, timeout=240, **env):
+    return subprocess.run(["bash", *args], cwd=cwd, env=clean_env(**env), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_seed_001s_launch_script_with_its_environment_knobs(tmp_path):
+    """`NUM_GPUS=2 BATCH_SIZE=... ./train_distributed.sh DATASET TRAIN_DIR`, from another directory."""
+    run_dir = tmp_path / "run"
+    proc = _sh([str(REPO / "train_distributed.sh"), "ml-100k", "t", "data.path=", "--epochs", "1", "--run-dir",
+                str(run_dir), "train.tensorboard=false"], tmp_path, NUM_GPUS="2", BATCH_SIZE="64")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "here the same is torchrun --nproc-per-node 2 -m trainer train --config" in proc.stderr
+    assert "model.mhc=true --run-dir runs/t --global-batch-size 64" in proc.stderr
+    log = (run_dir / "train.log").read_text()
+    assert "world=2" in log and "batch/rank=32" in log and (run_dir / "checkpoints" / "final.pt").exists()
+
+
+def test_seed_000s_launch_script_and_its_flags(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _sh([str(REPO / "scripts" / "run_original_kgat_multi_gpu.sh"), "--num_gpus", "2", "--dataset",
+                "ml-100k-kg", "--batch_size_per_gpu=256", "data.path=", "--epochs", "1", "--run-dir", str(run_dir),
+                "train.tensorboard=false"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (run_dir / "train.log").read_text()
+    assert "recipe=kgat world=2" in log and "batch/rank=256" in log
+
+
+def test_seed_003s_launch_script():
+    proc = _sh(["train_multigpu.sh", "1", "--print-config"], REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "recipe: video" in proc.stdout and "torchrun --nproc-per-node 1 -m trainer train --config" in proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train_distributed.sh", "ml-2m", "x"], "no tisasrec config for dataset 'ml-2m' (configs/tisasrec/ml-2m.yaml); "
+                                             "there are: ml-100k ml-1m"),
+    (["train_distributed.sh", "ml-1m"], "usage: train_distributed.sh DATASET TRAIN_DIR"),
+    (["train_multigpu.sh", "three"], "the process count must be a positive integer, got 'three'"),
+    (["scripts/run_original_kgat_multi_gpu.sh", "--dataset", "yelp"], "no kgat config for dataset 'yelp'"),
+    (["scripts/run_original_kgat_multi_gpu.sh", "--num_gpus"], "--num_gpus needs a value"),
+])
+def test_the_launch_scripts_refuse_bad_arguments_naming_them(args, message):
+    proc = _sh(args, REPO, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
