@@ -32,14 +32,16 @@ seed_run() {
         echo "error: $script: the process count must be a positive integer, got '$nproc'" >&2
         exit 2
     fi
-    local py
+    local py launch=(--nproc-per-node "$nproc")
     py="$(seed_python)"
-    printf '%s: the seed script; here the same is torchrun --nproc-per-node %s -m trainer' "$script" "$nproc" >&2
-    printf ' %q' "$@" >&2
+    # the guides' "port in use" advice (change the port in the script): MASTER_PORT=PORT instead
+    if [[ -n "${MASTER_PORT:-}" ]]; then launch+=(--master-port "$MASTER_PORT"); fi
+    printf '%s: the seed script; here the same is torchrun' "$script" >&2
+    printf ' %q' "${launch[@]}" -m trainer "$@" >&2
     printf '\n' >&2
     # run from anywhere: the trainer importable from this checkout (relative paths stay the caller's)
-    PYTHONPATH="$SEED_REPO${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m torch.distributed.run \
-        --nproc-per-node "$nproc" -m trainer "$@"
+    PYTHONPATH="$SEED_REPO${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m torch.distributed.run "${launch[@]}" \
+        -m trainer "$@"
 }
 
 # seed_config RECIPE DATASET: the config of that name (relative where the caller stands in the repository,

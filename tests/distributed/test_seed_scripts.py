@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import PY, REPO, clean_env
+from tests.conftest import PY, REPO, clean_env, free_port
 from trainer.seedscripts import guide_of, trainer_args
 
 
@@ -47,7 +47,8 @@ def test_seed_001s_main_py_refuses_an_unknown_dataset_with_the_choices():
 def test_seed_002s_ddp_command_line_trains_from_another_directory(tmp_path):
     """`torchrun --nproc_per_node=2 main_multi_gpu.py --multi-gpu ddp ...` (data generated: data.path=)."""
     run_dir = tmp_path / "run"
-    proc = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc_per_node=2", str(REPO / "main_multi_gpu.py"),
+    proc = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master-port={free_port()}",
+                           str(REPO / "main_multi_gpu.py"),
                            "--multi-gpu", "ddp", "--epochs", "1", "--batch-size", "32", "--run-dir", str(run_dir),
                            "data.path=", "train.tensorboard=false"], cwd=tmp_path, env=clean_env(),
                           capture_output=True, text=True, timeout=240)
@@ -74,7 +75,8 @@ def test_seed_001s_launch_script_with_its_environment_knobs(tmp_path):
     """`NUM_GPUS=2 BATCH_SIZE=... ./train_distributed.sh DATASET TRAIN_DIR`, from another directory."""
     run_dir = tmp_path / "run"
     proc = _sh([str(REPO / "train_distributed.sh"), "ml-100k", "t", "data.path=", "--epochs", "1", "--run-dir",
-                str(run_dir), "train.tensorboard=false"], tmp_path, NUM_GPUS="2", BATCH_SIZE="64")
+                str(run_dir), "train.tensorboard=false"], tmp_path, NUM_GPUS="2", BATCH_SIZE="64",
+               MASTER_PORT=str(free_port()))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "here the same is torchrun --nproc-per-node 2 -m trainer train --config" in proc.stderr
     assert "model.mhc=true --run-dir runs/t --global-batch-size 64" in proc.stderr
@@ -86,16 +88,17 @@ def test_seed_000s_launch_script_and_its_flags(tmp_path):
     run_dir = tmp_path / "run"
     proc = _sh([str(REPO / "scripts" / "run_original_kgat_multi_gpu.sh"), "--num_gpus", "2", "--dataset",
                 "ml-100k-kg", "--batch_size_per_gpu=256", "data.path=", "--epochs", "1", "--run-dir", str(run_dir),
-                "train.tensorboard=false"], tmp_path)
+                "train.tensorboard=false"], tmp_path, MASTER_PORT=str(free_port()))
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = (run_dir / "train.log").read_text()
     assert "recipe=kgat world=2" in log and "batch/rank=256" in log
 
 
 def test_seed_003s_launch_script():
-    proc = _sh(["train_multigpu.sh", "1", "--print-config"], REPO, timeout=120)
+    proc = _sh(["train_multigpu.sh", "1", "--print-config"], REPO, timeout=120, MASTER_PORT="29631")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "recipe: video" in proc.stdout and "torchrun --nproc-per-node 1 -m trainer train --config" in proc.stderr
+    assert "recipe: video" in proc.stdout
+    assert "torchrun --nproc-per-node 1 --master-port 29631 -m trainer train --config" in proc.stderr
 
 
 @pytest.mark.parametrize("args, message", [
