@@ -78,7 +78,7 @@ def test_seed_001s_launch_script_with_its_environment_knobs(tmp_path):
                 str(run_dir), "train.tensorboard=false"], tmp_path, NUM_GPUS="2", BATCH_SIZE="64",
                MASTER_PORT=str(free_port()))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "here the same is torchrun --nproc-per-node 2 -m trainer train --config" in proc.stderr
+    assert "here the same is torchrun --nproc-per-node 2 --master-port " in proc.stderr
     assert "model.mhc=true --run-dir runs/t --global-batch-size 64" in proc.stderr
     log = (run_dir / "train.log").read_text()
     assert "world=2" in log and "batch/rank=32" in log and (run_dir / "checkpoints" / "final.pt").exists()
