@@ -25,6 +25,13 @@ SCRIPTS = {"main.py": ("001", "002"), "main_multi_gpu.py": ("002",), "train.py":
 HAR_FLAGS = {"--batch-size", "--epochs", "--multi-gpu", "--gpu-ids", "--mode", "--save-dir", "--warmup-epochs",
              "--num-workers", "--weight-decay", "--grad-accum-steps"}
 LAUNCHER = ("--local-rank", "--local_rank")
+# inside a guide's own script its flags mean what the guide says (the trainer's command line refuses them,
+# since there they would be read as its own flags): seed flag -> (the trainer's flag, its value; {} the seed's)
+TRANSLATED = {
+    "001": {"--train_dir": ("--run-dir", "runs/{}"), "--batch_size": ("--global-batch-size", "{}"),
+            "--use_amp": ("--amp", "auto")},                  # auto: bf16, or fp16 where the GPU lacks bf16
+    "002": {"--save-dir": ("--run-dir", "{}")},
+}
 
 
 def guide_of(script: str, argv: list[str]) -> str | None:
@@ -39,18 +46,23 @@ def guide_of(script: str, argv: list[str]) -> str | None:
 
 
 def trainer_args(guide: str, argv: list[str]) -> list[str]:
-    """`train` with the guide's config, then the user's arguments; seed 001's --dataset NAME picks the config
-    of that name (an unknown one is left for the trainer to refuse with the choices)."""
-    head, rest, i = list(GUIDES[guide][1]), [], 0
+    """`train` with the guide's config, then the user's arguments, the guide's own flags translated (TRANSLATED);
+    seed 001's --dataset NAME picks the config of that name (an unknown one is left for the trainer to refuse
+    with the choices)."""
+    head, rest, i, table = list(GUIDES[guide][1]), [], 0, TRANSLATED.get(guide, {})
     while i < len(argv):
         name, eq, value = argv[i].partition("=")
+        takes_value = (name in table and "{}" in table[name][1]) or (guide == "001" and name == "--dataset")
+        if takes_value and not eq and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 1
         if guide == "001" and name == "--dataset":
-            if not eq and i + 1 < len(argv):
-                value, i = argv[i + 1], i + 1
             if (CONFIGS / "tisasrec" / f"{value}.yaml").exists():
                 head[1] = f"configs/tisasrec/{value}.yaml"
             else:
                 rest.append(f"--dataset={value}")
+        elif name in table:
+            flag, template = table[name]
+            rest += [flag, template.format(value)]
         else:
             rest.append(argv[i])
         i += 1

@@ -31,6 +31,26 @@ def test_seed_001s_dataset_picks_the_config_of_that_name():
     assert "--dataset=ml-2m" in trainer_args("001", ["--dataset=ml-2m"])   # the trainer refuses it, with the choices
 
 
+def test_the_guides_own_flags_mean_in_their_scripts_what_the_guides_say():
+    args = trainer_args("001", ["--dataset=ml-1m", "--train_dir=tisasrec_4gpu", "--batch_size", "512", "--use_amp",
+                                "--multi_gpu"])
+    assert args[4:] == ["--run-dir", "runs/tisasrec_4gpu", "--global-batch-size", "512", "--amp", "auto",
+                        "--multi_gpu"]
+    assert trainer_args("002", ["--save-dir", "checkpoints/dp_4gpu"])[-2:] == ["--run-dir", "checkpoints/dp_4gpu"]
+
+
+def test_seed_001s_four_gpu_command_line_as_the_guide_wrote_it(tmp_path):
+    """The guide's `python -m torch.distributed.launch ... main.py --dataset=ml-1m --train_dir=... --batch_size=...
+    --use_amp --multi_gpu` (2 processes, ml-100k's config on generated data)."""
+    proc = subprocess.run([PY, "-m", "torch.distributed.launch", "--nproc_per_node=2", f"--master_port={free_port()}",
+                           str(REPO / "main.py"), "--dataset=ml-100k", "--train_dir=tisasrec_2gpu", "--batch_size=64",
+                           "--use_amp", "--multi_gpu", "--epochs", "1", "data.path=", "train.tensorboard=false"],
+                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (tmp_path / "runs" / "tisasrec_2gpu" / "train.log").read_text()
+    assert "recipe=sasrec world=2" in log and "batch/rank=32" in log
+
+
 def test_bare_main_py_stops_with_both_commands():
     proc = subprocess.run([PY, "main.py"], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
