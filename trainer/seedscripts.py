@@ -75,7 +75,8 @@ def trainer_args(guide: str, argv: list[str]) -> list[str]:
 def _shown(args: list[str]) -> str:
     launched = os.environ.get("LOCAL_WORLD_SIZE")
     prefix = f"torchrun --nproc-per-node {launched}" if launched else "python"
-    return f"{prefix} -m trainer {shlex.join(args)}"
+    shown = [a for a in args if a.split("=", 1)[0] not in LAUNCHER]     # the launcher's own --local-rank=N
+    return f"{prefix} -m trainer {shlex.join(shown)}"
 
 
 def run(script: str, argv: list[str]) -> int:

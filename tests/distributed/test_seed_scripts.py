@@ -47,6 +47,8 @@ def test_seed_001s_four_gpu_command_line_as_the_guide_wrote_it(tmp_path):
                            "--use_amp", "--multi_gpu", "--epochs", "1", "data.path=", "train.tensorboard=false"],
                           cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "here the same is torchrun --nproc-per-node 2 -m trainer train --config" in proc.stderr
+    assert "--local-rank" not in proc.stderr.split("here the same is")[1].splitlines()[0]
     log = (tmp_path / "runs" / "tisasrec_2gpu" / "train.log").read_text()
     assert "recipe=sasrec world=2" in log and "batch/rank=32" in log
 
