@@ -108,10 +108,12 @@ def test_seed_001s_launch_script_with_its_environment_knobs(tmp_path):
 
 def test_seed_000s_launch_script_and_its_flags(tmp_path):
     run_dir = tmp_path / "run"
+    port = free_port()
     proc = _sh([str(REPO / "scripts" / "run_original_kgat_multi_gpu.sh"), "--num_gpus", "2", "--dataset",
-                "ml-100k-kg", "--batch_size_per_gpu=256", "data.path=", "--epochs", "1", "--run-dir", str(run_dir),
-                "train.tensorboard=false"], tmp_path, MASTER_PORT=str(free_port()))
+                "ml-100k-kg", "--batch_size_per_gpu=256", "--master_port", str(port), "data.path=", "--epochs", "1",
+                "--run-dir", str(run_dir), "train.tensorboard=false"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"torchrun --nproc-per-node 2 --master-port {port} -m trainer train --config" in proc.stderr
     log = (run_dir / "train.log").read_text()
     assert "recipe=kgat world=2" in log and "batch/rank=256" in log
 
