@@ -8,6 +8,7 @@ import importlib
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import NoReturn
 
 # the trainer's own dependencies (pyproject's `dependencies`) by import name: pip name
 CORE = {"torch": "torch==2.13.0", "numpy": "numpy", "yaml": "pyyaml", "tqdm": "tqdm", "psutil": "psutil",
@@ -44,7 +45,7 @@ def missing_core(err: ModuleNotFoundError) -> str | None:
     return f"error: {sys.executable} has no {name!r} module (the package {CORE[name]!r}).\n{hint}"
 
 
-def exit_if_core_missing(err: ModuleNotFoundError):
+def exit_if_core_missing(err: ModuleNotFoundError) -> NoReturn:
     """In an entry point's `except ModuleNotFoundError`: exit 2 with missing_core's message, or re-raise."""
     message = missing_core(err)
     if message is None:

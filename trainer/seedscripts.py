@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 
-from trainer.seedflags import CONFIGS
+from trainer.seedflags import CONFIGS, LAUNCHER
 
 # guide: (what it trains, the trainer arguments of its script before the user's own)
 GUIDES = {
@@ -24,7 +24,6 @@ SCRIPTS = {"main.py": ("001", "002"), "main_multi_gpu.py": ("002",), "train.py":
 # (dashed, like the trainer's own flags, which tell nothing: --print-config, --run-dir)
 HAR_FLAGS = {"--batch-size", "--epochs", "--multi-gpu", "--gpu-ids", "--mode", "--save-dir", "--warmup-epochs",
              "--num-workers", "--weight-decay", "--grad-accum-steps"}
-LAUNCHER = ("--local-rank", "--local_rank")
 # inside a guide's own script its flags mean what the guide says (the trainer's command line refuses them,
 # since there they would be read as its own flags): seed flag -> (the trainer's flag, its value; {} the seed's)
 TRANSLATED = {
