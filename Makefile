@@ -92,7 +92,7 @@ lint: setup ruff
 lock: setup
 	$(BIN)/pip install -q uv
 	$(BIN)/uv pip compile docker/requirements.in --universal --python-version 3.10 --generate-hashes \
-		--no-header --index-url https://pypi.org/simple -o docker/requirements.lock
+		--no-header -o docker/requirements.lock
 
 # container images (need a Docker engine / Apptainer; tests check the recipes statically)
 IMAGE_TAG ?= hpc-trainer:0.1.0
