@@ -183,11 +183,13 @@ def _maps_reference(x, w, alpha, b_pre, b_post, b_res, eps):
     return (pre.unsqueeze(-1) * x).sum(1), post, logits
 
 
+@pytest.mark.parametrize("collapsed", [False, True], ids=["streams", "collapsed"])
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_maps_kernels_match_autograd(ops, n):
-    """maps_in, its backward and stream_grad_ (the streams' whole gradient: projection, RMSNorm, the three
-    gates, pre-mix and the stream mix's term) against autograd through the plain formulas; the Sinkhorn in
-    between is the identity here (its own test is below)."""
+def test_maps_kernels_match_autograd(ops, n, collapsed):
+    """maps_in and maps_backward (the streams' whole gradient: projection, RMSNorm, the three gates, pre-mix
+    and the stream mix's term; W's gradient) against autograd through the plain formulas; the Sinkhorn in
+    between is the identity here (its own test is below). collapsed: every stream's gradient is one (N, 1, D)
+    g, collapse_mix's."""
     torch.manual_seed(10 + n)
     tokens, d, m = 37, 23, 2 * n + n * n
     x = torch.randn(tokens, n, d, requires_grad=True)
@@ -195,10 +197,11 @@ def test_maps_kernels_match_autograd(ops, n):
     alpha = torch.tensor([0.7, -0.4, 1.3], requires_grad=True)
     biases = [torch.randn(n, requires_grad=True), torch.randn(n, requires_grad=True),
               torch.randn(n, n, requires_grad=True)]
-    res, g = torch.rand(tokens, n, n), torch.randn(tokens, n, d)
+    res, g = torch.rand(tokens, n, n), torch.randn(tokens, 1 if collapsed else n, d)
     grad_h, grad_post, grad_l = torch.randn(tokens, d), torch.randn(tokens, n), torch.randn(tokens, n, n)
     h_ref, post_ref, logits = _maps_reference(x, w, alpha, *biases, 1e-6)
-    loss = (h_ref * grad_h).sum() + (post_ref * grad_post).sum() + (logits * grad_l).sum() + (x * (res.mT @ g)).sum()
+    stream_term = (x * (res.mT @ g.expand(-1, n, -1))).sum()
+    loss = (h_ref * grad_h).sum() + (post_ref * grad_post).sum() + (logits * grad_l).sum() + stream_term
     ref = torch.autograd.grad(loss, (x, w, alpha, *biases))
 
     xd, flat = x.detach(), x.detach().reshape(tokens, -1)
@@ -207,15 +210,33 @@ def test_maps_kernels_match_autograd(ops, n):
     assert torch.allclose(h, h_ref, atol=1e-5) and torch.allclose(post, post_ref, atol=1e-5)
     assert torch.allclose(e, torch.softmax(logits.detach().view(tokens, -1), -1).view_as(e)
                           * e.view(tokens, -1).sum(-1).view(-1, 1, 1), atol=1e-5)   # exp(L - max L)
-    ga, coef, grad_u, grad_v = ops.maps_in_backward(xd, z, r, pre, post, gates, grad_post, grad_l, grad_h)
-    grad_x = (ga @ w.detach()).view(tokens, n, d)
-    ops.stream_grad_(grad_x, xd, coef, g, res, pre, grad_h)
+    grad_x, grad_w, grad_u, grad_v = ops.maps_backward(xd, z, r, pre, post, w.detach().contiguous(), gates,
+                                                       grad_post, grad_l, grad_h, g, res)
     gl = grad_l.view(tokens, -1)
-    ours = (grad_x, ga.t() @ flat,
+    ours = (grad_x, grad_w,
             torch.stack([(grad_u * z[:, :n]).sum(), (grad_v * z[:, n:2 * n]).sum(), (gl * z[:, 2 * n:]).sum()]),
             grad_u.sum(0), grad_v.sum(0), gl.sum(0).view(n, n))
     for name, a, b in zip(("x", "W", "alpha", "b_pre", "b_post", "b_res"), ours, ref):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_collapse_mix_kernels_match_the_mean_of_the_stream_mix(ops, n):
+    """The last sub-layer's mix collapsed to the mean of its streams, and its gradients, against autograd
+    through mean(H_res x + H_post^T y); the streams' own gradient is checked in maps_backward's test."""
+    torch.manual_seed(30 + n)
+    tokens, d = 37, 23
+    leaves = [t.requires_grad_() for t in (torch.rand(tokens, n, n), torch.randn(tokens, n, d), torch.rand(tokens, n),
+                                           torch.randn(tokens, d))]
+    res, x, post, y = leaves
+    ref_out = (res @ x + post.unsqueeze(-1) * y.unsqueeze(1)).mean(1)
+    g = torch.randn(tokens, d)
+    ref = torch.autograd.grad((ref_out * g).sum(), (res, post, y))
+    out = ops.collapse_mix(*(t.detach() for t in leaves))
+    assert torch.allclose(out, ref_out.detach(), atol=1e-5)
+    got = ops.collapse_mix_backward(g / n, x.detach(), post.detach(), y.detach())
+    for name, a, b in zip(("res", "post", "y"), got, ref):
+        assert torch.allclose(a, b, atol=1e-5), name
 
 
 @pytest.mark.parametrize("tol", [0.0, 1e-3, 1e-5])

@@ -211,101 +211,167 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
   return {z, r, pre, post, e, h};
 }
 
-// maps_in's backward up to the projection, given the gradients of post, of the Sinkhorn logits L
-// (sinkhorn_backward) and of h. With u = alpha0 z[:n] + b_pre and v = alpha1 z[n:2n] + b_post:
+// maps_in's backward and the streams' whole gradient, given the gradients of post, of the Sinkhorn logits L
+// (sinkhorn_backward), of h and of the stream mix's output (g). With u = alpha0 z[:n] + b_pre and
+// v = alpha1 z[n:2n] + b_post:
 //   grad_u = <x_i, grad_h> pre (1 - pre),  grad_v = grad_post post (1 - post / 2),
 //   gz = (alpha0 grad_u, alpha1 grad_v, alpha2 grad_L),  ga = r gz (the gradient of a = x W^T),
-//   coef = -(gz . z) r^2 / nD (the RMSNorm's term: coef x).
-// Returns (ga, coef, grad_u, grad_v); x's gradient is then ga W + coef x + ... (stream_grad_), W's ga^T x,
-// and the gates' and biases' gradients are sums of grad_u, grad_v and grad_L (times z).
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_in_backward(
-    torch::Tensor x, torch::Tensor z, torch::Tensor r, torch::Tensor pre, torch::Tensor post,
-    std::vector<double> alpha, torch::Tensor grad_post, torch::Tensor grad_l, torch::Tensor grad_h) {
+//   coef = -(gz . z) r^2 / nD (the RMSNorm's term: coef x),
+//   gx[t, i] = (ga W)[t, i] + coef x[t, i] + sum_j res[t, j, i] g[t, j] + pre[t, i] grad_h[t],  grad_W = ga^T x
+// (g (N, 1, D): the same gradient g[t, 0] for every stream, collapse_mix's). One pass over the tokens, where
+// three kernels and two BLAS calls read the streams four times and the ga W product wrote an (N, nD) temporary
+// (in the epoch, freshly faulted-in memory). Per tile of kTile tokens the streams are copied once into a buffer
+// padded to whole vectors; W's gradient is accumulated per thread in kTile-token rank updates (8 rows x 16
+// columns in registers); x's gradient is written once. The gates' and biases' gradients are then sums of
+// grad_u, grad_v and grad_L (times z). Returns (gx, grad_W, grad_u, grad_v).
+constexpr int kTile = 16;
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_backward(
+    torch::Tensor x, torch::Tensor z, torch::Tensor r, torch::Tensor pre, torch::Tensor post, torch::Tensor weight,
+    std::vector<double> alpha, torch::Tensor grad_post, torch::Tensor grad_l, torch::Tensor grad_h, torch::Tensor g,
+    torch::Tensor res) {
   check(x, "x", 3), check(z, "z", 2), check(r, "r", 1), check(pre, "pre", 2), check(post, "post", 2);
-  check(grad_post, "grad_post", 2), check(grad_l, "grad_L", 3), check(grad_h, "grad_h", 2);
-  const int64_t N = x.size(0), D = x.size(2), M = z.size(1), n_ = x.size(1);
-  auto ga = torch::empty({N, M}, x.options());
-  auto coef = torch::empty({N}, x.options());
+  check(weight, "weight", 2), check(grad_post, "grad_post", 2), check(grad_l, "grad_L", 3);
+  check(grad_h, "grad_h", 2), check(g, "grad", 3), check(res, "res", 3);
+  const int64_t N = x.size(0), D = x.size(2), M = z.size(1), n_ = x.size(1), width = n_ * D;
+  TORCH_CHECK(weight.size(0) == M && weight.size(1) == width, "kernels.maps_backward: weight must be (2n + n^2, n D)");
+  TORCH_CHECK(g.size(0) == N && (g.size(1) == n_ || g.size(1) == 1) && g.size(2) == D,
+              "kernels.maps_backward: the streams' gradient must be (N, n, D) or (N, 1, D)");
+  const bool collapsed = g.size(1) == 1;
+  const int64_t wp = (width + 15) / 16 * 16, nv = wp / 16;      // padded width, in v16f vectors
+  const int64_t mp = (M + 7) / 8 * 8;                            // W's rows, padded to blocks of 8
+  auto gx = torch::empty_like(x);
   auto grad_u = torch::empty({N, n_}, x.options());
   auto grad_v = torch::empty({N, n_}, x.options());
+  const int threads = at::get_num_threads();
+  std::vector<float> wpad(mp * wp, 0.f), acc(static_cast<size_t>(threads) * mp * wp, 0.f);
+  for (int64_t k = 0; k < M; ++k) std::memcpy(&wpad[k * wp], weight.data_ptr<float>() + k * width, width * sizeof(float));
   const float* __restrict__ xp = x.data_ptr<float>();
   const float* __restrict__ zp = z.data_ptr<float>();
   const float* __restrict__ rp = r.data_ptr<float>();
   const float *__restrict__ pp = pre.data_ptr<float>(), *__restrict__ qp = post.data_ptr<float>();
   const float *__restrict__ gqp = grad_post.data_ptr<float>(), *__restrict__ glp = grad_l.data_ptr<float>();
-  const float* __restrict__ ghp = grad_h.data_ptr<float>();
-  float *__restrict__ gap = ga.data_ptr<float>(), *__restrict__ cp = coef.data_ptr<float>();
-  float *__restrict__ gup = grad_u.data_ptr<float>(), *__restrict__ gvp = grad_v.data_ptr<float>();
+  const float *__restrict__ ghp = grad_h.data_ptr<float>(), *__restrict__ gp = g.data_ptr<float>();
+  const float* __restrict__ resp = res.data_ptr<float>();
+  const float* __restrict__ wv = wpad.data();
+  float *__restrict__ gxp = gx.data_ptr<float>(), *__restrict__ gup = grad_u.data_ptr<float>(),
+        *__restrict__ gvp = grad_v.data_ptr<float>();
   const float a0 = alpha[0], a1 = alpha[1], a2 = alpha[2];
   with_streams(n_, [&](auto ns) {
     constexpr int n = decltype(ns)::value;
     constexpr int m = 2 * n + n * n;
-    const int64_t width = n * D;
-    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) {
-        const float* __restrict__ xt = xp + t * width;
-        const float* __restrict__ gh = ghp + t * D;
-        const float rt = rp[t];
-        float gz[m];
-        for (int i = 0; i < n; ++i) {
-          const float p = pp[t * n + i], q = qp[t * n + i];
-          const float gu = dot(xt + i * D, gh, D) * p * (1.f - p);
-          const float gv = gqp[t * n + i] * q * (1.f - 0.5f * q);
-          gup[t * n + i] = gu;
-          gvp[t * n + i] = gv;
-          gz[i] = a0 * gu;
-          gz[n + i] = a1 * gv;
-        }
-        for (int k = 0; k < n * n; ++k) gz[2 * n + k] = a2 * glp[t * n * n + k];
-        float zg = 0.f;
-        for (int k = 0; k < m; ++k) {
-          zg += gz[k] * zp[t * m + k];
-          gap[t * m + k] = gz[k] * rt;
-        }
-        cp[t] = -zg * rt * rt / width;
-      }
-    });
-    return 0;
-  });
-  return {ga, coef, grad_u, grad_v};
-}
-
-// The streams' whole gradient, in place on gx (which holds the maps' projection term on entry):
-// gx[t, i] += coef[t] x[t, i] + sum_j res[t, j, i] g[t, j] + pre[t, i] grad_h[t]
-void stream_grad_(torch::Tensor gx, torch::Tensor x, torch::Tensor coef, torch::Tensor g, torch::Tensor res,
-                  torch::Tensor pre, torch::Tensor grad_h) {
-  check(gx, "grad_x", 3), check(x, "x", 3), check(coef, "coef", 1), check(g, "grad", 3), check(res, "res", 3),
-      check(pre, "pre", 2), check(grad_h, "grad_h", 2);
-  const int64_t N = x.size(0), D = x.size(2);
-  float* __restrict__ gxp = gx.data_ptr<float>();
-  const float* __restrict__ xp = x.data_ptr<float>();
-  const float* __restrict__ cp = coef.data_ptr<float>();
-  const float* __restrict__ gp = g.data_ptr<float>();
-  const float* __restrict__ rp = res.data_ptr<float>();
-  const float* __restrict__ pp = pre.data_ptr<float>();
-  const float* __restrict__ hp = grad_h.data_ptr<float>();
-  with_streams(x.size(1), [&](auto ns) {
-    constexpr int n = decltype(ns)::value;
-    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) {
-        const float* __restrict__ xt = xp + t * n * D;
-        const float* __restrict__ gt = gp + t * n * D;
-        const float* __restrict__ gh = hp + t * D;
-        float* __restrict__ ot = gxp + t * n * D;
-        float r[n * n], p[n];
-        for (int k = 0; k < n * n; ++k) r[k] = rp[t * n * n + k];
-        for (int i = 0; i < n; ++i) p[i] = pp[t * n + i];
-        const float c = cp[t];
-        for (int i = 0; i < n; ++i)
-          for (int64_t d = 0; d < D; ++d) {
-            float s = ot[i * D + d] + c * xt[i * D + d] + p[i] * gh[d];
-            for (int j = 0; j < n; ++j) s += r[j * n + i] * gt[j * D + d];
-            ot[i * D + d] = s;
+    at::parallel_for(0, (N + kTile - 1) / kTile, 4, [&](int64_t lo, int64_t hi) {
+      float* __restrict__ gw = &acc[static_cast<size_t>(at::get_thread_num()) * mp * wp];
+      std::vector<float> xbuf(kTile * wp, 0.f), obuf(wp);
+      float* __restrict__ xs = xbuf.data();
+      float* __restrict__ ob = obuf.data();
+      alignas(64) float ga[kTile][(m + 7) / 8 * 8];
+      float coef[kTile];
+      for (int64_t tile = lo; tile < hi; ++tile) {
+        const int64_t t0 = tile * kTile;
+        const int count = static_cast<int>(std::min<int64_t>(kTile, N - t0));
+        for (int b = 0; b < kTile; ++b) {
+          for (int k = m; k < (m + 7) / 8 * 8; ++k) ga[b][k] = 0.f;
+          if (b >= count) {                                 // padding tokens add nothing to W's gradient
+            for (int k = 0; k < m; ++k) ga[b][k] = 0.f;
+            continue;
           }
+          const int64_t t = t0 + b;
+          const float* __restrict__ xt = xp + t * width;
+          std::memcpy(xs + b * wp, xt, width * sizeof(float));
+          const float* __restrict__ gh = ghp + t * D;
+          const float rt = rp[t];
+          float gz[m];
+          for (int i = 0; i < n; ++i) {
+            const float p = pp[t * n + i], q = qp[t * n + i];
+            const float gu = dot(xt + i * D, gh, D) * p * (1.f - p);
+            const float gv = gqp[t * n + i] * q * (1.f - 0.5f * q);
+            gup[t * n + i] = gu;
+            gvp[t * n + i] = gv;
+            gz[i] = a0 * gu;
+            gz[n + i] = a1 * gv;
+          }
+          for (int k = 0; k < n * n; ++k) gz[2 * n + k] = a2 * glp[t * n * n + k];
+          float zg = 0.f;
+          for (int k = 0; k < m; ++k) {
+            zg += gz[k] * zp[t * m + k];
+            ga[b][k] = gz[k] * rt;
+          }
+          coef[b] = -zg * rt * rt / width;
+        }
+        // W's gradient: gw[k] += sum_b ga[b][k] xs[b], 8 rows x one vector of columns in registers
+        for (int64_t c = 0; c < nv; ++c)
+          for (int k0 = 0; k0 < m; k0 += 8) {
+            v16f a8[8];
+            for (int kk = 0; kk < 8; ++kk) std::memcpy(&a8[kk], gw + (k0 + kk) * wp + c * 16, sizeof(v16f));
+            for (int b = 0; b < count; ++b) {
+              v16f xv;
+              std::memcpy(&xv, xs + b * wp + c * 16, sizeof(v16f));
+              for (int kk = 0; kk < 8; ++kk) a8[kk] += ga[b][k0 + kk] * xv;
+            }
+            for (int kk = 0; kk < 8; ++kk) std::memcpy(gw + (k0 + kk) * wp + c * 16, &a8[kk], sizeof(v16f));
+          }
+        // x's gradient, token by token: (ga W) four vectors of columns at a time, then the stream terms
+        for (int b = 0; b < count; ++b) {
+          int64_t c = 0;
+          for (; c + 4 <= nv; c += 4) {
+            v16f o[4] = {};
+            for (int k = 0; k < m; ++k) {
+              const float s = ga[b][k];
+              for (int u = 0; u < 4; ++u) {
+                v16f w;
+                std::memcpy(&w, wv + k * wp + (c + u) * 16, sizeof(v16f));
+                o[u] += s * w;
+              }
+            }
+            std::memcpy(ob + c * 16, o, sizeof(o));
+          }
+          for (; c < nv; ++c) {
+            v16f o = {};
+            for (int k = 0; k < m; ++k) {
+              v16f w;
+              std::memcpy(&w, wv + k * wp + c * 16, sizeof(v16f));
+              o += ga[b][k] * w;
+            }
+            std::memcpy(ob + c * 16, &o, sizeof(o));
+          }
+          const int64_t t = t0 + b;
+          const float* __restrict__ xt = xs + b * wp;
+          const float* __restrict__ gt = gp + t * width;
+          const float* __restrict__ gh = ghp + t * D;
+          float* __restrict__ ot = gxp + t * width;
+          float rs[n * n], p[n];
+          for (int k = 0; k < n * n; ++k) rs[k] = resp[t * n * n + k];
+          for (int i = 0; i < n; ++i) p[i] = pp[t * n + i];
+          const float cf = coef[b];
+          if (collapsed) {                                 // every stream's gradient is g[t, 0]
+            const float* __restrict__ g0 = gp + t * D;
+            for (int i = 0; i < n; ++i) {
+              float cs = 0.f;
+              for (int j = 0; j < n; ++j) cs += rs[j * n + i];
+              for (int64_t d = 0; d < D; ++d)
+                ot[i * D + d] = ob[i * D + d] + cf * xt[i * D + d] + p[i] * gh[d] + cs * g0[d];
+            }
+            continue;
+          }
+          for (int i = 0; i < n; ++i)
+            for (int64_t d = 0; d < D; ++d) {
+              float s = ob[i * D + d] + cf * xt[i * D + d] + p[i] * gh[d];
+              for (int j = 0; j < n; ++j) s += rs[j * n + i] * gt[j * D + d];
+              ot[i * D + d] = s;
+            }
+        }
       }
     });
     return 0;
   });
+  auto grad_w = torch::zeros({M, width}, x.options());
+  float* __restrict__ out = grad_w.data_ptr<float>();
+  for (int th = 0; th < threads; ++th)
+    for (int64_t k = 0; k < M; ++k) {
+      const float* __restrict__ src = &acc[(static_cast<size_t>(th) * mp + k) * wp];
+      for (int64_t f = 0; f < width; ++f) out[k * width + f] += src[f];
+    }
+  return {gx, grad_w, grad_u, grad_v};
 }
 
 // out[t, i] = sum_j res[t, i, j] x[t, j] + post[t, i] y[t]
@@ -343,7 +409,7 @@ torch::Tensor stream_mix(torch::Tensor res, torch::Tensor x, torch::Tensor post,
 
 // The gradients stream_mix's output gradient g gives its small inputs: grad_res[t, i, j] = <g_i, x_j>,
 // grad_post[t, i] = <g_i, y>, grad_y[t] = sum_i post_i g_i (the streams' own gradient comes later, fused
-// into stream_grad_).
+// into maps_backward).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> stream_mix_backward(
     torch::Tensor g, torch::Tensor x, torch::Tensor post, torch::Tensor y) {
   check(g, "grad", 3), check(x, "x", 3), check(post, "post", 2), check(y, "y", 2);
@@ -383,6 +449,81 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> stream_mix_backward(
           for (int j = 0; j < n; ++j) grp[(t * n + i) * n + j] = out[i * (n + 1) + j];
           gpp[t * n + i] = out[i * (n + 1) + n];
         }
+      }
+    });
+    return 0;
+  });
+  return {grad_res, grad_post, grad_y};
+}
+
+// The last mHC sub-layer's stream mix and the collapse of its streams to their mean, in one pass that never
+// writes the last streams: out[t] = (1/n) sum_i (sum_j res[t, i, j] x[t, j] + post[t, i] y[t])
+//                                 = sum_j w_j x[t, j] + q y[t],  w_j = column mean of res, q = mean of post.
+torch::Tensor collapse_mix(torch::Tensor res, torch::Tensor x, torch::Tensor post, torch::Tensor y) {
+  check(res, "res", 3), check(x, "x", 3), check(post, "post", 2), check(y, "y", 2);
+  const int64_t N = x.size(0), D = x.size(2);
+  auto out = torch::empty({N, D}, x.options());
+  const float *__restrict__ rp = res.data_ptr<float>(), *__restrict__ xp = x.data_ptr<float>();
+  const float *__restrict__ pp = post.data_ptr<float>(), *__restrict__ yp = y.data_ptr<float>();
+  float* __restrict__ op = out.data_ptr<float>();
+  with_streams(x.size(1), [&](auto ns) {
+    constexpr int n = decltype(ns)::value;
+    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        float w[n], q = 0.f;
+        for (int j = 0; j < n; ++j) w[j] = 0.f;
+        for (int i = 0; i < n; ++i) {
+          q += pp[t * n + i];
+          for (int j = 0; j < n; ++j) w[j] += rp[(t * n + i) * n + j];
+        }
+        q /= n;
+        for (int j = 0; j < n; ++j) w[j] /= n;
+        const float *__restrict__ xt = xp + t * n * D, *__restrict__ yt = yp + t * D;
+        float* __restrict__ ot = op + t * D;
+        for (int64_t d = 0; d < D; ++d) {
+          float s = q * yt[d];
+          for (int j = 0; j < n; ++j) s += w[j] * xt[j * D + d];
+          ot[d] = s;
+        }
+      }
+    });
+    return 0;
+  });
+  return out;
+}
+
+// collapse_mix's gradients for its small inputs from g0 = (its output's gradient) / n, the gradient every one
+// of the uncollapsed streams would get: grad_res[t, i, j] = <g0, x_j> (the same for every row i),
+// grad_post[t, i] = <g0, y>, grad_y = (sum_i post_i) g0. The streams' own gradient is maps_backward's.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> collapse_mix_backward(
+    torch::Tensor g0, torch::Tensor x, torch::Tensor post, torch::Tensor y) {
+  check(g0, "grad", 2), check(x, "x", 3), check(post, "post", 2), check(y, "y", 2);
+  const int64_t N = x.size(0), D = x.size(2), n_ = x.size(1);
+  auto grad_res = torch::empty({N, n_, n_}, x.options());
+  auto grad_post = torch::empty({N, n_}, x.options());
+  auto grad_y = torch::empty({N, D}, x.options());
+  const float *__restrict__ gp = g0.data_ptr<float>(), *__restrict__ xp = x.data_ptr<float>();
+  const float *__restrict__ pp = post.data_ptr<float>(), *__restrict__ yp = y.data_ptr<float>();
+  float *__restrict__ grp = grad_res.data_ptr<float>(), *__restrict__ gpp = grad_post.data_ptr<float>();
+  float* __restrict__ gyp = grad_y.data_ptr<float>();
+  with_streams(n_, [&](auto ns) {
+    constexpr int n = decltype(ns)::value;
+    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const float* __restrict__ gt = gp + t * D;
+        const float* src[n + 1];
+        for (int j = 0; j < n; ++j) src[j] = xp + (t * n + j) * D;
+        src[n] = yp + t * D;
+        float out[n + 1];
+        dots<1, n + 1>(gt, src, D, out);
+        float q = 0.f;
+        for (int i = 0; i < n; ++i) {
+          q += pp[t * n + i];
+          gpp[t * n + i] = out[n];
+          for (int j = 0; j < n; ++j) grp[(t * n + i) * n + j] = out[j];
+        }
+        float* __restrict__ gy = gyp + t * D;
+        for (int64_t d = 0; d < D; ++d) gy[d] = q * gt[d];
       }
     });
     return 0;
@@ -1008,11 +1149,12 @@ torch::Tensor attention_backward(torch::Tensor g, torch::Tensor qkv, torch::Tens
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("maps_in", &maps_in);
-  m.def("maps_in_backward", &maps_in_backward);
-  m.def("stream_grad_", &stream_grad_);
+  m.def("maps_backward", &maps_backward);
   m.def("stream_mix", &stream_mix);
   m.def("stream_mix_backward", &stream_mix_backward);
   m.def("copies_mix", &copies_mix);
+  m.def("collapse_mix", &collapse_mix);
+  m.def("collapse_mix_backward", &collapse_mix_backward);
   m.def("copies_mix_backward", &copies_mix_backward);
   m.def("dropout", &dropout);
   m.def("sinkhorn", &sinkhorn);

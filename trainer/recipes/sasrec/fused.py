@@ -36,6 +36,10 @@ class FusedConnection:
     def stream_mix(self, res, x, post, y):
         return _StreamMix.apply(res, x, post, y, self)
 
+    def collapse_mix(self, res, x, post, y):
+        """The stream mix's output collapsed to the mean of its streams, (N, D): the last sub-layer's."""
+        return _CollapseMix.apply(res, x, post, y, self)
+
 
 class _Maps(torch.autograd.Function):
     """model.MHCMaps and the pre-mix h = sum_i H_pre_i x_i, in two kernels and a matmul around the Sinkhorn
@@ -65,14 +69,13 @@ class _Maps(torch.autograd.Function):
         grad_out = torch.zeros_like(x) if conn.grad_out is None else conn.grad_out   # (no gradient came)
         ops = mhc_ops()
         grad_l = ops.sinkhorn_backward(res, grad_res)
-        ga, coef, grad_u, grad_v = ops.maps_in_backward(x, z, r, pre, post, ctx.gates, grad_post, grad_l, grad_h)
-        grad_x = (ga @ weight).view_as(x)
-        ops.stream_grad_(grad_x, x, coef, grad_out, res, pre, grad_h)
+        grad_x, grad_w, grad_u, grad_v = ops.maps_backward(x, z, r, pre, post, weight, ctx.gates, grad_post, grad_l,
+                                                           grad_h, grad_out, res)
         ctx.conn = conn.grad_out = conn.pre = None
         grad_l = grad_l.view(tokens, -1)
         grad_alpha = torch.stack([(grad_u * z[:, :n]).sum(), (grad_v * z[:, n:2 * n]).sum(),
                                   (grad_l * z[:, 2 * n:]).sum()])
-        return (grad_x, ga.t() @ x.view(tokens, -1), grad_alpha, grad_u.sum(0), grad_v.sum(0),
+        return (grad_x, grad_w, grad_alpha, grad_u.sum(0), grad_v.sum(0),
                 grad_l.sum(0).view(n, n), None, None, None, None)
 
 
@@ -93,6 +96,27 @@ class _StreamMix(torch.autograd.Function):
         ctx.conn.grad_out = grad
         ctx.conn = None
         grad_res, grad_post, grad_y = mhc_ops().stream_mix_backward(grad, x, post, y)
+        return grad_res, None, grad_post, grad_y, None
+
+
+class _CollapseMix(torch.autograd.Function):
+    """mean_i (H_res x + H_post^T y)_i without writing the streams (kernels.cpp collapse_mix). Its backward leaves
+    the one gradient every stream gets, (output gradient) / n as (N, 1, D), for _Maps' backward."""
+
+    @staticmethod
+    def forward(ctx, res, x, post, y, conn):
+        res, post, y = res.float().contiguous(), post.float().contiguous(), y.float().contiguous()
+        ctx.save_for_backward(x, post, y)
+        ctx.conn = conn
+        return mhc_ops().collapse_mix(res, x, post, y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, post, y = ctx.saved_tensors
+        g0 = grad.float().div(x.shape[1]).contiguous()
+        ctx.conn.grad_out = g0.unsqueeze(1)
+        ctx.conn = None
+        grad_res, grad_post, grad_y = mhc_ops().collapse_mix_backward(g0, x, post, y)
         return grad_res, None, grad_post, grad_y, None
 
 

@@ -439,10 +439,11 @@ class Sublayer(nn.Module):
         self.maps = MHCMaps(cfg.mhc_streams, d, cfg) if cfg.mhc else None
         self.fused = cfg.mhc and cfg.mhc_fused
 
-    def forward(self, x: torch.Tensor, **kw) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, collapse: bool = False, **kw) -> torch.Tensor:
         """x: (B, T, D), or the real positions' (N, D) given `packing` (the attention's keyword); mHC: (1, N, n, D),
         the streams of the N real positions only: the streams of padded positions would stay zero (zero input,
-        zero output), so they are neither stored nor computed."""
+        zero output), so they are neither stored nor computed. collapse (mHC, the last sub-layer): return the
+        mean of the output streams, (N, D); the fused kernels then never write those streams."""
         if self.maps is None:
             if self.pre_ln:
                 return x + self.fn(self.norm(x), **kw)
@@ -457,9 +458,11 @@ class Sublayer(nn.Module):
         else:
             h = (pre.unsqueeze(-1).to(x.dtype) * x).sum(2)
         y = self.fn(self.norm(h.view(tokens, d)), **kw)
-        mix = conn.stream_mix if conn is not None else StreamMix.apply
-        out = mix(res.reshape(tokens, n, n), x.view(tokens, n, d), post.reshape(tokens, n), y)
-        return out.view(1, tokens, n, d)
+        args = (res.reshape(tokens, n, n), x.view(tokens, n, d), post.reshape(tokens, n), y)
+        if collapse and conn is not None:
+            return conn.collapse_mix(*args)
+        out = (conn.stream_mix if conn is not None else StreamMix.apply)(*args)
+        return out.mean(1) if collapse else out.view(1, tokens, n, d)
 
     def _from_copies(self, e: torch.Tensor, **kw) -> torch.Tensor:
         """The first sub-layer, whose streams are n copies of the embedding e (N, D): the maps from e alone
@@ -481,9 +484,10 @@ class Block(nn.Module):
                                              cfg.attention_fused), d, cfg)
         self.ffn = Sublayer(FeedForward(d, cfg.dropout), d, cfg)
 
-    def forward(self, x, keep, mask, offset, packing=None):
-        """x: (B, T, D), or the real positions only (packing: Packing)."""
-        x = self.ffn(self.attn(x, mask=mask, offset=offset, packing=packing))
+    def forward(self, x, keep, mask, offset, packing=None, last=False):
+        """x: (B, T, D), or the real positions only (packing: Packing). last (mHC): the final block, whose
+        streams are collapsed to their mean (Sublayer's collapse)."""
+        x = self.ffn(self.attn(x, mask=mask, offset=offset, packing=packing), collapse=last)
         return x if packing is not None else x * keep
 
 
@@ -549,13 +553,13 @@ class SeqRec(nn.Module):
         x = self._embed(seq, offset, keep, packed)
         # mHC: the streams start as n copies of x, which the first sub-layer takes as x itself
         # (Sublayer._from_copies) and turns into the (1, N, n, D) streams
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
+            # mHC: the last block's FFN collapses the streams to their mean, once, at the end
+            last = self.cfg.mhc and i == len(self.blocks) - 1
             if self.cfg.grad_checkpoint and self.training:
-                x = checkpoint(block, x, keep, mask, offset, packed, use_reentrant=False)
+                x = checkpoint(block, x, keep, mask, offset, packed, last, use_reentrant=False)
             else:
-                x = block(x, keep, mask, offset, packed)
-        if self.cfg.mhc:                 # collapse the streams once, at the end
-            x = x.squeeze(0).mean(1)     # a view: x[0]'s backward wrote a zero-filled copy of the streams
+                x = block(x, keep, mask, offset, packed, last)
         if packed is None:
             return self.last_norm(x) * keep
         x = self.last_norm(x)
