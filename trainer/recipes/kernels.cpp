@@ -122,18 +122,57 @@ auto with_streams(int64_t n, F&& f) {
   }
 }
 
-// The maps from the projection a = x W^T (a matmul, faster in the BLAS than per token), with the RMSNorm
-// scale, the three gates and the pre-mix in one read of each token's streams (flattened to nD = n * D):
-// r = 1 / rms(x), z = r a, pre = sigmoid(alpha0 z[:n] + b_pre), post = 2 sigmoid(alpha1 z[n:2n] + b_post),
+// a[b] = x[b] W^T for `count` <= 4 consecutive tokens (rows of width floats at x) and wt = W^T (width, mq), mq =
+// 16 V16 + 8 V8 (zero padded): 4 tokens x (V16 16-float + V8 8-float vectors) of accumulators, each row of W^T
+// loaded once for the 4 tokens. Writes a[b][0 .. mq) for b < count (a's row stride mq).
+template <int V16, int V8>
+inline void project_tokens(const float* __restrict__ x, int count, int64_t width, const float* __restrict__ wt,
+                           float* __restrict__ a) {
+  typedef float v8f __attribute__((vector_size(32)));
+  constexpr int mq = 16 * V16 + 8 * V8;
+  const float* rows[4];
+  for (int b = 0; b < 4; ++b) rows[b] = x + std::min(b, count - 1) * width;   // a short group repeats its last
+  v16f acc[4][V16 > 0 ? V16 : 1];
+  v8f acc8[4];
+  for (int b = 0; b < 4; ++b) {
+    for (int v = 0; v < V16; ++v) acc[b][v] = v16f{};
+    acc8[b] = v8f{};
+  }
+  for (int64_t f = 0; f < width; ++f) {
+    const float* __restrict__ w = wt + f * mq;
+    v16f wv[V16 > 0 ? V16 : 1];
+    v8f w8;
+    for (int v = 0; v < V16; ++v) std::memcpy(&wv[v], w + 16 * v, sizeof(v16f));
+    if (V8) std::memcpy(&w8, w + 16 * V16, sizeof(v8f));
+    for (int b = 0; b < 4; ++b) {
+      const float s = rows[b][f];
+      for (int v = 0; v < V16; ++v) acc[b][v] += s * wv[v];
+      if (V8) acc8[b] += s * w8;
+    }
+  }
+  for (int b = 0; b < count; ++b) {
+    for (int v = 0; v < V16; ++v) std::memcpy(a + b * mq + 16 * v, &acc[b][v], sizeof(v16f));
+    if (V8) std::memcpy(a + b * mq + 16 * V16, &acc8[b], sizeof(v8f));
+  }
+}
+
+// The maps, with the projection a = x W^T, the RMSNorm scale, the three gates and the pre-mix in one read of
+// each token's streams (flattened to nD = n * D): a per kBlock tokens into registers (project_tokens; the BLAS
+// product read the streams once more and wrote a), r = 1 / rms(x), z = r a, pre = sigmoid(alpha0 z[:n] + b_pre), post = 2 sigmoid(alpha1 z[n:2n] + b_post),
 // E = exp(L - max L) with L = alpha2 z[2n:] + b_res (the Sinkhorn input), h = sum_i pre_i x_i.
 // Returns (z, r, pre, post, E, h).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_in(
-    torch::Tensor x, torch::Tensor a, std::vector<double> alpha, torch::Tensor b_pre, torch::Tensor b_post,
+    torch::Tensor x, torch::Tensor weight, std::vector<double> alpha, torch::Tensor b_pre, torch::Tensor b_post,
     torch::Tensor b_res, double eps) {
-  check(x, "x", 3), check(a, "a", 2), check(b_pre, "b_pre", 1), check(b_post, "b_post", 1);
+  check(x, "x", 3), check(weight, "weight", 2), check(b_pre, "b_pre", 1), check(b_post, "b_post", 1);
   check(b_res, "b_res", 2);
-  const int64_t N = x.size(0), D = x.size(2), M = a.size(1), n_ = x.size(1);
-  TORCH_CHECK(M == 2 * n_ + n_ * n_ && alpha.size() == 3, "kernels.maps_in: a must be (N, 2n + n^2), 3 gates");
+  const int64_t N = x.size(0), D = x.size(2), M = weight.size(0), n_ = x.size(1);
+  TORCH_CHECK(M == 2 * n_ + n_ * n_ && weight.size(1) == n_ * D && alpha.size() == 3,
+              "kernels.maps_in: weight must be (2n + n^2, n D), 3 gates");
+  const int64_t mq = (M + 7) / 8 * 8;                  // W^T's row: whole 16- and 8-float vectors
+  std::vector<float> wt(n_ * D * mq, 0.f);             // W^T, (nD, mq)
+  for (int64_t k = 0; k < M; ++k)
+    for (int64_t f = 0; f < n_ * D; ++f) wt[f * mq + k] = weight.data_ptr<float>()[k * n_ * D + f];
   auto z = torch::empty({N, M}, x.options());
   auto r = torch::empty({N}, x.options());
   auto pre = torch::empty({N, n_}, x.options());
@@ -141,7 +180,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
   auto e = torch::empty({N, n_, n_}, x.options());
   auto h = torch::empty({N, D}, x.options());
   const float* __restrict__ xp = x.data_ptr<float>();
-  const float* __restrict__ ap = a.data_ptr<float>();
+  const float* __restrict__ wtp = wt.data();
   const float *__restrict__ bpre = b_pre.data_ptr<float>(), *__restrict__ bpost = b_post.data_ptr<float>(),
               *__restrict__ bres = b_res.data_ptr<float>();
   float *__restrict__ zp = z.data_ptr<float>(), *__restrict__ rp = r.data_ptr<float>();
@@ -156,8 +195,13 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
       // kBlock tokens at a time, their exponents token-last, so that the exponentials run as vector
       // operations across tokens (one token's 2n + n^2 scalar calls were half of the kernel's time)
       alignas(64) float arg[m][kBlock], ex[m][kBlock];
+      constexpr int mq = (m + 7) / 8 * 8;
+      alignas(64) float ab[kBlock][mq];
       for (int64_t t0 = lo; t0 < hi; t0 += kBlock) {
         const int count = static_cast<int>(std::min<int64_t>(kBlock, hi - t0));
+        for (int b = 0; b < count; b += 4)
+          project_tokens<mq / 16, (mq % 16) / 8>(xp + (t0 + b) * width, std::min(4, count - b), width, wtp,
+                                                  &ab[b][0]);
         for (int l = 0; l < kBlock; ++l) {
           if (l >= count) {                                 // padding lanes: any finite exponent
             for (int k = 0; k < m; ++k) arg[k][l] = 0.f;
@@ -168,7 +212,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
           const float rt = 1.f / std::sqrt(dot(xt, xt, width) / width + static_cast<float>(eps));
           rp[t] = rt;
           float zt[m];
-          for (int k = 0; k < m; ++k) zp[t * m + k] = zt[k] = rt * ap[t * m + k];
+          for (int k = 0; k < m; ++k) zp[t * m + k] = zt[k] = rt * ab[l][k];
           for (int i = 0; i < n; ++i) {
             arg[i][l] = a0 * zt[i] + bpre[i];
             arg[n + i][l] = a1 * zt[n + i] + bpost[i];
@@ -211,6 +255,46 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
   return {z, r, pre, post, e, h};
 }
 
+// gw[k0 + kk][c + u] += sum_b ga[b][k0 + kk] xs[b][c + u] (kk < KR rows, u < CR vectors of 16 columns, b < count):
+// the accumulators stay in registers over the tile's tokens, each token's vectors loaded once for KR rows.
+template <int KR, int CR>
+inline void rank_update(float* __restrict__ gw, int64_t wp, const float* __restrict__ ga, int gs,
+                        const float* __restrict__ xs, int count, int k0, int64_t c) {
+  v16f acc[KR][CR];
+  for (int kk = 0; kk < KR; ++kk)
+    for (int u = 0; u < CR; ++u) std::memcpy(&acc[kk][u], gw + (k0 + kk) * wp + (c + u) * 16, sizeof(v16f));
+  for (int b = 0; b < count; ++b) {
+    v16f xv[CR];
+    for (int u = 0; u < CR; ++u) std::memcpy(&xv[u], xs + b * wp + (c + u) * 16, sizeof(v16f));
+    for (int kk = 0; kk < KR; ++kk) {
+      const float s = ga[b * gs + k0 + kk];
+      for (int u = 0; u < CR; ++u) acc[kk][u] += s * xv[u];
+    }
+  }
+  for (int kk = 0; kk < KR; ++kk)
+    for (int u = 0; u < CR; ++u) std::memcpy(gw + (k0 + kk) * wp + (c + u) * 16, &acc[kk][u], sizeof(v16f));
+}
+
+// ob[b][c + u] = sum_k ga[b][k] w[k][c + u] for TR tokens and CR vectors of columns: each row of w loaded once
+// for TR tokens (one token at a time was bound by the loads).
+template <int TR, int CR>
+inline void project_back(float* __restrict__ ob, int64_t wp, const float* __restrict__ ga, int gs, int m,
+                         const float* __restrict__ w, int64_t c) {
+  v16f acc[TR][CR];
+  for (int b = 0; b < TR; ++b)
+    for (int u = 0; u < CR; ++u) acc[b][u] = v16f{};
+  for (int k = 0; k < m; ++k) {
+    v16f wv[CR];
+    for (int u = 0; u < CR; ++u) std::memcpy(&wv[u], w + k * wp + (c + u) * 16, sizeof(v16f));
+    for (int b = 0; b < TR; ++b) {
+      const float s = ga[b * gs + k];
+      for (int u = 0; u < CR; ++u) acc[b][u] += s * wv[u];
+    }
+  }
+  for (int b = 0; b < TR; ++b)
+    for (int u = 0; u < CR; ++u) std::memcpy(ob + b * wp + (c + u) * 16, &acc[b][u], sizeof(v16f));
+}
+
 // maps_in's backward and the streams' whole gradient, given the gradients of post, of the Sinkhorn logits L
 // (sinkhorn_backward), of h and of the stream mix's output (g). With u = alpha0 z[:n] + b_pre and
 // v = alpha1 z[n:2n] + b_post:
@@ -222,10 +306,12 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
 // three kernels and two BLAS calls read the streams four times and the ga W product wrote an (N, nD) temporary
 // (in the epoch, freshly faulted-in memory). Per tile of kTile tokens the streams are copied once into a buffer
 // padded to whole vectors; W's gradient is accumulated per thread in kTile-token rank updates (8 rows x 16
-// columns in registers); x's gradient is written once. The gates' and biases' gradients are then sums of
-// grad_u, grad_v and grad_L (times z). Returns (gx, grad_W, grad_u, grad_v).
+// columns in registers); x's gradient is written once. The gates' and biases' gradients, sums over the tokens
+// (per thread, in double), come out as one vector `small`: alpha's (sum grad_u z[:n], sum grad_v z[n:2n],
+// sum grad_L z[2n:]), then b_pre's (sum grad_u), b_post's (sum grad_v) and b_res's (sum grad_L).
+// Returns (gx, grad_W, small).
 constexpr int kTile = 16;
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_backward(
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> maps_backward(
     torch::Tensor x, torch::Tensor z, torch::Tensor r, torch::Tensor pre, torch::Tensor post, torch::Tensor weight,
     std::vector<double> alpha, torch::Tensor grad_post, torch::Tensor grad_l, torch::Tensor grad_h, torch::Tensor g,
     torch::Tensor res) {
@@ -240,9 +326,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_back
   const int64_t wp = (width + 15) / 16 * 16, nv = wp / 16;      // padded width, in v16f vectors
   const int64_t mp = (M + 7) / 8 * 8;                            // W's rows, padded to blocks of 8
   auto gx = torch::empty_like(x);
-  auto grad_u = torch::empty({N, n_}, x.options());
-  auto grad_v = torch::empty({N, n_}, x.options());
   const int threads = at::get_num_threads();
+  const int64_t ns_ = 3 + 2 * n_ + n_ * n_;                      // the small gradients' count
+  std::vector<double> sums(static_cast<size_t>(threads) * ns_, 0.0);
   std::vector<float> wpad(mp * wp, 0.f), acc(static_cast<size_t>(threads) * mp * wp, 0.f);
   for (int64_t k = 0; k < M; ++k) std::memcpy(&wpad[k * wp], weight.data_ptr<float>() + k * width, width * sizeof(float));
   const float* __restrict__ xp = x.data_ptr<float>();
@@ -253,18 +339,19 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_back
   const float *__restrict__ ghp = grad_h.data_ptr<float>(), *__restrict__ gp = g.data_ptr<float>();
   const float* __restrict__ resp = res.data_ptr<float>();
   const float* __restrict__ wv = wpad.data();
-  float *__restrict__ gxp = gx.data_ptr<float>(), *__restrict__ gup = grad_u.data_ptr<float>(),
-        *__restrict__ gvp = grad_v.data_ptr<float>();
+  float* __restrict__ gxp = gx.data_ptr<float>();
   const float a0 = alpha[0], a1 = alpha[1], a2 = alpha[2];
   with_streams(n_, [&](auto ns) {
     constexpr int n = decltype(ns)::value;
     constexpr int m = 2 * n + n * n;
     at::parallel_for(0, (N + kTile - 1) / kTile, 4, [&](int64_t lo, int64_t hi) {
       float* __restrict__ gw = &acc[static_cast<size_t>(at::get_thread_num()) * mp * wp];
-      std::vector<float> xbuf(kTile * wp, 0.f), obuf(wp);
+      double* __restrict__ sm = &sums[static_cast<size_t>(at::get_thread_num()) * ns_];
+      std::vector<float> xbuf(kTile * wp, 0.f), obuf(kTile * wp);
       float* __restrict__ xs = xbuf.data();
       float* __restrict__ ob = obuf.data();
-      alignas(64) float ga[kTile][(m + 7) / 8 * 8];
+      constexpr int gs = (m + 7) / 8 * 8;                // ga's row stride: whole blocks of 8
+      alignas(64) float ga[kTile][gs];
       float coef[kTile];
       for (int64_t tile = lo; tile < hi; ++tile) {
         const int64_t t0 = tile * kTile;
@@ -285,12 +372,19 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_back
             const float p = pp[t * n + i], q = qp[t * n + i];
             const float gu = dot(xt + i * D, gh, D) * p * (1.f - p);
             const float gv = gqp[t * n + i] * q * (1.f - 0.5f * q);
-            gup[t * n + i] = gu;
-            gvp[t * n + i] = gv;
+            sm[0] += static_cast<double>(gu) * zp[t * m + i];
+            sm[1] += static_cast<double>(gv) * zp[t * m + n + i];
+            sm[3 + i] += gu;
+            sm[3 + n + i] += gv;
             gz[i] = a0 * gu;
             gz[n + i] = a1 * gv;
           }
-          for (int k = 0; k < n * n; ++k) gz[2 * n + k] = a2 * glp[t * n * n + k];
+          for (int k = 0; k < n * n; ++k) {
+            const float gl = glp[t * n * n + k];
+            gz[2 * n + k] = a2 * gl;
+            sm[2] += static_cast<double>(gl) * zp[t * m + 2 * n + k];
+            sm[3 + 2 * n + k] += gl;
+          }
           float zg = 0.f;
           for (int k = 0; k < m; ++k) {
             zg += gz[k] * zp[t * m + k];
@@ -298,42 +392,21 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_back
           }
           coef[b] = -zg * rt * rt / width;
         }
-        // W's gradient: gw[k] += sum_b ga[b][k] xs[b], 8 rows x one vector of columns in registers
-        for (int64_t c = 0; c < nv; ++c)
-          for (int k0 = 0; k0 < m; k0 += 8) {
-            v16f a8[8];
-            for (int kk = 0; kk < 8; ++kk) std::memcpy(&a8[kk], gw + (k0 + kk) * wp + c * 16, sizeof(v16f));
-            for (int b = 0; b < count; ++b) {
-              v16f xv;
-              std::memcpy(&xv, xs + b * wp + c * 16, sizeof(v16f));
-              for (int kk = 0; kk < 8; ++kk) a8[kk] += ga[b][k0 + kk] * xv;
-            }
-            for (int kk = 0; kk < 8; ++kk) std::memcpy(gw + (k0 + kk) * wp + c * 16, &a8[kk], sizeof(v16f));
-          }
-        // x's gradient, token by token: (ga W) four vectors of columns at a time, then the stream terms
-        for (int b = 0; b < count; ++b) {
+        // W's gradient, gw[k] += sum_b ga[b][k] xs[b]: 8 rows x 3 vectors of columns in registers
+        for (int k0 = 0; k0 < m; k0 += 8) {
           int64_t c = 0;
-          for (; c + 4 <= nv; c += 4) {
-            v16f o[4] = {};
-            for (int k = 0; k < m; ++k) {
-              const float s = ga[b][k];
-              for (int u = 0; u < 4; ++u) {
-                v16f w;
-                std::memcpy(&w, wv + k * wp + (c + u) * 16, sizeof(v16f));
-                o[u] += s * w;
-              }
-            }
-            std::memcpy(ob + c * 16, o, sizeof(o));
-          }
-          for (; c < nv; ++c) {
-            v16f o = {};
-            for (int k = 0; k < m; ++k) {
-              v16f w;
-              std::memcpy(&w, wv + k * wp + c * 16, sizeof(v16f));
-              o += ga[b][k] * w;
-            }
-            std::memcpy(ob + c * 16, &o, sizeof(o));
-          }
+          for (; c + 3 <= nv; c += 3) rank_update<8, 3>(gw, wp, &ga[0][0], gs, xs, count, k0, c);
+          for (; c < nv; ++c) rank_update<8, 1>(gw, wp, &ga[0][0], gs, xs, count, k0, c);
+        }
+        // (ga W) for 4 tokens x 4 vectors of columns at a time (padding tokens' ga is zero)
+        for (int b0 = 0; b0 < count; b0 += 4) {
+          int64_t c = 0;
+          for (; c + 4 <= nv; c += 4) project_back<4, 4>(ob + b0 * wp, wp, &ga[b0][0], gs, m, wv, c);
+          for (; c < nv; ++c) project_back<4, 1>(ob + b0 * wp, wp, &ga[b0][0], gs, m, wv, c);
+        }
+        // x's gradient, token by token: the projection's term and the streams' terms
+        for (int b = 0; b < count; ++b) {
+          const float* __restrict__ obt = ob + b * wp;
           const int64_t t = t0 + b;
           const float* __restrict__ xt = xs + b * wp;
           const float* __restrict__ gt = gp + t * width;
@@ -349,13 +422,13 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_back
               float cs = 0.f;
               for (int j = 0; j < n; ++j) cs += rs[j * n + i];
               for (int64_t d = 0; d < D; ++d)
-                ot[i * D + d] = ob[i * D + d] + cf * xt[i * D + d] + p[i] * gh[d] + cs * g0[d];
+                ot[i * D + d] = obt[i * D + d] + cf * xt[i * D + d] + p[i] * gh[d] + cs * g0[d];
             }
             continue;
           }
           for (int i = 0; i < n; ++i)
             for (int64_t d = 0; d < D; ++d) {
-              float s = ob[i * D + d] + cf * xt[i * D + d] + p[i] * gh[d];
+              float s = obt[i * D + d] + cf * xt[i * D + d] + p[i] * gh[d];
               for (int j = 0; j < n; ++j) s += rs[j * n + i] * gt[j * D + d];
               ot[i * D + d] = s;
             }
@@ -371,7 +444,11 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_back
       const float* __restrict__ src = &acc[(static_cast<size_t>(th) * mp + k) * wp];
       for (int64_t f = 0; f < width; ++f) out[k * width + f] += src[f];
     }
-  return {gx, grad_w, grad_u, grad_v};
+  auto small = torch::zeros({ns_}, x.options().dtype(torch::kDouble));
+  double* __restrict__ sp = small.data_ptr<double>();
+  for (int th = 0; th < threads; ++th)
+    for (int64_t k = 0; k < ns_; ++k) sp[k] += sums[static_cast<size_t>(th) * ns_ + k];
+  return {gx, grad_w, small.to(torch::kFloat)};
 }
 
 // out[t, i] = sum_j res[t, i, j] x[t, j] + post[t, i] y[t]

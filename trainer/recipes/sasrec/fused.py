@@ -42,17 +42,15 @@ class FusedConnection:
 
 
 class _Maps(torch.autograd.Function):
-    """model.MHCMaps and the pre-mix h = sum_i H_pre_i x_i, in two kernels and a matmul around the Sinkhorn
-    kernel; the backward completes x's gradient (FusedConnection)."""
+    """model.MHCMaps and the pre-mix h = sum_i H_pre_i x_i: maps_in (projection, gates, pre-mix) and the Sinkhorn;
+    the backward (sinkhorn_backward, maps_backward) completes x's gradient (FusedConnection)."""
 
     @staticmethod
     def forward(ctx, x, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, conn):
-        weight, gates = weight.float(), [float(v) for v in alpha]
+        weight, gates = weight.float().contiguous(), [float(v) for v in alpha]
         biases = [v.float().contiguous() for v in (b_pre, b_post, b_res)]
         ops = mhc_ops()
-        with torch.autocast(x.device.type, enabled=False):
-            a = x.view(x.shape[0], -1) @ weight.t()
-        z, r, pre, post, e, h = ops.maps_in(x, a, gates, *biases, eps)
+        z, r, pre, post, e, h = ops.maps_in(x, weight, gates, *biases, eps)
         res, conn.iterations = ops.sinkhorn(e, iters, tol)
         ctx.save_for_backward(x, weight, z, r, pre, post, res)
         ctx.conn, ctx.gates = conn, gates
@@ -69,14 +67,11 @@ class _Maps(torch.autograd.Function):
         grad_out = torch.zeros_like(x) if conn.grad_out is None else conn.grad_out   # (no gradient came)
         ops = mhc_ops()
         grad_l = ops.sinkhorn_backward(res, grad_res)
-        grad_x, grad_w, grad_u, grad_v = ops.maps_backward(x, z, r, pre, post, weight, ctx.gates, grad_post, grad_l,
-                                                           grad_h, grad_out, res)
+        grad_x, grad_w, small = ops.maps_backward(x, z, r, pre, post, weight, ctx.gates, grad_post, grad_l, grad_h,
+                                                  grad_out, res)
         ctx.conn = conn.grad_out = conn.pre = None
-        grad_l = grad_l.view(tokens, -1)
-        grad_alpha = torch.stack([(grad_u * z[:, :n]).sum(), (grad_v * z[:, n:2 * n]).sum(),
-                                  (grad_l * z[:, 2 * n:]).sum()])
-        return (grad_x, grad_w, grad_alpha, grad_u.sum(0), grad_v.sum(0),
-                grad_l.sum(0).view(n, n), None, None, None, None)
+        return (grad_x, grad_w, small[:3], small[3:3 + n], small[3 + n:3 + 2 * n], small[3 + 2 * n:].view(n, n),
+                None, None, None, None)
 
 
 class _StreamMix(torch.autograd.Function):
