@@ -236,6 +236,20 @@ def test_collapse_mix_kernels_match_the_mean_of_the_stream_mix(ops, n):
         assert torch.allclose(a, b, atol=1e-5), name
 
 
+@pytest.mark.parametrize("n", [2, 3, 4, 6])
+def test_fused_sinkhorn_gradient_is_the_pytorch_one_for_every_stream_count(ops, n):
+    """The implicit gradient, 16 maps per vector in the kernel: 37 maps (two full chunks and a partial one),
+    maps far from and close to a permutation (where the pivoting decides)."""
+    torch.manual_seed(40 + n)
+    logits = torch.randn(37, n, n) * torch.linspace(0.3, 6.0, 37).view(-1, 1, 1)
+    logits = logits.requires_grad_()
+    weights = torch.randn(37, n, n)
+    ref = sinkhorn(logits, 30, 0.0)
+    (ref_grad,) = torch.autograd.grad((ref * weights).sum(), logits)
+    got = ops.sinkhorn_backward(ref.detach().contiguous(), weights)
+    assert torch.allclose(got, ref_grad, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("tol", [0.0, 1e-3, 1e-5])
 def test_fused_sinkhorn_is_the_pytorch_one(ops, tol):
     """Same maps, same iteration count (the stop rule is over all maps), same gradient; 1000 maps are not a
