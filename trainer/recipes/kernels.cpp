@@ -171,8 +171,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
               "kernels.maps_in: weight must be (2n + n^2, n D), 3 gates");
   const int64_t mq = (M + 7) / 8 * 8;                  // W^T's row: whole 16- and 8-float vectors
   std::vector<float> wt(n_ * D * mq, 0.f);             // W^T, (nD, mq)
+  const float* __restrict__ wsrc = weight.data_ptr<float>();
   for (int64_t k = 0; k < M; ++k)
-    for (int64_t f = 0; f < n_ * D; ++f) wt[f * mq + k] = weight.data_ptr<float>()[k * n_ * D + f];
+    for (int64_t f = 0; f < n_ * D; ++f) wt[f * mq + k] = wsrc[k * n_ * D + f];
   auto z = torch::empty({N, M}, x.options());
   auto r = torch::empty({N}, x.options());
   auto pre = torch::empty({N, n_}, x.options());
@@ -351,17 +352,12 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> maps_backward(
       float* __restrict__ xs = xbuf.data();
       float* __restrict__ ob = obuf.data();
       constexpr int gs = (m + 7) / 8 * 8;                // ga's row stride: whole blocks of 8
-      alignas(64) float ga[kTile][gs];
+      alignas(64) float ga[kTile][gs] = {};              // columns m .. gs stay zero (rank_update's last block)
       float coef[kTile];
       for (int64_t tile = lo; tile < hi; ++tile) {
         const int64_t t0 = tile * kTile;
         const int count = static_cast<int>(std::min<int64_t>(kTile, N - t0));
-        for (int b = 0; b < kTile; ++b) {
-          for (int k = m; k < (m + 7) / 8 * 8; ++k) ga[b][k] = 0.f;
-          if (b >= count) {                                 // padding tokens add nothing to W's gradient
-            for (int k = 0; k < m; ++k) ga[b][k] = 0.f;
-            continue;
-          }
+        for (int b = 0; b < count; ++b) {                 // (rows past count feed only unused ob rows)
           const int64_t t = t0 + b;
           const float* __restrict__ xt = xp + t * width;
           std::memcpy(xs + b * wp, xt, width * sizeof(float));
