@@ -44,6 +44,7 @@ def run_variant(name: str, data: str, epochs: int, out: Path, seed: int) -> dict
     rows, wall = run_trainer(args, run_dir, show=True)
     epochs_t = [r["epoch_time_s"] for r in rows if "epoch_time_s" in r]
     sinkhorn = [r["mhc_sinkhorn_iters"] for r in rows if "mhc_sinkhorn_iters" in r]
+    row_error = [r["mhc_row_error"] for r in rows if "mhc_row_error" in r]
     steady = epochs_t[1:] or epochs_t                        # the first epoch includes warm-up
     val = [r for r in rows if r["split"] == "val"]
     test = {r["checkpoint"]: r for r in rows if r["split"] == "test"}
@@ -57,7 +58,9 @@ def run_variant(name: str, data: str, epochs: int, out: Path, seed: int) -> dict
                 eval_time_s=round(sum(r["eval_time_s"] for r in val) / max(len(val), 1), 3),
                 users=val[-1]["users"] if val else 0,
                 **(dict(mhc_sinkhorn_iters_mean=round(sum(sinkhorn) / len(sinkhorn), 2),
-                        mhc_sinkhorn_iters_first_last=[sinkhorn[0], sinkhorn[-1]]) if sinkhorn else {}),
+                        mhc_sinkhorn_iters_first_last=[sinkhorn[0], sinkhorn[-1]],
+                        mhc_row_error_first_last_max=[row_error[0], row_error[-1], max(row_error)])
+                   if sinkhorn else {}),
                 val_curve=[(r["epoch"] + 1, r["ndcg@10"], r["hr@10"]) for r in val],
                 test_final=dict(ndcg10=test["final"]["ndcg@10"], hr10=test["final"]["hr@10"]),
                 test_best=dict(ndcg10=test["best"]["ndcg@10"], hr10=test["best"]["hr@10"]),

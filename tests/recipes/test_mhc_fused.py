@@ -270,6 +270,24 @@ def test_fused_sinkhorn_is_the_pytorch_one(ops, tol):
     assert torch.allclose(res.sum(-2), torch.ones(1000, 4), atol=1e-6)
 
 
+def test_fused_sinkhorn_stops_each_map_like_the_pytorch_path(ops):
+    """Maps from mild to sharp (1,000: chunks of 64 and the running maps gathered every 8 iterations): the same
+    per-map stop, values and count as the PyTorch path, with a cap some maps reach and one none does (the
+    slowest needs ~1,450 in float32)."""
+    from tests.recipes.test_sasrec_model import _mixed_maps
+    logits = _mixed_maps(1000, seed=13, sharpest=4.0)
+    e = logits.sub(logits.amax((1, 2), keepdim=True)).exp()
+    for cap in (40, 2000):
+        ref = sinkhorn(logits, cap, 1e-4)
+        iterations = _Sinkhorn.last_iterations
+        res, count = ops.sinkhorn(e, cap, 1e-4)
+        assert count == iterations and (count == cap) == (cap == 40)
+        assert torch.allclose(res, ref, atol=5e-6)         # (rounding over up to ~1,450 iterations)
+    assert (res.sum(-1) - 1).abs().max() <= 1e-4 and torch.allclose(res.sum(-2), torch.ones(1000, 4), atol=1e-6)
+    one, _ = ops.sinkhorn(e[:1].contiguous(), 2000, 1e-4)
+    assert torch.equal(one[0], res[0])                     # alone or among others: the same map
+
+
 @pytest.mark.parametrize("tol", [0.0, 1e-3])
 def test_sinkhorn_with_kernel_is_the_pytorch_one(ops, tol):
     """model.sinkhorn(kernel=True), the first sub-layer's: the C++ iterations and gradient, the same maps,

@@ -262,6 +262,58 @@ def test_sinkhorn_tolerance_stops_early_and_counts():
     assert _Sinkhorn.last_iterations == 20                 # tol=0: the fixed count of the seed scripts
 
 
+def _mixed_maps(count: int = 200, seed: int = 12, sharpest: float = 8.0) -> torch.Tensor:
+    """Logits from mild to sharp: with the defaults the mildest maps reach rows within 1e-4 in 2 iterations
+    and a tenth need over 300 (in float64; sharp maps late in training need up to ~100)."""
+    torch.manual_seed(seed)
+    return torch.randn(count, 4, 4) * torch.linspace(0.3, sharpest, count).view(-1, 1, 1)
+
+
+def test_sinkhorn_stops_each_map_on_its_own():
+    """A map's result does not depend on the maps beside it: each stops once its own rows are within tol (one
+    stop for all held the mild maps for the slowest, and the cap left the slow ones off); the count returned
+    is the slowest map's."""
+    from trainer.recipes.sasrec.model import _Sinkhorn
+    logits, tol = _mixed_maps(), 1e-4
+    together = sinkhorn(logits, 60, tol)
+    assert _Sinkhorn.last_iterations == 60                 # some maps need more than 60
+    alone = [sinkhorn(logits[k:k + 1], 60, tol) for k in range(len(logits))]
+    counts = []
+    for k, one in enumerate(alone):
+        sinkhorn(logits[k:k + 1], 60, tol)
+        counts.append(_Sinkhorn.last_iterations)
+        assert torch.equal(together[k:k + 1], one), k
+    assert min(counts) <= 3 and max(counts) == 60
+    rows_off = (together.sum(-1) - 1).abs().amax(-1)
+    finished = torch.tensor(counts) < 60
+    assert bool((rows_off[finished] <= tol).all()) and int(finished.sum()) >= 100
+    # a mild map stopped where it first met tol: one more iteration would have changed it
+    mild = int(torch.tensor(counts).argmin())
+    assert not torch.equal(sinkhorn(logits[mild:mild + 1], counts[mild] + 1, 0.0), together[mild:mild + 1])
+    assert torch.allclose(sinkhorn(logits[mild:mild + 1], counts[mild], 0.0), together[mild:mild + 1], atol=1e-7)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_maps_record_the_largest_row_error(fused):
+    """MHCMaps keeps the largest |row sum - 1| of its H_res since reset_counts (the recipe logs it): above the
+    tolerance when the cap stops the Sinkhorn early, within it when the maps converge."""
+    torch.manual_seed(3)
+    seq = torch.randint(1, 40, (6, 12))
+    errors = {}
+    for iters in (1, 200):
+        model = SeqRec(SeqRecConfig(time=False, width=16, depth=1, heads=1, dropout=0.0, mhc_gate_init=2.0,
+                                    mhc_sinkhorn_iters=iters, mhc_fused=fused), num_items=40, maxlen=12)
+        seen = []
+        maps = model.blocks[0].ffn.maps
+        maps.register_forward_hook(lambda m, a, out: seen.append(out[2]))
+        model(seq, seq, seq, seq.unsqueeze(-1))
+        assert maps.sinkhorn_row_error == (seen[0].sum(-1) - 1).abs().max()
+        errors[iters] = float(maps.sinkhorn_row_error)
+        maps.reset_counts()
+        assert maps.sinkhorn_row_error is None and maps.sinkhorn_calls == 0
+    assert errors[1] > 1e-3 and errors[200] <= 1e-4
+
+
 def test_mhc_fused_ops_have_exact_gradients():
     from trainer.recipes.sasrec.model import NormProj, StreamMix
     torch.manual_seed(8)

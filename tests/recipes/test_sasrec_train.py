@@ -57,6 +57,12 @@ def test_two_rank_ddp_beats_popularity(trained):
     assert len(iters) == 20 and all(1 <= k <= 20 for k in iters)    # measured each epoch, within the cap
 
 
+def test_the_sinkhorn_row_error_is_logged_every_epoch(trained):
+    """H_res's largest |row sum - 1| per epoch, the same on every rank's log line (a max over the ranks)."""
+    errors = [r["mhc_row_error"] for r in rows(trained, "train") if "mhc_row_error" in r]
+    assert len(errors) == 20 and all(0 <= e < 0.1 for e in errors)
+
+
 def test_sharded_evaluation_equals_single_process(trained, tmp_path):
     ckpt = str(trained / "checkpoints" / "final.pt")
     trainer("eval", "--checkpoint", ckpt, "--out", str(tmp_path / "one.json"), "train.batch_size=7")

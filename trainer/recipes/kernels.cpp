@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <cmath>
 #include <tuple>
 #include <type_traits>
@@ -672,88 +673,99 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> copies_mi
 }
 
 // Sinkhorn on a chunk of maps held maps-last in m[n * n][kLanes] (so every step is a vector operation over
-// the maps): `iters` iterations of rows then columns. err (if given) gets, for it = 1 .. iters - 1, the
-// largest row error after `it` iterations (err[it - 1]): the row sums the next iteration divides by.
+// the maps): iterations first .. last - 1 of rows then columns. With tol > 0 each map stops on its own: before
+// an iteration (not the first), a map whose rows all sum to 1 within tol (columns are exact after each
+// iteration) is left as it is from then on (its lane multiplied by 1) and ran[l] records the iterations it ran;
+// the chunk returns once no lane runs. Lanes with ran[l] >= 0 on entry do not run; -1 on return: still running.
 template <int n>
-void sinkhorn_chunk(float (*__restrict__ m)[kLanes], int64_t iters, float* err) {
-  alignas(64) float s[kLanes];
-  for (int64_t it = 0; it < iters; ++it) {
-    float worst = 0.f;
-    for (int i = 0; i < n; ++i) {                      // rows
-      for (int l = 0; l < kLanes; ++l) s[l] = m[i * n][l];
+void sinkhorn_lanes(float (*__restrict__ m)[kLanes], int64_t first, int64_t last, float tol,
+                    int32_t* __restrict__ ran) {
+  alignas(64) float s[n][kLanes], live[kLanes];
+  for (int l = 0; l < kLanes; ++l) live[l] = ran[l] < 0 ? 1.f : 0.f;
+  for (int64_t it = first; it < last; ++it) {
+    for (int i = 0; i < n; ++i) {                      // row sums
+      for (int l = 0; l < kLanes; ++l) s[i][l] = m[i * n][l];
       for (int j = 1; j < n; ++j)
-        for (int l = 0; l < kLanes; ++l) s[l] += m[i * n + j][l];
-      if (err && it > 0) {                             // padding lanes hold all-ones maps: exact after one
-#pragma omp simd reduction(max : worst)
-        for (int l = 0; l < kLanes; ++l) worst = std::max(worst, std::abs(s[l] - 1.f));
-      }
-      for (int l = 0; l < kLanes; ++l) s[l] = 1.f / s[l];
-      for (int j = 0; j < n; ++j)
-        for (int l = 0; l < kLanes; ++l) m[i * n + j][l] *= s[l];
+        for (int l = 0; l < kLanes; ++l) s[i][l] += m[i * n + j][l];
     }
-    if (err && it > 0) err[it - 1] = worst;
+    if (tol > 0 && it > 0) {
+      int running = 0;
+#pragma omp simd reduction(+ : running)
+      for (int l = 0; l < kLanes; ++l) {
+        float worst = 0.f;
+        for (int i = 0; i < n; ++i) worst = std::max(worst, std::abs(s[i][l] - 1.f));
+        const bool stop = live[l] != 0.f && worst <= tol;
+        ran[l] = stop ? static_cast<int32_t>(it) : ran[l];
+        live[l] = stop ? 0.f : live[l];
+        running += live[l] != 0.f;
+      }
+      if (!running) return;
+    }
+    for (int i = 0; i < n; ++i) {                      // rows
+      for (int l = 0; l < kLanes; ++l) s[i][l] = live[l] != 0.f ? 1.f / s[i][l] : 1.f;
+      for (int j = 0; j < n; ++j)
+        for (int l = 0; l < kLanes; ++l) m[i * n + j][l] *= s[i][l];
+    }
     for (int j = 0; j < n; ++j) {                      // columns
-      for (int l = 0; l < kLanes; ++l) s[l] = m[j][l];
+      float* __restrict__ c = s[0];
+      for (int l = 0; l < kLanes; ++l) c[l] = m[j][l];
       for (int i = 1; i < n; ++i)
-        for (int l = 0; l < kLanes; ++l) s[l] += m[i * n + j][l];
-      for (int l = 0; l < kLanes; ++l) s[l] = 1.f / s[l];
+        for (int l = 0; l < kLanes; ++l) c[l] += m[i * n + j][l];
+      for (int l = 0; l < kLanes; ++l) c[l] = live[l] != 0.f ? 1.f / c[l] : 1.f;
       for (int i = 0; i < n; ++i)
-        for (int l = 0; l < kLanes; ++l) m[i * n + j][l] *= s[l];
+        for (int l = 0; l < kLanes; ++l) m[i * n + j][l] *= c[l];
     }
   }
 }
 
 // Sinkhorn on (N, n, n) positive maps E = exp(L - max) (the exponential is the caller's: vectorised there),
-// normalised by rows then columns, at most iters times,
-// stopping before an iteration once every row of every map sums to 1 within tol (tol > 0; columns are exact
-// after each iteration): the PyTorch path's rule, over all maps. Chunks run every iteration while in cache,
-// recording their row errors; if the rule stops earlier, the chunks are run again with that count (rare:
-// near-identity maps converge slowly). Returns (P, iterations run).
+// normalised by rows then columns, at most iters times; with tol > 0 each map stops before an iteration once
+// its rows sum to 1 within tol (columns are exact after each iteration): the PyTorch path's rule. The maps still
+// running are gathered into whole chunks every kRound iterations, so that the few slow maps (sharp maps late in
+// training need up to ~100 iterations, most under 10) do not hold every chunk they share. Returns (P, the
+// iterations the slowest map ran).
+constexpr int64_t kRound = 8;
 std::tuple<torch::Tensor, int64_t> sinkhorn(torch::Tensor logits, int64_t iters, double tol) {
   check(logits, "maps", 3);
   const int64_t N = logits.size(0);
   TORCH_CHECK(logits.size(2) == logits.size(1), "kernels.sinkhorn: square maps");
-  auto p = torch::empty_like(logits);
-  const float* lp = logits.data_ptr<float>();
+  auto p = logits.clone();                               // the maps' current values, normalised in place
   float* pp = p.data_ptr<float>();
-  const int64_t chunks = (N + kLanes - 1) / kLanes;
-  std::vector<float> errors(tol > 0 ? chunks * iters : 0);
+  const float ftol = static_cast<float>(tol);
+  std::vector<int32_t> ran(N, -1);                       // iterations run by a map that stopped; -1: running
+  std::vector<int64_t> live(N);
+  std::iota(live.begin(), live.end(), 0);
   return with_streams(logits.size(1), [&](auto ns) {
     constexpr int n = decltype(ns)::value;
-    auto run = [&](int64_t count, bool record) {
+    int64_t first = 0;
+    while (!live.empty() && first < iters) {
+      const int64_t last = tol > 0 ? std::min(iters, first + kRound) : iters;
+      const int64_t count = static_cast<int64_t>(live.size()), chunks = (count + kLanes - 1) / kLanes;
       at::parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
         alignas(64) float m[n * n][kLanes];
+        alignas(64) int32_t lr[kLanes];
         for (int64_t c = b; c < e; ++c) {
           const int64_t t0 = c * kLanes;
-          const int lanes = static_cast<int>(std::min<int64_t>(kLanes, N - t0));
+          const int lanes = static_cast<int>(std::min<int64_t>(kLanes, count - t0));
           for (int l = 0; l < kLanes; ++l) {
-            if (l >= lanes) {                               // padding lanes: a valid map, never read back
-              for (int k = 0; k < n * n; ++k) m[k][l] = 1.f;
-              continue;
-            }
-            const float* src = lp + (t0 + l) * n * n;
+            lr[l] = l < lanes ? -1 : 0;                    // padding lanes do not run
+            const float* src = pp + live[t0 + std::min(l, lanes - 1)] * n * n;
             for (int k = 0; k < n * n; ++k) m[k][l] = src[k];
           }
-          sinkhorn_chunk<n>(m, count, record ? errors.data() + c * iters : nullptr);
-          for (int l = 0; l < lanes; ++l)
-            for (int k = 0; k < n * n; ++k) pp[(t0 + l) * n * n + k] = m[k][l];
+          sinkhorn_lanes<n>(m, first, last, ftol, lr);
+          for (int l = 0; l < lanes; ++l) {
+            float* dst = pp + live[t0 + l] * n * n;
+            for (int k = 0; k < n * n; ++k) dst[k] = m[k][l];
+            ran[live[t0 + l]] = lr[l];
+          }
         }
       });
-    };
-    run(iters, tol > 0);
-    int64_t done = iters;
-    if (tol > 0) {
-      for (int64_t it = 1; it < iters; ++it) {          // after `it` iterations, are all rows within tol?
-        float worst = 0.f;
-        for (int64_t c = 0; c < chunks; ++c) worst = std::max(worst, errors[c * iters + it - 1]);
-        if (worst <= tol) {
-          done = it;
-          break;
-        }
-      }
-      if (done < iters) run(done, false);
+      first = last;
+      live.erase(std::remove_if(live.begin(), live.end(), [&](int64_t t) { return ran[t] >= 0; }), live.end());
     }
-    return std::tuple<torch::Tensor, int64_t>{p, done};
+    int64_t slowest = tol <= 0 || !live.empty() ? iters : 0;
+    for (int64_t t = 0; t < N && slowest < iters; ++t) slowest = std::max<int64_t>(slowest, ran[t]);
+    return std::tuple<torch::Tensor, int64_t>{p, slowest};
   });
 }
 

@@ -46,16 +46,23 @@ class SASRecRecipe(Recipe):
         self.train_set.epoch = epoch          # negatives are drawn from (seed, epoch, user)
         self.maps = [m for m in unwrap(model).modules() if isinstance(m, MHCMaps)]
         for m in self.maps:
-            m.sinkhorn_calls = m.sinkhorn_iterations = 0
+            m.reset_counts()
 
     def epoch_metrics(self):
-        """mHC: the mean number of Sinkhorn iterations per map (at most model.mhc_sinkhorn_iters; fewer once
-        the rows are doubly stochastic within model.mhc_sinkhorn_tol), over every rank."""
+        """mHC, over every rank: the mean number of Sinkhorn iterations a call ran (its slowest map's: at most
+        model.mhc_sinkhorn_iters; each map stops once its rows are within model.mhc_sinkhorn_tol) and the
+        largest row error left (|row sum - 1| of H_res: above the tolerance, maps that reached the cap)."""
         if not getattr(self, "maps", None):
             return {}
+        device = runtime.comm_device(self.dist)
         counts = torch.tensor([[m.sinkhorn_iterations, m.sinkhorn_calls] for m in self.maps], dtype=torch.float64)
-        counts = runtime.all_reduce(counts.sum(0).to(runtime.comm_device(self.dist)), self.dist).cpu().tolist()
-        return {"mhc_sinkhorn_iters": round(counts[0] / counts[1], 2)} if counts[1] else {}
+        counts = runtime.all_reduce(counts.sum(0).to(device), self.dist).cpu().tolist()
+        errors = [m.sinkhorn_row_error for m in self.maps if m.sinkhorn_row_error is not None]
+        worst = torch.stack(errors).amax().double().reshape(1) if errors else torch.zeros(1, dtype=torch.float64)
+        worst = float(runtime.all_reduce(worst.to(device), self.dist, "max"))
+        if not counts[1]:
+            return {}
+        return {"mhc_sinkhorn_iters": round(counts[0] / counts[1], 2), "mhc_row_error": float(f"{worst:.3g}")}
 
     def batch_size_of(self, batch):
         return int(batch["seq"].shape[0])
