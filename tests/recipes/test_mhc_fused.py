@@ -288,6 +288,23 @@ def test_fused_sinkhorn_stops_each_map_like_the_pytorch_path(ops):
     assert torch.equal(one[0], res[0])                     # alone or among others: the same map
 
 
+def test_fused_newton_steps_are_the_pytorch_ones(ops):
+    """The kernel's Newton steps (16 maps per vector) against the PyTorch path's: every row within tol, the
+    same count, the same maps but where the two round a step's acceptance differently (within tol there)."""
+    from tests.recipes.test_sasrec_model import _mixed_maps
+    logits = _mixed_maps(1000, seed=13)
+    e = logits.sub(logits.amax((1, 2), keepdim=True)).exp()
+    ref = sinkhorn(logits, 20, 1e-4, newton=8)
+    iterations = _Sinkhorn.last_iterations
+    res, count = ops.sinkhorn(e, 20, 1e-4, 8)
+    assert count == iterations == 20
+    assert (res.sum(-1) - 1).abs().max() <= 1e-4 and torch.allclose(res.sum(-2), torch.ones(1000, 4), atol=1e-6)
+    close = torch.isclose(res, ref, atol=1e-5).flatten(1).all(1)
+    assert int(close.sum()) >= 990 and torch.allclose(res, ref, atol=1e-4)
+    plain, _ = ops.sinkhorn(e, 20, 1e-4)
+    assert (plain.sum(-1) - 1).abs().max() > 1e-2            # what the steps fixed
+
+
 @pytest.mark.parametrize("tol", [0.0, 1e-3])
 def test_sinkhorn_with_kernel_is_the_pytorch_one(ops, tol):
     """model.sinkhorn(kernel=True), the first sub-layer's: the C++ iterations and gradient, the same maps,

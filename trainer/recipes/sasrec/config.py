@@ -34,6 +34,7 @@ class SeqRecConfig:
     bounds: ClassVar[dict[str, Bound]] = dict(width=POSITIVE, depth=POSITIVE, heads=POSITIVE, dropout=FRACTION,
                                               time_span=POSITIVE, mhc_streams=POSITIVE, mhc_sinkhorn_iters=POSITIVE,
                                               mhc_sinkhorn_tol=Bound(0, zero="fixed count"),
+                                              mhc_newton_steps=Bound(0, zero="none: the iterations alone"),
                                               length_buckets=POSITIVE)
 
     width: int = 50                            # item embedding / transformer width
@@ -47,6 +48,7 @@ class SeqRecConfig:
     mhc_streams: int = 4
     mhc_sinkhorn_iters: int = 20               # at most; fewer once rows sum to 1 within the tolerance
     mhc_sinkhorn_tol: float = 1e-4             # 0: always mhc_sinkhorn_iters
+    mhc_newton_steps: int = 8                  # then Newton steps for maps still above the tolerance (0: none)
     mhc_gate_init: float = 0.01
     mhc_fp32: bool = True                      # mHC maps in fp32 under AMP (the seed's --mhc_no_amp)
     mhc_fused: bool = True                     # fused C++ kernels for the streams on CPU (built on first use)

@@ -28,10 +28,10 @@ class FusedConnection:
         self.grad_out = self.pre = None
         self.iterations = 0
 
-    def maps(self, x, weight, alpha, b_pre, b_post, b_res, eps, iters, tol):
+    def maps(self, x, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton=0):
         """(h, post, res) for (N, n, D) streams: the pre-mixed input, H_post and H_res; sets self.pre (H_pre,
         without gradient: it acts only through h) and self.iterations (the Sinkhorn's)."""
-        return _Maps.apply(x, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, self)
+        return _Maps.apply(x, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton, self)
 
     def stream_mix(self, res, x, post, y):
         return _StreamMix.apply(res, x, post, y, self)
@@ -46,12 +46,12 @@ class _Maps(torch.autograd.Function):
     the backward (sinkhorn_backward, maps_backward) completes x's gradient (FusedConnection)."""
 
     @staticmethod
-    def forward(ctx, x, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, conn):
+    def forward(ctx, x, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton, conn):
         weight, gates = weight.float().contiguous(), [float(v) for v in alpha]
         biases = [v.float().contiguous() for v in (b_pre, b_post, b_res)]
         ops = mhc_ops()
         z, r, pre, post, e, h = ops.maps_in(x, weight, gates, *biases, eps)
-        res, conn.iterations = ops.sinkhorn(e, iters, tol)
+        res, conn.iterations = ops.sinkhorn(e, iters, tol, newton)
         ctx.save_for_backward(x, weight, z, r, pre, post, res)
         ctx.conn, ctx.gates = conn, gates
         conn.pre = pre
@@ -71,7 +71,7 @@ class _Maps(torch.autograd.Function):
                                                   grad_out, res)
         ctx.conn = conn.grad_out = conn.pre = None
         return (grad_x, grad_w, small[:3], small[3:3 + n], small[3 + n:3 + 2 * n], small[3 + 2 * n:].view(n, n),
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 class _StreamMix(torch.autograd.Function):
