@@ -51,7 +51,8 @@ class SASRecRecipe(Recipe):
     def epoch_metrics(self):
         """mHC, over every rank: the mean number of Sinkhorn iterations a call ran (its slowest map's: at most
         model.mhc_sinkhorn_iters; each map stops once its rows are within model.mhc_sinkhorn_tol) and the
-        largest row error left (|row sum - 1| of H_res: above the tolerance, maps that reached the cap)."""
+        largest row error left (|row sum - 1| of H_res: above the tolerance, maps that neither the iterations nor
+        model.mhc_newton_steps brought within it)."""
         if not getattr(self, "maps", None):
             return {}
         device = runtime.comm_device(self.dist)
