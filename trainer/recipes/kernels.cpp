@@ -159,8 +159,8 @@ inline void project_tokens(const float* __restrict__ x, int count, int64_t width
 
 // The maps, with the projection a = x W^T, the RMSNorm scale, the three gates and the pre-mix in one read of
 // each token's streams (flattened to nD = n * D): a per kBlock tokens into registers (project_tokens; the BLAS
-// product read the streams once more and wrote a), r = 1 / rms(x), z = r a, pre = sigmoid(alpha0 z[:n] + b_pre), post = 2 sigmoid(alpha1 z[n:2n] + b_post),
-// E = exp(L - max L) with L = alpha2 z[2n:] + b_res (the Sinkhorn input), h = sum_i pre_i x_i.
+// product read the streams once more and wrote a), r = 1 / rms(x), z = r a, pre = sigmoid(alpha0 z[:n] + b_pre),
+// post = 2 sigmoid(alpha1 z[n:2n] + b_post), E = exp(L - max L) with L = alpha2 z[2n:] + b_res (the Sinkhorn input), h = sum_i pre_i x_i.
 // Returns (z, r, pre, post, E, h).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_in(
     torch::Tensor x, torch::Tensor weight, std::vector<double> alpha, torch::Tensor b_pre, torch::Tensor b_post,
@@ -332,7 +332,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> maps_backward(
   const int64_t ns_ = 3 + 2 * n_ + n_ * n_;                      // the small gradients' count
   std::vector<double> sums(static_cast<size_t>(threads) * ns_, 0.0);
   std::vector<float> wpad(mp * wp, 0.f), acc(static_cast<size_t>(threads) * mp * wp, 0.f);
-  for (int64_t k = 0; k < M; ++k) std::memcpy(&wpad[k * wp], weight.data_ptr<float>() + k * width, width * sizeof(float));
+  for (int64_t k = 0; k < M; ++k)
+    std::memcpy(&wpad[k * wp], weight.data_ptr<float>() + k * width, width * sizeof(float));
   const float* __restrict__ xp = x.data_ptr<float>();
   const float* __restrict__ zp = z.data_ptr<float>();
   const float* __restrict__ rp = r.data_ptr<float>();
@@ -672,13 +673,14 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> copies_mi
   return {grad_rows, grad_post, grad_e, grad_y};
 }
 
+inline v16f abs16(v16f v) { return v < 0.f ? -v : v; }
+
 // x = A^-1 b for n x n systems held in vector lanes, a = [A | b] row-major (n rows of n + 1): Gaussian
 // elimination with partial pivoting, each lane choosing and swapping its own pivot rows by selects. a is
 // overwritten.
 template <int n>
 inline void solve_lanes(v16f* __restrict__ a, v16f* __restrict__ x) {
   constexpr int w = n + 1;
-  auto abs16 = [](v16f v) { return v < 0.f ? -v : v; };
   for (int c = 0; c < n; ++c) {
     v16f best = abs16(a[c * w + c]);
     v16i piv = v16i{} + c;
@@ -712,12 +714,12 @@ inline void solve_lanes(v16f* __restrict__ a, v16f* __restrict__ x) {
 // J = diag(r) - P P^T (null along 1: the common factor), so (J + 1 1^T) d = 1 - r, then rows times exp(d - max d)
 // and the columns normalised. A lane takes a step only if it lowers its largest row error, else it halves its
 // step length for the next (backtracking along the same direction); it stops once the error is within tol or
-// after `steps`. live: lanes that may step (padding lanes not). Sinkhorn's iterations converge linearly, slower the sharper the map (late in training, rows
-// still off by up to 0.8 after 20 iterations); from there these steps reach 1e-4 in a few.
+// after `steps`. live: lanes that may step (padding lanes not). Sinkhorn's iterations converge linearly, the
+// slower the sharper the map (late in training rows were still off by up to 0.8 after 20 iterations); from
+// there these steps reach 1e-4 in a few.
 template <int n>
 void newton_lanes(v16f* __restrict__ P, v16i live, int64_t steps, float tol) {
   constexpr int w = n + 1;
-  auto abs16 = [](v16f v) { return v < 0.f ? -v : v; };
   auto row_sums = [&](const v16f* M, v16f* r) {
     v16f worst = v16f{};
     for (int i = 0; i < n; ++i) {
