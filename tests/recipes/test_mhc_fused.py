@@ -36,14 +36,18 @@ def ops():
     return module
 
 
-def _model(fused_kernels: bool, time: bool, seed: int = 0) -> SeqRec:
+def _model(fused_kernels: bool, time: bool, seed: int = 0, basis: bool = True, depth: int = 2,
+           streams: int = 4) -> SeqRec:
+    """basis=False: the fused path with the streams as (N, n, D) tensors between the kernels (as under
+    grad_checkpoint) instead of the basis form (fused.BasisStreams)."""
     torch.manual_seed(seed)
-    model = SeqRec(SeqRecConfig(time=time, width=16, depth=2, heads=2, dropout=0.0, mhc_gate_init=0.5,
-                                mhc_fused=fused_kernels), num_items=50, maxlen=20).train()
+    model = SeqRec(SeqRecConfig(time=time, width=16, depth=depth, heads=2, dropout=0.0, mhc_gate_init=0.5,
+                                mhc_streams=streams, mhc_fused=fused_kernels), num_items=50, maxlen=20).train()
     with torch.no_grad():                  # far from the near-identity start, so every map term matters
         for sub in (s for block in model.blocks for s in (block.attn, block.ffn)):
             sub.maps.proj.weight.normal_(0, 0.3)
             sub.maps.b_res.normal_(0, 1)
+            sub.basis = sub.basis and basis
     return model
 
 
@@ -73,6 +77,22 @@ def test_fused_model_computes_the_pytorch_paths_function_and_gradients(ops, time
         assert (got[2][name] - grad).abs().max() <= 1e-5 * scale, name
 
 
+@pytest.mark.parametrize("form,depth,streams", [("dense", 2, 4), ("basis", 3, 4), ("basis", 2, 2)],
+                         ids=["dense", "deep", "two_streams"])
+@pytest.mark.parametrize("time", [False, True], ids=["sasrec_mhc", "tisasrec_mhc"])
+def test_both_stream_forms_compute_the_pytorch_paths_function_and_gradients(ops, time, form, depth, streams):
+    """The fused path with the (N, n, D) streams between the kernels (dense: as under grad_checkpoint), and in
+    the basis form where the basis outgrows the streams and they are expanded (deep: a fifth basis vector
+    with 4 streams; 2 streams: a third), against the PyTorch path."""
+    batch = _batch()
+    model = lambda fused: _model(fused, time, depth=depth, streams=streams, basis=form == "basis")   # noqa: E731
+    ref, got = _loss_and_grads(model(False), batch), _loss_and_grads(model(True), batch)
+    assert torch.allclose(got[0], ref[0], atol=1e-5) and torch.allclose(got[1], ref[1], atol=1e-5)
+    scale = max(g.abs().max() for g in ref[2].values())
+    for name, grad in ref[2].items():
+        assert (got[2][name] - grad).abs().max() <= 1e-5 * scale, name
+
+
 def test_fused_path_is_the_one_taken(ops, monkeypatch):
     """Guards the test above: with model.mhc_fused the kernels run (a broken kernel changes the output)."""
     batch = _batch()
@@ -83,7 +103,7 @@ def test_fused_path_is_the_one_taken(ops, monkeypatch):
 
 
 class _Broken:
-    """The kernels with the stream mix's post term dropped."""
+    """The kernels with the stream mix's post term dropped (in the basis form: the coefficients' mix's)."""
 
     def __init__(self, ops):
         self._ops = ops
@@ -93,6 +113,9 @@ class _Broken:
 
     def stream_mix(self, res, x, post, y):
         return self._ops.stream_mix(res, x, torch.zeros_like(post), y)
+
+    def coef_mix(self, res, coef, post):
+        return self._ops.coef_mix(res, coef, torch.zeros_like(post))
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -156,11 +179,13 @@ def test_first_sublayer_from_copies_has_the_expanded_streams_gradients(ops, kern
 
 
 def test_first_sublayer_runs_the_copies_kernel(ops, monkeypatch):
-    """Guards the test above: with model.mhc_fused the first sub-layer's mix is kernels.cpp's copies_mix."""
+    """Guards the test above: with model.mhc_fused and the (N, n, D) streams between the kernels (as under
+    grad_checkpoint) the first sub-layer's mix is kernels.cpp's copies_mix. (In the basis form it writes no
+    streams: its mix is the coefficients [rows | post], which the next sub-layer's maps_in_basis reads.)"""
     batch = _batch()
-    ref = _model(True, False)(*batch)[0].detach()
+    ref = _model(True, False, basis=False)(*batch)[0].detach()
     monkeypatch.setattr(kernels._EXT, "_ops", _BrokenCopies(ops))
-    assert not torch.allclose(_model(True, False)(*batch)[0].detach(), ref, atol=1e-3)
+    assert not torch.allclose(_model(True, False, basis=False)(*batch)[0].detach(), ref, atol=1e-3)
 
 
 class _BrokenCopies(_Broken):
@@ -215,6 +240,57 @@ def test_maps_kernels_match_autograd(ops, n, collapsed):
     ours = (grad_x, grad_w, small[:3], small[3:3 + n], small[3 + n:3 + 2 * n], small[3 + 2 * n:].view(n, n))
     for name, a, b in zip(("x", "W", "alpha", "b_pre", "b_post", "b_res"), ours, ref):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("n,k", [(2, 1), (3, 2), (4, 3), (4, 5), (6, 8)])
+def test_basis_form_kernels_match_the_expanded_streams(ops, n, k):
+    """Streams in the basis form, x[t, i] = sum_k coef[t, i, k] v_k[t]: maps_in_basis equals maps_in on the
+    expanded streams; maps_backward_basis's coefficient and basis gradients equal those of maps_backward's
+    streams' gradient carried through the expansion, written where a buffer is fresh and added where not; the
+    coefficients' mix, the mean and the row error against their formulas."""
+    torch.manual_seed(50 + 10 * n + k)
+    tokens, d, m = 37, 23, 2 * n + n * n
+    coef, basis = torch.randn(tokens, n, k), [torch.randn(tokens, d) for _ in range(k)]
+    x = torch.einsum("tik,ktd->tid", coef, torch.stack(basis)).contiguous()
+    w, gates, eps = 0.3 * torch.randn(m, n * d), [0.7, -0.4, 1.3], 1e-6
+    biases = [torch.randn(n), torch.randn(n), torch.randn(n, n)]
+    dense, ours = ops.maps_in(x, w, gates, *biases, eps), ops.maps_in_basis(coef, basis, w, gates, *biases, eps)
+    for name, a, b in zip(("z", "r", "pre", "post", "E", "h"), ours, dense):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), name
+    z, r, pre, post, _, _ = dense
+    grad_post, grad_l, grad_h = torch.randn(tokens, n), torch.randn(tokens, n, n), torch.randn(tokens, d)
+    no_mix = torch.zeros(tokens, n, d)                      # the dense stream mix's term left out
+    gx, gw, small = ops.maps_backward(x, z, r, pre, post, w, gates, grad_post, grad_l, grad_h, no_mix,
+                                      torch.rand(tokens, n, n))
+    prior = [torch.randn(tokens, d) for _ in range(k)]     # earlier readers' terms, for the odd vectors
+    fresh = [j % 2 == 0 for j in range(k)]
+    buffers = [torch.full_like(v, float("nan")) if f else p.clone() for v, p, f in zip(basis, prior, fresh)]
+    gc, gw2, small2 = ops.maps_backward_basis(coef, basis, z, r, pre, post, w, gates, grad_post, grad_l, grad_h,
+                                              buffers, fresh)
+    assert torch.allclose(gw2, gw, atol=1e-4, rtol=1e-4) and torch.allclose(small2, small, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(gc, torch.einsum("tid,ktd->tik", gx, torch.stack(basis)), atol=1e-4, rtol=1e-4)
+    for j in range(k):
+        want = torch.einsum("ti,tid->td", coef[..., j], gx) + (0 if fresh[j] else prior[j])
+        assert torch.allclose(buffers[j], want, atol=1e-4, rtol=1e-4), j
+
+    res, g = torch.rand(tokens, n, n), torch.randn(tokens, n, k + 1)
+    leaves = [t.clone().requires_grad_() for t in (res, coef, post)]
+    ref = torch.cat([leaves[0] @ leaves[1], leaves[2].unsqueeze(-1)], -1)
+    assert torch.allclose(ops.coef_mix(res, coef, post), ref.detach(), atol=1e-5)
+    for name, a, b in zip(("res", "coef", "post"), ops.coef_mix_backward(g, res, coef),
+                          torch.autograd.grad((ref * g).sum(), leaves)):
+        assert torch.allclose(a, b, atol=1e-5), name
+
+    mean = x.mean(1)
+    assert torch.allclose(ops.basis_mean(coef, basis), mean, atol=1e-5)
+    g0, leaves = torch.randn(tokens, d), [t.clone().requires_grad_() for t in (coef, *basis)]
+    ref = torch.autograd.grad((torch.einsum("tik,ktd->tid", leaves[0], torch.stack(leaves[1:])).mean(1) * g0).sum(),
+                              leaves)
+    buffers = [torch.full_like(v, float("nan")) if f else p.clone() for v, p, f in zip(basis, prior, fresh)]
+    assert torch.allclose(ops.basis_mean_backward(g0, coef, basis, buffers, fresh), ref[0], atol=1e-5)
+    for j in range(k):
+        assert torch.allclose(buffers[j], ref[1 + j] + (0 if fresh[j] else prior[j]), atol=1e-5), j
+    assert ops.row_error(res) == pytest.approx(float((res.sum(-1) - 1).abs().max()), abs=1e-6)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

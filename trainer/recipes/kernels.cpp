@@ -157,17 +157,152 @@ inline void project_tokens(const float* __restrict__ x, int count, int64_t width
   }
 }
 
+// Where maps_in and maps_backward read a sub-layer's streams: an (N, n, D) tensor, or the basis form, where
+// token t's streams are combinations of K (N, D) vectors, x[t, i] = sum_k coef[t, i, k] v_k[t]. mHC's streams
+// are: they start as n copies of the embedding e and every mix adds one sub-layer output y (x' = H_res x +
+// H_post^T y), so before the l-th sub-layer they are combinations of e, y_0 .. y_{l-1} (fused.py BasisStreams).
+// Read that way they are never written: a token's streams are expanded in cache from l + 1 vectors of D
+// instead of n read and n written by every mix and its backward.
+// Calls f(std::integral_constant<int, K>) for a basis of K = 1 .. 8 vectors (Streams below).
+template <typename F>
+auto with_basis(int64_t K, F&& f) {
+  switch (K) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: TORCH_CHECK(false, "kernels: a basis of ", K, " vectors (built for 1 .. 8)");
+  }
+}
+
+inline float sum16(v16f v) {
+  float s = 0.f;
+  for (int l = 0; l < 16; ++l) s += v[l];
+  return s;
+}
+
+// out[i * D + d] = sum_k c[i * K + k] v[k][d]: one token's n streams from its K basis vectors, 16 columns at a
+// time with the coefficients in registers (loops over D = 50 per pair of i and k were bound by their overhead).
+template <int n, int K>
+inline void expand_token(const float* __restrict__ c, const float* const (&v)[K], int64_t D, float* __restrict__ out) {
+  int64_t d = 0;
+  for (; d + 16 <= D; d += 16) {
+    v16f vk[K];
+    for (int k = 0; k < K; ++k) std::memcpy(&vk[k], v[k] + d, sizeof(v16f));
+    for (int i = 0; i < n; ++i) {
+      v16f s = c[i * K] * vk[0];
+      for (int k = 1; k < K; ++k) s += c[i * K + k] * vk[k];
+      std::memcpy(out + i * D + d, &s, sizeof(v16f));
+    }
+  }
+  for (; d < D; ++d)
+    for (int i = 0; i < n; ++i) {
+      float s = 0.f;
+      for (int k = 0; k < K; ++k) s += c[i * K + k] * v[k][d];
+      out[i * D + d] = s;
+    }
+}
+
+// expand_token's backward for the gradient gx of the token's n streams (rows of D): gc[i * K + k] = <gx_i, v_k>,
+// and gv[k] = sum_i c[i * K + k] gx_i, written where assign[k], else added. One pass over the columns.
+template <int n, int K>
+inline void contract_token(const float* __restrict__ gx, const float* __restrict__ c, const float* const (&v)[K],
+                           float* const (&gv)[K], const char* assign, int64_t D, float* __restrict__ gc) {
+  v16f acc[n][K];
+  for (int i = 0; i < n; ++i)
+    for (int k = 0; k < K; ++k) acc[i][k] = v16f{};
+  int64_t d = 0;
+  for (; d + 16 <= D; d += 16) {
+    v16f gi[n];
+    for (int i = 0; i < n; ++i) std::memcpy(&gi[i], gx + i * D + d, sizeof(v16f));
+    for (int k = 0; k < K; ++k) {
+      v16f vk, s;
+      std::memcpy(&vk, v[k] + d, sizeof(v16f));
+      if (assign[k])
+        s = v16f{};
+      else
+        std::memcpy(&s, gv[k] + d, sizeof(v16f));
+      for (int i = 0; i < n; ++i) {
+        acc[i][k] += gi[i] * vk;
+        s += c[i * K + k] * gi[i];
+      }
+      std::memcpy(gv[k] + d, &s, sizeof(v16f));
+    }
+  }
+  for (int i = 0; i < n; ++i)
+    for (int k = 0; k < K; ++k) gc[i * K + k] = sum16(acc[i][k]);
+  for (; d < D; ++d)
+    for (int k = 0; k < K; ++k) {
+      float s = assign[k] ? 0.f : gv[k][d];
+      for (int i = 0; i < n; ++i) {
+        gc[i * K + k] += gx[i * D + d] * v[k][d];
+        s += c[i * K + k] * gx[i * D + d];
+      }
+      gv[k][d] = s;
+    }
+}
+
+struct Streams {
+  const float* x = nullptr;                 // (N, n, D), or null: the basis form
+  const float* coef = nullptr;              // (N, n, K)
+  std::vector<const float*> basis;          // K pointers to (N, D)
+  int64_t n = 0, D = 0, K = 0;
+
+  // `count` consecutive tokens' streams from t0, rows of n D floats: in x, or expanded into buf (n: this n)
+  template <int n_>
+  const float* block(int64_t t0, int count, float* buf) const {
+    if (x) return x + t0 * n_ * D;
+    with_basis(K, [&](auto ks) {
+      constexpr int K_ = decltype(ks)::value;
+      for (int b = 0; b < count; ++b) {
+        const int64_t t = t0 + b;
+        const float* v[K_];
+        for (int k = 0; k < K_; ++k) v[k] = basis[k] + t * D;
+        expand_token<n_, K_>(coef + t * n_ * K_, v, D, buf + b * n_ * D);
+      }
+      return 0;
+    });
+    return buf;
+  }
+};
+
+Streams dense_streams(const torch::Tensor& x) {
+  check(x, "x", 3);
+  Streams s;
+  s.x = x.data_ptr<float>(), s.n = x.size(1), s.D = x.size(2);
+  return s;
+}
+
+Streams basis_streams(const torch::Tensor& coef, const std::vector<torch::Tensor>& basis) {
+  check(coef, "coef", 3);
+  Streams s;
+  s.coef = coef.data_ptr<float>(), s.n = coef.size(1), s.K = coef.size(2);
+  TORCH_CHECK(s.K >= 1 && static_cast<int64_t>(basis.size()) == s.K,
+              "kernels: coef (N, n, K) needs K basis vectors, got ", basis.size());
+  for (const auto& v : basis) {
+    check(v, "basis vector", 2);
+    TORCH_CHECK(v.size(0) == coef.size(0) && v.size(1) == basis[0].size(1), "kernels: basis vectors must be (N, D)");
+    s.basis.push_back(v.data_ptr<float>());
+  }
+  s.D = basis[0].size(1);
+  return s;
+}
+
 // The maps, with the projection a = x W^T, the RMSNorm scale, the three gates and the pre-mix in one read of
 // each token's streams (flattened to nD = n * D): a per kBlock tokens into registers (project_tokens; the BLAS
 // product read the streams once more and wrote a), r = 1 / rms(x), z = r a, pre = sigmoid(alpha0 z[:n] + b_pre),
 // post = 2 sigmoid(alpha1 z[n:2n] + b_post), E = exp(L - max L) with L = alpha2 z[2n:] + b_res (the Sinkhorn input), h = sum_i pre_i x_i.
 // Returns (z, r, pre, post, E, h).
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> maps_in(
-    torch::Tensor x, torch::Tensor weight, std::vector<double> alpha, torch::Tensor b_pre, torch::Tensor b_post,
-    torch::Tensor b_res, double eps) {
-  check(x, "x", 3), check(weight, "weight", 2), check(b_pre, "b_pre", 1), check(b_post, "b_post", 1);
-  check(b_res, "b_res", 2);
-  const int64_t N = x.size(0), D = x.size(2), M = weight.size(0), n_ = x.size(1);
+typedef std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> MapsIn;
+MapsIn maps_in_impl(const Streams& src, int64_t N, const torch::TensorOptions& options, torch::Tensor weight,
+                    std::vector<double> alpha, torch::Tensor b_pre, torch::Tensor b_post, torch::Tensor b_res,
+                    double eps) {
+  check(weight, "weight", 2), check(b_pre, "b_pre", 1), check(b_post, "b_post", 1), check(b_res, "b_res", 2);
+  const int64_t D = src.D, M = weight.size(0), n_ = src.n;
   TORCH_CHECK(M == 2 * n_ + n_ * n_ && weight.size(1) == n_ * D && alpha.size() == 3,
               "kernels.maps_in: weight must be (2n + n^2, n D), 3 gates");
   const int64_t mq = (M + 7) / 8 * 8;                  // W^T's row: whole 16- and 8-float vectors
@@ -175,13 +310,12 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
   const float* __restrict__ wsrc = weight.data_ptr<float>();
   for (int64_t k = 0; k < M; ++k)
     for (int64_t f = 0; f < n_ * D; ++f) wt[f * mq + k] = wsrc[k * n_ * D + f];
-  auto z = torch::empty({N, M}, x.options());
-  auto r = torch::empty({N}, x.options());
-  auto pre = torch::empty({N, n_}, x.options());
-  auto post = torch::empty({N, n_}, x.options());
-  auto e = torch::empty({N, n_, n_}, x.options());
-  auto h = torch::empty({N, D}, x.options());
-  const float* __restrict__ xp = x.data_ptr<float>();
+  auto z = torch::empty({N, M}, options);
+  auto r = torch::empty({N}, options);
+  auto pre = torch::empty({N, n_}, options);
+  auto post = torch::empty({N, n_}, options);
+  auto e = torch::empty({N, n_, n_}, options);
+  auto h = torch::empty({N, D}, options);
   const float* __restrict__ wtp = wt.data();
   const float *__restrict__ bpre = b_pre.data_ptr<float>(), *__restrict__ bpost = b_post.data_ptr<float>(),
               *__restrict__ bres = b_res.data_ptr<float>();
@@ -199,10 +333,12 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
       alignas(64) float arg[m][kBlock], ex[m][kBlock];
       constexpr int mq = (m + 7) / 8 * 8;
       alignas(64) float ab[kBlock][mq];
+      std::vector<float> xbuf(src.x ? 0 : kBlock * width);
       for (int64_t t0 = lo; t0 < hi; t0 += kBlock) {
         const int count = static_cast<int>(std::min<int64_t>(kBlock, hi - t0));
+        const float* __restrict__ xb = src.block<n>(t0, count, xbuf.data());   // the block's streams
         for (int b = 0; b < count; b += 4)
-          project_tokens<mq / 16, (mq % 16) / 8>(xp + (t0 + b) * width, std::min(4, count - b), width, wtp,
+          project_tokens<mq / 16, (mq % 16) / 8>(xb + b * width, std::min(4, count - b), width, wtp,
                                                   &ab[b][0]);
         for (int l = 0; l < kBlock; ++l) {
           if (l >= count) {                                 // padding lanes: any finite exponent
@@ -210,7 +346,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
             continue;
           }
           const int64_t t = t0 + l;
-          const float* __restrict__ xt = xp + t * width;
+          const float* __restrict__ xt = xb + l * width;
           const float rt = 1.f / std::sqrt(dot(xt, xt, width) / width + static_cast<float>(eps));
           rp[t] = rt;
           float zt[m];
@@ -233,7 +369,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
         }
         for (int l = 0; l < count; ++l) {
           const int64_t t = t0 + l;
-          const float* __restrict__ xt = xp + t * width;
+          const float* __restrict__ xt = xb + l * width;
           float p[n];
           for (int i = 0; i < n; ++i) {
             const float ei = ex[i][l], ej = ex[n + i][l];
@@ -255,6 +391,19 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
     return 0;
   });
   return {z, r, pre, post, e, h};
+}
+
+MapsIn maps_in(torch::Tensor x, torch::Tensor weight, std::vector<double> alpha, torch::Tensor b_pre,
+               torch::Tensor b_post, torch::Tensor b_res, double eps) {
+  return maps_in_impl(dense_streams(x), x.size(0), x.options(), weight, alpha, b_pre, b_post, b_res, eps);
+}
+
+// maps_in for streams in the basis form (Streams): coef (N, n, K), K basis vectors (N, D).
+MapsIn maps_in_basis(torch::Tensor coef, std::vector<torch::Tensor> basis, torch::Tensor weight,
+                     std::vector<double> alpha, torch::Tensor b_pre, torch::Tensor b_post, torch::Tensor b_res,
+                     double eps) {
+  return maps_in_impl(basis_streams(coef, basis), coef.size(0), coef.options(), weight, alpha, b_pre, b_post, b_res,
+                      eps);
 }
 
 // gw[k0 + kk][c + u] += sum_b ga[b][k0 + kk] xs[b][c + u] (kk < KR rows, u < CR vectors of 16 columns, b < count):
@@ -297,6 +446,49 @@ inline void project_back(float* __restrict__ ob, int64_t wp, const float* __rest
     for (int u = 0; u < CR; ++u) std::memcpy(ob + b * wp + (c + u) * 16, &acc[b][u], sizeof(v16f));
 }
 
+constexpr int kTile = 16;
+
+// Where maps_backward puts the streams' gradient: (N, n, D) gx with the stream mix's term added (g, res), or,
+// for streams in the basis form, that of their coefficients gc (N, n, K), gc[t, i, k] = <gx[t, i], v_k[t]>,
+// and of the basis vectors, gv[k][t] = sum_i coef[t, i, k] gx[t, i], written (assign[k]) or added; there the
+// mix's term is not here: the coefficients' mix is autograd's (fused.py).
+struct StreamsGrad {
+  float* gx = nullptr;
+  const float *g = nullptr, *res = nullptr;
+  bool collapsed = false;
+  float* gc = nullptr;
+  std::vector<float*> gv;
+  std::vector<char> assign;
+};
+
+// maps_backward's last step for streams in the basis form (StreamsGrad), per tile of `count` tokens from t0:
+// gx[t, i] = (ga W)[t, i] (in ob, made gx in place) + cf x[t, i] + pre[t, i] grad_h[t], then its coefficients'
+// and basis vectors' gradients.
+template <int n>
+inline void basis_grad(const Streams& src, const StreamsGrad& out, int64_t t0, int count, float* __restrict__ ob,
+                       int64_t wp, const float* __restrict__ xs, const float* __restrict__ cf,
+                       const float* __restrict__ pp, const float* __restrict__ ghp) {
+  const int64_t D = src.D;
+  with_basis(src.K, [&](auto ks) {
+    constexpr int K = decltype(ks)::value;
+    for (int b = 0; b < count; ++b) {
+      const int64_t t = t0 + b;
+      float* __restrict__ gx = ob + b * wp;
+      const float* __restrict__ xt = xs + b * wp;
+      const float* __restrict__ gh = ghp + t * D;
+      for (int i = 0; i < n; ++i) {
+        const float p = pp[t * n + i];
+        for (int64_t d = 0; d < D; ++d) gx[i * D + d] += cf[b] * xt[i * D + d] + p * gh[d];
+      }
+      const float* v[K];
+      float* gv[K];
+      for (int k = 0; k < K; ++k) v[k] = src.basis[k] + t * D, gv[k] = out.gv[k] + t * D;
+      contract_token<n, K>(gx, src.coef + t * n * K, v, gv, out.assign.data(), D, out.gc + t * n * K);
+    }
+    return 0;
+  });
+}
+
 // maps_in's backward and the streams' whole gradient, given the gradients of post, of the Sinkhorn logits L
 // (sinkhorn_backward), of h and of the stream mix's output (g). With u = alpha0 z[:n] + b_pre and
 // v = alpha1 z[n:2n] + b_post:
@@ -311,38 +503,33 @@ inline void project_back(float* __restrict__ ob, int64_t wp, const float* __rest
 // columns in registers); x's gradient is written once. The gates' and biases' gradients, sums over the tokens
 // (per thread, in double), come out as one vector `small`: alpha's (sum grad_u z[:n], sum grad_v z[n:2n],
 // sum grad_L z[2n:]), then b_pre's (sum grad_u), b_post's (sum grad_v) and b_res's (sum grad_L).
-// Returns (gx, grad_W, small).
-constexpr int kTile = 16;
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> maps_backward(
-    torch::Tensor x, torch::Tensor z, torch::Tensor r, torch::Tensor pre, torch::Tensor post, torch::Tensor weight,
-    std::vector<double> alpha, torch::Tensor grad_post, torch::Tensor grad_l, torch::Tensor grad_h, torch::Tensor g,
-    torch::Tensor res) {
-  check(x, "x", 3), check(z, "z", 2), check(r, "r", 1), check(pre, "pre", 2), check(post, "post", 2);
+// Returns (grad_W, small); the streams' gradient goes to `out`.
+std::tuple<torch::Tensor, torch::Tensor> maps_backward_impl(
+    const Streams& src, const StreamsGrad& out, int64_t N, const torch::TensorOptions& options, torch::Tensor z,
+    torch::Tensor r, torch::Tensor pre, torch::Tensor post, torch::Tensor weight, std::vector<double> alpha,
+    torch::Tensor grad_post, torch::Tensor grad_l, torch::Tensor grad_h) {
+  check(z, "z", 2), check(r, "r", 1), check(pre, "pre", 2), check(post, "post", 2);
   check(weight, "weight", 2), check(grad_post, "grad_post", 2), check(grad_l, "grad_L", 3);
-  check(grad_h, "grad_h", 2), check(g, "grad", 3), check(res, "res", 3);
-  const int64_t N = x.size(0), D = x.size(2), M = z.size(1), n_ = x.size(1), width = n_ * D;
+  check(grad_h, "grad_h", 2);
+  const int64_t D = src.D, M = z.size(1), n_ = src.n, width = n_ * D, K = src.K;
   TORCH_CHECK(weight.size(0) == M && weight.size(1) == width, "kernels.maps_backward: weight must be (2n + n^2, n D)");
-  TORCH_CHECK(g.size(0) == N && (g.size(1) == n_ || g.size(1) == 1) && g.size(2) == D,
-              "kernels.maps_backward: the streams' gradient must be (N, n, D) or (N, 1, D)");
-  const bool collapsed = g.size(1) == 1;
+  const bool collapsed = out.collapsed;
   const int64_t wp = (width + 15) / 16 * 16, nv = wp / 16;      // padded width, in v16f vectors
   const int64_t mp = (M + 7) / 8 * 8;                            // W's rows, padded to blocks of 8
-  auto gx = torch::empty_like(x);
   const int threads = at::get_num_threads();
   const int64_t ns_ = 3 + 2 * n_ + n_ * n_;                      // the small gradients' count
   std::vector<double> sums(static_cast<size_t>(threads) * ns_, 0.0);
   std::vector<float> wpad(mp * wp, 0.f), acc(static_cast<size_t>(threads) * mp * wp, 0.f);
   for (int64_t k = 0; k < M; ++k)
     std::memcpy(&wpad[k * wp], weight.data_ptr<float>() + k * width, width * sizeof(float));
-  const float* __restrict__ xp = x.data_ptr<float>();
   const float* __restrict__ zp = z.data_ptr<float>();
   const float* __restrict__ rp = r.data_ptr<float>();
   const float *__restrict__ pp = pre.data_ptr<float>(), *__restrict__ qp = post.data_ptr<float>();
   const float *__restrict__ gqp = grad_post.data_ptr<float>(), *__restrict__ glp = grad_l.data_ptr<float>();
-  const float *__restrict__ ghp = grad_h.data_ptr<float>(), *__restrict__ gp = g.data_ptr<float>();
-  const float* __restrict__ resp = res.data_ptr<float>();
+  const float *__restrict__ ghp = grad_h.data_ptr<float>(), *__restrict__ gp = out.g;
+  const float* __restrict__ resp = out.res;
   const float* __restrict__ wv = wpad.data();
-  float* __restrict__ gxp = gx.data_ptr<float>();
+  float* __restrict__ gxp = out.gx;
   const float a0 = alpha[0], a1 = alpha[1], a2 = alpha[2];
   with_streams(n_, [&](auto ns) {
     constexpr int n = decltype(ns)::value;
@@ -355,14 +542,17 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> maps_backward(
       float* __restrict__ ob = obuf.data();
       constexpr int gs = (m + 7) / 8 * 8;                // ga's row stride: whole blocks of 8
       alignas(64) float ga[kTile][gs] = {};              // columns m .. gs stay zero (rank_update's last block)
-      float coef[kTile];
+      float coef[kTile];                                 // the RMSNorm's term per token
       for (int64_t tile = lo; tile < hi; ++tile) {
         const int64_t t0 = tile * kTile;
         const int count = static_cast<int>(std::min<int64_t>(kTile, N - t0));
+        if (!src.x)                                       // (xs rows are wp apart: one token at a time)
+          for (int b = 0; b < count; ++b) src.block<n>(t0 + b, 1, xs + b * wp);
         for (int b = 0; b < count; ++b) {                 // (rows past count feed only unused ob rows)
           const int64_t t = t0 + b;
-          const float* __restrict__ xt = xp + t * width;
-          std::memcpy(xs + b * wp, xt, width * sizeof(float));
+          const float* __restrict__ xt = xs + b * wp;
+          if (src.x)
+            std::memcpy(xs + b * wp, src.x + t * width, width * sizeof(float));
           const float* __restrict__ gh = ghp + t * D;
           const float rt = rp[t];
           float gz[m];
@@ -403,6 +593,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> maps_backward(
           for (; c < nv; ++c) project_back<4, 1>(ob + b0 * wp, wp, &ga[b0][0], gs, m, wv, c);
         }
         // x's gradient, token by token: the projection's term and the streams' terms
+        if (!src.x) {
+          basis_grad<n>(src, out, t0, count, ob, wp, xs, coef, pp, ghp);
+          continue;
+        }
         for (int b = 0; b < count; ++b) {
           const float* __restrict__ obt = ob + b * wp;
           const int64_t t = t0 + b;
@@ -435,18 +629,60 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> maps_backward(
     });
     return 0;
   });
-  auto grad_w = torch::zeros({M, width}, x.options());
-  float* __restrict__ out = grad_w.data_ptr<float>();
+  auto grad_w = torch::zeros({M, width}, options);
+  float* __restrict__ gwp = grad_w.data_ptr<float>();
   for (int th = 0; th < threads; ++th)
     for (int64_t k = 0; k < M; ++k) {
-      const float* __restrict__ src = &acc[(static_cast<size_t>(th) * mp + k) * wp];
-      for (int64_t f = 0; f < width; ++f) out[k * width + f] += src[f];
+      const float* __restrict__ part = &acc[(static_cast<size_t>(th) * mp + k) * wp];
+      for (int64_t f = 0; f < width; ++f) gwp[k * width + f] += part[f];
     }
-  auto small = torch::zeros({ns_}, x.options().dtype(torch::kDouble));
+  auto small = torch::zeros({ns_}, options.dtype(torch::kDouble));
   double* __restrict__ sp = small.data_ptr<double>();
   for (int th = 0; th < threads; ++th)
     for (int64_t k = 0; k < ns_; ++k) sp[k] += sums[static_cast<size_t>(th) * ns_ + k];
-  return {gx, grad_w, small.to(torch::kFloat)};
+  return {grad_w, small.to(torch::kFloat)};
+}
+
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> maps_backward(
+    torch::Tensor x, torch::Tensor z, torch::Tensor r, torch::Tensor pre, torch::Tensor post, torch::Tensor weight,
+    std::vector<double> alpha, torch::Tensor grad_post, torch::Tensor grad_l, torch::Tensor grad_h, torch::Tensor g,
+    torch::Tensor res) {
+  const Streams src = dense_streams(x);
+  check(g, "grad", 3), check(res, "res", 3);
+  const int64_t N = x.size(0), D = x.size(2), n_ = x.size(1);
+  TORCH_CHECK(g.size(0) == N && (g.size(1) == n_ || g.size(1) == 1) && g.size(2) == D,
+              "kernels.maps_backward: the streams' gradient must be (N, n, D) or (N, 1, D)");
+  auto gx = torch::empty_like(x);
+  StreamsGrad out;
+  out.gx = gx.data_ptr<float>(), out.g = g.data_ptr<float>(), out.res = res.data_ptr<float>();
+  out.collapsed = g.size(1) == 1;
+  auto [grad_w, small] = maps_backward_impl(src, out, N, x.options(), z, r, pre, post, weight, alpha, grad_post,
+                                            grad_l, grad_h);
+  return {gx, grad_w, small};
+}
+
+// maps_backward for streams in the basis form (maps_in_basis): the coefficients' gradient (returned) and the
+// basis vectors' (into grads[k], written where assign[k], else added). Returns (grad_coef, grad_W, small).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> maps_backward_basis(
+    torch::Tensor coef, std::vector<torch::Tensor> basis, torch::Tensor z, torch::Tensor r, torch::Tensor pre,
+    torch::Tensor post, torch::Tensor weight, std::vector<double> alpha, torch::Tensor grad_post,
+    torch::Tensor grad_l, torch::Tensor grad_h, std::vector<torch::Tensor> grads, std::vector<bool> assign) {
+  const Streams src = basis_streams(coef, basis);
+  TORCH_CHECK(grads.size() == basis.size() && assign.size() == basis.size(),
+              "kernels.maps_backward_basis: one gradient buffer and assign flag per basis vector");
+  auto gc = torch::empty_like(coef);
+  StreamsGrad out;
+  out.gc = gc.data_ptr<float>();
+  for (size_t k = 0; k < grads.size(); ++k) {
+    check(grads[k], "basis gradient", 2);
+    TORCH_CHECK(grads[k].sizes() == basis[k].sizes(), "kernels.maps_backward_basis: gradient buffers as the basis");
+    out.gv.push_back(grads[k].data_ptr<float>());
+    out.assign.push_back(assign[k]);
+  }
+  auto [grad_w, small] = maps_backward_impl(src, out, coef.size(0), coef.options(), z, r, pre, post, weight, alpha,
+                                            grad_post, grad_l, grad_h);
+  return {gc, grad_w, small};
 }
 
 // out[t, i] = sum_j res[t, i, j] x[t, j] + post[t, i] y[t]
@@ -604,6 +840,172 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> collapse_mix_backward(
     return 0;
   });
   return {grad_res, grad_post, grad_y};
+}
+
+// The stream mix H_res x + H_post^T y on streams in the basis form (Streams), where it acts on the coefficients
+// only: out[t] = [res[t] coef[t] | post[t]], (N, n, K + 1) with y the new basis vector (torch's bmm on
+// batches of 4 x 4 maps took 0.4 ms a call, as long as the maps' kernel).
+torch::Tensor coef_mix(torch::Tensor res, torch::Tensor coef, torch::Tensor post) {
+  check(res, "res", 3), check(coef, "coef", 3), check(post, "post", 2);
+  const int64_t N = coef.size(0), n_ = coef.size(1);
+  TORCH_CHECK(res.size(0) == N && res.size(1) == n_ && res.size(2) == n_ && post.size(0) == N && post.size(1) == n_,
+              "kernels.coef_mix: res (N, n, n), coef (N, n, K), post (N, n)");
+  auto out = torch::empty({N, n_, coef.size(2) + 1}, coef.options());
+  const float *__restrict__ rp = res.data_ptr<float>(), *__restrict__ cp = coef.data_ptr<float>();
+  const float* __restrict__ pp = post.data_ptr<float>();
+  float* __restrict__ op = out.data_ptr<float>();
+  with_streams(n_, [&](auto ns) {
+    constexpr int n = decltype(ns)::value;
+    return with_basis(coef.size(2), [&](auto ks) {
+      constexpr int K = decltype(ks)::value;
+      at::parallel_for(0, N, 1024, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          const float *__restrict__ r = rp + t * n * n, *__restrict__ c = cp + t * n * K;
+          float* __restrict__ o = op + t * n * (K + 1);
+          for (int i = 0; i < n; ++i) {
+            for (int k = 0; k < K; ++k) {
+              float s = 0.f;
+              for (int j = 0; j < n; ++j) s += r[i * n + j] * c[j * K + k];
+              o[i * (K + 1) + k] = s;
+            }
+            o[i * (K + 1) + K] = pp[t * n + i];
+          }
+        }
+      });
+      return 0;
+    });
+  });
+  return out;
+}
+
+// coef_mix's gradients from g (N, n, K + 1): grad_res = g[:, :, :K] coef^T, grad_coef = res^T g[:, :, :K],
+// grad_post = g[:, :, K].
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> coef_mix_backward(torch::Tensor g, torch::Tensor res,
+                                                                          torch::Tensor coef) {
+  check(g, "grad", 3), check(res, "res", 3), check(coef, "coef", 3);
+  const int64_t N = coef.size(0), n_ = coef.size(1);
+  TORCH_CHECK(g.size(0) == N && g.size(1) == n_ && g.size(2) == coef.size(2) + 1,
+              "kernels.coef_mix_backward: g (N, n, K + 1)");
+  auto grad_res = torch::empty_like(res);
+  auto grad_coef = torch::empty_like(coef);
+  auto grad_post = torch::empty({N, n_}, coef.options());
+  const float *__restrict__ gp = g.data_ptr<float>(), *__restrict__ rp = res.data_ptr<float>();
+  const float* __restrict__ cp = coef.data_ptr<float>();
+  float *__restrict__ grp = grad_res.data_ptr<float>(), *__restrict__ gcp = grad_coef.data_ptr<float>();
+  float* __restrict__ gpp = grad_post.data_ptr<float>();
+  with_streams(n_, [&](auto ns) {
+    constexpr int n = decltype(ns)::value;
+    return with_basis(coef.size(2), [&](auto ks) {
+      constexpr int K = decltype(ks)::value;
+      at::parallel_for(0, N, 1024, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          const float *__restrict__ gt = gp + t * n * (K + 1), *__restrict__ r = rp + t * n * n;
+          const float* __restrict__ c = cp + t * n * K;
+          for (int i = 0; i < n; ++i) {
+            gpp[t * n + i] = gt[i * (K + 1) + K];
+            for (int j = 0; j < n; ++j) {
+              float s = 0.f;
+              for (int k = 0; k < K; ++k) s += gt[i * (K + 1) + k] * c[j * K + k];
+              grp[(t * n + i) * n + j] = s;
+            }
+          }
+          for (int j = 0; j < n; ++j)
+            for (int k = 0; k < K; ++k) {
+              float s = 0.f;
+              for (int i = 0; i < n; ++i) s += r[i * n + j] * gt[i * (K + 1) + k];
+              gcp[(t * n + j) * K + k] = s;
+            }
+        }
+      });
+      return 0;
+    });
+  });
+  return {grad_res, grad_coef, grad_post};
+}
+
+// The mean of the last streams in the basis form (Streams), the model's output: out[t] = sum_k w[t, k] v_k[t],
+// w[t, k] = mean_i coef[t, i, k].
+torch::Tensor basis_mean(torch::Tensor coef, std::vector<torch::Tensor> basis) {
+  const Streams src = basis_streams(coef, basis);
+  const int64_t N = coef.size(0), D = src.D, n = src.n, K = src.K;
+  auto out = torch::empty({N, D}, coef.options());
+  float* __restrict__ op = out.data_ptr<float>();
+  with_basis(K, [&](auto ks) {
+    constexpr int K_ = decltype(ks)::value;
+    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const float* v[K_];
+        float w[K_];
+        for (int k = 0; k < K_; ++k) {
+          v[k] = src.basis[k] + t * D;
+          float s = 0.f;
+          for (int64_t i = 0; i < n; ++i) s += src.coef[(t * n + i) * K_ + k];
+          w[k] = s / n;
+        }
+        expand_token<1, K_>(w, v, D, op + t * D);
+      }
+    });
+    return 0;
+  });
+  return out;
+}
+
+// basis_mean's backward from its output's gradient g: returns grad_coef[t, i, k] = <g[t], v_k[t]> / n and
+// writes (assign[k]) or adds w[t, k] g[t] into grads[k].
+torch::Tensor basis_mean_backward(torch::Tensor g, torch::Tensor coef, std::vector<torch::Tensor> basis,
+                                  std::vector<torch::Tensor> grads, std::vector<bool> assign) {
+  check(g, "grad", 2);
+  const Streams src = basis_streams(coef, basis);
+  const int64_t N = coef.size(0), D = src.D, n = src.n;
+  TORCH_CHECK(g.size(0) == N && g.size(1) == D && grads.size() == basis.size() && assign.size() == basis.size(),
+              "kernels.basis_mean_backward: g (N, D), one gradient buffer and assign flag per basis vector");
+  std::vector<float*> gvp;
+  for (auto& t : grads) {
+    check(t, "basis gradient", 2);
+    TORCH_CHECK(t.size(0) == N && t.size(1) == D, "kernels.basis_mean_backward: gradient buffers (N, D)");
+    gvp.push_back(t.data_ptr<float>());
+  }
+  const std::vector<char> fresh(assign.begin(), assign.end());
+  auto grad_coef = torch::empty_like(coef);
+  const float* __restrict__ gp = g.data_ptr<float>();
+  float* __restrict__ gcp = grad_coef.data_ptr<float>();
+  with_basis(src.K, [&](auto ks) {
+    constexpr int K = decltype(ks)::value;
+    at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const float* v[K];
+        float* gv[K];
+        float w[K], gw[K];
+        for (int k = 0; k < K; ++k) {
+          v[k] = src.basis[k] + t * D, gv[k] = gvp[k] + t * D;
+          float s = 0.f;
+          for (int64_t i = 0; i < n; ++i) s += src.coef[(t * n + i) * K + k];
+          w[k] = s / n;
+        }
+        contract_token<1, K>(gp + t * D, w, v, gv, fresh.data(), D, gw);
+        for (int64_t i = 0; i < n; ++i)
+          for (int k = 0; k < K; ++k) gcp[(t * n + i) * K + k] = gw[k] / n;
+      }
+    });
+    return 0;
+  });
+  return grad_coef;
+}
+
+// max over (N, n, n) maps of |row sum - 1| (the Sinkhorn's row error the recipe logs; five torch ops before).
+double row_error(torch::Tensor res) {
+  check(res, "res", 3);
+  const int64_t N = res.size(0), n = res.size(1);
+  const float* __restrict__ rp = res.data_ptr<float>();
+  return at::parallel_reduce(0, N * n, 4096, 0.0, [&](int64_t b, int64_t e, double acc) {
+    float m = 0.f;
+    for (int64_t r = b; r < e; ++r) {
+      float s = 0.f;
+      for (int64_t j = 0; j < n; ++j) s += rp[r * n + j];
+      m = std::max(m, std::abs(s - 1.f));
+    }
+    return std::max(acc, static_cast<double>(m));
+  }, [](double a, double b) { return std::max(a, b); });
 }
 
 // The first mHC sub-layer's stream mix, where the n streams are n copies of the embedding e (never written):
@@ -1351,6 +1753,13 @@ torch::Tensor attention_backward(torch::Tensor g, torch::Tensor qkv, torch::Tens
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("maps_in", &maps_in);
   m.def("maps_backward", &maps_backward);
+  m.def("maps_in_basis", &maps_in_basis);
+  m.def("maps_backward_basis", &maps_backward_basis);
+  m.def("coef_mix", &coef_mix);
+  m.def("coef_mix_backward", &coef_mix_backward);
+  m.def("basis_mean", &basis_mean);
+  m.def("basis_mean_backward", &basis_mean_backward);
+  m.def("row_error", &row_error);
   m.def("stream_mix", &stream_mix);
   m.def("stream_mix_backward", &stream_mix_backward);
   m.def("copies_mix", &copies_mix);

@@ -33,6 +33,11 @@ class FusedConnection:
         without gradient: it acts only through h) and self.iterations (the Sinkhorn's)."""
         return _Maps.apply(x, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton, self)
 
+    def basis_maps(self, streams, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton=0):
+        """maps() for streams in the basis form (BasisStreams)."""
+        return _BasisMaps.apply(streams.coef, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton, self,
+                                streams.grads, *streams.basis)
+
     def stream_mix(self, res, x, post, y):
         return _StreamMix.apply(res, x, post, y, self)
 
@@ -72,6 +77,149 @@ class _Maps(torch.autograd.Function):
         ctx.conn = conn.grad_out = conn.pre = None
         return (grad_x, grad_w, small[:3], small[3:3 + n], small[3 + n:3 + 2 * n], small[3 + 2 * n:].view(n, n),
                 None, None, None, None, None)
+
+
+class BasisStreams:
+    """mHC's (N, n, D) streams as combinations of D-wide vectors (kernels.cpp Streams): stream i of token t is
+    sum_k coef[t, i, k] basis[k][t]. The streams start as n copies of the embedding e and each sub-layer's mix
+    H_res x + H_post^T y adds its output y, so the l-th sub-layer's streams are combinations of e, y_0 ..
+    y_{l-1}: the mix acts on the (N, n, l + 1) coefficients only, and the streams are neither written nor
+    read, but expanded token by token in cache by the maps' kernels from l + 1 vectors (the mix and its
+    backward read and wrote n of them). Worth it while the basis is no larger than the streams (model.py
+    expands them beyond that). grads: the basis vectors' gradients, shared by the forward pass's kernels."""
+
+    def __init__(self, coef: torch.Tensor, basis: tuple, grads: "BasisGrads"):
+        self.coef, self.basis, self.grads = coef, basis, grads
+
+    @property
+    def shape(self) -> torch.Size:
+        """That of the (1, N, n, D) streams they stand for (hooks and tests read them like the tensor)."""
+        return torch.Size((1, *self.coef.shape[:2], self.basis[0].shape[-1]))
+
+    def __getitem__(self, index) -> torch.Tensor:
+        return self.expand().unsqueeze(0)[index]
+
+    @classmethod
+    def copies_mixed(cls, rows, e, post, y) -> "BasisStreams":
+        """The first sub-layer's output streams rows_i e + post_i y (model.CopiesMix), (N, n) rows and post."""
+        return cls(torch.stack([rows.float(), post.float()], -1), (e, y.float().contiguous()), BasisGrads())
+
+    def mixed(self, res, post, y) -> "BasisStreams":
+        """H_res x + H_post^T y: H_res times the coefficients, and y added to the basis with H_post's."""
+        coef = _CoefMix.apply(res, self.coef, post)
+        return BasisStreams(coef, self.basis + (y.float().contiguous(),), self.grads)
+
+    def mean(self) -> torch.Tensor:
+        """The mean of the streams, (N, D)."""
+        return _BasisMean.apply(self.coef, self.grads, *self.basis)
+
+    def expand(self) -> torch.Tensor:
+        """The (N, n, D) streams themselves."""
+        return torch.einsum("tik,ktd->tid", self.coef, torch.stack(self.basis))
+
+
+class BasisGrads:
+    """The basis vectors' gradients in the backward pass: every kernel that read a vector writes or adds its
+    term into one buffer, and the vector's first reader in the forward pass, whose backward runs after all the
+    others' (their inputs depend on its outputs), hands the sum to autograd (autograd would add one (N, D)
+    gradient per reader)."""
+
+    def __init__(self):
+        self.buffers: list = []
+        self.claimed: list[bool] = []
+
+    def claim(self, count: int) -> list[bool]:
+        """Which of the first `count` vectors this reader is the first of (its backward returns their sums)."""
+        self.claimed += [False] * (count - len(self.claimed))
+        owned = [not c for c in self.claimed[:count]]
+        self.claimed[:count] = [True] * count
+        return owned
+
+    def take(self, basis) -> tuple[list, list[bool]]:
+        """The buffers for these vectors, and whether each is fresh (to be written, not added to)."""
+        self.buffers += [None] * (len(basis) - len(self.buffers))
+        fresh = [b is None for b in self.buffers[:len(basis)]]
+        for k, v in enumerate(basis):
+            if fresh[k]:
+                self.buffers[k] = torch.empty_like(v)
+        return self.buffers[:len(basis)], fresh
+
+    def hand_over(self, owned: list[bool]) -> list:
+        """The finished sums of the owned vectors (None for the rest), released here."""
+        out = []
+        for k, own in enumerate(owned):
+            out.append(self.buffers[k] if own else None)
+            if own:
+                self.buffers[k] = None
+        return out
+
+
+class _BasisMaps(torch.autograd.Function):
+    """_Maps for streams in the basis form: kernels.cpp maps_in_basis and maps_backward_basis, which expand each
+    token's streams in cache; the backward returns the coefficients' gradient (the mix's term is autograd's,
+    BasisStreams.mixed) and adds the basis vectors' into BasisGrads."""
+
+    @staticmethod
+    def forward(ctx, coef, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton, conn, grads, *basis):
+        weight, gates = weight.float().contiguous(), [float(v) for v in alpha]
+        biases = [v.float().contiguous() for v in (b_pre, b_post, b_res)]
+        coef, basis = coef.contiguous(), [v.contiguous() for v in basis]
+        ops = mhc_ops()
+        z, r, pre, post, e, h = ops.maps_in_basis(coef, basis, weight, gates, *biases, eps)
+        res, conn.iterations = ops.sinkhorn(e, iters, tol, newton)
+        ctx.save_for_backward(coef, weight, z, r, pre, post, res, *basis)
+        ctx.gates, ctx.grads, ctx.owned = gates, grads, grads.claim(len(basis))
+        conn.pre = pre
+        return h, post, res
+
+    @staticmethod
+    def backward(ctx, grad_h, grad_post, grad_res):
+        coef, weight, z, r, pre, post, res, *basis = ctx.saved_tensors
+        n = coef.shape[1]
+        grad_h = torch.zeros_like(basis[0]) if grad_h is None else grad_h.float().contiguous()
+        grad_post = torch.zeros_like(post) if grad_post is None else grad_post.float().contiguous()
+        grad_res = torch.zeros_like(res) if grad_res is None else grad_res.float().contiguous()
+        ops = mhc_ops()
+        grad_l = ops.sinkhorn_backward(res, grad_res)
+        buffers, fresh = ctx.grads.take(basis)
+        grad_coef, grad_w, small = ops.maps_backward_basis(coef, basis, z, r, pre, post, weight, ctx.gates, grad_post,
+                                                           grad_l, grad_h, buffers, fresh)
+        grads = ctx.grads.hand_over(ctx.owned)
+        return (grad_coef, grad_w, small[:3], small[3:3 + n], small[3 + n:3 + 2 * n], small[3 + 2 * n:].view(n, n),
+                None, None, None, None, None, None, *grads)
+
+
+class _CoefMix(torch.autograd.Function):
+    """[H_res coef | H_post] (kernels.cpp coef_mix): the stream mix on the basis form's coefficients."""
+
+    @staticmethod
+    def forward(ctx, res, coef, post):
+        res, coef, post = res.float().contiguous(), coef.contiguous(), post.float().contiguous()
+        ctx.save_for_backward(res, coef)
+        return mhc_ops().coef_mix(res, coef, post)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return mhc_ops().coef_mix_backward(grad.float().contiguous(), *ctx.saved_tensors)
+
+
+class _BasisMean(torch.autograd.Function):
+    """The mean of the streams in the basis form, sum_k w[t, k] basis[k][t] with w the coefficients' mean over
+    the streams (kernels.cpp basis_mean): the last sub-layer's output, never written as streams."""
+
+    @staticmethod
+    def forward(ctx, coef, grads, *basis):
+        coef, basis = coef.contiguous(), [v.contiguous() for v in basis]
+        ctx.save_for_backward(coef, *basis)
+        ctx.grads, ctx.owned = grads, grads.claim(len(basis))
+        return mhc_ops().basis_mean(coef, basis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        coef, *basis = ctx.saved_tensors
+        buffers, fresh = ctx.grads.take(basis)
+        grad_coef = mhc_ops().basis_mean_backward(grad.float().contiguous(), coef, basis, buffers, fresh)
+        return (grad_coef, None, *ctx.grads.hand_over(ctx.owned))
 
 
 class _StreamMix(torch.autograd.Function):

@@ -15,7 +15,8 @@ from torch.utils.checkpoint import checkpoint
 
 from trainer.recipes.dropout import Dropout
 from trainer.recipes.sasrec.config import SeqRecConfig
-from trainer.recipes.sasrec.fused import FusedAttention, FusedConnection, FusedCopiesMix, applies, mhc_ops
+from trainer.recipes.sasrec.fused import (BasisStreams, FusedAttention, FusedConnection, FusedCopiesMix, applies,
+                                          mhc_ops)
 
 
 def sinkhorn(logits: torch.Tensor, iters: int, tol: float = 0.0, kernel: bool = False, newton: int = 0) -> torch.Tensor:
@@ -391,12 +392,18 @@ class MHCMaps(nn.Module):
         self.sinkhorn_calls += 1
         self.sinkhorn_iterations += iterations
         if res.numel():
-            err = (res.detach().sum(-1) - 1).abs().amax().float()
+            res = res.detach()
+            ops = mhc_ops() if applies(res) and res.is_contiguous() else None      # (one pass, not five ops)
+            err = torch.tensor(ops.row_error(res.view(-1, *res.shape[-2:]))) if ops else \
+                (res.sum(-1) - 1).abs().amax().float()
             last = self.sinkhorn_row_error
             self.sinkhorn_row_error = err if last is None else torch.maximum(last, err)
 
-    def forward(self, x: torch.Tensor, conn: FusedConnection | None = None):
-        """conn: the fused kernels' connection (fused.py) for this call, or None for the PyTorch path."""
+    def forward(self, x: torch.Tensor | BasisStreams, conn: FusedConnection | None = None):
+        """conn: the fused kernels' connection (fused.py) for this call, or None for the PyTorch path (x a
+        tensor); the fused kernels pre-mix h (conn.h)."""
+        if isinstance(x, BasisStreams):
+            return self._basis_maps(x, conn)
         if self.fp32 and torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
                 return self._maps(x.float(), conn)
@@ -426,12 +433,24 @@ class MHCMaps(nn.Module):
         self._count(res, _Sinkhorn.last_iterations)
         return pre, post, res
 
-    def _maps(self, x: torch.Tensor, conn: FusedConnection | None):
-        b, t, n, d = x.shape
+    def _basis_maps(self, streams: BasisStreams, conn: FusedConnection):
+        """_maps for streams in the basis form (fused.BasisStreams), in the kernels."""
+        eps, weight = self._folded(streams.coef.dtype)
+        conn.h, post, res = conn.basis_maps(streams, weight, self.alpha, self.b_pre, self.b_post, self.b_res, eps,
+                                            self.iters, self.tol, self.newton)
+        self._count(res, conn.iterations)
+        tokens, n = post.shape
+        return conn.pre.view(1, tokens, n), post.view(1, tokens, n), res.view(1, tokens, n, n)
+
+    def _folded(self, dtype):
         # RMSNorm folded into the projection: (x r w) W^T = r (x (W w)^T), so the normalised copy of the
         # n-times-wider stream is never written
-        eps = self.norm.eps if self.norm.eps is not None else torch.finfo(x.dtype).eps
-        weight = self.proj.weight * self.norm.weight
+        eps = self.norm.eps if self.norm.eps is not None else torch.finfo(dtype).eps
+        return eps, self.proj.weight * self.norm.weight
+
+    def _maps(self, x: torch.Tensor, conn: FusedConnection | None):
+        b, t, n, d = x.shape
+        eps, weight = self._folded(x.dtype)
         if conn is None:
             return self._gates(NormProj.apply(x.reshape(b * t, n * d), weight, eps).view(b, t, -1))
         # all in the kernels, which also pre-mix (conn.h)
@@ -513,6 +532,9 @@ class Sublayer(nn.Module):
         self.fn, self.norm, self.pre_ln = fn, nn.LayerNorm(d, eps=1e-8), cfg.norm == "pre"
         self.maps = MHCMaps(cfg.mhc_streams, d, cfg) if cfg.mhc else None
         self.fused = cfg.mhc and cfg.mhc_fused
+        # the streams in the basis form (fused.BasisStreams) between the kernels; not under grad_checkpoint,
+        # whose recomputation would run the forward's bookkeeping (BasisGrads) twice
+        self.basis = self.fused and not cfg.grad_checkpoint
 
     def forward(self, x: torch.Tensor, collapse: bool = False, **kw) -> torch.Tensor:
         """x: (B, T, D), or the real positions' (N, D) given `packing` (the attention's keyword); mHC: (1, N, n, D),
@@ -523,6 +545,8 @@ class Sublayer(nn.Module):
             if self.pre_ln:
                 return x + self.fn(self.norm(x), **kw)
             return self.norm(x + self.fn(x, **kw))
+        if isinstance(x, BasisStreams):
+            return self._from_basis(x, collapse, **kw)
         if x.dim() == 2:
             return self._from_copies(x, **kw)
         _, tokens, n, d = x.shape
@@ -546,8 +570,22 @@ class Sublayer(nn.Module):
         kernel = self.fused and applies(e) and e.is_contiguous() and mhc_ops() is not None
         pre, post, res = self.maps.from_copies(e, kernel)
         y = self.fn(self.norm(pre.sum(-1, keepdim=True).to(e.dtype) * e), **kw)
+        if kernel and self.basis and not torch.is_autocast_enabled(e.device.type):
+            return BasisStreams.copies_mixed(res.sum(-1), e, post, y)
         mix = FusedCopiesMix if kernel else CopiesMix
         return mix.apply(res.sum(-1), e, post, y).view(1, tokens, self.maps.n, d)
+
+    def _from_basis(self, x: BasisStreams, collapse: bool, **kw):
+        """A sub-layer on streams in the basis form (fused.BasisStreams): the maps' kernels expand them in
+        cache, the mix acts on their coefficients. Expanded once the basis would outgrow the n streams."""
+        n = self.maps.n
+        if len(x.basis) > n:
+            return self.forward(x.expand().unsqueeze(0), collapse, **kw)
+        conn = FusedConnection(n)
+        _, post, res = self.maps(x, conn)
+        y = self.fn(self.norm(conn.h), **kw)
+        out = x.mixed(res[0], post[0], y)
+        return out.mean() if collapse else out
 
 
 class Block(nn.Module):
