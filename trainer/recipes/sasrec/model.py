@@ -15,8 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from trainer.recipes.dropout import Dropout
 from trainer.recipes.sasrec.config import SeqRecConfig
-from trainer.recipes.sasrec.fused import (BasisStreams, FusedAttention, FusedConnection, FusedCopiesMix, applies,
-                                          mhc_ops)
+from trainer.recipes.sasrec.fused import BasisStreams, FusedAttention, FusedConnection, FusedCopiesMix, applies, mhc_ops
 
 
 def sinkhorn(logits: torch.Tensor, iters: int, tol: float = 0.0, kernel: bool = False, newton: int = 0) -> torch.Tensor:
