@@ -293,6 +293,32 @@ def test_basis_form_kernels_match_the_expanded_streams(ops, n, k):
     assert ops.row_error(res) == pytest.approx(float((res.sum(-1) - 1).abs().max()), abs=1e-6)
 
 
+@pytest.mark.parametrize("n", [1, 2, 4, 6])
+def test_copies_kernels_match_the_maps_of_expanded_copies(ops, n):
+    """The first sub-layer's maps in the basis form, n copies of e read as e with the folded weight: equal to
+    maps_in on the expanded copies, and e's gradient to the sum of the copies' gradients (written when the
+    buffer is fresh, added to it when not), W's gradient the same."""
+    torch.manual_seed(70 + n)
+    tokens, d, m = 37, 23, 2 * n + n * n
+    e = torch.randn(tokens, d)
+    x = e.unsqueeze(1).expand(-1, n, -1).contiguous()
+    w, gates, eps = 0.3 * torch.randn(m, n * d), [0.7, -0.4, 1.3], 1e-6
+    biases = [torch.randn(n), torch.randn(n), torch.randn(n, n)]
+    dense, ours = ops.maps_in(x, w, gates, *biases, eps), ops.maps_in_copies(e, n, w, gates, *biases, eps)
+    for name, a, b in zip(("z", "r", "pre", "post", "E", "h"), ours, dense):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), name
+    z, r, pre, post, _, _ = dense
+    grad_post, grad_l, grad_h = torch.randn(tokens, n), torch.randn(tokens, n, n), torch.randn(tokens, d)
+    gx, gw, small = ops.maps_backward(x, z, r, pre, post, w, gates, grad_post, grad_l, grad_h,
+                                      torch.zeros(tokens, n, d), torch.rand(tokens, n, n))
+    for fresh in (True, False):
+        prior = torch.randn(tokens, d)
+        buffer = torch.full_like(e, float("nan")) if fresh else prior.clone()
+        gw2, small2 = ops.maps_backward_copies(e, z, r, pre, post, w, gates, grad_post, grad_l, grad_h, buffer, fresh)
+        assert torch.allclose(gw2, gw, atol=1e-4, rtol=1e-4) and torch.allclose(small2, small, atol=1e-4, rtol=1e-4)
+        assert torch.allclose(buffer, gx.sum(1) + (0 if fresh else prior), atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_collapse_mix_kernels_match_the_mean_of_the_stream_mix(ops, n):
     """The last sub-layer's mix collapsed to the mean of its streams, and its gradients, against autograd

@@ -251,11 +251,15 @@ struct Streams {
   const float* coef = nullptr;              // (N, n, K)
   std::vector<const float*> basis;          // K pointers to (N, D)
   int64_t n = 0, D = 0, K = 0;
+  // n copies of basis[0] (the first sub-layer's streams; no coef): the kernels then read that vector as one
+  // row of D and project it with the folded weight sum_i W_i, (sum_i W_i) e = W x for x n copies of e
+  bool copies = false;
 
   // `count` consecutive tokens' streams from t0, rows of n D floats: in x, or expanded into buf (n: this n)
   template <int n_>
   const float* block(int64_t t0, int count, float* buf) const {
     if (x) return x + t0 * n_ * D;
+    if (copies) return basis[0] + t0 * D;
     with_basis(K, [&](auto ks) {
       constexpr int K_ = decltype(ks)::value;
       for (int b = 0; b < count; ++b) {
@@ -269,6 +273,13 @@ struct Streams {
     return buf;
   }
 };
+
+Streams copies_streams(const torch::Tensor& e, int64_t n) {
+  check(e, "e", 2);
+  Streams s;
+  s.basis = {e.data_ptr<float>()}, s.n = n, s.D = e.size(1), s.K = 1, s.copies = true;
+  return s;
+}
 
 Streams dense_streams(const torch::Tensor& x) {
   check(x, "x", 3);
@@ -306,10 +317,11 @@ MapsIn maps_in_impl(const Streams& src, int64_t N, const torch::TensorOptions& o
   TORCH_CHECK(M == 2 * n_ + n_ * n_ && weight.size(1) == n_ * D && alpha.size() == 3,
               "kernels.maps_in: weight must be (2n + n^2, n D), 3 gates");
   const int64_t mq = (M + 7) / 8 * 8;                  // W^T's row: whole 16- and 8-float vectors
-  std::vector<float> wt(n_ * D * mq, 0.f);             // W^T, (nD, mq)
+  const int64_t pw = src.copies ? D : n_ * D;          // the projection's width (copies: e's, W folded)
+  std::vector<float> wt(pw * mq, 0.f);                 // W^T, (pw, mq)
   const float* __restrict__ wsrc = weight.data_ptr<float>();
   for (int64_t k = 0; k < M; ++k)
-    for (int64_t f = 0; f < n_ * D; ++f) wt[f * mq + k] = wsrc[k * n_ * D + f];
+    for (int64_t f = 0; f < n_ * D; ++f) wt[(f % pw) * mq + k] += wsrc[k * n_ * D + f];
   auto z = torch::empty({N, M}, options);
   auto r = torch::empty({N}, options);
   auto pre = torch::empty({N, n_}, options);
@@ -326,19 +338,18 @@ MapsIn maps_in_impl(const Streams& src, int64_t N, const torch::TensorOptions& o
   with_streams(n_, [&](auto ns) {
     constexpr int n = decltype(ns)::value;
     constexpr int m = 2 * n + n * n;
-    const int64_t width = n * D;
     at::parallel_for(0, N, kGrain, [&](int64_t lo, int64_t hi) {
       // kBlock tokens at a time, their exponents token-last, so that the exponentials run as vector
       // operations across tokens (one token's 2n + n^2 scalar calls were half of the kernel's time)
       alignas(64) float arg[m][kBlock], ex[m][kBlock];
       constexpr int mq = (m + 7) / 8 * 8;
       alignas(64) float ab[kBlock][mq];
-      std::vector<float> xbuf(src.x ? 0 : kBlock * width);
+      std::vector<float> xbuf(src.x || src.copies ? 0 : kBlock * pw);
       for (int64_t t0 = lo; t0 < hi; t0 += kBlock) {
         const int count = static_cast<int>(std::min<int64_t>(kBlock, hi - t0));
         const float* __restrict__ xb = src.block<n>(t0, count, xbuf.data());   // the block's streams
         for (int b = 0; b < count; b += 4)
-          project_tokens<mq / 16, (mq % 16) / 8>(xb + b * width, std::min(4, count - b), width, wtp,
+          project_tokens<mq / 16, (mq % 16) / 8>(xb + b * pw, std::min(4, count - b), pw, wtp,
                                                   &ab[b][0]);
         for (int l = 0; l < kBlock; ++l) {
           if (l >= count) {                                 // padding lanes: any finite exponent
@@ -346,8 +357,8 @@ MapsIn maps_in_impl(const Streams& src, int64_t N, const torch::TensorOptions& o
             continue;
           }
           const int64_t t = t0 + l;
-          const float* __restrict__ xt = xb + l * width;
-          const float rt = 1.f / std::sqrt(dot(xt, xt, width) / width + static_cast<float>(eps));
+          const float* __restrict__ xt = xb + l * pw;
+          const float rt = 1.f / std::sqrt(dot(xt, xt, pw) / pw + static_cast<float>(eps));   // (copies: the same mean)
           rp[t] = rt;
           float zt[m];
           for (int k = 0; k < m; ++k) zp[t * m + k] = zt[k] = rt * ab[l][k];
@@ -369,7 +380,7 @@ MapsIn maps_in_impl(const Streams& src, int64_t N, const torch::TensorOptions& o
         }
         for (int l = 0; l < count; ++l) {
           const int64_t t = t0 + l;
-          const float* __restrict__ xt = xb + l * width;
+          const float* __restrict__ xt = xb + l * pw;
           float p[n];
           for (int i = 0; i < n; ++i) {
             const float ei = ex[i][l], ej = ex[n + i][l];
@@ -380,6 +391,12 @@ MapsIn maps_in_impl(const Streams& src, int64_t N, const torch::TensorOptions& o
           }
           for (int k = 0; k < n * n; ++k) ep[t * n * n + k] = ex[2 * n + k][l];
           float* __restrict__ ht = hp + t * D;
+          if (src.copies) {
+            float ps = 0.f;
+            for (int i = 0; i < n; ++i) ps += p[i];
+            for (int64_t d = 0; d < D; ++d) ht[d] = ps * xt[d];
+            continue;
+          }
           for (int64_t d = 0; d < D; ++d) {
             float s = 0.f;
             for (int i = 0; i < n; ++i) s += p[i] * xt[i * D + d];
@@ -396,6 +413,12 @@ MapsIn maps_in_impl(const Streams& src, int64_t N, const torch::TensorOptions& o
 MapsIn maps_in(torch::Tensor x, torch::Tensor weight, std::vector<double> alpha, torch::Tensor b_pre,
                torch::Tensor b_post, torch::Tensor b_res, double eps) {
   return maps_in_impl(dense_streams(x), x.size(0), x.options(), weight, alpha, b_pre, b_post, b_res, eps);
+}
+
+// maps_in for streams that are n copies of e (N, D), the first sub-layer's (Streams.copies).
+MapsIn maps_in_copies(torch::Tensor e, int64_t n, torch::Tensor weight, std::vector<double> alpha,
+                      torch::Tensor b_pre, torch::Tensor b_post, torch::Tensor b_res, double eps) {
+  return maps_in_impl(copies_streams(e, n), e.size(0), e.options(), weight, alpha, b_pre, b_post, b_res, eps);
 }
 
 // maps_in for streams in the basis form (Streams): coef (N, n, K), K basis vectors (N, D).
@@ -489,6 +512,27 @@ inline void basis_grad(const Streams& src, const StreamsGrad& out, int64_t t0, i
   });
 }
 
+// maps_backward's last step for n copies of e (Streams.copies): e's gradient, the sum over the copies,
+// (ga W')[t] (in ob; W' = sum_i W_i) + n cf e[t] + (sum_i pre[t, i]) grad_h[t], written (assign) or added.
+template <int n>
+inline void copies_grad(const Streams& src, const StreamsGrad& out, int64_t t0, int count,
+                        const float* __restrict__ ob, int64_t wp, const float* __restrict__ xs,
+                        const float* __restrict__ cf, const float* __restrict__ pp, const float* __restrict__ ghp) {
+  const int64_t D = src.D;
+  for (int b = 0; b < count; ++b) {
+    const int64_t t = t0 + b;
+    const float *__restrict__ gt = ob + b * wp, *__restrict__ et = xs + b * wp, *__restrict__ gh = ghp + t * D;
+    float ps = 0.f;
+    for (int i = 0; i < n; ++i) ps += pp[t * n + i];
+    const float c = n * cf[b];
+    float* __restrict__ ge = out.gv[0] + t * D;
+    if (out.assign[0])
+      for (int64_t d = 0; d < D; ++d) ge[d] = gt[d] + c * et[d] + ps * gh[d];
+    else
+      for (int64_t d = 0; d < D; ++d) ge[d] += gt[d] + c * et[d] + ps * gh[d];
+  }
+}
+
 // maps_in's backward and the streams' whole gradient, given the gradients of post, of the Sinkhorn logits L
 // (sinkhorn_backward), of h and of the stream mix's output (g). With u = alpha0 z[:n] + b_pre and
 // v = alpha1 z[n:2n] + b_post:
@@ -513,15 +557,16 @@ std::tuple<torch::Tensor, torch::Tensor> maps_backward_impl(
   check(grad_h, "grad_h", 2);
   const int64_t D = src.D, M = z.size(1), n_ = src.n, width = n_ * D, K = src.K;
   TORCH_CHECK(weight.size(0) == M && weight.size(1) == width, "kernels.maps_backward: weight must be (2n + n^2, n D)");
-  const bool collapsed = out.collapsed;
-  const int64_t wp = (width + 15) / 16 * 16, nv = wp / 16;      // padded width, in v16f vectors
+  const bool collapsed = out.collapsed, copies = src.copies;
+  const int64_t pw = copies ? D : width;                        // the projection's width (maps_in_impl)
+  const int64_t wp = (pw + 15) / 16 * 16, nv = wp / 16;         // padded, in v16f vectors
   const int64_t mp = (M + 7) / 8 * 8;                            // W's rows, padded to blocks of 8
   const int threads = at::get_num_threads();
   const int64_t ns_ = 3 + 2 * n_ + n_ * n_;                      // the small gradients' count
   std::vector<double> sums(static_cast<size_t>(threads) * ns_, 0.0);
   std::vector<float> wpad(mp * wp, 0.f), acc(static_cast<size_t>(threads) * mp * wp, 0.f);
   for (int64_t k = 0; k < M; ++k)
-    std::memcpy(&wpad[k * wp], weight.data_ptr<float>() + k * width, width * sizeof(float));
+    for (int64_t f = 0; f < width; ++f) wpad[k * wp + f % pw] += weight.data_ptr<float>()[k * width + f];
   const float* __restrict__ zp = z.data_ptr<float>();
   const float* __restrict__ rp = r.data_ptr<float>();
   const float *__restrict__ pp = pre.data_ptr<float>(), *__restrict__ qp = post.data_ptr<float>();
@@ -546,19 +591,20 @@ std::tuple<torch::Tensor, torch::Tensor> maps_backward_impl(
       for (int64_t tile = lo; tile < hi; ++tile) {
         const int64_t t0 = tile * kTile;
         const int count = static_cast<int>(std::min<int64_t>(kTile, N - t0));
-        if (!src.x)                                       // (xs rows are wp apart: one token at a time)
+        if (!src.x && !copies)                            // (xs rows are wp apart: one token at a time)
           for (int b = 0; b < count; ++b) src.block<n>(t0 + b, 1, xs + b * wp);
         for (int b = 0; b < count; ++b) {                 // (rows past count feed only unused ob rows)
           const int64_t t = t0 + b;
           const float* __restrict__ xt = xs + b * wp;
-          if (src.x)
-            std::memcpy(xs + b * wp, src.x + t * width, width * sizeof(float));
+          if (src.x || copies)
+            std::memcpy(xs + b * wp, src.x ? src.x + t * width : src.basis[0] + t * D, pw * sizeof(float));
           const float* __restrict__ gh = ghp + t * D;
           const float rt = rp[t];
+          const float eh = copies ? dot(xt, gh, D) : 0.f;    // (copies: every stream's <x_i, grad_h>)
           float gz[m];
           for (int i = 0; i < n; ++i) {
             const float p = pp[t * n + i], q = qp[t * n + i];
-            const float gu = dot(xt + i * D, gh, D) * p * (1.f - p);
+            const float gu = (copies ? eh : dot(xt + i * D, gh, D)) * p * (1.f - p);
             const float gv = gqp[t * n + i] * q * (1.f - 0.5f * q);
             sm[0] += static_cast<double>(gu) * zp[t * m + i];
             sm[1] += static_cast<double>(gv) * zp[t * m + n + i];
@@ -593,6 +639,10 @@ std::tuple<torch::Tensor, torch::Tensor> maps_backward_impl(
           for (; c < nv; ++c) project_back<4, 1>(ob + b0 * wp, wp, &ga[b0][0], gs, m, wv, c);
         }
         // x's gradient, token by token: the projection's term and the streams' terms
+        if (copies) {
+          copies_grad<n>(src, out, t0, count, ob, wp, xs, coef, pp, ghp);
+          continue;
+        }
         if (!src.x) {
           basis_grad<n>(src, out, t0, count, ob, wp, xs, coef, pp, ghp);
           continue;
@@ -634,7 +684,7 @@ std::tuple<torch::Tensor, torch::Tensor> maps_backward_impl(
   for (int th = 0; th < threads; ++th)
     for (int64_t k = 0; k < M; ++k) {
       const float* __restrict__ part = &acc[(static_cast<size_t>(th) * mp + k) * wp];
-      for (int64_t f = 0; f < width; ++f) gwp[k * width + f] += part[f];
+      for (int64_t f = 0; f < width; ++f) gwp[k * width + f] += part[f % pw];    // (copies: W_i's all alike)
     }
   auto small = torch::zeros({ns_}, options.dtype(torch::kDouble));
   double* __restrict__ sp = small.data_ptr<double>();
@@ -660,6 +710,21 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> maps_backward(
   auto [grad_w, small] = maps_backward_impl(src, out, N, x.options(), z, r, pre, post, weight, alpha, grad_post,
                                             grad_l, grad_h);
   return {gx, grad_w, small};
+}
+
+// maps_backward for n copies of e (maps_in_copies): e's gradient into grad_e (written where assign, else added).
+// Returns (grad_W, small).
+std::tuple<torch::Tensor, torch::Tensor> maps_backward_copies(
+    torch::Tensor e, torch::Tensor z, torch::Tensor r, torch::Tensor pre, torch::Tensor post, torch::Tensor weight,
+    std::vector<double> alpha, torch::Tensor grad_post, torch::Tensor grad_l, torch::Tensor grad_h,
+    torch::Tensor grad_e, bool assign) {
+  const Streams src = copies_streams(e, pre.size(1));
+  check(grad_e, "grad_e", 2);
+  TORCH_CHECK(grad_e.sizes() == e.sizes(), "kernels.maps_backward_copies: grad_e must be e's shape");
+  StreamsGrad out;
+  out.gv = {grad_e.data_ptr<float>()}, out.assign = {static_cast<char>(assign)};
+  return maps_backward_impl(src, out, e.size(0), e.options(), z, r, pre, post, weight, alpha, grad_post, grad_l,
+                            grad_h);
 }
 
 // maps_backward for streams in the basis form (maps_in_basis): the coefficients' gradient (returned) and the
@@ -1754,6 +1819,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("maps_in", &maps_in);
   m.def("maps_backward", &maps_backward);
   m.def("maps_in_basis", &maps_in_basis);
+  m.def("maps_in_copies", &maps_in_copies);
+  m.def("maps_backward_copies", &maps_backward_copies);
   m.def("maps_backward_basis", &maps_backward_basis);
   m.def("coef_mix", &coef_mix);
   m.def("coef_mix_backward", &coef_mix_backward);

@@ -33,6 +33,11 @@ class FusedConnection:
         without gradient: it acts only through h) and self.iterations (the Sinkhorn's)."""
         return _Maps.apply(x, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton, self)
 
+    def copies_maps(self, e, grads, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton=0):
+        """maps() for n copies of e (N, D), the first sub-layer's streams, read as e itself; e's gradient goes
+        to grads (BasisGrads), e being the basis form's first vector."""
+        return _CopiesMaps.apply(e, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton, self, grads)
+
     def basis_maps(self, streams, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton=0):
         """maps() for streams in the basis form (BasisStreams)."""
         return _BasisMaps.apply(streams.coef, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton, self,
@@ -100,9 +105,10 @@ class BasisStreams:
         return self.expand().unsqueeze(0)[index]
 
     @classmethod
-    def copies_mixed(cls, rows, e, post, y) -> "BasisStreams":
-        """The first sub-layer's output streams rows_i e + post_i y (model.CopiesMix), (N, n) rows and post."""
-        return cls(torch.stack([rows.float(), post.float()], -1), (e, y.float().contiguous()), BasisGrads())
+    def copies_mixed(cls, res, e, post, y, grads: "BasisGrads") -> "BasisStreams":
+        """The first sub-layer's output streams H_res x + H_post^T y for x n copies of e (model.CopiesMix)."""
+        return cls(_CoefMix.apply(res, torch.ones_like(post).unsqueeze(-1), post), (e, y.float().contiguous()),
+                   grads)
 
     def mixed(self, res, post, y) -> "BasisStreams":
         """H_res x + H_post^T y: H_res times the coefficients, and y added to the basis with H_post's."""
@@ -152,6 +158,40 @@ class BasisGrads:
             if own:
                 self.buffers[k] = None
         return out
+
+
+class _CopiesMaps(torch.autograd.Function):
+    """_Maps for n copies of e (kernels.cpp maps_in_copies, maps_backward_copies: e projected with the folded
+    sum_i W_i); e's gradient is added into BasisGrads, whose first vector e is."""
+
+    @staticmethod
+    def forward(ctx, e, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton, conn, grads):
+        weight, gates = weight.float().contiguous(), [float(v) for v in alpha]
+        biases = [v.float().contiguous() for v in (b_pre, b_post, b_res)]
+        e = e.contiguous()
+        ops = mhc_ops()
+        z, r, pre, post, maps, h = ops.maps_in_copies(e, conn.n, weight, gates, *biases, eps)
+        res, conn.iterations = ops.sinkhorn(maps, iters, tol, newton)
+        ctx.save_for_backward(e, weight, z, r, pre, post, res)
+        ctx.gates, ctx.grads, ctx.owned = gates, grads, grads.claim(1)
+        conn.pre = pre
+        return h, post, res
+
+    @staticmethod
+    def backward(ctx, grad_h, grad_post, grad_res):
+        e, weight, z, r, pre, post, res = ctx.saved_tensors
+        n = pre.shape[1]
+        grad_h = torch.zeros_like(e) if grad_h is None else grad_h.float().contiguous()
+        grad_post = torch.zeros_like(post) if grad_post is None else grad_post.float().contiguous()
+        grad_res = torch.zeros_like(res) if grad_res is None else grad_res.float().contiguous()
+        ops = mhc_ops()
+        grad_l = ops.sinkhorn_backward(res, grad_res)
+        (buffer,), (fresh,) = ctx.grads.take([e])
+        grad_w, small = ops.maps_backward_copies(e, z, r, pre, post, weight, ctx.gates, grad_post, grad_l, grad_h,
+                                                 buffer, fresh)
+        (grad_e,) = ctx.grads.hand_over(ctx.owned)
+        return (grad_e, grad_w, small[:3], small[3:3 + n], small[3 + n:3 + 2 * n], small[3 + 2 * n:].view(n, n),
+                None, None, None, None, None, None)
 
 
 class _BasisMaps(torch.autograd.Function):

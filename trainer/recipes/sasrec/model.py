@@ -15,7 +15,15 @@ from torch.utils.checkpoint import checkpoint
 
 from trainer.recipes.dropout import Dropout
 from trainer.recipes.sasrec.config import SeqRecConfig
-from trainer.recipes.sasrec.fused import BasisStreams, FusedAttention, FusedConnection, FusedCopiesMix, applies, mhc_ops
+from trainer.recipes.sasrec.fused import (
+    BasisGrads,
+    BasisStreams,
+    FusedAttention,
+    FusedConnection,
+    FusedCopiesMix,
+    applies,
+    mhc_ops,
+)
 
 
 def sinkhorn(logits: torch.Tensor, iters: int, tol: float = 0.0, kernel: bool = False, newton: int = 0) -> torch.Tensor:
@@ -432,6 +440,15 @@ class MHCMaps(nn.Module):
         self._count(res, _Sinkhorn.last_iterations)
         return pre, post, res
 
+    def copies_kernel(self, e: torch.Tensor, conn: FusedConnection, grads):
+        """from_copies in the kernels, for the basis form (e its first vector; grads: its BasisGrads): (H_pre,
+        H_post, H_res), h = (sum_i H_pre_i) e in conn.h."""
+        eps, weight = self._folded(e.dtype)
+        conn.h, post, res = conn.copies_maps(e, grads, weight, self.alpha, self.b_pre, self.b_post, self.b_res, eps,
+                                             self.iters, self.tol, self.newton)
+        self._count(res, conn.iterations)
+        return conn.pre, post, res
+
     def _basis_maps(self, streams: BasisStreams, conn: FusedConnection):
         """_maps for streams in the basis form (fused.BasisStreams), in the kernels."""
         eps, weight = self._folded(streams.coef.dtype)
@@ -567,10 +584,12 @@ class Sublayer(nn.Module):
         (MHCMaps.from_copies), h = (sum_i H_pre_i) e, and the streams written once, by the mix."""
         tokens, d = e.shape
         kernel = self.fused and applies(e) and e.is_contiguous() and mhc_ops() is not None
+        if kernel and self.basis and not torch.is_autocast_enabled(e.device.type):
+            conn, grads = FusedConnection(self.maps.n), BasisGrads()
+            _, post, res = self.maps.copies_kernel(e, conn, grads)
+            return BasisStreams.copies_mixed(res, e, post, self.fn(self.norm(conn.h), **kw), grads)
         pre, post, res = self.maps.from_copies(e, kernel)
         y = self.fn(self.norm(pre.sum(-1, keepdim=True).to(e.dtype) * e), **kw)
-        if kernel and self.basis and not torch.is_autocast_enabled(e.device.type):
-            return BasisStreams.copies_mixed(res.sum(-1), e, post, y)
         mix = FusedCopiesMix if kernel else CopiesMix
         return mix.apply(res.sum(-1), e, post, y).view(1, tokens, self.maps.n, d)
 
