@@ -552,11 +552,12 @@ class Sublayer(nn.Module):
         # whose recomputation would run the forward's bookkeeping (BasisGrads) twice
         self.basis = self.fused and not cfg.grad_checkpoint
 
-    def forward(self, x: torch.Tensor, collapse: bool = False, **kw) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | BasisStreams, collapse: bool = False, **kw):
         """x: (B, T, D), or the real positions' (N, D) given `packing` (the attention's keyword); mHC: (1, N, n, D),
-        the streams of the N real positions only: the streams of padded positions would stay zero (zero input,
-        zero output), so they are neither stored nor computed. collapse (mHC, the last sub-layer): return the
-        mean of the output streams, (N, D); the fused kernels then never write those streams."""
+        the streams of the N real positions only (the streams of padded positions would stay zero: zero input,
+        zero output, so they are neither stored nor computed), or between the fused kernels the same streams in
+        the basis form (fused.BasisStreams), the first sub-layer's being the embedding (N, D) itself. collapse
+        (mHC, the last sub-layer): return the mean of the output streams, (N, D), never written as streams."""
         if self.maps is None:
             if self.pre_ln:
                 return x + self.fn(self.norm(x), **kw)
