@@ -207,11 +207,19 @@ inline void expand_token(const float* __restrict__ c, const float* const (&v)[K]
     }
 }
 
-// expand_token's backward for the gradient gx of the token's n streams (rows of D): gc[i * K + k] = <gx_i, v_k>,
-// and gv[k] = sum_i c[i * K + k] gx_i, written where assign[k], else added. One pass over the columns.
-template <int n, int K>
+// The terms maps_backward adds to the projection's gradient of a token's streams: cf x_i + pre_i grad_h.
+struct DirectTerms {
+  const float *x = nullptr, *pre = nullptr, *gh = nullptr;
+  float cf = 0.f;
+};
+
+// expand_token's backward for the gradient gx of the token's n streams (rows of D; with `direct`, gx_i + cf x_i +
+// pre_i gh, added on the way): gc[i * K + k] = <gx_i, v_k>, and gv[k] = sum_i c[i * K + k] gx_i, written where
+// assign[k], else added. One pass over the columns.
+template <int n, int K, bool Direct = false>
 inline void contract_token(const float* __restrict__ gx, const float* __restrict__ c, const float* const (&v)[K],
-                           float* const (&gv)[K], const char* assign, int64_t D, float* __restrict__ gc) {
+                           float* const (&gv)[K], const char* assign, int64_t D, float* __restrict__ gc,
+                           const DirectTerms& direct = DirectTerms()) {
   v16f acc[n][K];
   for (int i = 0; i < n; ++i)
     for (int k = 0; k < K; ++k) acc[i][k] = v16f{};
@@ -219,6 +227,14 @@ inline void contract_token(const float* __restrict__ gx, const float* __restrict
   for (; d + 16 <= D; d += 16) {
     v16f gi[n];
     for (int i = 0; i < n; ++i) std::memcpy(&gi[i], gx + i * D + d, sizeof(v16f));
+    if (Direct) {
+      v16f ghv, xv;
+      std::memcpy(&ghv, direct.gh + d, sizeof(v16f));
+      for (int i = 0; i < n; ++i) {
+        std::memcpy(&xv, direct.x + i * D + d, sizeof(v16f));
+        gi[i] += direct.cf * xv + direct.pre[i] * ghv;
+      }
+    }
     for (int k = 0; k < K; ++k) {
       v16f vk, s;
       std::memcpy(&vk, v[k] + d, sizeof(v16f));
@@ -235,15 +251,19 @@ inline void contract_token(const float* __restrict__ gx, const float* __restrict
   }
   for (int i = 0; i < n; ++i)
     for (int k = 0; k < K; ++k) gc[i * K + k] = sum16(acc[i][k]);
-  for (; d < D; ++d)
+  for (; d < D; ++d) {
+    float gi[n];
+    for (int i = 0; i < n; ++i)
+      gi[i] = gx[i * D + d] + (Direct ? direct.cf * direct.x[i * D + d] + direct.pre[i] * direct.gh[d] : 0.f);
     for (int k = 0; k < K; ++k) {
       float s = assign[k] ? 0.f : gv[k][d];
       for (int i = 0; i < n; ++i) {
-        gc[i * K + k] += gx[i * D + d] * v[k][d];
-        s += c[i * K + k] * gx[i * D + d];
+        gc[i * K + k] += gi[i] * v[k][d];
+        s += c[i * K + k] * gi[i];
       }
       gv[k][d] = s;
     }
+  }
 }
 
 struct Streams {
@@ -485,10 +505,10 @@ struct StreamsGrad {
 };
 
 // maps_backward's last step for streams in the basis form (StreamsGrad), per tile of `count` tokens from t0:
-// gx[t, i] = (ga W)[t, i] (in ob, made gx in place) + cf x[t, i] + pre[t, i] grad_h[t], then its coefficients'
-// and basis vectors' gradients.
+// gx[t, i] = (ga W)[t, i] (in ob) + cf x[t, i] + pre[t, i] grad_h[t], and from it its coefficients' and basis
+// vectors' gradients, in one pass (contract_token).
 template <int n>
-inline void basis_grad(const Streams& src, const StreamsGrad& out, int64_t t0, int count, float* __restrict__ ob,
+inline void basis_grad(const Streams& src, const StreamsGrad& out, int64_t t0, int count, const float* __restrict__ ob,
                        int64_t wp, const float* __restrict__ xs, const float* __restrict__ cf,
                        const float* __restrict__ pp, const float* __restrict__ ghp) {
   const int64_t D = src.D;
@@ -496,17 +516,14 @@ inline void basis_grad(const Streams& src, const StreamsGrad& out, int64_t t0, i
     constexpr int K = decltype(ks)::value;
     for (int b = 0; b < count; ++b) {
       const int64_t t = t0 + b;
-      float* __restrict__ gx = ob + b * wp;
+      const float* __restrict__ gx = ob + b * wp;
       const float* __restrict__ xt = xs + b * wp;
-      const float* __restrict__ gh = ghp + t * D;
-      for (int i = 0; i < n; ++i) {
-        const float p = pp[t * n + i];
-        for (int64_t d = 0; d < D; ++d) gx[i * D + d] += cf[b] * xt[i * D + d] + p * gh[d];
-      }
+      DirectTerms direct;
+      direct.x = xt, direct.pre = pp + t * n, direct.gh = ghp + t * D, direct.cf = cf[b];
       const float* v[K];
       float* gv[K];
       for (int k = 0; k < K; ++k) v[k] = src.basis[k] + t * D, gv[k] = out.gv[k] + t * D;
-      contract_token<n, K>(gx, src.coef + t * n * K, v, gv, out.assign.data(), D, out.gc + t * n * K);
+      contract_token<n, K, true>(gx, src.coef + t * n * K, v, gv, out.assign.data(), D, out.gc + t * n * K, direct);
     }
     return 0;
   });
