@@ -341,7 +341,8 @@ MapsIn maps_in_impl(const Streams& src, int64_t N, const torch::TensorOptions& o
   std::vector<float> wt(pw * mq, 0.f);                 // W^T, (pw, mq)
   const float* __restrict__ wsrc = weight.data_ptr<float>();
   for (int64_t k = 0; k < M; ++k)
-    for (int64_t f = 0; f < n_ * D; ++f) wt[(f % pw) * mq + k] += wsrc[k * n_ * D + f];
+    for (int64_t f0 = 0; f0 < n_ * D; f0 += pw)          // (copies: the n blocks of W summed)
+      for (int64_t f = 0; f < pw; ++f) wt[f * mq + k] += wsrc[k * n_ * D + f0 + f];
   auto z = torch::empty({N, M}, options);
   auto r = torch::empty({N}, options);
   auto pre = torch::empty({N, n_}, options);
@@ -582,8 +583,10 @@ std::tuple<torch::Tensor, torch::Tensor> maps_backward_impl(
   const int64_t ns_ = 3 + 2 * n_ + n_ * n_;                      // the small gradients' count
   std::vector<double> sums(static_cast<size_t>(threads) * ns_, 0.0);
   std::vector<float> wpad(mp * wp, 0.f), acc(static_cast<size_t>(threads) * mp * wp, 0.f);
+  const float* __restrict__ wsrc = weight.data_ptr<float>();
   for (int64_t k = 0; k < M; ++k)
-    for (int64_t f = 0; f < width; ++f) wpad[k * wp + f % pw] += weight.data_ptr<float>()[k * width + f];
+    for (int64_t f0 = 0; f0 < width; f0 += pw)          // (copies: the n blocks of W summed)
+      for (int64_t f = 0; f < pw; ++f) wpad[k * wp + f] += wsrc[k * width + f0 + f];
   const float* __restrict__ zp = z.data_ptr<float>();
   const float* __restrict__ rp = r.data_ptr<float>();
   const float *__restrict__ pp = pre.data_ptr<float>(), *__restrict__ qp = post.data_ptr<float>();
@@ -701,7 +704,8 @@ std::tuple<torch::Tensor, torch::Tensor> maps_backward_impl(
   for (int th = 0; th < threads; ++th)
     for (int64_t k = 0; k < M; ++k) {
       const float* __restrict__ part = &acc[(static_cast<size_t>(th) * mp + k) * wp];
-      for (int64_t f = 0; f < width; ++f) gwp[k * width + f] += part[f % pw];    // (copies: W_i's all alike)
+      for (int64_t f0 = 0; f0 < width; f0 += pw)         // (copies: every W_i's the same)
+        for (int64_t f = 0; f < pw; ++f) gwp[k * width + f0 + f] += part[f];
     }
   auto small = torch::zeros({ns_}, options.dtype(torch::kDouble));
   double* __restrict__ sp = small.data_ptr<double>();
