@@ -3,10 +3,13 @@ trainer/recipes/kernels.py); the PyTorch path (model.py) is used where they cann
 (GPU tensors, dtypes other than float32).
 
     connection = FusedConnection(n)     # one per mHC sub-layer call; see model.Sublayer
+    streams = BasisStreams.copies_mixed(res, e, post, y, BasisGrads())   # after the first sub-layer
+    streams = streams.mixed(res, post, y)                                # after each further one
 
 Why a C++ extension: with n = 4 streams of width 50, mHC's cost is element-wise passes over the n-times-wider
 residual stream (mixing, gates, their gradients), which PyTorch runs as batched 4x4 matmuls and broadcast
-temporaries; torch.compile made the epoch no faster on this CPU (README, SASRec benchmark).
+temporaries; torch.compile made the epoch no faster on this CPU (README, SASRec benchmark). Between the
+kernels the streams are kept in a basis form (BasisStreams), never written as (N, n, D).
 """
 from __future__ import annotations
 
