@@ -242,6 +242,19 @@ def test_maps_kernels_match_autograd(ops, n, collapsed):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), name
 
 
+def _maps_parameters(n: int, d: int):
+    """A maps projection (2n + n^2, n d), its gates, eps and biases."""
+    return 0.3 * torch.randn(2 * n + n * n, n * d), [0.7, -0.4, 1.3], 1e-6, [torch.randn(n), torch.randn(n),
+                                                                             torch.randn(n, n)]
+
+
+def _maps_in_equal(dense, ours):
+    """maps_in's six outputs from the (N, n, D) streams and from another form of them agree; returns dense."""
+    for name, a, b in zip(("z", "r", "pre", "post", "E", "h"), ours, dense):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), name
+    return dense
+
+
 @pytest.mark.parametrize("n,k", [(2, 1), (3, 2), (4, 3), (4, 5), (6, 8)])
 def test_basis_form_kernels_match_the_expanded_streams(ops, n, k):
     """Streams in the basis form, x[t, i] = sum_k coef[t, i, k] v_k[t]: maps_in_basis equals maps_in on the
@@ -249,14 +262,12 @@ def test_basis_form_kernels_match_the_expanded_streams(ops, n, k):
     streams' gradient carried through the expansion, written where a buffer is fresh and added where not; the
     coefficients' mix, the mean and the row error against their formulas."""
     torch.manual_seed(50 + 10 * n + k)
-    tokens, d, m = 37, 23, 2 * n + n * n
+    tokens, d = 37, 23
     coef, basis = torch.randn(tokens, n, k), [torch.randn(tokens, d) for _ in range(k)]
     x = torch.einsum("tik,ktd->tid", coef, torch.stack(basis)).contiguous()
-    w, gates, eps = 0.3 * torch.randn(m, n * d), [0.7, -0.4, 1.3], 1e-6
-    biases = [torch.randn(n), torch.randn(n), torch.randn(n, n)]
-    dense, ours = ops.maps_in(x, w, gates, *biases, eps), ops.maps_in_basis(coef, basis, w, gates, *biases, eps)
-    for name, a, b in zip(("z", "r", "pre", "post", "E", "h"), ours, dense):
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), name
+    w, gates, eps, biases = _maps_parameters(n, d)
+    dense = _maps_in_equal(ops.maps_in(x, w, gates, *biases, eps),
+                           ops.maps_in_basis(coef, basis, w, gates, *biases, eps))
     z, r, pre, post, _, _ = dense
     grad_post, grad_l, grad_h = torch.randn(tokens, n), torch.randn(tokens, n, n), torch.randn(tokens, d)
     no_mix = torch.zeros(tokens, n, d)                      # the dense stream mix's term left out
@@ -299,14 +310,11 @@ def test_copies_kernels_match_the_maps_of_expanded_copies(ops, n):
     maps_in on the expanded copies, and e's gradient to the sum of the copies' gradients (written when the
     buffer is fresh, added to it when not), W's gradient the same."""
     torch.manual_seed(70 + n)
-    tokens, d, m = 37, 23, 2 * n + n * n
+    tokens, d = 37, 23
     e = torch.randn(tokens, d)
     x = e.unsqueeze(1).expand(-1, n, -1).contiguous()
-    w, gates, eps = 0.3 * torch.randn(m, n * d), [0.7, -0.4, 1.3], 1e-6
-    biases = [torch.randn(n), torch.randn(n), torch.randn(n, n)]
-    dense, ours = ops.maps_in(x, w, gates, *biases, eps), ops.maps_in_copies(e, n, w, gates, *biases, eps)
-    for name, a, b in zip(("z", "r", "pre", "post", "E", "h"), ours, dense):
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), name
+    w, gates, eps, biases = _maps_parameters(n, d)
+    dense = _maps_in_equal(ops.maps_in(x, w, gates, *biases, eps), ops.maps_in_copies(e, n, w, gates, *biases, eps))
     z, r, pre, post, _, _ = dense
     grad_post, grad_l, grad_h = torch.randn(tokens, n), torch.randn(tokens, n, n), torch.randn(tokens, d)
     gx, gw, small = ops.maps_backward(x, z, r, pre, post, w, gates, grad_post, grad_l, grad_h,

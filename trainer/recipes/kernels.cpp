@@ -108,19 +108,22 @@ inline v16f exp_neg16(v16f x) {
   return p * scale;
 }
 
-// Calls f.template operator()<NS>() with the stream count as a compile-time constant: the per-token loops
-// over streams unroll and the loops over the width vectorise.
+// Calls f(std::integral_constant<int, v>) for v one of First, Rest..., so that the per-token loops over streams
+// (or basis vectors) unroll and the loops over the width vectorise.
+template <int First, int... Rest, typename F>
+auto with_constant(int64_t v, const char* what, const char* built, F&& f) {
+  if (v == First) return f(std::integral_constant<int, First>{});
+  if constexpr (sizeof...(Rest) > 0) {
+    return with_constant<Rest...>(v, what, built, f);
+  } else {
+    TORCH_CHECK(false, "kernels: ", v, " ", what, " (built for ", built, ")");
+    return f(std::integral_constant<int, First>{});   // (not reached: the check throws)
+  }
+}
+
 template <typename F>
 auto with_streams(int64_t n, F&& f) {
-  switch (n) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 6: return f(std::integral_constant<int, 6>{});
-    case 8: return f(std::integral_constant<int, 8>{});
-    default: TORCH_CHECK(false, "kernels: ", n, " streams (built for 1, 2, 3, 4, 6 or 8)");
-  }
+  return with_constant<1, 2, 3, 4, 6, 8>(n, "streams", "1, 2, 3, 4, 6 or 8", f);
 }
 
 // a[b] = x[b] W^T for `count` <= 4 consecutive tokens (rows of width floats at x) and wt = W^T (width, mq), mq =
@@ -163,20 +166,10 @@ inline void project_tokens(const float* __restrict__ x, int count, int64_t width
 // H_post^T y), so before the l-th sub-layer they are combinations of e, y_0 .. y_{l-1} (fused.py BasisStreams).
 // Read that way they are never written: a token's streams are expanded in cache from l + 1 vectors of D
 // instead of n read and n written by every mix and its backward.
-// Calls f(std::integral_constant<int, K>) for a basis of K = 1 .. 8 vectors (Streams below).
+// with_streams for a basis of K vectors (Streams below).
 template <typename F>
 auto with_basis(int64_t K, F&& f) {
-  switch (K) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 5: return f(std::integral_constant<int, 5>{});
-    case 6: return f(std::integral_constant<int, 6>{});
-    case 7: return f(std::integral_constant<int, 7>{});
-    case 8: return f(std::integral_constant<int, 8>{});
-    default: TORCH_CHECK(false, "kernels: a basis of ", K, " vectors (built for 1 .. 8)");
-  }
+  return with_constant<1, 2, 3, 4, 5, 6, 7, 8>(K, "basis vectors", "1 .. 8", f);
 }
 
 inline float sum16(v16f v) {
@@ -931,6 +924,20 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> collapse_mix_backward(
   return {grad_res, grad_post, grad_y};
 }
 
+// f(std::integral_constant<int, n>, std::integral_constant<int, K>, t) for every token t < N: the coefficients'
+// kernels below, per token, with the stream and basis counts as constants.
+template <typename F>
+void for_tokens_nk(int64_t N, int64_t n, int64_t K, F&& f) {
+  with_streams(n, [&](auto ns) {
+    return with_basis(K, [&](auto ks) {
+      at::parallel_for(0, N, 1024, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) f(ns, ks, t);
+      });
+      return 0;
+    });
+  });
+}
+
 // The stream mix H_res x + H_post^T y on streams in the basis form (Streams), where it acts on the coefficients
 // only: out[t] = [res[t] coef[t] | post[t]], (N, n, K + 1) with y the new basis vector (torch's bmm on
 // batches of 4 x 4 maps took 0.4 ms a call, as long as the maps' kernel).
@@ -943,26 +950,18 @@ torch::Tensor coef_mix(torch::Tensor res, torch::Tensor coef, torch::Tensor post
   const float *__restrict__ rp = res.data_ptr<float>(), *__restrict__ cp = coef.data_ptr<float>();
   const float* __restrict__ pp = post.data_ptr<float>();
   float* __restrict__ op = out.data_ptr<float>();
-  with_streams(n_, [&](auto ns) {
-    constexpr int n = decltype(ns)::value;
-    return with_basis(coef.size(2), [&](auto ks) {
-      constexpr int K = decltype(ks)::value;
-      at::parallel_for(0, N, 1024, [&](int64_t b, int64_t e) {
-        for (int64_t t = b; t < e; ++t) {
-          const float *__restrict__ r = rp + t * n * n, *__restrict__ c = cp + t * n * K;
-          float* __restrict__ o = op + t * n * (K + 1);
-          for (int i = 0; i < n; ++i) {
-            for (int k = 0; k < K; ++k) {
-              float s = 0.f;
-              for (int j = 0; j < n; ++j) s += r[i * n + j] * c[j * K + k];
-              o[i * (K + 1) + k] = s;
-            }
-            o[i * (K + 1) + K] = pp[t * n + i];
-          }
-        }
-      });
-      return 0;
-    });
+  for_tokens_nk(N, n_, coef.size(2), [&](auto ns, auto ks, int64_t t) {
+    constexpr int n = decltype(ns)::value, K = decltype(ks)::value;
+    const float *__restrict__ r = rp + t * n * n, *__restrict__ c = cp + t * n * K;
+    float* __restrict__ o = op + t * n * (K + 1);
+    for (int i = 0; i < n; ++i) {
+      for (int k = 0; k < K; ++k) {
+        float s = 0.f;
+        for (int j = 0; j < n; ++j) s += r[i * n + j] * c[j * K + k];
+        o[i * (K + 1) + k] = s;
+      }
+      o[i * (K + 1) + K] = pp[t * n + i];
+    }
   });
   return out;
 }
@@ -982,32 +981,24 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> coef_mix_backward(torch:
   const float* __restrict__ cp = coef.data_ptr<float>();
   float *__restrict__ grp = grad_res.data_ptr<float>(), *__restrict__ gcp = grad_coef.data_ptr<float>();
   float* __restrict__ gpp = grad_post.data_ptr<float>();
-  with_streams(n_, [&](auto ns) {
-    constexpr int n = decltype(ns)::value;
-    return with_basis(coef.size(2), [&](auto ks) {
-      constexpr int K = decltype(ks)::value;
-      at::parallel_for(0, N, 1024, [&](int64_t b, int64_t e) {
-        for (int64_t t = b; t < e; ++t) {
-          const float *__restrict__ gt = gp + t * n * (K + 1), *__restrict__ r = rp + t * n * n;
-          const float* __restrict__ c = cp + t * n * K;
-          for (int i = 0; i < n; ++i) {
-            gpp[t * n + i] = gt[i * (K + 1) + K];
-            for (int j = 0; j < n; ++j) {
-              float s = 0.f;
-              for (int k = 0; k < K; ++k) s += gt[i * (K + 1) + k] * c[j * K + k];
-              grp[(t * n + i) * n + j] = s;
-            }
-          }
-          for (int j = 0; j < n; ++j)
-            for (int k = 0; k < K; ++k) {
-              float s = 0.f;
-              for (int i = 0; i < n; ++i) s += r[i * n + j] * gt[i * (K + 1) + k];
-              gcp[(t * n + j) * K + k] = s;
-            }
-        }
-      });
-      return 0;
-    });
+  for_tokens_nk(N, n_, coef.size(2), [&](auto ns, auto ks, int64_t t) {
+    constexpr int n = decltype(ns)::value, K = decltype(ks)::value;
+    const float *__restrict__ gt = gp + t * n * (K + 1), *__restrict__ r = rp + t * n * n;
+    const float* __restrict__ c = cp + t * n * K;
+    for (int i = 0; i < n; ++i) {
+      gpp[t * n + i] = gt[i * (K + 1) + K];
+      for (int j = 0; j < n; ++j) {
+        float s = 0.f;
+        for (int k = 0; k < K; ++k) s += gt[i * (K + 1) + k] * c[j * K + k];
+        grp[(t * n + i) * n + j] = s;
+      }
+    }
+    for (int j = 0; j < n; ++j)
+      for (int k = 0; k < K; ++k) {
+        float s = 0.f;
+        for (int i = 0; i < n; ++i) s += r[i * n + j] * gt[i * (K + 1) + k];
+        gcp[(t * n + j) * K + k] = s;
+      }
   });
   return {grad_res, grad_coef, grad_post};
 }
