@@ -316,6 +316,22 @@ Streams basis_streams(const torch::Tensor& coef, const std::vector<torch::Tensor
   return s;
 }
 
+// The basis vectors' gradient buffers (each as its vector) and whether each is written (fresh) or added to.
+std::pair<std::vector<float*>, std::vector<char>> gradient_buffers(const std::vector<torch::Tensor>& grads,
+                                                                   const std::vector<bool>& assign,
+                                                                   const std::vector<torch::Tensor>& basis,
+                                                                   const char* kernel) {
+  TORCH_CHECK(grads.size() == basis.size() && assign.size() == basis.size(), "kernels.", kernel,
+              ": one gradient buffer and assign flag per basis vector");
+  std::vector<float*> out;
+  for (size_t k = 0; k < grads.size(); ++k) {
+    check(grads[k], "basis gradient", 2);
+    TORCH_CHECK(grads[k].sizes() == basis[k].sizes(), "kernels.", kernel, ": gradient buffers as the basis");
+    out.push_back(grads[k].data_ptr<float>());
+  }
+  return {out, std::vector<char>(assign.begin(), assign.end())};
+}
+
 // The maps, with the projection a = x W^T, the RMSNorm scale, the three gates and the pre-mix in one read of
 // each token's streams (flattened to nD = n * D): a per kBlock tokens into registers (project_tokens; the BLAS
 // product read the streams once more and wrote a), r = 1 / rms(x), z = r a, pre = sigmoid(alpha0 z[:n] + b_pre),
@@ -751,17 +767,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> maps_backward_basis(
     torch::Tensor post, torch::Tensor weight, std::vector<double> alpha, torch::Tensor grad_post,
     torch::Tensor grad_l, torch::Tensor grad_h, std::vector<torch::Tensor> grads, std::vector<bool> assign) {
   const Streams src = basis_streams(coef, basis);
-  TORCH_CHECK(grads.size() == basis.size() && assign.size() == basis.size(),
-              "kernels.maps_backward_basis: one gradient buffer and assign flag per basis vector");
   auto gc = torch::empty_like(coef);
   StreamsGrad out;
   out.gc = gc.data_ptr<float>();
-  for (size_t k = 0; k < grads.size(); ++k) {
-    check(grads[k], "basis gradient", 2);
-    TORCH_CHECK(grads[k].sizes() == basis[k].sizes(), "kernels.maps_backward_basis: gradient buffers as the basis");
-    out.gv.push_back(grads[k].data_ptr<float>());
-    out.assign.push_back(assign[k]);
-  }
+  std::tie(out.gv, out.assign) = gradient_buffers(grads, assign, basis, "maps_backward_basis");
   auto [grad_w, small] = maps_backward_impl(src, out, coef.size(0), coef.options(), z, r, pre, post, weight, alpha,
                                             grad_post, grad_l, grad_h);
   return {gc, grad_w, small};
@@ -1005,24 +1014,30 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> coef_mix_backward(torch:
 
 // The mean of the last streams in the basis form (Streams), the model's output: out[t] = sum_k w[t, k] v_k[t],
 // w[t, k] = mean_i coef[t, i, k].
+// Token t's basis vectors v[k] and its coefficients' mean over the streams w[k] (basis_mean's weights).
+template <int K>
+inline void mean_weights(const Streams& src, int64_t t, const float* (&v)[K], float (&w)[K]) {
+  for (int k = 0; k < K; ++k) {
+    v[k] = src.basis[k] + t * src.D;
+    float s = 0.f;
+    for (int64_t i = 0; i < src.n; ++i) s += src.coef[(t * src.n + i) * K + k];
+    w[k] = s / src.n;
+  }
+}
+
 torch::Tensor basis_mean(torch::Tensor coef, std::vector<torch::Tensor> basis) {
   const Streams src = basis_streams(coef, basis);
-  const int64_t N = coef.size(0), D = src.D, n = src.n, K = src.K;
+  const int64_t N = coef.size(0), D = src.D;
   auto out = torch::empty({N, D}, coef.options());
   float* __restrict__ op = out.data_ptr<float>();
-  with_basis(K, [&](auto ks) {
-    constexpr int K_ = decltype(ks)::value;
+  with_basis(src.K, [&](auto ks) {
+    constexpr int K = decltype(ks)::value;
     at::parallel_for(0, N, kGrain, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
-        const float* v[K_];
-        float w[K_];
-        for (int k = 0; k < K_; ++k) {
-          v[k] = src.basis[k] + t * D;
-          float s = 0.f;
-          for (int64_t i = 0; i < n; ++i) s += src.coef[(t * n + i) * K_ + k];
-          w[k] = s / n;
-        }
-        expand_token<1, K_>(w, v, D, op + t * D);
+        const float* v[K];
+        float w[K];
+        mean_weights<K>(src, t, v, w);
+        expand_token<1, K>(w, v, D, op + t * D);
       }
     });
     return 0;
@@ -1037,15 +1052,10 @@ torch::Tensor basis_mean_backward(torch::Tensor g, torch::Tensor coef, std::vect
   check(g, "grad", 2);
   const Streams src = basis_streams(coef, basis);
   const int64_t N = coef.size(0), D = src.D, n = src.n;
-  TORCH_CHECK(g.size(0) == N && g.size(1) == D && grads.size() == basis.size() && assign.size() == basis.size(),
-              "kernels.basis_mean_backward: g (N, D), one gradient buffer and assign flag per basis vector");
-  std::vector<float*> gvp;
-  for (auto& t : grads) {
-    check(t, "basis gradient", 2);
-    TORCH_CHECK(t.size(0) == N && t.size(1) == D, "kernels.basis_mean_backward: gradient buffers (N, D)");
-    gvp.push_back(t.data_ptr<float>());
-  }
-  const std::vector<char> fresh(assign.begin(), assign.end());
+  TORCH_CHECK(g.size(0) == N && g.size(1) == D, "kernels.basis_mean_backward: g (N, D)");
+  const auto buffers = gradient_buffers(grads, assign, basis, "basis_mean_backward");
+  const std::vector<float*>& gvp = buffers.first;     // (not a structured binding: lambdas capture it below)
+  const std::vector<char>& fresh = buffers.second;
   auto grad_coef = torch::empty_like(coef);
   const float* __restrict__ gp = g.data_ptr<float>();
   float* __restrict__ gcp = grad_coef.data_ptr<float>();
@@ -1056,12 +1066,8 @@ torch::Tensor basis_mean_backward(torch::Tensor g, torch::Tensor coef, std::vect
         const float* v[K];
         float* gv[K];
         float w[K], gw[K];
-        for (int k = 0; k < K; ++k) {
-          v[k] = src.basis[k] + t * D, gv[k] = gvp[k] + t * D;
-          float s = 0.f;
-          for (int64_t i = 0; i < n; ++i) s += src.coef[(t * n + i) * K + k];
-          w[k] = s / n;
-        }
+        mean_weights<K>(src, t, v, w);
+        for (int k = 0; k < K; ++k) gv[k] = gvp[k] + t * D;
         contract_token<1, K>(gp + t * D, w, v, gv, fresh.data(), D, gw);
         for (int64_t i = 0; i < n; ++i)
           for (int k = 0; k < K; ++k) gcp[(t * n + i) * K + k] = gw[k] / n;

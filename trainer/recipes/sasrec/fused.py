@@ -54,37 +54,57 @@ class FusedConnection:
         return _CollapseMix.apply(res, x, post, y, self)
 
 
+def _parameters(weight, alpha, b_pre, b_post, b_res):
+    """The maps' parameters as the kernels take them: float32 contiguous, the gates as floats."""
+    return weight.float().contiguous(), [float(v) for v in alpha], [v.float().contiguous() for v in
+                                                                      (b_pre, b_post, b_res)]
+
+
+def _sinkhorn(conn, maps_in, iters, tol, newton):
+    """maps_in's (z, r, pre, post, E, h) with the Sinkhorn run on E: (z, r, pre, post, H_res, h); H_pre and the
+    iteration count on conn."""
+    z, r, pre, post, e, h = maps_in
+    res, conn.iterations = mhc_ops().sinkhorn(e, iters, tol, newton)
+    conn.pre = pre
+    return z, r, pre, post, res, h
+
+
+def _incoming(h_like, post, res, grad_h, grad_post, grad_res):
+    """The maps' output gradients as the kernels take them (zeros for those that did not come; h's shaped as
+    h_like), grad_res carried through the Sinkhorn: (grad_h, grad_post, grad of its logits)."""
+    def ready(grad, like):
+        return torch.zeros_like(like) if grad is None else grad.float().contiguous()
+    return ready(grad_h, h_like), ready(grad_post, post), mhc_ops().sinkhorn_backward(res, ready(grad_res, res))
+
+
+def _parameter_grads(grad_w, small, n):
+    """W's, alpha's, b_pre's, b_post's and b_res's gradients from maps_backward's (grad_W, small)."""
+    return grad_w, small[:3], small[3:3 + n], small[3 + n:3 + 2 * n], small[3 + 2 * n:].view(n, n)
+
+
 class _Maps(torch.autograd.Function):
     """model.MHCMaps and the pre-mix h = sum_i H_pre_i x_i: maps_in (projection, gates, pre-mix) and the Sinkhorn;
     the backward (sinkhorn_backward, maps_backward) completes x's gradient (FusedConnection)."""
 
     @staticmethod
     def forward(ctx, x, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton, conn):
-        weight, gates = weight.float().contiguous(), [float(v) for v in alpha]
-        biases = [v.float().contiguous() for v in (b_pre, b_post, b_res)]
-        ops = mhc_ops()
-        z, r, pre, post, e, h = ops.maps_in(x, weight, gates, *biases, eps)
-        res, conn.iterations = ops.sinkhorn(e, iters, tol, newton)
+        weight, gates, biases = _parameters(weight, alpha, b_pre, b_post, b_res)
+        z, r, pre, post, res, h = _sinkhorn(conn, mhc_ops().maps_in(x, weight, gates, *biases, eps), iters, tol,
+                                            newton)
         ctx.save_for_backward(x, weight, z, r, pre, post, res)
         ctx.conn, ctx.gates = conn, gates
-        conn.pre = pre
         return h, post, res
 
     @staticmethod
     def backward(ctx, grad_h, grad_post, grad_res):
         x, weight, z, r, pre, post, res = ctx.saved_tensors
-        conn, (tokens, n, d) = ctx.conn, x.shape
-        grad_h = x.new_zeros(tokens, d) if grad_h is None else grad_h.float().contiguous()
-        grad_post = torch.zeros_like(post) if grad_post is None else grad_post.float().contiguous()
-        grad_res = torch.zeros_like(res) if grad_res is None else grad_res.float().contiguous()
+        conn, n = ctx.conn, x.shape[1]
+        grad_h, grad_post, grad_l = _incoming(x[:, 0], post, res, grad_h, grad_post, grad_res)
         grad_out = torch.zeros_like(x) if conn.grad_out is None else conn.grad_out   # (no gradient came)
-        ops = mhc_ops()
-        grad_l = ops.sinkhorn_backward(res, grad_res)
-        grad_x, grad_w, small = ops.maps_backward(x, z, r, pre, post, weight, ctx.gates, grad_post, grad_l, grad_h,
-                                                  grad_out, res)
+        grad_x, grad_w, small = mhc_ops().maps_backward(x, z, r, pre, post, weight, ctx.gates, grad_post, grad_l,
+                                                        grad_h, grad_out, res)
         ctx.conn = conn.grad_out = conn.pre = None
-        return (grad_x, grad_w, small[:3], small[3:3 + n], small[3 + n:3 + 2 * n], small[3 + 2 * n:].view(n, n),
-                None, None, None, None, None)
+        return (grad_x, *_parameter_grads(grad_w, small, n), None, None, None, None, None)
 
 
 class BasisStreams:
@@ -169,32 +189,23 @@ class _CopiesMaps(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, e, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton, conn, grads):
-        weight, gates = weight.float().contiguous(), [float(v) for v in alpha]
-        biases = [v.float().contiguous() for v in (b_pre, b_post, b_res)]
+        weight, gates, biases = _parameters(weight, alpha, b_pre, b_post, b_res)
         e = e.contiguous()
-        ops = mhc_ops()
-        z, r, pre, post, maps, h = ops.maps_in_copies(e, conn.n, weight, gates, *biases, eps)
-        res, conn.iterations = ops.sinkhorn(maps, iters, tol, newton)
+        z, r, pre, post, res, h = _sinkhorn(conn, mhc_ops().maps_in_copies(e, conn.n, weight, gates, *biases, eps),
+                                            iters, tol, newton)
         ctx.save_for_backward(e, weight, z, r, pre, post, res)
         ctx.gates, ctx.grads, ctx.owned = gates, grads, grads.claim(1)
-        conn.pre = pre
         return h, post, res
 
     @staticmethod
     def backward(ctx, grad_h, grad_post, grad_res):
         e, weight, z, r, pre, post, res = ctx.saved_tensors
-        n = pre.shape[1]
-        grad_h = torch.zeros_like(e) if grad_h is None else grad_h.float().contiguous()
-        grad_post = torch.zeros_like(post) if grad_post is None else grad_post.float().contiguous()
-        grad_res = torch.zeros_like(res) if grad_res is None else grad_res.float().contiguous()
-        ops = mhc_ops()
-        grad_l = ops.sinkhorn_backward(res, grad_res)
+        grad_h, grad_post, grad_l = _incoming(e, post, res, grad_h, grad_post, grad_res)
         (buffer,), (fresh,) = ctx.grads.take([e])
-        grad_w, small = ops.maps_backward_copies(e, z, r, pre, post, weight, ctx.gates, grad_post, grad_l, grad_h,
-                                                 buffer, fresh)
+        grad_w, small = mhc_ops().maps_backward_copies(e, z, r, pre, post, weight, ctx.gates, grad_post, grad_l,
+                                                       grad_h, buffer, fresh)
         (grad_e,) = ctx.grads.hand_over(ctx.owned)
-        return (grad_e, grad_w, small[:3], small[3:3 + n], small[3 + n:3 + 2 * n], small[3 + 2 * n:].view(n, n),
-                None, None, None, None, None, None)
+        return (grad_e, *_parameter_grads(grad_w, small, pre.shape[1]), None, None, None, None, None, None)
 
 
 class _BasisMaps(torch.autograd.Function):
@@ -204,32 +215,23 @@ class _BasisMaps(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, coef, weight, alpha, b_pre, b_post, b_res, eps, iters, tol, newton, conn, grads, *basis):
-        weight, gates = weight.float().contiguous(), [float(v) for v in alpha]
-        biases = [v.float().contiguous() for v in (b_pre, b_post, b_res)]
+        weight, gates, biases = _parameters(weight, alpha, b_pre, b_post, b_res)
         coef, basis = coef.contiguous(), [v.contiguous() for v in basis]
-        ops = mhc_ops()
-        z, r, pre, post, e, h = ops.maps_in_basis(coef, basis, weight, gates, *biases, eps)
-        res, conn.iterations = ops.sinkhorn(e, iters, tol, newton)
+        z, r, pre, post, res, h = _sinkhorn(conn, mhc_ops().maps_in_basis(coef, basis, weight, gates, *biases, eps),
+                                            iters, tol, newton)
         ctx.save_for_backward(coef, weight, z, r, pre, post, res, *basis)
         ctx.gates, ctx.grads, ctx.owned = gates, grads, grads.claim(len(basis))
-        conn.pre = pre
         return h, post, res
 
     @staticmethod
     def backward(ctx, grad_h, grad_post, grad_res):
         coef, weight, z, r, pre, post, res, *basis = ctx.saved_tensors
-        n = coef.shape[1]
-        grad_h = torch.zeros_like(basis[0]) if grad_h is None else grad_h.float().contiguous()
-        grad_post = torch.zeros_like(post) if grad_post is None else grad_post.float().contiguous()
-        grad_res = torch.zeros_like(res) if grad_res is None else grad_res.float().contiguous()
-        ops = mhc_ops()
-        grad_l = ops.sinkhorn_backward(res, grad_res)
+        grad_h, grad_post, grad_l = _incoming(basis[0], post, res, grad_h, grad_post, grad_res)
         buffers, fresh = ctx.grads.take(basis)
-        grad_coef, grad_w, small = ops.maps_backward_basis(coef, basis, z, r, pre, post, weight, ctx.gates, grad_post,
-                                                           grad_l, grad_h, buffers, fresh)
-        grads = ctx.grads.hand_over(ctx.owned)
-        return (grad_coef, grad_w, small[:3], small[3:3 + n], small[3 + n:3 + 2 * n], small[3 + 2 * n:].view(n, n),
-                None, None, None, None, None, None, *grads)
+        grad_coef, grad_w, small = mhc_ops().maps_backward_basis(coef, basis, z, r, pre, post, weight, ctx.gates,
+                                                                 grad_post, grad_l, grad_h, buffers, fresh)
+        return (grad_coef, *_parameter_grads(grad_w, small, coef.shape[1]), None, None, None, None, None, None,
+                *ctx.grads.hand_over(ctx.owned))
 
 
 class _CoefMix(torch.autograd.Function):

@@ -443,20 +443,23 @@ class MHCMaps(nn.Module):
     def copies_kernel(self, e: torch.Tensor, conn: FusedConnection, grads):
         """from_copies in the kernels, for the basis form (e its first vector; grads: its BasisGrads): (H_pre,
         H_post, H_res), h = (sum_i H_pre_i) e in conn.h."""
-        eps, weight = self._folded(e.dtype)
-        conn.h, post, res = conn.copies_maps(e, grads, weight, self.alpha, self.b_pre, self.b_post, self.b_res, eps,
-                                             self.iters, self.tol, self.newton)
-        self._count(res, conn.iterations)
+        post, res = self._in_kernels(conn, conn.copies_maps, e.dtype, e, grads)
         return conn.pre, post, res
 
     def _basis_maps(self, streams: BasisStreams, conn: FusedConnection):
         """_maps for streams in the basis form (fused.BasisStreams), in the kernels."""
-        eps, weight = self._folded(streams.coef.dtype)
-        conn.h, post, res = conn.basis_maps(streams, weight, self.alpha, self.b_pre, self.b_post, self.b_res, eps,
-                                            self.iters, self.tol, self.newton)
-        self._count(res, conn.iterations)
+        post, res = self._in_kernels(conn, conn.basis_maps, streams.coef.dtype, streams)
         tokens, n = post.shape
         return conn.pre.view(1, tokens, n), post.view(1, tokens, n), res.view(1, tokens, n, n)
+
+    def _in_kernels(self, conn: FusedConnection, maps, dtype, *inputs):
+        """One of conn's maps functions (`maps`) on `inputs` with this module's parameters, counted: (H_post,
+        H_res); h in conn.h, H_pre in conn.pre."""
+        eps, weight = self._folded(dtype)
+        conn.h, post, res = maps(*inputs, weight, self.alpha, self.b_pre, self.b_post, self.b_res, eps, self.iters,
+                                 self.tol, self.newton)
+        self._count(res, conn.iterations)
+        return post, res
 
     def _folded(self, dtype):
         # RMSNorm folded into the projection: (x r w) W^T = r (x (W w)^T), so the normalised copy of the
@@ -466,13 +469,11 @@ class MHCMaps(nn.Module):
 
     def _maps(self, x: torch.Tensor, conn: FusedConnection | None):
         b, t, n, d = x.shape
-        eps, weight = self._folded(x.dtype)
         if conn is None:
+            eps, weight = self._folded(x.dtype)
             return self._gates(NormProj.apply(x.reshape(b * t, n * d), weight, eps).view(b, t, -1))
         # all in the kernels, which also pre-mix (conn.h)
-        conn.h, post, res = conn.maps(x.reshape(b * t, n, d), weight, self.alpha, self.b_pre, self.b_post,
-                                      self.b_res, eps, self.iters, self.tol, self.newton)
-        self._count(res, conn.iterations)
+        post, res = self._in_kernels(conn, conn.maps, x.dtype, x.reshape(b * t, n, d))
         return conn.pre.view(b, t, n), post.view(b, t, n), res.view(b, t, n, n)
 
 
