@@ -160,6 +160,60 @@ inline void project_tokens(const float* __restrict__ x, int count, int64_t width
   }
 }
 
+// out[j] = the sum of v[j]'s 16 lanes for j < R: 16 vectors at a time folded in halves (lanes of two vectors
+// side by side, then added) into one vector of 16 sums. Summing each vector's lanes in order was a chain of 15
+// dependent adds and extracts per vector (the compiler may not reorder them), 7% of maps_backward_basis.
+template <int R>
+inline void reduce16(const v16f* __restrict__ v, float* __restrict__ out) {
+  for (int g = 0; g < R; g += 16) {
+    v16f a[16];
+    for (int j = 0; j < 16; ++j) a[j] = g + j < R ? v[g + j] : v16f{};
+    for (int j = 0; j < 8; ++j)                 // a[j]: 8 partial sums of vector 2j, then 8 of 2j + 1
+      a[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+             __builtin_shufflevector(a[2 * j], a[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
+                                     31);
+    for (int j = 0; j < 4; ++j)                 // 4 partial sums of each of 4 vectors
+      a[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+             __builtin_shufflevector(a[2 * j], a[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    for (int j = 0; j < 2; ++j)                 // 2 of each of 8
+      a[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+             __builtin_shufflevector(a[2 * j], a[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    a[0] = __builtin_shufflevector(a[0], a[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(a[0], a[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for (int j = 0; j < 16 && g + j < R; ++j) out[g + j] = a[0][j];
+  }
+}
+
+// ss[b] = <x_b, x_b> for count <= kBlock rows of `width` floats at x: each row's sum in two vector
+// accumulators, the block's reduced together (reduce16; a dot() per row, latency-bound, was 13% of maps_in).
+inline void sum_squares(const float* __restrict__ x, int count, int64_t width, float* __restrict__ ss) {
+  v16f acc[kBlock];
+  float tail[kBlock] = {};
+  for (int b = 0; b < kBlock; ++b) {
+    v16f a = v16f{}, c = v16f{};
+    if (b < count) {
+      const float* __restrict__ xb = x + b * width;
+      int64_t f = 0;
+      for (; f + 32 <= width; f += 32) {
+        v16f u, v;
+        std::memcpy(&u, xb + f, sizeof(v16f));
+        std::memcpy(&v, xb + f + 16, sizeof(v16f));
+        a += u * u, c += v * v;
+      }
+      for (; f + 16 <= width; f += 16) {
+        v16f u;
+        std::memcpy(&u, xb + f, sizeof(v16f));
+        a += u * u;
+      }
+      for (; f < width; ++f) tail[b] += xb[f] * xb[f];
+    }
+    acc[b] = a + c;
+  }
+  float sums[kBlock];
+  reduce16<kBlock>(acc, sums);
+  for (int b = 0; b < count; ++b) ss[b] = sums[b] + tail[b];
+}
+
 // Where maps_in and maps_backward read a sub-layer's streams: an (N, n, D) tensor, or the basis form, where
 // token t's streams are combinations of K (N, D) vectors, x[t, i] = sum_k coef[t, i, k] v_k[t]. mHC's streams
 // are: they start as n copies of the embedding e and every mix adds one sub-layer output y (x' = H_res x +
@@ -170,12 +224,6 @@ inline void project_tokens(const float* __restrict__ x, int count, int64_t width
 template <typename F>
 auto with_basis(int64_t K, F&& f) {
   return with_constant<1, 2, 3, 4, 5, 6, 7, 8>(K, "basis vectors", "1 .. 8", f);
-}
-
-inline float sum16(v16f v) {
-  float s = 0.f;
-  for (int l = 0; l < 16; ++l) s += v[l];
-  return s;
 }
 
 // out[i * D + d] = sum_k c[i * K + k] v[k][d]: one token's n streams from its K basis vectors, 16 columns at a
@@ -242,8 +290,7 @@ inline void contract_token(const float* __restrict__ gx, const float* __restrict
       std::memcpy(gv[k] + d, &s, sizeof(v16f));
     }
   }
-  for (int i = 0; i < n; ++i)
-    for (int k = 0; k < K; ++k) gc[i * K + k] = sum16(acc[i][k]);
+  reduce16<n * K>(&acc[0][0], gc);
   for (; d < D; ++d) {
     float gi[n];
     for (int i = 0; i < n; ++i)
@@ -381,6 +428,8 @@ MapsIn maps_in_impl(const Streams& src, int64_t N, const torch::TensorOptions& o
         for (int b = 0; b < count; b += 4)
           project_tokens<mq / 16, (mq % 16) / 8>(xb + b * pw, std::min(4, count - b), pw, wtp,
                                                   &ab[b][0]);
+        float ss[kBlock];
+        sum_squares(xb, count, pw, ss);
         for (int l = 0; l < kBlock; ++l) {
           if (l >= count) {                                 // padding lanes: any finite exponent
             for (int k = 0; k < m; ++k) arg[k][l] = 0.f;
@@ -388,7 +437,7 @@ MapsIn maps_in_impl(const Streams& src, int64_t N, const torch::TensorOptions& o
           }
           const int64_t t = t0 + l;
           const float* __restrict__ xt = xb + l * pw;
-          const float rt = 1.f / std::sqrt(dot(xt, xt, pw) / pw + static_cast<float>(eps));   // (copies: the same mean)
+          const float rt = 1.f / std::sqrt(ss[l] / pw + static_cast<float>(eps));   // (copies: the same mean)
           rp[t] = rt;
           float zt[m];
           for (int k = 0; k < m; ++k) zp[t * m + k] = zt[k] = rt * ab[l][k];
@@ -620,6 +669,8 @@ std::tuple<torch::Tensor, torch::Tensor> maps_backward_impl(
       constexpr int gs = (m + 7) / 8 * 8;                // ga's row stride: whole blocks of 8
       alignas(64) float ga[kTile][gs] = {};              // columns m .. gs stay zero (rank_update's last block)
       float coef[kTile];                                 // the RMSNorm's term per token
+      float al[m], tz[m] = {}, tb[m] = {};               // the gate of each of z's columns; the tile's sums
+      for (int k = 0; k < m; ++k) al[k] = k < n ? a0 : k < 2 * n ? a1 : a2;
       for (int64_t tile = lo; tile < hi; ++tile) {
         const int64_t t0 = tile * kTile;
         const int count = static_cast<int>(std::min<int64_t>(kTile, N - t0));
@@ -632,31 +683,40 @@ std::tuple<torch::Tensor, torch::Tensor> maps_backward_impl(
             std::memcpy(xs + b * wp, src.x ? src.x + t * width : src.basis[0] + t * D, pw * sizeof(float));
           const float* __restrict__ gh = ghp + t * D;
           const float rt = rp[t];
-          const float eh = copies ? dot(xt, gh, D) : 0.f;    // (copies: every stream's <x_i, grad_h>)
-          float gz[m];
+          float eh[n];                                   // <x_i, grad_h> (copies: every stream's the same)
+          const float* gv1[1] = {gh};
+          if (copies) {
+            dots<1, 1>(xt, gv1, D, eh);
+            for (int i = 1; i < n; ++i) eh[i] = eh[0];
+          } else {
+            dots<n, 1>(xt, gv1, D, eh);
+          }
+          // g = (grad_u, grad_v, grad_L): the gradient of (u, v, L), whose z-scaled sums (per gate) and sums
+          // are the small gradients; per tile in float, vectorised over k (a double per token added into
+          // one sum was a chain of dependent adds through memory)
+          float g[m];
           for (int i = 0; i < n; ++i) {
             const float p = pp[t * n + i], q = qp[t * n + i];
-            const float gu = (copies ? eh : dot(xt + i * D, gh, D)) * p * (1.f - p);
-            const float gv = gqp[t * n + i] * q * (1.f - 0.5f * q);
-            sm[0] += static_cast<double>(gu) * zp[t * m + i];
-            sm[1] += static_cast<double>(gv) * zp[t * m + n + i];
-            sm[3 + i] += gu;
-            sm[3 + n + i] += gv;
-            gz[i] = a0 * gu;
-            gz[n + i] = a1 * gv;
+            g[i] = eh[i] * p * (1.f - p);
+            g[n + i] = gqp[t * n + i] * q * (1.f - 0.5f * q);
           }
-          for (int k = 0; k < n * n; ++k) {
-            const float gl = glp[t * n * n + k];
-            gz[2 * n + k] = a2 * gl;
-            sm[2] += static_cast<double>(gl) * zp[t * m + 2 * n + k];
-            sm[3 + 2 * n + k] += gl;
-          }
+          for (int k = 0; k < n * n; ++k) g[2 * n + k] = glp[t * n * n + k];
+          const float* __restrict__ zt = zp + t * m;
           float zg = 0.f;
+#pragma omp simd reduction(+ : zg)
           for (int k = 0; k < m; ++k) {
-            zg += gz[k] * zp[t * m + k];
-            ga[b][k] = gz[k] * rt;
+            const float gz = al[k] * g[k];
+            tz[k] += g[k] * zt[k];
+            tb[k] += g[k];
+            zg += gz * zt[k];
+            ga[b][k] = gz * rt;
           }
           coef[b] = -zg * rt * rt / width;
+        }
+        for (int k = 0; k < m; ++k) {                      // the tile's sums into the thread's (double)
+          sm[k < n ? 0 : k < 2 * n ? 1 : 2] += tz[k];
+          sm[3 + k] += tb[k];
+          tz[k] = tb[k] = 0.f;
         }
         // W's gradient, gw[k] += sum_b ga[b][k] xs[b]: 8 rows x 3 vectors of columns in registers
         for (int k0 = 0; k0 < m; k0 += 8) {
