@@ -21,6 +21,7 @@ namespace {
 
 constexpr int64_t kGrain = 64;    // tokens per parallel chunk
 constexpr int kLanes = 64;        // Sinkhorn maps per vectorised chunk (maps last, as in the PyTorch path)
+static_assert(kLanes % 16 == 0, "the Sinkhorn chunks are gathered 16 maps at a time");
 constexpr int kBlock = 16;        // maps_in's tokens per vectorised exponential (one v16f below)
 
 void check(const torch::Tensor& t, const char* name, int64_t dim) {
@@ -181,6 +182,56 @@ inline void reduce16(const v16f* __restrict__ v, float* __restrict__ out) {
     a[0] = __builtin_shufflevector(a[0], a[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
            __builtin_shufflevector(a[0], a[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     for (int j = 0; j < 16 && g + j < R; ++j) out[g + j] = a[0][j];
+  }
+}
+
+// r[i][j] = r[j][i] for 16 vectors of 16: the off-diagonal blocks swapped at every scale (8, 4, 2, 1 lanes),
+// 64 two-vector shuffles. 16 maps of 4 x 4 held maps-last (one vector per entry) from 16 maps' rows and back:
+// one lane at a time, the 512 inserts and 256 extracts were most of sinkhorn_backward.
+#define TRANSPOSE_STEP(d, ...)                                                   \
+  for (int i = 0; i < 16; ++i)                                                   \
+    if (!(i & d)) {                                                              \
+      const v16f a = r[i], b = r[i + d];                                         \
+      r[i] = __builtin_shufflevector(a, b, __VA_ARGS__);                         \
+      r[i + d] = __builtin_shufflevector(a, b, TRANSPOSE_HI_##d);                \
+    }
+#define TRANSPOSE_HI_8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define TRANSPOSE_HI_4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define TRANSPOSE_HI_2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define TRANSPOSE_HI_1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+inline void transpose16(v16f (&r)[16]) {
+  TRANSPOSE_STEP(8, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+  TRANSPOSE_STEP(4, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
+  TRANSPOSE_STEP(2, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
+  TRANSPOSE_STEP(1, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
+}
+#undef TRANSPOSE_STEP
+
+// v[k][l] = rows[l][k] for 16 rows of n * n (16 lanes, k < n * n): the transposition for n = 4, else lane by lane.
+template <int n>
+inline void to_lanes(const float* __restrict__ rows, v16f* __restrict__ v) {
+  if constexpr (n * n == 16) {
+    v16f r[16];
+    for (int l = 0; l < 16; ++l) std::memcpy(&r[l], rows + l * 16, sizeof(v16f));
+    transpose16(r);
+    for (int k = 0; k < 16; ++k) v[k] = r[k];
+  } else {
+    for (int k = 0; k < n * n; ++k)
+      for (int l = 0; l < 16; ++l) v[k][l] = rows[l * n * n + k];
+  }
+}
+
+// to_lanes' inverse: rows[l][k] = v[k][l] for 16 rows.
+template <int n>
+inline void from_lanes(const v16f* __restrict__ v, float* __restrict__ rows) {
+  if constexpr (n * n == 16) {
+    v16f r[16];
+    for (int k = 0; k < 16; ++k) r[k] = v[k];
+    transpose16(r);
+    for (int l = 0; l < 16; ++l) std::memcpy(rows + l * 16, &r[l], sizeof(v16f));
+  } else {
+    for (int k = 0; k < n * n; ++k)
+      for (int l = 0; l < 16; ++l) rows[l * n * n + k] = v[k][l];
   }
 }
 
@@ -1390,17 +1441,35 @@ std::tuple<torch::Tensor, int64_t> sinkhorn(torch::Tensor logits, int64_t iters,
         for (int64_t c = b; c < e; ++c) {
           const int64_t t0 = c * kLanes;
           const int lanes = static_cast<int>(std::min<int64_t>(kLanes, count - t0));
-          for (int l = 0; l < kLanes; ++l) {
-            lr[l] = l < lanes ? -1 : 0;                    // padding lanes do not run
-            const float* src = pp + live[t0 + std::min(l, lanes - 1)] * n * n;
-            for (int k = 0; k < n * n; ++k) m[k][l] = src[k];
+          for (int l = 0; l < kLanes; ++l) lr[l] = l < lanes ? -1 : 0;   // padding lanes do not run
+          for (int l0 = 0; l0 < kLanes; l0 += 16) {
+            if (n * n == 16 && l0 + 16 <= lanes) {             // 16 whole maps: one transposition (to_lanes)
+              v16f r[16];
+              for (int l = 0; l < 16; ++l) std::memcpy(&r[l], pp + live[t0 + l0 + l] * 16, sizeof(v16f));
+              transpose16(r);
+              for (int k = 0; k < 16; ++k) std::memcpy(&m[k][l0], &r[k], sizeof(v16f));
+              continue;
+            }
+            for (int l = l0; l < l0 + 16; ++l) {
+              const float* src = pp + live[t0 + std::min(l, lanes - 1)] * n * n;
+              for (int k = 0; k < n * n; ++k) m[k][l] = src[k];
+            }
           }
           sinkhorn_lanes<n>(m, first, last, ftol, lr);
-          for (int l = 0; l < lanes; ++l) {
-            float* dst = pp + live[t0 + l] * n * n;
-            for (int k = 0; k < n * n; ++k) dst[k] = m[k][l];
-            ran[live[t0 + l]] = lr[l];
+          for (int l0 = 0; l0 < lanes; l0 += 16) {
+            if (n * n == 16 && l0 + 16 <= lanes) {
+              v16f r[16];
+              for (int k = 0; k < 16; ++k) std::memcpy(&r[k], &m[k][l0], sizeof(v16f));
+              transpose16(r);
+              for (int l = 0; l < 16; ++l) std::memcpy(pp + live[t0 + l0 + l] * 16, &r[l], sizeof(v16f));
+              continue;
+            }
+            for (int l = l0; l < std::min(lanes, l0 + 16); ++l) {
+              float* dst = pp + live[t0 + l] * n * n;
+              for (int k = 0; k < n * n; ++k) dst[k] = m[k][l];
+            }
           }
+          for (int l = 0; l < lanes; ++l) ran[live[t0 + l]] = lr[l];
         }
       });
       first = last;
@@ -1443,14 +1512,18 @@ void sinkhorn_backward_lanes(const float* __restrict__ pm, const float* __restri
                              int lanes) {
   constexpr int w = n + 1;                                // augmented system [A | rhs], A = I + 1 1^T - P^T P
   v16f P[n * n], pg[n * n], rows[n], cols[n], a[n * w], x[n];
-  for (int k = 0; k < n * n; ++k) {
-    for (int l = 0; l < kBlock; ++l) {                    // padding lanes: the identity map, zero gradient
-      const bool real = l < lanes;
-      P[k][l] = real ? pm[l * n * n + k] : (k % (n + 1) == 0 ? 1.f : 0.f);
-      pg[k][l] = real ? gm[l * n * n + k] : 0.f;
-    }
-    pg[k] *= P[k];
+  if (lanes == kBlock) {
+    to_lanes<n>(pm, P);
+    to_lanes<n>(gm, pg);
+  } else {
+    for (int k = 0; k < n * n; ++k)
+      for (int l = 0; l < kBlock; ++l) {                  // padding lanes: the identity map, zero gradient
+        const bool real = l < lanes;
+        P[k][l] = real ? pm[l * n * n + k] : (k % (n + 1) == 0 ? 1.f : 0.f);
+        pg[k][l] = real ? gm[l * n * n + k] : 0.f;
+      }
   }
+  for (int k = 0; k < n * n; ++k) pg[k] *= P[k];
   for (int i = 0; i < n; ++i) rows[i] = cols[i] = v16f{};
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) rows[i] += pg[i * n + j], cols[j] += pg[i * n + j];
@@ -1465,15 +1538,19 @@ void sinkhorn_backward_lanes(const float* __restrict__ pm, const float* __restri
     }
   }
   solve_lanes<n>(a, x);
+  v16f o[n * n];
   for (int i = 0; i < n; ++i) {
     v16f pb = v16f{};
     for (int j = 0; j < n; ++j) pb += P[i * n + j] * x[j];
     const v16f ai = rows[i] - pb;
-    for (int j = 0; j < n; ++j) {
-      const v16f o = pg[i * n + j] - P[i * n + j] * (ai + x[j]);
-      for (int l = 0; l < lanes; ++l) om[l * n * n + i * n + j] = o[l];
-    }
+    for (int j = 0; j < n; ++j) o[i * n + j] = pg[i * n + j] - P[i * n + j] * (ai + x[j]);
   }
+  if (lanes == kBlock) {
+    from_lanes<n>(o, om);
+    return;
+  }
+  for (int k = 0; k < n * n; ++k)
+    for (int l = 0; l < lanes; ++l) om[l * n * n + k] = o[k][l];
 }
 
 torch::Tensor sinkhorn_backward(torch::Tensor p, torch::Tensor grad) {
