@@ -56,7 +56,7 @@ class FusedConnection:
 
 def _parameters(weight, alpha, b_pre, b_post, b_res):
     """The maps' parameters as the kernels take them: float32 contiguous, the gates as floats."""
-    return weight.float().contiguous(), [float(v) for v in alpha], [v.float().contiguous() for v in
+    return weight.float().contiguous(), alpha.detach().float().tolist(), [v.float().contiguous() for v in
                                                                       (b_pre, b_post, b_res)]
 
 
