@@ -56,3 +56,21 @@ def test_bf16_autocast_step_on_cpu():
     loss = torch.nn.functional.cross_entropy(logits.float(), torch.tensor([0, 2]))
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters())
+
+
+def test_channels_last_gives_the_same_outputs_and_gradients():
+    """The recipe runs the model channels-last on CPUs too (oneDNN's convolutions and the channels-last
+    max-pool): the same function as the contiguous layout, to float32 rounding."""
+    torch.manual_seed(0)
+    plain = Video3DCNN(VideoModelConfig(arch="light", dropout=0.0), 1, 3)
+    last = Video3DCNN(VideoModelConfig(arch="light", dropout=0.0), 1, 3)
+    last.load_state_dict(plain.state_dict())
+    last = last.to(memory_format=torch.channels_last_3d)
+    assert last.blocks[1][0].weight.is_contiguous(memory_format=torch.channels_last_3d)
+    x = torch.randn(4, 1, 9, 32, 32)
+    outs = [m(inp) for m, inp in ((plain, x), (last, x.contiguous(memory_format=torch.channels_last_3d)))]
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+    for out in outs:
+        out.square().sum().backward()
+    for (name, a), b in zip(plain.named_parameters(), last.parameters()):
+        torch.testing.assert_close(a.grad, b.grad.contiguous(), rtol=1e-4, atol=1e-6, msg=name)

@@ -2,6 +2,7 @@
 chance clearly, sharded evaluation equals single-process, bitwise resume mid-epoch, the class-weight table."""
 import numpy as np
 import pytest
+import torch
 
 from tests.conftest import assert_bitwise_equal, eval_one_and_three, run_ranks, train_until_sigterm, trainer, weights
 from trainer.engine.logging import read_metrics
@@ -36,6 +37,10 @@ def test_two_rank_ddp_beats_chance_clearly(trained):
     assert "Class Distribution and Weights" in log and "world=2" in log
     train = [r for r in read_metrics(run_dir, "train") if "accuracy" in r]     # the seed's train accuracy
     assert train and all(0 <= r["accuracy"] <= 1 for r in train)
+    # the model trained channels-last on the CPU (the saved weights keep the layout)
+    state = torch.load(run_dir / "checkpoints" / "final.pt", map_location="cpu", weights_only=True)["model"]
+    convs = [v for k, v in state.items() if k.endswith(".0.weight") and v.dim() == 5]
+    assert convs and all(v.is_contiguous(memory_format=torch.channels_last_3d) for v in convs[1:])
 
 
 def test_sharded_evaluation_equals_single_process(trained, tmp_path):

@@ -77,7 +77,6 @@ class KGATRecipe(Recipe):
     # (no DDP, so no buffer broadcast either: the graph's buffers are built alike on every rank, and the ranks
     # refresh the attention together once per epoch, below)
     average_after_backward = True
-    reuse_freed_memory = True         # node tables of large graphs: 1.8x the CF step at amazon-book's size
 
     def build_datasets(self):
         self.data = load_data(self.data_cfg)
