@@ -27,6 +27,7 @@ import torch  # noqa: E402
 
 from bench.sasrec_profile import epoch, machine  # noqa: E402
 from bench.sasrec_stock import SETTINGS, bench_data  # noqa: E402
+from trainer import memory  # noqa: E402
 from trainer.recipes import kernels as cpu_kernels  # noqa: E402
 from trainer.recipes.sasrec.config import SeqRecConfig  # noqa: E402
 from trainer.recipes.sasrec.model import SeqRec  # noqa: E402
@@ -114,6 +115,7 @@ def main(argv=None) -> int:
     unknown = set(args.variants.split(",")) - set(VARIANTS)
     if unknown:
         p.error(f"--variants: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    memory.reuse_freed_memory()          # as the engine does for every recipe before it builds anything
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = measure(args)
