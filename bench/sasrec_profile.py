@@ -32,6 +32,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
+from trainer import memory  # noqa: E402
 from trainer.recipes.sasrec import data as D  # noqa: E402
 from trainer.recipes.sasrec.config import SeqDataConfig, SeqRecConfig  # noqa: E402
 from trainer.recipes.sasrec.model import FeedForward, Packing, SelfAttention, SeqRec  # noqa: E402
@@ -223,7 +224,6 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = p.parse_args(argv)
-    from trainer import memory
     memory.reuse_freed_memory()          # as the engine does for every recipe before it builds anything
     report = profile(args)
     out = Path(args.out)
