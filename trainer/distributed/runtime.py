@@ -21,7 +21,9 @@ from trainer.distributed.environment import LaunchEnvironment, LaunchError
 
 log = logging.getLogger(__name__)
 _TEARDOWN_KEY = "trainer/teardown"
-_local: dict[str, shm.ShmComm | None] = {"comm": None}    # like the process group: one per process, set by init
+# like the process group: one per process, set by init: the shared-memory all-reduce, and a gloo group for
+# host values where the default group is NCCL's
+_local: dict[str, Any] = {"comm": None, "host_group": None}
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,8 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
                     preempt_signal=env.preempt_signal, agent_signals=env.agent_signals,
                     agent_shutdown_s=env.agent_shutdown_s, gpu=ids[index] if index < len(ids) else None,
                     dp_devices=dp_devices)
+    if world > 1 and backend != "gloo":
+        _local["host_group"] = host_group(timeout)
     try:
         attach_local(info, getattr(dist_cfg, "shm_allreduce", "auto"), timeout)
     except LaunchError:
@@ -143,6 +147,12 @@ def attach_local(info: DistInfo, mode: str = "auto", timeout_s: float = 1800.0) 
     group calls it after init_process_group); every rank must call it."""
     _local["comm"] = shm.attach(info, mode, timeout_s)
     return _local["comm"]
+
+
+def host_group(timeout_s: float = 1800.0):
+    """A gloo group over every rank (a collective call: every rank makes it, in the same order), for values
+    that live on the host: agreeing on them over NCCL meant a copy to the GPU and a read back, a host sync."""
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def local_comm() -> shm.ShmComm | None:
@@ -167,7 +177,7 @@ def teardown(info: DistInfo, clean: bool = True) -> None:
     leaves last, so no peer loses the store in the middle of its own shutdown (an abort at exit)."""
     if not (info.distributed and dist.is_initialized()):
         return
-    _local["comm"] = None
+    _local["comm"] = _local["host_group"] = None
     gc.collect()  # free DDP reducers (they hold the group) now, not at interpreter exit after it is gone
     store = None
     if clean:
@@ -190,6 +200,17 @@ def all_reduce(tensor: torch.Tensor, info: DistInfo, op: str = "sum") -> torch.T
     if info.distributed and not (comm is not None and comm.all_reduce_(tensor, op)):
         dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                                     "min": dist.ReduceOp.MIN}[op])
+    return tensor
+
+
+def all_reduce_host(tensor: torch.Tensor, info: DistInfo, op: str = "sum") -> torch.Tensor:
+    """all_reduce of a CPU tensor that never touches a GPU: over the gloo host group where the default
+    group is NCCL's (runtime.init makes it), else as all_reduce."""
+    group = _local["host_group"]
+    if not info.distributed or group is None:
+        return all_reduce(tensor, info, op)
+    dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                                "min": dist.ReduceOp.MIN}[op], group=group)
     return tensor
 
 
@@ -285,6 +306,6 @@ def comm_device(info: DistInfo) -> torch.device:
     return torch.device(info.device) if info.backend == "nccl" else torch.device("cpu")
 
 
-__all__ = ["DistInfo", "init", "teardown", "attach_local", "local_comm", "all_reduce", "average_grad", "average_grads",
-           "all_gather", "barrier", "all_gather_object", "broadcast", "broadcast_object", "choose_backend",
-           "comm_device"]
+__all__ = ["DistInfo", "init", "teardown", "attach_local", "local_comm", "all_reduce", "all_reduce_host",
+           "host_group", "average_grad", "average_grads", "all_gather", "barrier", "all_gather_object", "broadcast",
+           "broadcast_object", "choose_backend", "comm_device"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-import math
 import signal as signals
 import sys
 import time
@@ -41,13 +40,12 @@ from trainer.engine.preemption import (
     unforwarded_signals,
 )
 from trainer.engine.recipe import Recipe, move_to
+from trainer.engine.window import LossWindow, NonFiniteLossError, Reading
+
+__all__ = ["fit", "FitResult", "NonFiniteLossError", "Stop", "Trainer", "Driver"]
 
 log = logging.getLogger(__name__)
 PREEMPTED_MARKER = ".preempted"   # in the run directory while the last stop was a signal checkpoint
-
-
-class NonFiniteLossError(ArithmeticError):
-    """The training loss became NaN or infinite; the message names the step and the last good checkpoint."""
 
 
 class Stop(enum.Enum):
@@ -74,6 +72,16 @@ def better(value: float, than: float, mode: str) -> bool:
     return value < than if mode == "min" else value > than
 
 
+def non_finite(reading: Reading, step: int, last_good: str) -> NonFiniteLossError:
+    """The error for a read window with a NaN/inf loss on any rank: nothing is written after it, and every
+    checkpoint on disk was written before the read, so the last good one stays the newest."""
+    bad = reading.bad
+    return NonFiniteLossError(
+        f"non-finite loss at step {bad.step} (epoch {bad.epoch}, batch {bad.batch}); training stopped at step "
+        f"{step}, {last_good}.\nHINT: lower --lr, set train.clip_grad_norm, use --amp bf16 instead of fp16, "
+        f"check the data for NaN/inf; continue with --resume auto.")
+
+
 class Trainer:
     """The steps of an epoch: micro-batches, accumulation, optimizer steps, logging, stop checks."""
 
@@ -86,8 +94,24 @@ class Trainer:
         self.last_records: dict[str, dict[str, Any]] = {}   # as written to metrics.jsonl
         self.signal = 0
         self.budget = ShutdownBudget(run.info)     # torchrun's shutdown limit vs a step plus a checkpoint
+        self.losses = LossWindow(run.device, run.info, max(self.tc.log_every_steps, 1) * run.accum)
+        self.window = [0.0, 0.0]          # loss sum and samples read since the last log line (over the ranks)
+        self.epoch_sums = [0.0, 0.0]      # the same since the epoch (or its resumed part) started
+
+    def settle(self) -> None:
+        """Read the losses kept on the device (one sync): they join the window and the epoch's sums; a
+        non-finite one on any rank stops the run here. Every checkpoint is written after this read, so none
+        holds weights that a non-finite loss went into, and the last good one stays the newest."""
+        reading = self.losses.read()
+        if reading.bad is not None:
+            last = self.ckpts.last_good() if self.info.is_main else "rank 0 names the last good checkpoint"
+            raise non_finite(reading, self.state.global_step, last)
+        for sums in (self.window, self.epoch_sums):
+            sums[0] += reading.loss_sum
+            sums[1] += reading.samples
 
     def save(self, kind: str) -> None:
+        self.settle()
         t0 = time.perf_counter()
         self.ckpts.save(kind, self.state, self.last_metrics)
         self.budget.saved(time.perf_counter() - t0)
@@ -109,8 +133,9 @@ class Trainer:
         run.scheduler.step()
         self.state.global_step += 1
 
-    def _micro_step(self, batch: Any, micro: int) -> tuple[float, int]:
-        """Forward/backward of one micro-batch; gradients sync only on the window's last one."""
+    def _micro_step(self, batch: Any, micro: int) -> int:
+        """Forward/backward of one micro-batch; gradients sync only on the window's last one. Its loss stays
+        on the device (self.losses); returns its samples."""
         run = self.run
         last = (micro + 1) % run.accum == 0 or micro + 1 == run.micro_per_epoch
         sync = contextlib.nullcontext() if last or not isinstance(run.wrapped, DDP) else run.wrapped.no_sync()
@@ -128,7 +153,19 @@ class Trainer:
         if run.sync_timer is not None:
             self.meter.update(0, synced=run.sync_timer.take())
         n = run.recipe.batch_size_of(batch)
-        return float(loss.detach()) * n, n
+        if self.losses.full:            # train.log_every_steps beyond the buffer: read it now
+            self.settle()
+        self.losses.add(loss, n, self.state.global_step + 1, self.state.epoch, micro + 1)
+        return n
+
+    def step(self, batch: Any, micro: int) -> bool:
+        """One micro-batch, and the optimizer step when it ends an accumulation window (then True). Nothing
+        here reads a device value: the path a CUDA step takes queues its kernels without waiting."""
+        self.meter.update(self._micro_step(batch, micro))
+        if (micro + 1) % self.run.accum and micro + 1 != self.run.micro_per_epoch:
+            return False
+        self._optimizer_step()
+        return True
 
     def train_epoch(self, epoch: int, preempt: PreemptionHandler) -> Stop:
         """Run (the rest of) one epoch."""
@@ -137,36 +174,27 @@ class Trainer:
         run.wrapped.train()
         t0 = t_step = time.perf_counter()
         bar = self._progress(epoch, start)
-        window = torch.zeros(2, dtype=torch.float64)  # loss sum, samples since the last log line
-        epoch_sums = torch.zeros(2, dtype=torch.float64)
-        bad_loss = False
+        self.epoch_sums = [0.0, 0.0]
         for micro, batch in enumerate(self.meter.timed(loader), start=start):
-            loss_sum, n = self._micro_step(batch, micro)
-            bad_loss = bad_loss or not math.isfinite(loss_sum)
-            window += torch.tensor([loss_sum, n], dtype=torch.float64)
-            epoch_sums += torch.tensor([loss_sum, n], dtype=torch.float64)
-            self.meter.update(n)
+            stepped = self.step(batch, micro)
             if bar is not None:
                 bar.update(1)
-            if (micro + 1) % run.accum and micro + 1 != run.micro_per_epoch:
+            if not stepped:
                 continue
-            self._optimizer_step()
             self.budget.step(time.perf_counter() - t_step)
             self.meter.update(0, steps=1)
             self.state.batch_in_epoch = micro + 1
-            logs = self.state.global_step % max(self.tc.log_every_steps, 1) == 0
-            signum, bad, totals = self._timed_sync(preempt.agreed_signal, self.info, bad_loss,
-                                                   window if logs else None)
-            if logs:
-                self._log_train(epoch, totals, bar)
-                window.zero_()
-            stop = self._after_step(signum, bad)
+            signum = self._timed_sync(preempt.agreed_signal, self.info)
+            if self.state.global_step % max(self.tc.log_every_steps, 1) == 0:
+                self._log_train(epoch, bar)
+            stop = self._after_step(signum)
             if stop is not Stop.EPOCH_DONE:
                 self._close_bar(bar)
                 return stop
             t_step = time.perf_counter()    # a periodic checkpoint in _after_step is not part of a step
         self._close_bar(bar)
-        self._log_epoch(epoch, epoch_sums, time.perf_counter() - t0)
+        self.settle()
+        self._log_epoch(epoch, time.perf_counter() - t0)
         return Stop.EPOCH_DONE
 
     def _batches(self, epoch: int, start: int):
@@ -180,11 +208,10 @@ class Trainer:
                            run.recipe.collate_fn(), rank_seed(self.cfg.seed, self.info.rank, epoch),
                            pin_memory=run.device.type == "cuda")
 
-    def _after_step(self, signum: int, bad: bool) -> Stop:
-        """Act on the step's agreement (a signal, a non-finite loss on any rank), then periodic work."""
-        if bad:
-            self._stop_on_bad_loss()
+    def _after_step(self, signum: int) -> Stop:
+        """Act on the step's agreement (a signal), then periodic work."""
         if signum:
+            self.settle()                # a non-finite loss before the signal stops the run instead
             self.signal = signum
             return Stop.SIGNAL
         every = self.cfg.ckpt.every_steps
@@ -192,17 +219,9 @@ class Trainer:
         if every > 0 and self.state.global_step % every == 0 and not end_of_epoch:
             self.save("periodic")
         if 0 < self.tc.max_steps <= self.state.global_step:
+            self.settle()
             return Stop.MAX_STEPS
         return Stop.EPOCH_DONE
-
-    def _stop_on_bad_loss(self) -> None:
-        """A NaN/inf loss on any rank: stop before anything else is written; the checkpoints on disk were
-        all written before it, so the last good one stays the newest."""
-        last = self.ckpts.last_good() if self.info.is_main else "rank 0 names the last good checkpoint"
-        raise NonFiniteLossError(
-            f"non-finite loss at step {self.state.global_step} (epoch {self.state.epoch}, batch "
-            f"{self.state.batch_in_epoch}); training stopped, {last}.\nHINT: lower --lr, set train.clip_grad_norm, "
-            f"use --amp bf16 instead of fp16, check the data for NaN/inf; continue with --resume auto.")
 
     # ---------------------------------------------------------------- logging
     def _progress(self, epoch: int, start: int):
@@ -226,14 +245,11 @@ class Trainer:
         self.meter.update(0, synced=time.perf_counter() - t0)
         return out
 
-    def _reduced(self, sums: torch.Tensor) -> torch.Tensor:
-        """All-reduce (sum) a small float64 statistics vector across ranks."""
-        t = sums.clone().to(runtime.comm_device(self.info))
-        return runtime.all_reduce(t, self.info).cpu()
-
-    def _log_train(self, epoch: int, totals: torch.Tensor, bar) -> None:
-        """One train record; totals: (loss sum, samples) of the window, summed over the ranks."""
-        loss_sum, count = totals.tolist()
+    def _log_train(self, epoch: int, bar) -> None:
+        """One train record: the window's losses, read now (the one host sync of a logging window)."""
+        self.settle()
+        loss_sum, count = self.window
+        self.window = [0.0, 0.0]
         rates = self.meter.rates()
         rates["samples_per_s"] *= self.info.world_size  # every rank runs at the same pace
         self.meter.reset()
@@ -245,8 +261,8 @@ class Trainer:
                  metrics["loss"], metrics["lr"], metrics["samples_per_s"])
         self.writer.write("train", epoch, self.state.global_step, metrics)
 
-    def _log_epoch(self, epoch: int, sums: torch.Tensor, seconds: float) -> None:
-        loss_sum, count = self._reduced(sums).tolist()
+    def _log_epoch(self, epoch: int, seconds: float) -> None:
+        loss_sum, count = self.epoch_sums
         if count:
             self.writer.write("train", epoch, self.state.global_step,
                               dict(epoch_loss=loss_sum / count, epoch_time_s=round(seconds, 4)))

@@ -59,24 +59,17 @@ class PreemptionHandler:
             signal.signal(sig, old)
         self._old.clear()
 
-    def agreed_signal(self, info: runtime.DistInfo, bad_loss: bool = False,
-                      sums: torch.Tensor | None = None) -> tuple[int, bool, torch.Tensor | None]:
-        """(the signal any rank received, the highest if they differ, 0 if none; whether any rank saw a
-        non-finite loss; `sums` summed over the ranks), the same on every rank. One all-reduce per step
-        carries all three, so a step that logs its loss needs no collective of its own: every collective
-        is one more wait for the slowest rank. The signals travel one-hot (a sum gives their union)."""
+    def agreed_signal(self, info: runtime.DistInfo) -> int:
+        """The signal any rank received (the highest if they differ, 0 if none), the same on every rank. The
+        flags are host values and travel over a host collective (gloo), so agreeing at every step never waits
+        for a GPU; the signals travel one-hot (a sum gives their union)."""
         if not info.distributed:
-            return self.received, bad_loss, sums
-        extra = torch.zeros(0, dtype=torch.float64) if sums is None else sums.to(torch.float64).flatten()
-        flags = torch.zeros(signal.NSIG + 1 + len(extra), dtype=torch.float64)
+            return self.received
+        flags = torch.zeros(signal.NSIG, dtype=torch.float32)
         if self.received:
             flags[self.received] = 1.0
-        flags[signal.NSIG] = float(bad_loss)
-        flags[signal.NSIG + 1:] = extra
-        flags = runtime.all_reduce(flags.to(runtime.comm_device(info)), info).cpu()
-        got = torch.nonzero(flags[1:signal.NSIG]).flatten()
-        signum = int(got.max()) + 1 if len(got) else 0
-        return signum, bool(flags[signal.NSIG] > 0), None if sums is None else flags[signal.NSIG + 1:]
+        got = [i for i, f in enumerate(runtime.all_reduce_host(flags, info).tolist()) if f > 0]
+        return max(got) if got else 0
 
 
 FORWARD_HINT = ("torchrun --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2 --shutdown-timeout 120 "

@@ -36,18 +36,25 @@ class ClassifierRecipe(Recipe):
         raise NotImplementedError
 
     def counted(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """logits, after adding the batch to the epoch's training accuracy (the seeds log it)."""
-        hits = torch.stack([(logits.detach().argmax(1) == y).sum(), torch.tensor(len(y), device=y.device)])
-        self._train_hits = getattr(self, "_train_hits", torch.zeros(2, dtype=torch.float64)) + hits.double().cpu()
+        """logits, after adding the batch to the epoch's training accuracy (the seeds log it): the hits are
+        summed on the device and read once, at the epoch's end (a read per step made the host wait for it)."""
+        hits = (logits.detach().argmax(1) == y).sum()
+        last = getattr(self, "_train_hits", None)
+        self._train_hits = hits if last is None else last + hits
+        self._train_cases = getattr(self, "_train_cases", 0) + len(y)
         return logits
 
     def on_epoch_start(self, epoch: int, model: torch.nn.Module) -> None:
-        self._train_hits = torch.zeros(2, dtype=torch.float64)
+        self._train_hits, self._train_cases = None, 0
 
     def epoch_metrics(self) -> dict[str, float]:
         """Training accuracy of the epoch over every rank (dropout on, as the batches were trained)."""
-        hits = getattr(self, "_train_hits", torch.zeros(2, dtype=torch.float64))
-        correct, total = runtime.all_reduce(hits.to(runtime.comm_device(self.dist)), self.dist).cpu().tolist()
+        hits = getattr(self, "_train_hits", None)
+        device = runtime.comm_device(self.dist)
+        sums = torch.tensor([0.0, float(getattr(self, "_train_cases", 0))], dtype=torch.float64, device=device)
+        if hits is not None:
+            sums[0] = hits.to(device, torch.float64)
+        correct, total = runtime.all_reduce(sums, self.dist).cpu().tolist()
         return {"accuracy": correct / total} if total else {}
 
     def eval_step(self, model, batch):

@@ -138,7 +138,9 @@ class KGATRecipe(Recipe):
 
     # ------------------------------------------------------------------------------------------ training
     def _reset_epoch_stats(self) -> None:
-        self.loss_sums = torch.zeros(4, dtype=torch.float64)   # cf sum, cf count, kg sum, kg count
+        # per phase: the loss sum, on the device (read at the epoch's end, not per step), and the samples
+        self.loss_sums: dict[str, torch.Tensor] = {}
+        self.loss_counts = {"cf": 0, "kg": 0}
         self.phase_start: dict[str, float] = {}
 
     def training_step(self, model, batch):
@@ -149,9 +151,9 @@ class KGATRecipe(Recipe):
         loss = model(phase, *batch["tensors"])
         loss = loss.mean() if loss.dim() else loss            # DataParallel returns one loss per replica
         n = self.batch_size_of(batch)
-        k = 0 if phase == "cf" else 2
-        self.loss_sums[k] += float(loss.detach()) * n
-        self.loss_sums[k + 1] += n
+        last = self.loss_sums.get(phase)
+        self.loss_sums[phase] = loss.detach().double() * n if last is None else last + loss.detach() * n
+        self.loss_counts[phase] += n
         return loss
 
     def on_epoch_start(self, epoch, model):
@@ -174,7 +176,13 @@ class KGATRecipe(Recipe):
         self.phase_time["attention"] = time.perf_counter() - t0
 
     def epoch_metrics(self):
-        sums = runtime.all_reduce(self.loss_sums.to(runtime.comm_device(self.dist)), self.dist).cpu().tolist()
+        device = runtime.comm_device(self.dist)
+        sums = torch.zeros(4, dtype=torch.float64, device=device)     # cf sum, cf count, kg sum, kg count
+        for k, phase in ((0, "cf"), (2, "kg")):
+            if phase in self.loss_sums:
+                sums[k] = self.loss_sums[phase].to(device)
+            sums[k + 1] = self.loss_counts[phase]
+        sums = runtime.all_reduce(sums, self.dist).cpu().tolist()
         out = {f"{p}_time_s": round(t, 4) for p, t in self.phase_time.items()}
         if sums[1]:
             out["cf_loss"] = sums[0] / sums[1]
