@@ -100,6 +100,7 @@ def worker(args) -> None:
         for i in indices:
             batch = plan[i]
             t = time.perf_counter()
+            recipe.before_step(batch)
             loss = recipe.training_step(wrapped, batch)
             loss.backward()
             if sync is not None:

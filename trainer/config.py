@@ -62,6 +62,11 @@ class TrainConfig:
     progress: Literal["auto", "on", "off"] = "auto"   # tqdm bar on rank 0 (auto: when a terminal)
     log_per_rank: bool = False            # every rank also writes RUN_DIR/train.rank{N}.log (rank 0: train.log too)
     tensorboard: bool = True
+    # the GPU-shaped step: fixed shapes, device-side sampling, no host sync (auto: on CUDA devices; on: forced,
+    # e.g. on a CPU to test the path a GPU takes; off: the CPU path's packing, length buckets and C++ kernels)
+    gpu_path: Literal["auto", "on", "off"] = "auto"
+    compile: Literal["off", "default", "reduce-overhead"] = "off"   # torch.compile of the model's training step
+    profile: str = ""                     # START:STOP: torch.profiler trace of those optimizer steps (RUN_DIR/profile)
 
 
 @dataclass

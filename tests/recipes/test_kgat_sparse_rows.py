@@ -226,6 +226,7 @@ def two_rank_check() -> None:
         with torch.no_grad():                    # the copy starts each step from the trained weights
             for p, q in zip(model.parameters(), plain.parameters()):
                 q.copy_(p)
+        recipe.before_step(batch)
         recipe.training_step(wrapped, batch).backward()
         sync()
         plain(batch["phase"], *batch["tensors"]).backward()

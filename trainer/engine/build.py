@@ -7,6 +7,7 @@ training, sampler, optimizer, schedule and gradient scaler. Evaluation needs onl
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import random
@@ -94,6 +95,8 @@ class Run:
     scaler: Any = None
     sync_timer: Any = None            # train.measure_sync: time spent in DDP's collectives
     grad_sync: Any = None             # Recipe.average_after_backward: averages the gradients after the backward
+    device_data: Any = None           # Recipe.device_dataset: the training set on the device (no DataLoader)
+    train_step: Any = None            # batch -> loss: the recipe's training_step on `wrapped`, compiled or not
 
     @property
     def device(self) -> torch.device:
@@ -154,6 +157,18 @@ def _sync_gradients(run: Run, comm) -> None:
         run.sync_timer = run.recipe.sync_timer = timer
 
 
+def compiled_step(recipe: Recipe, wrapped: torch.nn.Module, mode: str):
+    """batch -> loss: the recipe's training step on the wrapped model, under torch.compile for train.compile
+    (reduce-overhead: also replayed as CUDA graphs where the shapes are static: the GPU-shaped step's)."""
+    step = functools.partial(recipe.training_step, wrapped)
+    if mode == "off":
+        return step
+    if not recipe.gpu_shaped:
+        log.warning("train.compile=%s on the CPU-shaped step (packing, length buckets, host reads): expect graph "
+                    "breaks and recompilations; train.gpu_path=on gives the fixed-shape step", mode)
+    return torch.compile(step, mode=None if mode == "default" else mode, dynamic=False)
+
+
 def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
     """Everything training needs, built in a fixed order (the RNG streams of a resumed run depend on it)."""
     tc = cfg.train
@@ -161,6 +176,10 @@ def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
     run.accum = max(tc.grad_accum_steps, 1)
     if info.distributed:
         _sync_gradients(run, runtime.local_comm())
+    run.device_data = recipe.device_dataset()
+    if run.device_data is not None:
+        log.info("training set held on %s (%.1f MB): batches are gathers there, no DataLoader", info.device,
+                 getattr(run.device_data, "nbytes", 0) / 2**20)
     run.sampler = ResumableSampler(len(run.train_set), info.rank, info.world_size, True, cfg.seed,
                                    recipe.sample_costs(), run.batch_size)
     plan = recipe.epoch_batches(0)
@@ -171,6 +190,9 @@ def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
         or build_optimizer(run.model.parameters(), tc, gpus)
     run.scheduler = build_scheduler(run.optimizer, tc, run.steps_per_epoch)
     run.scaler = torch.amp.GradScaler(run.device.type, enabled=run.amp_dtype == torch.float16)
+    run.train_step = compiled_step(recipe, run.wrapped, tc.compile)
+    if recipe.gpu_shaped and run.device.type == "cuda":
+        torch.backends.cudnn.benchmark = True     # fixed shapes: each picks its fastest kernels once
     log.info("recipe=%s world=%d device=%s batch/rank=%d accum=%d steps/epoch=%d params=%d",
              cfg.recipe, info.world_size, info.device, run.batch_size, run.accum,
              run.steps_per_epoch, sum(p.numel() for p in run.model.parameters()))

@@ -63,6 +63,41 @@ class ResumableSampler(Sampler[int]):
         return max(self.per_rank - self.start, 0)
 
 
+class TensorBatches:
+    """A training set of tensors (first dimension: samples) held on the device: a batch is one gather per
+    tensor (Recipe.device_dataset)."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor], device: torch.device):
+        self.tensors = tuple(t.to(device) for t in tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    def gather(self, index: torch.Tensor, epoch: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t[index] for t in self.tensors)
+
+
+def fits_on_device(nbytes: int, device: torch.device, share: float = 0.25) -> bool:
+    """Whether a training set of nbytes may live on the device: at most `share` of a GPU's free memory (the
+    rest is the model's); always on a CPU, where it lives already."""
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return nbytes <= share * free
+
+
+def device_batches(data, order: Sequence[int], batch_size: int, epoch: int, device: torch.device):
+    """The batches of `order` (this rank's sample indices, in order) gathered from a device-held training set:
+    the indices go to the device once, every batch is a gather there. The last batch of an epoch may be shorter
+    (its own shape: compiled, or captured, once more)."""
+    index = torch.tensor(list(order), dtype=torch.int64).to(device, non_blocking=True)
+    return (data.gather(index[i:i + batch_size], epoch) for i in range(0, len(index), batch_size))
+
+
 class ShardSampler(Sampler[int]):
     """Evaluation shard of a rank: every sample exactly once across ranks (no padding)."""
 

@@ -27,7 +27,7 @@ from trainer.distributed.runtime import DistInfo
 from trainer.engine import checkpoint as ckpt_io
 from trainer.engine.build import Run, build_run, rank_seed
 from trainer.engine.checkpointer import Checkpointer, TrainState
-from trainer.engine.data import make_loader
+from trainer.engine.data import device_batches, make_loader
 from trainer.engine.evaluation import evaluate_split
 from trainer.engine.logging import MetricsWriter, progress_bar
 from trainer.engine.metrics import SystemStats, Throughput
@@ -39,6 +39,7 @@ from trainer.engine.preemption import (
     trapped_signals,
     unforwarded_signals,
 )
+from trainer.engine.profile import StepProfiler
 from trainer.engine.recipe import Recipe, move_to
 from trainer.engine.window import LossWindow, NonFiniteLossError, Reading
 
@@ -89,7 +90,7 @@ class Trainer:
                  last_metrics: dict):
         self.run, self.ckpts, self.writer, self.state = run, ckpts, writer, state
         self.info, self.cfg, self.tc = run.info, run.cfg, run.cfg.train
-        self.stats, self.meter = SystemStats(), Throughput()
+        self.stats, self.meter = SystemStats(), Throughput(run.device)
         self.last_metrics: dict[str, dict[str, Any]] = last_metrics
         self.last_records: dict[str, dict[str, Any]] = {}   # as written to metrics.jsonl
         self.signal = 0
@@ -97,6 +98,7 @@ class Trainer:
         self.losses = LossWindow(run.device, run.info, max(self.tc.log_every_steps, 1) * run.accum)
         self.window = [0.0, 0.0]          # loss sum and samples read since the last log line (over the ranks)
         self.epoch_sums = [0.0, 0.0]      # the same since the epoch (or its resumed part) started
+        self.profiler = StepProfiler(self.tc.profile, self.cfg.run_dir, self.info) if self.tc.profile else None
 
     def settle(self) -> None:
         """Read the losses kept on the device (one sync): they join the window and the epoch's sums; a
@@ -141,9 +143,10 @@ class Trainer:
         sync = contextlib.nullcontext() if last or not isinstance(run.wrapped, DDP) else run.wrapped.no_sync()
         batch = move_to(batch, run.device)
         t0 = time.perf_counter()
+        run.recipe.before_step(batch)
         with sync:
             with run.autocast():
-                loss = run.recipe.training_step(run.wrapped, batch)
+                loss = run.train_step(batch)
             t1 = time.perf_counter()
             run.scaler.scale(loss / self._window_len(micro)).backward()
             if last and run.grad_sync is not None:
@@ -165,6 +168,8 @@ class Trainer:
         if (micro + 1) % self.run.accum and micro + 1 != self.run.micro_per_epoch:
             return False
         self._optimizer_step()
+        if self.profiler is not None:
+            self.profiler.at(self.state.global_step)
         return True
 
     def train_epoch(self, epoch: int, preempt: PreemptionHandler) -> Stop:
@@ -175,6 +180,8 @@ class Trainer:
         t0 = t_step = time.perf_counter()
         bar = self._progress(epoch, start)
         self.epoch_sums = [0.0, 0.0]
+        if self.profiler is not None:
+            self.profiler.at(self.state.global_step)
         for micro, batch in enumerate(self.meter.timed(loader), start=start):
             stepped = self.step(batch, micro)
             if bar is not None:
@@ -204,6 +211,8 @@ class Trainer:
         if plan is not None:
             return (plan[i] for i in range(start, len(plan)))
         run.sampler.set_epoch(epoch, start * run.batch_size)
+        if run.device_data is not None:
+            return device_batches(run.device_data, run.sampler, run.batch_size, epoch, run.device)
         return make_loader(run.train_set, run.sampler, run.batch_size, self.tc.num_workers,
                            run.recipe.collate_fn(), rank_seed(self.cfg.seed, self.info.rank, epoch),
                            pin_memory=run.device.type == "cuda")
@@ -434,6 +443,8 @@ def fit(recipe: Recipe, info: DistInfo, cfg: Config) -> FitResult:
             return Driver(trainer).run(preempt)
         finally:
             preempt.restore()
+            if trainer.profiler is not None:
+                trainer.profiler.close()
     finally:
         if writer is not None:
             writer.close()

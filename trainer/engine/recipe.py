@@ -48,6 +48,10 @@ class Recipe:
         """DataLoader collate function (None: torch's default)."""
         return None
 
+    def before_step(self, batch: Any) -> None:
+        """Host-side work of a micro-batch before its training_step (which train.compile traces: a clock read
+        or an optimizer's phase switch there would break its graph)."""
+
     def training_step(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         """Mean loss of the batch; call model(...) so DDP hooks run."""
         raise NotImplementedError
@@ -65,6 +69,19 @@ class Recipe:
         first = batch[0] if isinstance(batch, (list, tuple)) else next(iter(batch.values())) \
             if isinstance(batch, dict) else batch
         return int(first.shape[0])
+
+    @property
+    def gpu_shaped(self) -> bool:
+        """Whether this run takes the GPU-shaped step (train.gpu_path; auto: on a CUDA device): fixed shapes and
+        no host read inside a step, where a recipe's CPU path packs, buckets or loops on data-dependent sizes."""
+        mode = getattr(self.train_cfg, "gpu_path", "auto")
+        return mode == "on" or (mode == "auto" and str(getattr(self.dist, "device", "cpu")).startswith("cuda"))
+
+    def device_dataset(self) -> Any:
+        """The training set held on the training device (an object with `gather(index, epoch)` -> batch and
+        len(); engine.data.TensorBatches for plain tensors): the engine's sampler picks the indices and a batch
+        is a gather, with no DataLoader and no copy per step. None (the default): the DataLoader path."""
+        return None
 
     def build_optimizer(self, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer | None:
         """A recipe-specific optimizer at the (world-size scaled) lr; None: the engine's train.optimizer."""

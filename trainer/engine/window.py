@@ -75,7 +75,7 @@ class LossWindow:
         weights = torch.tensor([p.samples for p in places], dtype=torch.float64).to(losses.device)
         packed = torch.cat([(losses * weights).sum().reshape(1), weights.sum().reshape(1),
                             (~torch.isfinite(losses)).double()])
-        packed = runtime.all_reduce(packed.to(runtime.comm_device(self.info)), self.info).cpu().tolist()
+        packed = runtime.all_reduce(packed.to(runtime.comm_device(self.info)), self.info).tolist()  # the read
         loss_sum, samples, flags = packed[0], packed[1], packed[2:]
         bad = next((p for p, f in zip(places, flags) if f > 0), None)
         return Reading(loss_sum, samples, bad)

@@ -4,6 +4,7 @@ other work is a few element-wise passes."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from trainer.recipes import kernels
@@ -63,19 +64,24 @@ def dropout(x: torch.Tensor, p: float, scale: bool = True) -> tuple[torch.Tensor
 
 class Dropout(nn.Module):
     """Inverted dropout with a cheap mask (see keep_mask): on CPU the RNG dominated the step, because
-    the attention probabilities alone are B x H x T x T values per block."""
+    the attention probabilities alone are B x H x T x T values per block. native: torch's own dropout (the
+    GPU-shaped step: one fused kernel on CUDA, no seed read by the host, traceable by torch.compile)."""
 
-    def __init__(self, p: float):
+    def __init__(self, p: float, native: bool = False):
         super().__init__()
-        self.p = p
+        self.p, self.native = p, native
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
+        if self.native:
+            return F.dropout(x, self.p, True)
         return dropout(x, self.p)[0]
 
     def unscaled(self, x: torch.Tensor) -> tuple[torch.Tensor, float]:
         """(x with dropped entries zeroed, scale still to apply): lets attention scale its smaller output."""
         if not self.training or self.p == 0:
             return x, 1.0
+        if self.native:
+            return F.dropout(x, self.p, True), 1.0
         return dropout(x, self.p, scale=False)

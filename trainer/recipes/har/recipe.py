@@ -11,6 +11,7 @@ import logging
 import numpy as np
 import torch.nn.functional as F
 
+from trainer.engine.data import TensorBatches, fits_on_device
 from trainer.recipes.classify import ClassifierRecipe
 from trainer.recipes.har.model import HARNet
 from trainer.recipes.har.prepare import load
@@ -31,6 +32,14 @@ class HARRecipe(ClassifierRecipe):
         counts = np.bincount(d.splits["train"].y.numpy(), minlength=len(d.class_names))
         log.info("training cases per class: %s", ", ".join(f"{n}={c}" for n, c in zip(d.class_names, counts)))
         return d.splits["train"], {k: v for k, v in d.splits.items() if k in ("val", "test")}
+
+    def device_dataset(self):
+        """The GPU-shaped step's training set: the windows on the device (a batch is a gather)."""
+        if not self.gpu_shaped:
+            return None
+        train = self.data.splits["train"]
+        data = TensorBatches((train.x, train.lengths, train.y), self.dist.torch_device)
+        return data if fits_on_device(data.nbytes, self.dist.torch_device) else None
 
     def build_model(self):
         return HARNet(self.model_cfg, self.data.channels, self.data.length, len(self.data.class_names))

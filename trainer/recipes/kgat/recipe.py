@@ -111,7 +111,7 @@ class KGATRecipe(Recipe):
             log.info("kgat: model.kg_update=dense (sparse row updates need Adam/AdamW and one device per process)")
             m = self.model_cfg = replace(m, kg_update="dense")
         model = KGAT(m, self.data.n_entities, self.data.n_users, self.ckg.n_relations, len(self.ckg.heads),
-                     loss=self.loss_cfg)
+                     loss=self.loss_cfg, native_dropout=self.gpu_shaped)
         model.set_graph(self.ckg.heads, self.ckg.rels, self.ckg.tails, self.ckg.weights)
         if m.pretrain:
             model.load_pretrained(m.pretrain, self.data.n_items)
@@ -143,11 +143,14 @@ class KGATRecipe(Recipe):
         self.loss_counts = {"cf": 0, "kg": 0}
         self.phase_start: dict[str, float] = {}
 
-    def training_step(self, model, batch):
+    def before_step(self, batch):
         phase = batch["phase"]
         self.phase_start.setdefault(phase, time.perf_counter())
         if hasattr(self.optimizer, "set_phase"):
             self.optimizer.set_phase(phase)
+
+    def training_step(self, model, batch):
+        phase = batch["phase"]
         loss = model(phase, *batch["tensors"])
         loss = loss.mean() if loss.dim() else loss            # DataParallel returns one loss per replica
         n = self.batch_size_of(batch)

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -15,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from trainer.recipes.dropout import Dropout
 from trainer.recipes.sasrec.config import SeqRecConfig
+from trainer.recipes.sasrec.fixed import newton_fixed, padded_sdpa, sinkhorn_fixed
 from trainer.recipes.sasrec.fused import (
     BasisGrads,
     BasisStreams,
@@ -26,7 +28,8 @@ from trainer.recipes.sasrec.fused import (
 )
 
 
-def sinkhorn(logits: torch.Tensor, iters: int, tol: float = 0.0, kernel: bool = False, newton: int = 0) -> torch.Tensor:
+def sinkhorn(logits: torch.Tensor, iters: int, tol: float = 0.0, kernel: bool = False, newton: int = 0,
+             fixed: bool = False) -> torch.Tensor:
     """Doubly-stochastic projection of exp(logits) over the last two dims (rows, then columns), in fp32 or fp64.
 
     At most `iters` iterations; with tol > 0 each map stops once its rows sum to 1 within tol (columns are exact
@@ -35,8 +38,9 @@ def sinkhorn(logits: torch.Tensor, iters: int, tol: float = 0.0, kernel: bool = 
     iteration: the unrolled graph was 40 small autograd nodes per sub-layer and most of mHC's cost.
     kernel: the same iterations and gradient in C++ (kernels.cpp; float32 CPU logits, the kernels built).
     newton (tol > 0): at most this many Newton steps for the maps the iterations leave above tol
-    (newton_steps)."""
-    return _Sinkhorn.apply(logits, iters, tol, kernel, newton)
+    (newton_steps). fixed: every map runs `iters` iterations and the Newton steps are masked (fixed.py: no
+    host read, the GPU-shaped step's form)."""
+    return _Sinkhorn.apply(logits, iters, tol, kernel, newton, fixed)
 
 
 def sinkhorn_iterations(m: torch.Tensor, iters: int, tol: float) -> int:
@@ -113,7 +117,7 @@ class _Sinkhorn(torch.autograd.Function):
     last_iterations = 0                   # of the latest call (the recipe reports a running mean)
 
     @staticmethod
-    def forward(ctx, logits, iters, tol, kernel=False, newton=0):
+    def forward(ctx, logits, iters, tol, kernel=False, newton=0, fixed=False):
         ctx.dtype, ctx.kernel = logits.dtype, kernel
         if kernel:
             maps = logits.reshape(-1, *logits.shape[-2:])
@@ -125,6 +129,12 @@ class _Sinkhorn(torch.autograd.Function):
             shape = logits.shape
             x = logits.to(torch.promote_types(logits.dtype, torch.float32)).reshape(-1, *shape[-2:]).permute(1, 2, 0)
             m = torch.exp(x - x.amax(dim=(0, 1), keepdim=True)).contiguous()
+            if fixed:          # (last_iterations is not set: a class attribute written stops torch.compile)
+                sinkhorn_fixed(m, iters)
+                maps = newton_fixed(m.permute(2, 0, 1), newton, tol) if tol > 0 and newton > 0 else m.permute(2, 0, 1)
+                out = maps.contiguous().view(shape)
+                ctx.save_for_backward(out)
+                return out
             _Sinkhorn.last_iterations = sinkhorn_iterations(m, iters, tol)
             if tol > 0 and newton > 0:
                 newton_steps(m.permute(2, 0, 1), newton, tol)
@@ -140,14 +150,14 @@ class _Sinkhorn(torch.autograd.Function):
         if ctx.kernel:
             n = p.shape[-1]
             return mhc_ops().sinkhorn_backward(p, grad.float().reshape(-1, n, n).contiguous()).view(grad.shape), \
-                None, None, None, None
+                None, None, None, None, None
         pg = p * grad.float()
         rows, cols = pg.sum(-1, keepdim=True), pg.sum(-2).unsqueeze(-1)
         n = p.shape[-1]
         system = torch.eye(n, dtype=p.dtype, device=p.device) + 1.0 - p.mT @ p
         b = torch.linalg.solve_ex(system, cols - p.mT @ rows, check_errors=False)[0]
         a = rows - p @ b
-        return (pg - p * (a + b.mT)).to(ctx.dtype), None, None, None, None
+        return (pg - p * (a + b.mT)).to(ctx.dtype), None, None, None, None, None
 
 
 def causal_blocks(t: int, min_split: int = 64) -> list[tuple[int, int]]:
@@ -169,7 +179,8 @@ def attention_bias(seq: torch.Tensor) -> torch.Tensor:
     query has one key (no NaN). One broadcast add and a pass over the diagonal: building boolean masks and
     filling a zero tensor from them read and wrote the B x T x T map five times."""
     pad = torch.zeros(seq.shape, device=seq.device).masked_fill_(seq == 0, float("-inf"))
-    bias = causal_bias(seq.shape[1], seq.device) + pad[:, None, None, :]
+    causal = causal_bias.__wrapped__ if torch.compiler.is_compiling() else causal_bias   # (a constant there)
+    bias = causal(seq.shape[1], seq.device) + pad[:, None, None, :]
     bias.diagonal(dim1=-2, dim2=-1).zero_()
     return bias
 
@@ -181,14 +192,19 @@ class AttentionMask:
     def __init__(self, seq: torch.Tensor, time: torch.Tensor | None = None, span: int = 0):
         self.seq, self.time, self.span = seq, time, span
         self._buckets: dict[tuple[int, int], AttentionMask] = {}
+        self._bias = self._rel = None    # (not functools.cached_property: its lock stops torch.compile's tracing)
 
-    @functools.cached_property
+    @property
     def bias(self) -> torch.Tensor:
-        return attention_bias(self.seq)
+        if self._bias is None:
+            self._bias = attention_bias(self.seq)
+        return self._bias
 
-    @functools.cached_property
+    @property
     def rel(self) -> torch.Tensor:
-        return (self.time.unsqueeze(2) - self.time.unsqueeze(1)).abs().clamp(max=self.span)
+        if self._rel is None:
+            self._rel = (self.time.unsqueeze(2) - self.time.unsqueeze(1)).abs().clamp(max=self.span)
+        return self._rel
 
     def rows(self, rows: torch.Tensor | None, cut: int) -> AttentionMask:
         """The mask of a length bucket: those rows, from position cut on; one per bucket, shared by the blocks
@@ -217,10 +233,15 @@ def length_groups(seq: torch.Tensor, buckets: int) -> list[tuple[torch.Tensor | 
 class Packing:
     """The real (non-padded) positions of a (B, T) batch, row after row: `index` into the flattened batch and
     `starts`, row b's tokens being starts[b] .. starts[b + 1] - 1 of the packed order. With buckets > 1, also
-    the length buckets (length_groups: `groups`) that `per_bucket` unpacks to."""
+    the length buckets (length_groups: `groups`) that `per_bucket` unpacks to. dense (the GPU-shaped step):
+    every position, padded ones included, in the same interface: a reshape each way, no nonzero (the padded
+    positions then carry values that real ones never read: their keys are masked and their losses weighted 0)."""
 
-    def __init__(self, seq: torch.Tensor, buckets: int = 1):
+    def __init__(self, seq: torch.Tensor, buckets: int = 1, dense: bool = False):
         self.batch, self.length = seq.shape
+        self.index = self.groups = None
+        if dense:
+            return
         real = seq != 0
         self.index = real.view(-1).nonzero().squeeze(1)
         self.starts = F.pad(real.sum(1).cumsum(0), (1, 0))
@@ -247,10 +268,13 @@ class Packing:
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) -> (N, ...), the real positions."""
-        return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.index)
+        flat = x.reshape(self.batch * self.length, *x.shape[2:])
+        return flat if self.index is None else flat.index_select(0, self.index)
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, ...) -> (B, T, ...), zeros at the padded positions."""
+        """(N, ...) -> (B, T, ...), zeros at the padded positions (dense: as they are)."""
+        if self.index is None:
+            return x.view(self.batch, self.length, *x.shape[1:])
         full = x.new_zeros(self.batch * self.length, *x.shape[1:]).index_copy_(0, self.index, x)
         return full.view(self.batch, self.length, *x.shape[1:])
 
@@ -273,9 +297,10 @@ class Packing:
 class FeedForward(nn.Module):
     """Point-wise FFN (the papers' two 1x1 convolutions)."""
 
-    def __init__(self, d: int, p: float):
+    def __init__(self, d: int, p: float, native_dropout: bool = False):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(d, d), Dropout(p), nn.ReLU(), nn.Linear(d, d), Dropout(p))
+        self.net = nn.Sequential(nn.Linear(d, d), Dropout(p, native_dropout), nn.ReLU(), nn.Linear(d, d),
+                                 Dropout(p, native_dropout))
 
     def forward(self, x: torch.Tensor, **_) -> torch.Tensor:
         return self.net(x)
@@ -285,17 +310,18 @@ class SelfAttention(nn.Module):
     """Causal multi-head self-attention; with time=True the TiSASRec relation terms are added:
     scores += Q.E_K[r_ij] + Q.P_K[j], outputs += sum_j a_ij (E_V[r_ij] + P_V[j])."""
 
-    def __init__(self, d: int, heads: int, p: float, maxlen: int, time: bool, time_span: int, fused: bool = True):
+    def __init__(self, d: int, heads: int, p: float, maxlen: int, time: bool, time_span: int, fused: bool = True,
+                 fixed: bool = False):
         super().__init__()
         if d % heads:
             raise ValueError(f"model.width={d} is not divisible by model.heads={heads}")
-        self.h, self.dh, self.time, self.fused = heads, d // heads, time, fused
+        self.h, self.dh, self.time, self.fused, self.fixed = heads, d // heads, time, fused and not fixed, fixed
         self.q, self.k, self.v, self.out = (nn.Linear(d, d) for _ in range(4))
-        self.attn_drop = Dropout(p)
+        self.attn_drop = Dropout(p, fixed)
         if time:
             self.pos_k, self.pos_v = nn.Embedding(maxlen, d), nn.Embedding(maxlen, d)
             self.time_k, self.time_v = nn.Embedding(time_span + 1, d), nn.Embedding(time_span + 1, d)
-            self.emb_drop = Dropout(p)
+            self.emb_drop = Dropout(p, fixed)
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -313,6 +339,8 @@ class SelfAttention(nn.Module):
         q, k, v = (self._split(part) for part in self._qkv(x).chunk(3, -1))
         if self.time:
             out = self._time_attention(q, k, v, mask, offset)
+        elif self.fixed:           # the GPU-shaped step: one fused kernel, torch's dropout inside it
+            out = padded_sdpa(q, k, v, mask.bias, self.attn_drop.p if self.training else 0.0, self.dh ** -0.5)
         elif not self.training or self.attn_drop.p == 0:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.bias.to(q.dtype))   # fused kernel
         else:
@@ -376,9 +404,10 @@ class SelfAttention(nn.Module):
 class MHCMaps(nn.Module):
     """Per-token H_pre (1xn), H_post (1xn) and doubly-stochastic H_res (nxn) from the RMSNorm'd streams."""
 
-    def __init__(self, n: int, d: int, cfg: SeqRecConfig):
+    def __init__(self, n: int, d: int, cfg: SeqRecConfig, fixed: bool = False):
         super().__init__()
         self.n, self.iters, self.tol, self.fp32 = n, cfg.mhc_sinkhorn_iters, cfg.mhc_sinkhorn_tol, cfg.mhc_fp32
+        self.fixed = fixed           # Sinkhorn without host reads (fixed.py): the GPU-shaped step
         self.newton = cfg.mhc_newton_steps
         self.norm = nn.RMSNorm(n * d)
         self.proj = nn.Linear(n * d, 2 * n + n * n, bias=False)
@@ -400,7 +429,7 @@ class MHCMaps(nn.Module):
         self.sinkhorn_iterations += iterations
         if res.numel():
             res = res.detach()
-            ops = mhc_ops() if applies(res) and res.is_contiguous() else None      # (one pass, not five ops)
+            ops = mhc_ops() if not self.fixed and applies(res) and res.is_contiguous() else None   # (one pass)
             err = torch.tensor(ops.row_error(res.view(-1, *res.shape[-2:]))) if ops else \
                 (res.sum(-1) - 1).abs().amax().float()
             last = self.sinkhorn_row_error
@@ -436,8 +465,8 @@ class MHCMaps(nn.Module):
         pre = torch.sigmoid(self.alpha[0] * z[..., :n] + self.b_pre)
         post = 2 * torch.sigmoid(self.alpha[1] * z[..., n:2 * n] + self.b_post)
         res = sinkhorn(self.alpha[2] * z[..., 2 * n:].unflatten(-1, (n, n)) + self.b_res, self.iters, self.tol, kernel,
-                       self.newton)
-        self._count(res, _Sinkhorn.last_iterations)
+                       self.newton, self.fixed)
+        self._count(res, self.iters if self.fixed else _Sinkhorn.last_iterations)
         return pre, post, res
 
     def copies_kernel(self, e: torch.Tensor, conn: FusedConnection, grads):
@@ -544,11 +573,11 @@ class NormProj(torch.autograd.Function):
 class Sublayer(nn.Module):
     """One residual sub-layer (attention or FFN) with a LayerNorm, as plain or mHC connection."""
 
-    def __init__(self, fn: nn.Module, d: int, cfg: SeqRecConfig):
+    def __init__(self, fn: nn.Module, d: int, cfg: SeqRecConfig, fixed: bool = False):
         super().__init__()
         self.fn, self.norm, self.pre_ln = fn, nn.LayerNorm(d, eps=1e-8), cfg.norm == "pre"
-        self.maps = MHCMaps(cfg.mhc_streams, d, cfg) if cfg.mhc else None
-        self.fused = cfg.mhc and cfg.mhc_fused
+        self.maps = MHCMaps(cfg.mhc_streams, d, cfg, fixed) if cfg.mhc else None
+        self.fused = cfg.mhc and cfg.mhc_fused and not fixed
         # the streams in the basis form (fused.BasisStreams) between the kernels; not under grad_checkpoint,
         # whose recomputation would run the forward's bookkeeping (BasisGrads) twice
         self.basis = self.fused and not cfg.grad_checkpoint
@@ -611,11 +640,11 @@ class Sublayer(nn.Module):
 class Block(nn.Module):
     """Attention then feed-forward sub-layer; padded positions are zeroed after each block (or not stored)."""
 
-    def __init__(self, d: int, cfg: SeqRecConfig, maxlen: int):
+    def __init__(self, d: int, cfg: SeqRecConfig, maxlen: int, fixed: bool = False):
         super().__init__()
         self.attn = Sublayer(SelfAttention(d, cfg.heads, cfg.dropout, maxlen, cfg.time, cfg.time_span,
-                                             cfg.attention_fused), d, cfg)
-        self.ffn = Sublayer(FeedForward(d, cfg.dropout), d, cfg)
+                                           cfg.attention_fused, fixed), d, cfg, fixed)
+        self.ffn = Sublayer(FeedForward(d, cfg.dropout, fixed), d, cfg, fixed)
 
     def forward(self, x, keep, mask, offset, packing=None, last=False):
         """x: (B, T, D), or the real positions only (packing: Packing). last (mHC): the final block, whose
@@ -627,14 +656,20 @@ class Block(nn.Module):
 class SeqRec(nn.Module):
     """Item embeddings -> blocks -> final LayerNorm; scores are dot products with item embeddings."""
 
-    def __init__(self, cfg: SeqRecConfig, num_items: int, maxlen: int):
+    def __init__(self, cfg: SeqRecConfig, num_items: int, maxlen: int, fixed_shapes: bool = False):
+        """fixed_shapes: the GPU-shaped step (chosen by the recipe from the device, train.gpu_path): every batch
+        at full length (no packing, no length buckets: no nonzero, no host read), torch's dropout and
+        scaled_dot_product_attention, Sinkhorn with a fixed iteration count (fixed.py); the C++ kernels off.
+        The parameters are the same, so a checkpoint moves between the two forms."""
         super().__init__()
-        self.cfg, self.maxlen = cfg, maxlen
+        if fixed_shapes:
+            cfg = dataclasses.replace(cfg, length_buckets=1)
+        self.cfg, self.maxlen, self.fixed = cfg, maxlen, fixed_shapes
         d = cfg.width
         self.item_emb = nn.Embedding(num_items + 1, d, padding_idx=0)
         self.pos_emb = None if cfg.time else nn.Embedding(maxlen + 1, d, padding_idx=0)
-        self.drop = Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(d, cfg, maxlen) for _ in range(cfg.depth))
+        self.drop = Dropout(cfg.dropout, fixed_shapes)
+        self.blocks = nn.ModuleList(Block(d, cfg, maxlen, fixed_shapes) for _ in range(cfg.depth))
         self.last_norm = nn.LayerNorm(d, eps=1e-8)
         self.reset_parameters()
 
@@ -682,7 +717,7 @@ class SeqRec(nn.Module):
         """(B, T, D) representation of every prefix (zeros at padded positions); given `packing`, the real
         positions' (N, D). mHC always computes on the real positions (see Sublayer.forward)."""
         keep, mask = self._masks(seq, time)
-        packed = packing or (Packing(seq) if self.cfg.mhc else None)
+        packed = packing or (Packing(seq, dense=self.fixed) if self.cfg.mhc else None)
         x = self._embed(seq, offset, keep, packed)
         # mHC: the streams start as n copies of x, which the first sub-layer takes as x itself
         # (Sublayer._from_copies) and turns into the (1, N, n, D) streams
@@ -696,7 +731,9 @@ class SeqRec(nn.Module):
         if packed is None:
             return self.last_norm(x) * keep
         x = self.last_norm(x)
-        return x if packing is not None else packed.unpack(x)
+        if packing is not None:
+            return x
+        return packed.unpack(x) * keep if packed.index is None else packed.unpack(x)
 
     def _embed(self, seq: torch.Tensor, offset: int, keep: torch.Tensor, packing: Packing | None) -> torch.Tensor:
         """Item (and position) embeddings with dropout, of every position or the packed real ones."""
@@ -727,7 +764,7 @@ class SeqRec(nn.Module):
             return torch.cat([(h * self.item_emb(p)).sum(-1, keepdim=True),
                               (h.unsqueeze(-2) * self.item_emb(n)).sum(-1)], -1)
         if self.packs(seq):
-            packing = Packing(seq, 1 if self._kernel_attention(seq) else self.cfg.length_buckets)
+            packing = Packing(seq, 1 if self._kernel_attention(seq) else self.cfg.length_buckets, dense=self.fixed)
             out = packing.unpack(logits(self._features(seq, time, 0, packing), packing.pack(pos), packing.pack(neg)))
         else:
             out = self._assemble((r, c, logits(h, *((pos, neg) if r is None else (pos[r, c:], neg[r, c:]))))

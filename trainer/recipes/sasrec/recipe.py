@@ -9,8 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from trainer.distributed import runtime
+from trainer.engine.data import fits_on_device
 from trainer.engine.recipe import Recipe, unwrap
 from trainer.recipes.sasrec import data as D
+from trainer.recipes.sasrec.device import DeviceSequences
 from trainer.recipes.sasrec.model import MHCMaps, SeqRec
 
 KS = (5, 10, 20)
@@ -34,7 +36,15 @@ class SASRecRecipe(Recipe):
         return self.train_set, evals
 
     def build_model(self):
-        return SeqRec(self.model_cfg, self.data.num_items, self.data_cfg.maxlen)
+        return SeqRec(self.model_cfg, self.data.num_items, self.data_cfg.maxlen, fixed_shapes=self.gpu_shaped)
+
+    def device_dataset(self):
+        """The GPU-shaped step's training set: padded rows and histories on the device, negatives drawn there
+        (device.py) by the same stream as the DataLoader path's."""
+        if not self.gpu_shaped:
+            return None
+        data = DeviceSequences(self.train_set, self.dist.torch_device)
+        return data if fits_on_device(data.nbytes, self.dist.torch_device) else None
 
     def collate_fn(self):
         return D.collate

@@ -1,0 +1,73 @@
+"""train.profile=START:STOP: a torch.profiler trace of optimizer steps START..STOP on every rank (the seed HAR
+guide's "profile single GPU first"), for TensorBoard's profiler plugin or Perfetto, and a top-10 table.
+
+    python -m trainer train --recipe har train.profile=10:15       # RUN_DIR/profile/rank0.pt.trace.json
+
+CPU activity always, CUDA activity on a GPU; shapes and memory recorded. Steps are the run's optimizer steps
+(counted from 1, as in metrics.jsonl), so a resumed run profiles the same steps if it has not passed them.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from trainer.distributed.runtime import DistInfo
+
+log = logging.getLogger(__name__)
+
+
+def parse_steps(spec: str) -> tuple[int, int]:
+    """(START, STOP) from 'START:STOP', or a ValueError naming train.profile and an example."""
+    try:
+        start, stop = (int(part) for part in spec.split(":"))
+    except ValueError:
+        start = stop = 0
+    if not 1 <= start <= stop:
+        raise ValueError(f"train.profile={spec!r}: expected START:STOP, the first and last optimizer step to "
+                         f"profile (1 <= START <= STOP), e.g. train.profile=10:15")
+    return start, stop
+
+
+class StepProfiler:
+    """Starts torch.profiler before optimizer step START and stops it after STOP; writes the trace of this
+    rank into RUN_DIR/profile and logs the top ops by device time (rank 0)."""
+
+    def __init__(self, spec: str, run_dir: str | Path, info: DistInfo):
+        self.start, self.stop = parse_steps(spec)
+        self.dir, self.info = Path(run_dir) / "profile", info
+        self.cuda = info.device.startswith("cuda")
+        self.prof: profile | None = None
+        self.done = False
+
+    def at(self, step: int) -> None:
+        """Call with the number of optimizer steps done so far, before the next one and after each one."""
+        if self.done:
+            return
+        if self.prof is None and step == self.start - 1:
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+            self.prof = profile(activities=activities, record_shapes=True, profile_memory=True)
+            self.prof.__enter__()
+            log.info("profiling optimizer steps %d-%d (train.profile)", self.start, self.stop)
+        elif self.prof is not None and step >= self.stop:
+            self.close()
+
+    def close(self) -> None:
+        """Stop (a run that ends inside the range keeps what it has) and write the trace."""
+        if self.prof is None or self.done:
+            return
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.prof.__exit__(None, None, None)
+        self.done = True
+        self.dir.mkdir(parents=True, exist_ok=True)
+        trace = self.dir / f"rank{self.info.rank}.pt.trace.json"
+        self.prof.export_chrome_trace(str(trace))
+        if self.info.is_main:
+            key = "self_device_time_total" if self.cuda else "self_cpu_time_total"
+            table = self.prof.key_averages().table(sort_by=key, row_limit=10)
+            log.info("profile of optimizer steps %d-%d: %s (open in ui.perfetto.dev, or tensorboard --logdir %s "
+                     "with torch-tb-profiler); top ops by %s time:\n%s", self.start, self.stop, trace, self.dir,
+                     "device" if self.cuda else "CPU", table)
