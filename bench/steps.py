@@ -7,8 +7,9 @@ times on a shared CPU cannot show. Writes bench/results/steps.json and prints th
 
 The GPU-shaped path is forced here with train.gpu_path=on (on a CUDA device it is the default). "CUDA before" is
 the CPU-shaped step without the C++ kernels (they do not run on GPUs): what a CUDA device ran before the GPU
-path (length buckets, packing, host-read Sinkhorn stops). The CPU path's counts are its own: it packs the real positions and runs the C++ kernels, so fewer, larger ops; its syncs are the
-length buckets' and the kernels' host reads, cheap on a CPU, fatal to a GPU's queue.
+path (length buckets, packing, host-read Sinkhorn stops). The CPU path's counts are its own: it packs the real
+positions and runs the C++ kernels, so fewer, larger ops; its syncs are the length buckets' and the kernels' host
+reads, cheap on a CPU, fatal to a GPU's queue.
 """
 from __future__ import annotations
 
