@@ -8,12 +8,14 @@ BENCH_ARGS    ?=
 BENCH_SLURM   ?= 1
 # the local cluster's directory: fresh and private at each start (hpc/cluster/where.sh); HPC_CLUSTER_DIR picks one
 
-.PHONY: setup demo bench bench-recipes faults-report test test-image test-fast lint ruff lock image sif slurm-install slurm-up slurm-down slurm-env clean help
+.PHONY: setup demo bench bench-gpu bench-steps bench-recipes faults-report test test-image test-fast lint ruff lock image sif slurm-install slurm-up slurm-down slurm-env clean help
 
 help:
 	@echo "make setup        virtual environment in $(VENV) (torch==$(TORCH_VERSION), CPU build where available)"
 	@echo "make demo         TiSASRec+mHC, 2-process DDP, on generated data (no download)"
 	@echo "make bench        the harness: every recipe at 1 and 2 ranks, torchrun/srun (bench/results/harness)"
+	@echo "make bench-gpu    one CUDA device: every recipe fp32/bf16/compiled, video MFU (bench/results/gpu-*.json)"
+	@echo "make bench-steps  ATen ops and host syncs per training step, both paths (bench/results/steps.json)"
 	@echo "make bench-recipes  accuracy and speed against the reference implementations (needs ../shared/data)"
 	@echo "make faults-report  the fault tests with their time-to-exit figures (bench/results/faults.md)"
 	@echo "make test         set up, install Slurm (Debian packages) and run the whole test suite"
@@ -42,6 +44,13 @@ demo: setup
 bench: setup
 	@if [ "$(BENCH_SLURM)" = 1 ]; then $(MAKE) -s slurm-up || echo "no local Slurm cluster: srun figures left out"; fi
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# on a GPU node: about 5 minutes (BENCH_ARGS=--quick: 2-3); ml-100k from ../shared/data or --ml100k DIR
+bench-gpu: setup
+	$(BIN)/python -m bench.gpu $(BENCH_ARGS)
+
+bench-steps: setup
+	$(BIN)/python -m bench.steps
 
 # accuracy/speed against the reference implementations; the real datasets in ../shared/data (not shipped:
 # licences); hours on 2 cores

@@ -117,10 +117,10 @@ def trainer_for(recipe: str, overrides: list[str], device: str = "cpu"):
     return trainer, iter(trainer._batches(0, 0))
 
 
-def step_counts(recipe: str, overrides: list[str], warmup: int = 2, steps: int = 2) -> StepCounts:
+def step_counts(recipe: str, overrides: list[str], warmup: int = 2, steps: int = 2, device: str = "cpu") -> StepCounts:
     """Ops and syncs of one optimizer step of `recipe` under `overrides` (after `warmup` steps: lazy state
     such as the optimizer's is made then), the median of `steps` counted steps."""
-    trainer, batches = trainer_for(recipe, overrides)
+    trainer, batches = trainer_for(recipe, overrides, device)
     micro, counted = 0, []
 
     def one_step(data: OpCount | None, step: OpCount | None) -> None:

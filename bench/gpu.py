@@ -1,0 +1,232 @@
+"""The GPU benchmark (`make bench-gpu`): every recipe's training step on one CUDA device, fp32 against bf16, on
+the GPU-shaped path; writes bench/results/gpu-<device>.json and .png. About 5 minutes on an H100/H200, 2-3 with
+--quick; a CPU runs it only for a plumbing check (--device cpu --tiny).
+
+    python -m bench.gpu                               # the whole table (ml-100k from --ml100k if present)
+    python -m bench.gpu --quick                       # fewer steps and rows: the validation run's first step
+    python -m bench.gpu --device cpu --tiny --out /tmp/gpu-check.json   # checks the script, measures nothing
+
+Per row: step time and samples/s from CUDA events (the engine's own Throughput: the GPU's time, not the host's
+queueing), peak memory, the share of the step the GPU waited for data, ATen ops and host syncs per step (counted
+with a dispatch mode on the device), and for compiled rows the warm-up. Video: clips/s and MFU against the
+device's dense bf16 peak (--peak-tflops, else a table of known parts), the batch that maximises clips/s, and
+the loop against the bare model step. SASRec on ml-100k: a GPU epoch beside this machine's CPU epoch.
+Targets (issue 45): SASRec ml-100k step <= 2 ms, HAR <= 1 ms, KGAT b1024 <= 3 ms, video >= 2,000 clips/s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from trainer.engine.metrics import Throughput  # noqa: E402
+from trainer.engine.opcount import step_counts, trainer_for  # noqa: E402
+
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0}  # dense
+TARGETS = {"sasrec-ml100k": ("step_ms", 2.0, "<="), "har": ("step_ms", 1.0, "<="), "kgat": ("step_ms", 3.0, "<="),
+           "video": ("samples_per_s", 2000.0, ">=")}
+
+
+def endless(tr):
+    """(batch, micro) over epoch after epoch of a Trainer's own batches."""
+    epoch = 0
+    while True:
+        tr.run.recipe.on_epoch_start(epoch, tr.run.model)
+        for micro, batch in enumerate(tr._batches(epoch, 0)):
+            yield batch, micro
+        epoch += 1
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_steps(recipe: str, overrides: list[str], device: str, steps: int, warmup: int) -> dict:
+    """Optimizer steps of a fresh Trainer: warm-up (compile included) timed apart, then `steps` timed."""
+    tr, _ = trainer_for(recipe, overrides, device)
+    feed, dev = endless(tr), torch.device(device)
+    t0 = time.perf_counter()
+    done = 0
+    while done < warmup:
+        batch, micro = next(feed)
+        done += tr.step(batch, micro)
+    tr.settle()
+    sync(device)
+    warm = time.perf_counter() - t0
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    meter, done = Throughput(dev), 0
+    batches = meter.timed(feed)               # the wait for each batch: the GPU's idle time, from events
+    while done < steps:
+        batch, micro = next(batches)
+        n = tr.step(batch, micro)
+        meter.update(tr.run.recipe.batch_size_of(batch), steps=int(n))
+        done += n
+    tr.settle()
+    rates = meter.rates()
+    out = dict(step_ms=round(rates["step_time_s"] * 1e3, 3), samples_per_s=round(rates["samples_per_s"], 1),
+               data_wait_frac=rates["data_wait_frac"], warmup_s=round(warm, 2), steps=steps)
+    if dev.type == "cuda":
+        out["peak_mem_mb"] = round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)
+    return out
+
+
+def rows(args) -> list[tuple[str, str, list[str]]]:
+    """(name, recipe, overrides) of every row of this run."""
+    ml = Path(args.ml100k)
+    sas_data = [f"data.path={ml}"] if (ml / "u.data").exists() else []
+    seq = ["data.maxlen=30", "train.batch_size=16"] if args.tiny else ["data.maxlen=200", "train.batch_size=128"]
+    video = ["model.arch=light", "data.size=32", "data.clip_len=9", "data.synthetic_videos=4",
+             "data.synthetic_frames=30", "train.batch_size=4"] if args.tiny else \
+        ["model.arch=mouse3d", "data.size=256", "data.clip_len=17", "data.synthetic_videos=4",
+         "data.synthetic_frames=60", "train.batch_size=16", "train.num_workers=4"]
+    out = [("sasrec-ml100k" if sas_data else "sasrec-synthetic", "sasrec",
+            sas_data + seq + ["model.time=false", "model.mhc=false"]),
+           ("tisasrec", "sasrec", sas_data + seq + ["model.time=true", "model.mhc=false"]),
+           ("tisasrec+mhc", "sasrec", sas_data + seq),
+           ("har", "har", ["train.batch_size=64"]),
+           ("kgat", "kgat", ["train.batch_size=64" if args.tiny else "train.batch_size=1024"]),
+           ("video", "video", video)]
+    return out[:1] + out[3:] if args.quick else out
+
+
+def video_sweep(args, device: str) -> list[dict]:
+    """The bare model step (model + loss + optimizer on clips already on the device, channels-last, bf16,
+    compiled) at rising batch sizes: clips/s and MFU; the batch that maximises clips/s is the loop's batch."""
+    from trainer.recipes.video.model import VideoModelConfig, build, train_flops_per_clip
+    arch, clip, size = ("light", 9, 32) if args.tiny else ("mouse3d", 17, 256)
+    model = build(VideoModelConfig(arch=arch), 1, 8).to(device, memory_format=torch.channels_last_3d)
+    flops = train_flops_per_clip(build(VideoModelConfig(arch=arch), 1, 8), (1, clip, size, size))
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    step = torch.compile(lambda x, y: torch.nn.functional.cross_entropy(model(x).float(), y)) \
+        if device.startswith("cuda") else (lambda x, y: torch.nn.functional.cross_entropy(model(x).float(), y))
+    peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items()
+                                     if device.startswith("cuda") and k in torch.cuda.get_device_name()), None)
+    out = []
+    for batch in ((2, 4) if args.tiny else (16, 32, 64, 128)):
+        x = torch.randint(0, 255, (batch, 1, clip, size, size), dtype=torch.uint8, device=device)
+        y = torch.randint(0, 8, (batch,), device=device)
+        inputs = (x.float() * (2 / 255) - 1).contiguous(memory_format=torch.channels_last_3d)
+        for i in range(args.video_steps + 3):
+            if i == 3:
+                sync(device)
+                t0 = time.perf_counter()
+            with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=device.startswith("cuda")):
+                loss = step(inputs, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync(device)
+        rate = batch * args.video_steps / (time.perf_counter() - t0)
+        out.append(dict(batch=batch, clips_per_s=round(rate, 1), tflops=round(rate * flops / 1e12, 1),
+                        mfu=round(rate * flops / (peak * 1e12), 4) if peak else None))
+    return out
+
+
+def epoch_seconds(ml100k: Path, device: str, gpu_path: str) -> float | None:
+    """One SASRec epoch on ml-100k (maxlen 200, batch 128, the README's settings) on a device and path."""
+    if not (ml100k / "u.data").exists():
+        return None
+    tr, _ = trainer_for("sasrec", [f"data.path={ml100k}", "data.maxlen=200", "train.batch_size=128",
+                                   "model.time=false", "model.mhc=false", f"train.gpu_path={gpu_path}"], device)
+    for epoch in (0, 1):             # the first epoch warms up; the second is timed
+        sync(device)
+        t0 = time.perf_counter()
+        for micro, batch in enumerate(tr._batches(epoch, 0)):
+            tr.step(batch, micro)
+        tr.settle()
+        sync(device)
+    return round(time.perf_counter() - t0, 3)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--quick", action="store_true", help="fewer steps and rows (about 2-3 minutes)")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes (a plumbing check, e.g. on a CPU)")
+    ap.add_argument("--steps", type=int, default=0, help="timed steps per row (default 100, --quick 40)")
+    ap.add_argument("--video-steps", type=int, default=0)
+    ap.add_argument("--ml100k", default=str(REPO.parent / "shared" / "data" / "ml-100k"))
+    ap.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak (default: known parts)")
+    ap.add_argument("--budget-s", type=float, default=330.0, help="rows left after this many seconds are skipped")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("bench.gpu: no CUDA device here (torch.cuda.is_available() is False); nothing measured.\n"
+              "Run it on a GPU node, or `python -m bench.gpu --device cpu --tiny` to check the script.")
+        return 2
+    args.steps = args.steps or (3 if args.tiny else 40 if args.quick else 100)
+    args.video_steps = args.video_steps or (2 if args.tiny else 10 if args.quick else 20)
+    name = torch.cuda.get_device_name().replace(" ", "-") if args.device.startswith("cuda") else "cpu"
+    out = Path(args.out or REPO / "bench" / "results" / f"gpu-{name}.json")
+    start, report = time.perf_counter(), dict(device=name, torch=torch.__version__, date=time.strftime("%Y-%m-%d"),
+                                              cuda=torch.version.cuda, rows={}, skipped=[])
+    if args.device.startswith("cuda"):
+        report["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    compiled = args.device.startswith("cuda") and not args.tiny     # inductor on a GPU: a row of its own
+    for row, recipe, overrides in rows(args):
+        for amp in ("off", "bf16", "compiled") if compiled and row != "kgat" else ("off", "bf16"):
+            if time.perf_counter() - start > args.budget_s:
+                report["skipped"].append(f"{row} {amp}: over --budget-s")
+                continue
+            key = f"{row} {'fp32' if amp == 'off' else amp}"
+            cfg = [*overrides, f"train.amp={'bf16' if amp == 'compiled' else amp}", "train.gpu_path=on",
+                   "train.tensorboard=false"] + (["train.compile=reduce-overhead"] if amp == "compiled" else [])
+            report["rows"][key] = r = time_steps(recipe, cfg, args.device, args.steps, 10 if not args.tiny else 2)
+            counts = step_counts(recipe, cfg, device=args.device)
+            r.update(ops=counts.ops, syncs=counts.syncs, batch_ops=counts.data_ops)
+            if row in TARGETS and amp != "off":
+                metric, bound, how = TARGETS[row]
+                r["target"] = f"{metric} {how} {bound}"
+                r["met"] = r[metric] <= bound if how == "<=" else r[metric] >= bound
+            print(f"{key:28s} {json.dumps(r)}", flush=True)
+    if time.perf_counter() - start < args.budget_s:
+        report["video_bare"] = bare = video_sweep(args, args.device)
+        print("video bare step:", json.dumps(bare), flush=True)
+        loop = report["rows"].get("video compiled") or report["rows"].get("video bf16")
+        same = next((b for b in bare if b["batch"] == (4 if args.tiny else 16)), None)
+        if loop and same:     # the loop (loader, engine) against the bare step at the loop's batch
+            report["video_loop_loss"] = round(1 - loop["samples_per_s"] / same["clips_per_s"], 4)
+    if time.perf_counter() - start < args.budget_s and not args.tiny:
+        report["sasrec_ml100k_epoch_s"] = dict(gpu=epoch_seconds(Path(args.ml100k), args.device, "on"),
+                                               cpu=epoch_seconds(Path(args.ml100k), "cpu", "off"))
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    plot(report, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')} in {report['seconds']} s")
+    return 0
+
+
+def plot(report: dict, png: Path) -> None:
+    """Step time per recipe, fp32 beside bf16."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(dict.fromkeys(k.rsplit(" ", 1)[0] for k in report["rows"]))
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for i, amp in enumerate(("fp32", "bf16")):
+        ms = [report["rows"].get(f"{n} {amp}", {}).get("step_ms", 0) for n in names]
+        ax.bar([j + 0.4 * i for j in range(len(names))], ms, width=0.4, label=amp)
+    ax.set_xticks([j + 0.2 for j in range(len(names))], names, rotation=20)
+    ax.set_ylabel("ms per optimizer step")
+    ax.set_yscale("log")
+    ax.set_title(f"{report['device']}, torch {report['torch']}, {report['date']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""bench.gpu's plumbing on this CPU (--device cpu --tiny): every row and section runs and the JSON and PNG are
+written; without CUDA the default command stops with a message, not a traceback. The figures are a GPU's
+(make bench-gpu on one)."""
+import json
+import subprocess
+import sys
+
+import torch
+
+from tests.conftest import REPO, clean_env
+
+
+def test_the_gpu_bench_runs_through_on_a_cpu(tmp_path):
+    out = tmp_path / "gpu-check.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--device", "cpu", "--tiny", "--quick", "--out",
+                           str(out)], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert {"sasrec-ml100k bf16", "sasrec-synthetic bf16"} & set(report["rows"])
+    assert all(r["syncs"] == 0 and r["ops"] > 0 and r["step_ms"] > 0 for r in report["rows"].values())
+    assert {r.split()[0] for r in report["rows"]} >= {"har", "kgat", "video"}
+    assert report["video_bare"] and out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_without_cuda_it_says_so():
+    if torch.cuda.is_available():
+        return print("CUDA is here: the message for a machine without it is not shown")
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu"], cwd=REPO, env=clean_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "no CUDA device here" in proc.stdout and "Traceback" not in proc.stderr

@@ -1,0 +1,66 @@
+"""On a CUDA device (marked gpu; skipped, with the reason printed, where torch sees none): every recipe's
+GPU-shaped step under torch.cuda.set_sync_debug_mode("error"), AMP bf16/fp16, train.compile with CUDA-graph
+replay, checkpoints between CUDA and the CPU, and a world-1 NCCL group under torchrun."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO, clean_env, free_port, trainer
+from trainer.engine.opcount import trainer_for
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device here (torch.cuda.is_available() is False): the GPU "
+    "tests run on a GPU node, e.g. `python -m pytest -m gpu tests/gpu` on the device machine")]
+
+SMALL = {"sasrec": ["data.maxlen=50", "train.batch_size=32"], "har": [], "kgat": [],
+         "video": ["model.arch=light", "data.size=32", "data.clip_len=9", "data.synthetic_videos=4",
+                   "data.synthetic_frames=30", "train.num_workers=0", "train.batch_size=4"]}
+VARIANTS = [("sasrec", ["model.time=false", "model.mhc=false"]), ("sasrec", ["model.time=true", "model.mhc=false"]),
+            ("sasrec", []), ("har", []), ("kgat", []), ("video", [])]
+
+
+@pytest.mark.parametrize("recipe,extra", VARIANTS)
+@pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
+def test_steps_never_sync_with_the_host(recipe, extra, amp):
+    tr, batches = trainer_for(recipe, SMALL[recipe] + extra + [f"train.amp={amp}"], "cuda:0")
+    assert tr.run.recipe.gpu_shaped                       # auto: the GPU path on a CUDA device
+    for micro in range(3):                                # the first steps make the optimizer's state
+        tr.step(next(batches), micro)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for micro in range(3, 6):
+            tr.step(next(batches), micro)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    tr.settle()
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compiled_training_with_cuda_graphs(tmp_path, mode):
+    run = tmp_path / mode
+    trainer("train", "--recipe", "sasrec", *SMALL["sasrec"], "model.time=false", "model.mhc=false", "--epochs", "2",
+            f"train.compile={mode}", "--amp", "bf16", "--run-dir", str(run), "train.tensorboard=false", timeout=600)
+    test = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"test"' in x]
+    assert test and test[0]["ndcg@10"] > 0.05
+
+
+def test_a_cuda_checkpoint_evaluates_on_the_cpu_and_a_cpu_one_resumes_on_cuda(tmp_path):
+    trainer("train", "--recipe", "har", "--epochs", "1", "--run-dir", str(tmp_path / "gpu"), timeout=300)
+    cpu = clean_env(CUDA_VISIBLE_DEVICES="")
+    trainer("eval", "--checkpoint", str(tmp_path / "gpu" / "checkpoints" / "final.pt"), env=cpu)
+    trainer("train", "--recipe", "har", "--epochs", "1", "--run-dir", str(tmp_path / "cpu"), env=cpu)
+    trainer("train", "--recipe", "har", "--epochs", "2", "--run-dir", str(tmp_path / "cpu"), "--resume", "auto")
+
+
+def test_world_one_nccl_under_torchrun(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+                           f"--master-port={free_port()}", "-m", "trainer", "train", "--recipe", "har", "--epochs",
+                           "1", "--run-dir", str(tmp_path / "run")], cwd=REPO, env=clean_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
