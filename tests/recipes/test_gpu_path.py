@@ -195,3 +195,24 @@ def test_trained_ndcg_on_the_gpu_path_is_within_the_cpu_paths_seed_range(tmp_pat
     print(f"\ntest NDCG@10: CPU path {cpu}, GPU path {gpu}")
     assert min(cpu) <= sum(gpu) / 3 <= max(cpu), (cpu, gpu)
     assert gpu != cpu        # the paths draw dropout differently: a different run, not the same one twice
+
+
+def test_kgat_batches_drawn_on_the_device_keep_the_host_plans_rules():
+    """The device plan (the GPU path's): real interactions and edges as positives, negatives outside them,
+    distinct users and heads where the pool allows, and any batch rebuilt alone from (seed, rank, epoch, k)."""
+    from trainer.recipes.kgat.device import DeviceEpochPlan
+    tr, _ = trainer_for("kgat", GPU + ["train.batch_size=64"])
+    recipe = tr.run.recipe
+    plan = recipe.epoch_batches(1)
+    assert isinstance(plan, DeviceEpochPlan) and len(plan) == len(recipe.epoch_batches(0))
+    t = recipe.tables
+    users, pos, neg = plan[0]["tensors"]
+    assert len(users.unique()) == len(users) == 64 and torch.isin(users, t.cf_users).all()
+    keys = users * t.n_items
+    assert torch.isin(keys + pos, t.cf_keys).all() and not torch.isin(keys + neg, t.cf_keys).any()
+    heads, rels, tails, bad = plan[plan.n_cf_steps]["tensors"]
+    edge = (heads * t.n_rel + rels) * t.n_nodes
+    assert torch.isin(edge + tails, t.kg_keys).all() and not torch.isin(edge + bad, t.kg_keys).any()
+    again = recipe.epoch_batches(1)[plan.n_cf_steps]["tensors"]
+    assert all(torch.equal(a, b) for a, b in zip(again, (heads, rels, tails, bad)))
+    assert not torch.equal(recipe.epoch_batches(2)[0]["tensors"][0], users)

@@ -20,6 +20,7 @@ from trainer.recipes.kernels import load as cpu_kernels
 from trainer.recipes.kgat import build
 from trainer.recipes.kgat import data as D
 from trainer.recipes.kgat.config import KGATDataConfig
+from trainer.recipes.kgat.device import DeviceEpochPlan, DeviceTables
 from trainer.recipes.kgat.metrics import finalize, sums_from_hits
 from trainer.recipes.kgat.model import KGAT
 from trainer.recipes.kgat.sampling import EpochPlan, PhaseSampler, batch_entries, csr, hits_of
@@ -84,6 +85,8 @@ class KGATRecipe(Recipe):
             log.warning("data.val_fraction=0: the test split is also used for early stopping and best.pt")
         self.ckg = D.build_ckg(self.data, self.data_cfg.laplacian)
         self.sampler = PhaseSampler(self.data, self.ckg)
+        # the GPU-shaped step: the sampling tables on the device, every batch drawn there (device.py)
+        self.tables = DeviceTables(self.sampler, self.dist.torch_device) if self.gpu_shaped else None
         if self.train_cfg.grad_accum_steps != 1:
             raise ValueError("kgat: train.grad_accum_steps must be 1 (each step is one CF or KG batch; "
                              "raise --batch-size instead)")
@@ -129,8 +132,9 @@ class KGATRecipe(Recipe):
 
     def epoch_batches(self, epoch):
         if self._plan is None or self._plan.epoch != epoch:
-            self._plan = EpochPlan(self.sampler, epoch, self.seed, self.dist.rank, self.dist.world_size,
-                                   self.cf_batch, self.kg_batch)
+            plan = (EpochPlan, self.sampler) if self.tables is None else (DeviceEpochPlan, self.tables)
+            self._plan = plan[0](plan[1], epoch, self.seed, self.dist.rank, self.dist.world_size, self.cf_batch,
+                                 self.kg_batch)
         return self._plan
 
     def batch_size_of(self, batch):
