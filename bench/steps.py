@@ -74,8 +74,9 @@ def table(rows: list[dict], header: bool = True) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="", help="only the rows whose recipe starts so (e.g. sasrec)")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "steps.json"))
+    ap.add_argument("--out", default="", help="default bench/results/steps.json (steps-ROWS.json with --rows)")
     args = ap.parse_args(argv)
+    args.out = args.out or str(REPO / "bench" / "results" / f"steps{'-' + args.rows if args.rows else ''}.json")
     torch.set_num_threads(1)
     rows = measure([r for r in ROWS if r[1].startswith(args.rows)])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
