@@ -75,6 +75,7 @@ def test_one_read_per_logging_window(tmp_path):
         per_step.append(count.syncs)
         if tr.state.global_step % 3 == 0:
             with OpCount() as count:
+                tr.settle()
                 tr._log_train(0, None)
             per_window.append(count.sync_names)
     assert per_step == [0] * 6

@@ -100,17 +100,21 @@ class Trainer:
         self.epoch_sums = [0.0, 0.0]      # the same since the epoch (or its resumed part) started
         self.profiler = StepProfiler(self.tc.profile, self.cfg.run_dir, self.info) if self.tc.profile else None
 
-    def settle(self) -> None:
+    def settle(self, preempt: PreemptionHandler | None = None) -> int:
         """Read the losses kept on the device (one sync): they join the window and the epoch's sums; a
         non-finite one on any rank stops the run here. Every checkpoint is written after this read, so none
-        holds weights that a non-finite loss went into, and the last good one stays the newest."""
-        reading = self.losses.read()
+        holds weights that a non-finite loss went into, and the last good one stays the newest. With
+        `preempt`, the same collective agrees on the signal, returned."""
+        reading = self.losses.read(None if preempt is None or not self.info.distributed else preempt.flags())
         if reading.bad is not None:
             last = self.ckpts.last_good() if self.info.is_main else "rank 0 names the last good checkpoint"
             raise non_finite(reading, self.state.global_step, last)
         for sums in (self.window, self.epoch_sums):
             sums[0] += reading.loss_sum
             sums[1] += reading.samples
+        if preempt is None:
+            return 0
+        return preempt.signal_of(reading.extra) if self.info.distributed else preempt.received
 
     def save(self, kind: str) -> None:
         self.settle()
@@ -191,9 +195,11 @@ class Trainer:
             self.budget.step(time.perf_counter() - t_step)
             self.meter.update(0, steps=1)
             self.state.batch_in_epoch = micro + 1
-            signum = self._timed_sync(preempt.agreed_signal, self.info)
             if self.state.global_step % max(self.tc.log_every_steps, 1) == 0:
+                signum = self._timed_sync(self.settle, preempt)    # the window's read agrees on the signal too
                 self._log_train(epoch, bar)
+            else:
+                signum = self._timed_sync(preempt.agreed_signal, self.info)
             stop = self._after_step(signum)
             if stop is not Stop.EPOCH_DONE:
                 self._close_bar(bar)
@@ -255,8 +261,7 @@ class Trainer:
         return out
 
     def _log_train(self, epoch: int, bar) -> None:
-        """One train record: the window's losses, read now (the one host sync of a logging window)."""
-        self.settle()
+        """One train record: the window's losses, read by the caller's settle() (a window's one host sync)."""
         loss_sum, count = self.window
         self.window = [0.0, 0.0]
         rates = self.meter.rates()

@@ -59,17 +59,26 @@ class PreemptionHandler:
             signal.signal(sig, old)
         self._old.clear()
 
-    def agreed_signal(self, info: runtime.DistInfo) -> int:
-        """The signal any rank received (the highest if they differ, 0 if none), the same on every rank. The
-        flags are host values and travel over a host collective (gloo), so agreeing at every step never waits
-        for a GPU; the signals travel one-hot (a sum gives their union)."""
-        if not info.distributed:
-            return self.received
+    def flags(self) -> torch.Tensor:
+        """This rank's signal, one-hot (a sum over the ranks gives their union)."""
         flags = torch.zeros(signal.NSIG, dtype=torch.float32)
         if self.received:
             flags[self.received] = 1.0
-        got = [i for i, f in enumerate(runtime.all_reduce_host(flags, info).tolist()) if f > 0]
+        return flags
+
+    @staticmethod
+    def signal_of(flags) -> int:
+        """The highest signal in summed flags, 0 if none."""
+        got = [i for i, f in enumerate(flags) if f > 0]
         return max(got) if got else 0
+
+    def agreed_signal(self, info: runtime.DistInfo) -> int:
+        """The signal any rank received (the highest if they differ, 0 if none), the same on every rank. The
+        flags are host values and travel over a host collective (gloo), so agreeing at every step never waits
+        for a GPU; a step that reads its loss window sends them with it instead (LossWindow.read's extra)."""
+        if not info.distributed:
+            return self.received
+        return self.signal_of(runtime.all_reduce_host(self.flags(), info).tolist())
 
 
 FORWARD_HINT = ("torchrun --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2 --shutdown-timeout 120 "

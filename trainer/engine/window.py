@@ -42,6 +42,7 @@ class Reading:
     loss_sum: float = 0.0
     samples: float = 0.0
     bad: Place | None = None
+    extra: list[float] | None = None     # read(extra=...) summed over the ranks (the same collective)
 
 
 class LossWindow:
@@ -64,18 +65,20 @@ class LossWindow:
         self.buf[len(self.places)].copy_(loss.detach())
         self.places.append(Place(step, epoch, batch, samples))
 
-    def read(self) -> Reading:
+    def read(self, extra: torch.Tensor | None = None) -> Reading:
         """The window summed over the ranks (every rank calls it at the same point), then emptied. One
-        all-reduce carries the sum, the samples and a flag per buffered loss, so every rank names the same
-        first non-finite one."""
+        all-reduce carries the sum, the samples, a flag per buffered loss (so every rank names the same first
+        non-finite one) and `extra` (a small host vector, e.g. the preemption flags: one collective, not two)."""
         places, self.places = self.places, []
-        if not places and not self.info.distributed:
-            return Reading()
+        tail = [] if extra is None else extra.flatten().tolist()
+        if not places and (extra is None or not self.info.distributed):   # (the ranks hold as many losses)
+            return Reading(extra=tail if extra is not None else None)
         losses = self.buf[:len(places)].double()
-        weights = torch.tensor([p.samples for p in places], dtype=torch.float64).to(losses.device)
+        host = torch.tensor([p.samples for p in places] + tail, dtype=torch.float64).to(losses.device)
+        weights = host[:len(places)]
         packed = torch.cat([(losses * weights).sum().reshape(1), weights.sum().reshape(1),
-                            (~torch.isfinite(losses)).double()])
+                            (~torch.isfinite(losses)).double(), host[len(places):]])
         packed = runtime.all_reduce(packed.to(runtime.comm_device(self.info)), self.info).tolist()  # the read
-        loss_sum, samples, flags = packed[0], packed[1], packed[2:]
+        loss_sum, samples, flags = packed[0], packed[1], packed[2:2 + len(places)]
         bad = next((p for p, f in zip(places, flags) if f > 0), None)
-        return Reading(loss_sum, samples, bad)
+        return Reading(loss_sum, samples, bad, packed[2 + len(places):] if extra is not None else None)
