@@ -201,11 +201,11 @@ def test_trained_ndcg_on_the_gpu_path_is_within_the_cpu_paths_seed_range(tmp_pat
 def test_kgat_batches_drawn_on_the_device_keep_the_host_plans_rules():
     """The device plan (the GPU path's): real interactions and edges as positives, negatives outside them,
     distinct users and heads where the pool allows, and any batch rebuilt alone from (seed, rank, epoch, k)."""
-    from trainer.recipes.kgat.device import DeviceEpochPlan
+    from trainer.recipes.kgat.device import DeviceTables
     tr, _ = trainer_for("kgat", GPU + ["train.batch_size=64"])
     recipe = tr.run.recipe
     plan = recipe.epoch_batches(1)
-    assert isinstance(plan, DeviceEpochPlan) and len(plan) == len(recipe.epoch_batches(0))
+    assert isinstance(plan.sampler, DeviceTables) and len(plan) == len(recipe.epoch_batches(0))
     t = recipe.tables
     users, pos, neg = plan[0]["tensors"]
     assert len(users.unique()) == len(users) == 64 and torch.isin(users, t.cf_users).all()

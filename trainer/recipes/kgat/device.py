@@ -3,7 +3,7 @@ sampling.PhaseSampler held there, and every batch drawn by torch's generator on 
 (seed, rank, epoch, phase, batch) as the host plan's numpy stream is, so any batch of an epoch is rebuilt alone
 (resume mid-epoch) and nothing is read by the host.
 
-    plan = DeviceEpochPlan(DeviceTables(sampler, device), epoch, seed, rank, world, cf_batch, kg_batch)
+    plan = EpochPlan(DeviceTables(sampler, device), epoch, seed, rank, world, cf_batch, kg_batch)   # sampling.py
     batch = plan[7]        # {"phase": "cf", "tensors": (users, pos, neg)} on the device
 
 The draws follow the host plan's rules with another random stream (torch's, not numpy's): users and heads without
@@ -14,12 +14,10 @@ linked one with probability f^CANDIDATES).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
-from trainer.recipes.kgat.sampling import CF, KG, PhaseSampler
+from trainer.recipes.kgat.sampling import PhaseSampler
 
 CANDIDATES = 16
 
@@ -36,7 +34,8 @@ class DeviceTables:
         self.kg_ptr, self.kg_rels, self.kg_tails = t(sampler.kg_ptr), t(sampler.kg_rels), t(sampler.kg_tails)
         self.kg_heads, self.kg_keys = t(sampler.kg_heads), t(sampler.kg_keys)
 
-    def generator(self, *key: int) -> torch.Generator:
+    def stream(self, *key: int) -> torch.Generator:
+        """The random stream of one batch, from (seed, rank, epoch, phase, batch): torch's generator there."""
         seed = int(np.random.SeedSequence([int(k) for k in key]).generate_state(1, np.uint64)[0] & (2**63 - 1))
         return torch.Generator(self.device).manual_seed(seed)
 
@@ -67,36 +66,3 @@ class DeviceTables:
         rels, pos = self.kg_rels[edge], self.kg_tails[edge]
         neg = self.negatives(g, (heads * self.n_rel + rels) * self.n_nodes, self.n_nodes, self.kg_keys)
         return heads, rels, pos, neg
-
-
-@dataclass(frozen=True)
-class DeviceEpochPlan:
-    """sampling.EpochPlan with its batches drawn on the device (the same phases, steps and batch sizes)."""
-
-    tables: DeviceTables
-    epoch: int
-    seed: int
-    rank: int
-    world: int
-    cf_batch: int
-    kg_batch: int
-
-    @property
-    def n_cf_steps(self) -> int:
-        return self.tables.n_cf // (self.cf_batch * self.world) + 1
-
-    @property
-    def n_kg_steps(self) -> int:
-        return self.tables.n_kg // (self.kg_batch * self.world) + 1
-
-    def __len__(self) -> int:
-        return self.n_cf_steps + self.n_kg_steps
-
-    def __getitem__(self, i: int) -> dict:
-        if not 0 <= i < len(self):
-            raise IndexError(i)
-        phase, k = (CF, i) if i < self.n_cf_steps else (KG, i - self.n_cf_steps)
-        g = self.tables.generator(self.seed, self.rank, self.epoch, phase, k)
-        if phase == CF:
-            return {"phase": "cf", "tensors": self.tables.cf_batch(g, self.cf_batch)}
-        return {"phase": "kg", "tensors": self.tables.kg_batch(g, self.kg_batch)}

@@ -20,7 +20,7 @@ from trainer.recipes.kernels import load as cpu_kernels
 from trainer.recipes.kgat import build
 from trainer.recipes.kgat import data as D
 from trainer.recipes.kgat.config import KGATDataConfig
-from trainer.recipes.kgat.device import DeviceEpochPlan, DeviceTables
+from trainer.recipes.kgat.device import DeviceTables
 from trainer.recipes.kgat.metrics import finalize, sums_from_hits
 from trainer.recipes.kgat.model import KGAT
 from trainer.recipes.kgat.sampling import EpochPlan, PhaseSampler, batch_entries, csr, hits_of
@@ -132,9 +132,9 @@ class KGATRecipe(Recipe):
 
     def epoch_batches(self, epoch):
         if self._plan is None or self._plan.epoch != epoch:
-            plan = (EpochPlan, self.sampler) if self.tables is None else (DeviceEpochPlan, self.tables)
-            self._plan = plan[0](plan[1], epoch, self.seed, self.dist.rank, self.dist.world_size, self.cf_batch,
-                                 self.kg_batch)
+            sampler = self.sampler if self.tables is None else self.tables
+            self._plan = EpochPlan(sampler, epoch, self.seed, self.dist.rank, self.dist.world_size, self.cf_batch,
+                                   self.kg_batch)
         return self._plan
 
     def batch_size_of(self, batch):

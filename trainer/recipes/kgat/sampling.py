@@ -9,6 +9,7 @@ random stream, so any batch of an epoch can be rebuilt alone (resume mid-epoch).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -65,6 +66,11 @@ class PhaseSampler:
         self.kg_keys = np.sort((heads * self.n_rel + rels) * self.n_nodes + tails)
         self.n_kg = len(heads)
 
+    @staticmethod
+    def stream(*key: int) -> np.random.Generator:
+        """The random stream of one batch, from (seed, rank, epoch, phase, batch)."""
+        return np.random.default_rng(list(key))
+
     def cf_batch(self, rng: np.random.Generator, n: int) -> tuple[torch.Tensor, ...]:
         """(users, positive items, negative items)."""
         users = _pick(rng, self.cf_users, n)
@@ -85,14 +91,15 @@ class PhaseSampler:
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """One rank's batches of an epoch: the CF phase, then the KG phase.
+    """One rank's batches of an epoch: the CF phase, then the KG phase, drawn by `sampler` (PhaseSampler on the
+    host, or device.DeviceTables on the training device: the same interface).
 
     The seed's batch rule: every rank draws cf_batch users and kg_batch triples per step, so the totals
     are cf_batch x world and kg_batch x world; an epoch covers the training interactions (CF) and the
     graph's edges (KG) once in expectation: n // total + 1 steps each, as in the original code.
     """
 
-    sampler: PhaseSampler
+    sampler: Any
     epoch: int
     seed: int
     rank: int
@@ -115,7 +122,7 @@ class EpochPlan:
         if not 0 <= i < len(self):
             raise IndexError(i)
         phase, k = (CF, i) if i < self.n_cf_steps else (KG, i - self.n_cf_steps)
-        rng = np.random.default_rng([self.seed, self.rank, self.epoch, phase, k])
+        rng = self.sampler.stream(self.seed, self.rank, self.epoch, phase, k)
         if phase == CF:
             return {"phase": "cf", "tensors": self.sampler.cf_batch(rng, self.cf_batch)}
         return {"phase": "kg", "tensors": self.sampler.kg_batch(rng, self.kg_batch)}

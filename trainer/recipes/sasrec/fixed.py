@@ -23,6 +23,17 @@ def sinkhorn_fixed(m: torch.Tensor, iters: int) -> None:
         m.div_(m.sum(0, keepdim=True))
 
 
+def newton_step(p: torch.Tensor, rows: torch.Tensor, length: torch.Tensor):
+    """One Newton step on the row scaling of maps p (maps, n, n) with row sums `rows`, of `length` per map
+    (model.newton_steps says why): (new maps, their row sums, their largest row errors)."""
+    jac = torch.diag_embed(rows) - p @ p.mT + 1.0
+    d = torch.linalg.solve_ex(jac, (1 - rows).unsqueeze(-1), check_errors=False)[0].squeeze(-1)
+    q = p * torch.exp(length.unsqueeze(-1) * (d - d.amax(-1, keepdim=True))).unsqueeze(-1)
+    q = q / q.sum(-2, keepdim=True)
+    r = q.sum(-1)
+    return q, r, (r - 1).abs().amax(-1)
+
+
 def newton_fixed(p: torch.Tensor, steps: int, tol: float) -> torch.Tensor:
     """model.newton_steps on the maps p (maps, n, n) without selecting the maps still above tol: each step is
     computed for every map and taken where the map is above tol and the step lowers its largest row error
@@ -32,12 +43,7 @@ def newton_fixed(p: torch.Tensor, steps: int, tol: float) -> torch.Tensor:
     length = torch.ones_like(err)
     for _ in range(steps):
         live = err > tol
-        jac = torch.diag_embed(rows) - p @ p.mT + 1.0
-        d = torch.linalg.solve_ex(jac, (1 - rows).unsqueeze(-1), check_errors=False)[0].squeeze(-1)
-        q = p * torch.exp(length.unsqueeze(-1) * (d - d.amax(-1, keepdim=True))).unsqueeze(-1)
-        q = q / q.sum(-2, keepdim=True)
-        r = q.sum(-1)
-        e = (r - 1).abs().amax(-1)
+        q, r, e = newton_step(p, rows, length)
         take = live & (e < err)                         # (NaN compares false: a failed solve is not taken)
         p = torch.where(take[:, None, None], q, p)
         rows, err = torch.where(take[:, None], r, rows), torch.where(take, e, err)

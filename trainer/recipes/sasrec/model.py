@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from trainer.recipes.dropout import Dropout
 from trainer.recipes.sasrec.config import SeqRecConfig
-from trainer.recipes.sasrec.fixed import newton_fixed, padded_sdpa, sinkhorn_fixed
+from trainer.recipes.sasrec.fixed import newton_fixed, newton_step, padded_sdpa, sinkhorn_fixed
 from trainer.recipes.sasrec.fused import (
     BasisGrads,
     BasisStreams,
@@ -99,12 +99,7 @@ def newton_steps(p: torch.Tensor, steps: int, tol: float) -> None:
     for _ in range(steps):
         if not len(live):
             return
-        jac = torch.diag_embed(r) - q @ q.mT + 1.0
-        d = torch.linalg.solve_ex(jac, (1 - r).unsqueeze(-1), check_errors=False)[0].squeeze(-1)
-        q2 = q * torch.exp(length.unsqueeze(-1) * (d - d.amax(-1, keepdim=True))).unsqueeze(-1)
-        q2 = q2 / q2.sum(-2, keepdim=True)
-        r2 = q2.sum(-1)
-        e2 = (r2 - 1).abs().amax(-1)
+        q2, r2, e2 = newton_step(q, r, length)
         take = e2 < e                                    # (NaN compares false: a failed solve is not taken)
         p[live[take]] = q2[take]
         q, r, e = torch.where(take[:, None, None], q2, q), torch.where(take[:, None], r2, r), torch.where(take, e2, e)
