@@ -5,6 +5,7 @@ import hashlib
 import http.server
 import io
 import re
+import subprocess
 import threading
 import zipfile
 
@@ -106,23 +107,34 @@ def test_registry_has_canonical_urls_and_hashes():
         assert len(remote.sha256) == 64 and remote.size > 1_000_000
 
 
-@pytest.fixture()
-def kgat_mirror(tmp_path):
-    """A folder served over loopback holding a small dataset in the KGAT authors' layout (KG zipped)."""
+def _kgat_mirror(tmp_path, zipped: bool):
+    """A folder holding a small dataset in the KGAT authors' layout (the KG zipped, or not: last-fm's)."""
     from trainer.recipes.kgat import build
     root = tmp_path / "mirror"
     data = build.synthesize(build.Stats(users=30, items=20, entities=40, relations=3, triples=90, interactions=150))
     build.write(data, root)
-    with zipfile.ZipFile(root / "kg_final.txt.zip", "w") as zf:
-        zf.write(root / "kg_final.txt", "kg_final.txt")
-    (root / "kg_final.txt").unlink()
+    if zipped:
+        with zipfile.ZipFile(root / "kg_final.txt.zip", "w") as zf:
+            zf.write(root / "kg_final.txt", "kg_final.txt")
+        (root / "kg_final.txt").unlink()
     for extra in ("relation_list.txt", "user_list.txt"):
         (root / extra).write_text("org_id remap_id\n")
-    handler = functools.partial(Quiet, directory=str(root))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield root, f"http://127.0.0.1:{httpd.server_port}/"
-    httpd.shutdown()
+    return root
+
+
+@pytest.fixture()
+def serve():
+    """serve(folder) -> a loopback URL serving it."""
+    servers = []
+
+    def start(root):
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_port}/"
+    yield start
+    for httpd in servers:
+        httpd.shutdown()
 
 
 class Quiet(http.server.SimpleHTTPRequestHandler):
@@ -130,48 +142,78 @@ class Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def test_kgat_dataset_files_are_fetched_verified_and_unzipped(tmp_path, kgat_mirror):
+def _pins(root, blob=("train.txt", "kg_final.txt", "kg_final.txt.zip")):
+    """The mirror's files pinned as the registry pins the real ones: git's blob id for the large files (the
+    test computes it as git does), sha256 for the rest."""
+    out = {}
+    for f in sorted(p.name for p in root.iterdir()):
+        data = (root / f).read_bytes()
+        out[f] = dl.Pin("git-blob-sha1", hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()) \
+            if f in blob else dl.Pin("sha256", hashlib.sha256(data).hexdigest(), len(data))
+    return out
+
+
+@pytest.mark.parametrize("name,zipped", [("yelp2018", True), ("last-fm", False)])
+def test_kgat_files_are_fetched_verified_by_sha256_or_git_blob_and_unzipped(tmp_path, serve, name, zipped):
     from trainer.recipes.kgat import data as kd
-    root, url = kgat_mirror
-    proc = trainer("data", "download", "last-fm", "--out", str(tmp_path / "out"), "--url", url)
-    folder = tmp_path / "out" / "last-fm"
-    assert str(folder) in proc.stdout and "no pinned sha256" in proc.stderr
-    loaded = kd.load(folder)                                  # the unzipped KG and the lists are usable
+    root = _kgat_mirror(tmp_path, zipped)
+    url, pins = serve(root), _pins(root)
+    folder = dl.download_kgat(name, tmp_path / "out", base_url=url, pinned=pins)
+    loaded = kd.load(folder)                                  # the KG (unzipped where zipped) and the lists
     assert loaded.n_users == 30 and len(loaded.kg) == 90
     sums = dict(line.split()[::-1] for line in (folder / "SHA256SUMS").read_text().splitlines())
-    assert set(sums) == set(dl.KGAT_FILES)
+    assert set(sums) == set(pins)                             # blob-pinned files recorded by sha256 too
     assert sums["train.txt"] == hashlib.sha256((root / "train.txt").read_bytes()).hexdigest()
-    # the mirror changes a file: the recorded hash refuses it, and the verified copy is kept
+    # the mirror changes a file: its pin refuses it, and the verified copy is kept
     (root / "test.txt").write_text("0 1\n")
     (folder / "test.txt").write_text("tampered\n")
     with pytest.raises(dl.DownloadError, match="sha256 mismatch"):
-        dl.download_kgat("last-fm", tmp_path / "out", base_url=url)
+        dl.download_kgat(name, tmp_path / "out", base_url=url, pinned=pins)
 
 
-def test_kgat_pinned_hashes_are_enforced(tmp_path, kgat_mirror):
-    root, url = kgat_mirror
-    good = {f: hashlib.sha256((root / f).read_bytes()).hexdigest() for f in dl.KGAT_FILES}
-    folder = dl.download_kgat("yelp2018", tmp_path, base_url=url, pinned=good)
-    assert (folder / "kg_final.txt").exists()
-    with pytest.raises(dl.DownloadError, match="sha256 mismatch"):
-        dl.download_kgat("amazon-book", tmp_path, base_url=url, pinned=dict(good, **{"train.txt": "0" * 64}))
-    assert (tmp_path / "amazon-book" / "train.txt.part.bad").exists()
+def test_a_file_whose_git_blob_id_differs_is_refused_and_set_aside(tmp_path, serve):
+    root = _kgat_mirror(tmp_path, zipped=True)
+    pins = dict(_pins(root), **{"train.txt": dl.Pin("git-blob-sha1", "0" * 40)})
+    with pytest.raises(dl.DownloadError, match="git blob sha1 mismatch"):
+        dl.download_kgat("amazon-book", tmp_path, base_url=serve(root), pinned=pins)
+    folder = tmp_path / "amazon-book"
+    assert (folder / "train.txt.bad").exists() and not (folder / "train.txt").exists()
 
 
-def test_kgat_registry_points_at_a_pinned_commit_of_the_authors_repository(tmp_path, monkeypatch):
-    """A branch name would let the files change under the same URL; a commit cannot."""
-    assert set(dl.KGAT_COMMITS) == set(dl.KGAT_DATASETS)
-    for name, files in dl.KGAT_DATASETS.items():
-        assert set(files) == set(dl.KGAT_FILES)
-        assert re.fullmatch(r"[0-9a-f]{40}", dl.KGAT_COMMITS[name])
+def test_git_blob_sha1_is_gits_own(tmp_path):
+    path = tmp_path / "f.txt"
+    path.write_bytes(b"one\ntwo\n" * 1000)
+    git = subprocess.run(["git", "hash-object", str(path)], capture_output=True, text=True)
+    if git.returncode != 0:
+        pytest.skip(f"git hash-object failed here: {git.stderr.strip()}")
+    assert dl.git_blob_sha1(path) == git.stdout.strip()
+
+
+def test_a_mirror_must_serve_the_pinned_bytes(tmp_path, serve):
+    """--url names a mirror, not other data: the registry's pins still apply, the error names the file."""
+    url = serve(_kgat_mirror(tmp_path, zipped=False))
+    proc = trainer("data", "download", "last-fm", "--out", str(tmp_path / "out"), "--url", url, check=False)
+    assert proc.returncode != 0 and "mismatch" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_kgat_registry_pins_every_file_at_the_authors_head(tmp_path, monkeypatch):
+    """All three datasets at c03737be (the earlier per-dataset commits hold no kg_final file), each with its
+    own file names (last-fm's KG is not zipped), every file pinned; a branch name would let files change."""
+    assert set(dl.KGAT_COMMITS) == set(dl.KGAT_DATASETS) == {"amazon-book", "last-fm", "yelp2018"}
+    assert set(dl.KGAT_COMMITS.values()) == {"c03737be46ac26a0b5431efe149828e982ffbbfb"}
+    common = {"train.txt", "test.txt", "item_list.txt", "entity_list.txt", "relation_list.txt", "user_list.txt"}
+    assert set(dl.KGAT_DATASETS["last-fm"]) == common | {"kg_final.txt"}
+    assert set(dl.KGAT_DATASETS["yelp2018"]) == set(dl.KGAT_DATASETS["amazon-book"]) == common | {"kg_final.txt.zip"}
+    pins = [p for files in dl.KGAT_DATASETS.values() for p in files.values()]
+    assert all(re.fullmatch(r"[0-9a-f]{64}", p.digest) and p.size for p in pins if p.kind == "sha256")
+    assert sum(p.kind == "git-blob-sha1" and bool(re.fullmatch(r"[0-9a-f]{40}", p.digest)) for p in pins) == 5
     asked = []
     monkeypatch.setattr(dl, "fetch", lambda url, dest, sha: asked.append(url) or (_ for _ in ()).throw(
         dl.DownloadError("stop")))
     with pytest.raises(dl.DownloadError):
         dl.download_kgat("last-fm", tmp_path)
-    assert asked[0] == ("https://raw.githubusercontent.com/xiangwang1223/knowledge_graph_attention_network/"
-                        f"{dl.KGAT_COMMITS['last-fm']}/Data/last-fm/train.txt")
-    assert "master" not in asked[0] and "main" not in asked[0].split("/")
+    assert asked[0].startswith("https://raw.githubusercontent.com/xiangwang1223/knowledge_graph_attention_network/"
+                               "c03737be46ac26a0b5431efe149828e982ffbbfb/Data/last-fm/")
 
 
 def _zip_with(path, name, data=b"x", symlink=False):
