@@ -11,8 +11,35 @@ from trainer.engine.checkpointer import TrainState, where
 
 def _ckpt(step, recipe="toy", model=None):
     model = model or torch.nn.Linear(3, 2)
-    return dict(recipe=recipe, model=model.state_dict(), global_step=step, rng=[ck.capture_rng()],
+    return dict(format=ck.FORMAT_VERSION, recipe=recipe, kind="periodic", model=model.state_dict(), optimizer={},
+                scheduler={}, scaler={}, state={}, world_size=1, global_step=step, rng=[ck.capture_rng()],
                 config={"recipe": recipe}, versions=ck.versions())
+
+
+def test_an_unversioned_checkpoint_is_format_1_and_loads(tmp_path):
+    old = {k: v for k, v in _ckpt(4).items() if k != "format"}      # written before the field existed
+    ck.atomic_save(old, tmp_path / "old.pt")
+    assert ck.load(tmp_path / "old.pt")["global_step"] == 4
+
+
+def test_a_newer_format_is_refused_with_both_numbers_and_left_in_place(tmp_path):
+    m = ck.CheckpointManager(tmp_path, keep_last=5)
+    m.save(_ckpt(2), "periodic")
+    m.save(dict(_ckpt(4), format=ck.FORMAT_VERSION + 1), "periodic")
+    with pytest.raises(ck.NewerCheckpointError, match=f"format {ck.FORMAT_VERSION + 1}; this trainer reads "
+                                                       f"formats 1 to {ck.FORMAT_VERSION}"):
+        m.newest_valid()
+    assert m.periodic_path(4).exists() and not list(tmp_path.glob("checkpoints/*.corrupt"))
+
+
+def test_a_checkpoint_missing_keys_of_its_format_is_set_aside_and_the_previous_one_resumed(tmp_path, caplog):
+    m = ck.CheckpointManager(tmp_path, keep_last=5)
+    m.save(_ckpt(2), "periodic")
+    m.save({k: v for k, v in _ckpt(4).items() if k != "world_size"}, "periodic")
+    path, state = m.newest_valid()
+    assert path == m.periodic_path(2) and state["global_step"] == 2
+    assert "lacks 'world_size' of checkpoint format 1" in caplog.text
+    assert (tmp_path / "checkpoints" / "step-00000004.pt.corrupt").exists()
 
 
 def test_atomic_save_and_weights_only_load(tmp_path):

@@ -7,7 +7,8 @@ from trainer.engine import checkpoint as ck
 
 
 def _ckpt(step):
-    return dict(recipe="toy", model=torch.nn.Linear(3, 2).state_dict(), global_step=step, rng=[], config={})
+    return dict(recipe="toy", kind="periodic", model=torch.nn.Linear(3, 2).state_dict(), optimizer={}, scheduler={},
+                scaler={}, state={}, world_size=1, global_step=step, rng=[], config={})
 
 
 def _names(m):

@@ -18,8 +18,20 @@ PERIODIC = re.compile(r"^step-(\d+)\.pt$")
 TEMPORARY = re.compile(r"^\..+\.pt\.tmp\.\d+$")   # atomic_save's, left by a killed save
 
 
+# The checkpoint file format: every checkpoint carries `format`; one without it (written before the field
+# existed) is format 1. A format's keys are all required: a file without one of them is damaged or foreign.
+FORMAT_VERSION = 1
+FORMAT_KEYS = {1: ("recipe", "kind", "model", "optimizer", "scheduler", "scaler", "state", "world_size",
+                   "global_step", "rng", "config")}
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used by this run; the message says why."""
+
+
+class NewerCheckpointError(CheckpointError):
+    """A checkpoint in a format newer than this trainer reads: refused, but kept in place (a newer trainer
+    reads it), never set aside as corrupt."""
 
 
 def versions() -> dict[str, str]:
@@ -126,7 +138,24 @@ def load(path: str | Path, map_location: str = "cpu") -> dict[str, Any]:
                               f"({type(err).__name__}: {why})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "recipe" not in ckpt:
         raise CheckpointError(f"{path} is not a trainer checkpoint (no 'model'/'recipe' entries)")
+    check_format(ckpt, path)
     return ckpt
+
+
+def check_format(ckpt: dict[str, Any], path: Any) -> None:
+    """Refuse a newer format (NewerCheckpointError, both numbers named) and a file missing keys of its own
+    format (CheckpointError: `--resume auto` sets it aside and falls back to the previous checkpoint)."""
+    version = ckpt.get("format", 1)
+    if not isinstance(version, int) or version < 1:
+        raise CheckpointError(f"{path}: checkpoint format {version!r} is not a format number")
+    if version > FORMAT_VERSION:
+        raise NewerCheckpointError(f"{path} is in checkpoint format {version}; this trainer reads formats 1 to "
+                                   f"{FORMAT_VERSION}.\nHINT: resume it with the newer trainer that wrote it "
+                                   f"(the file is left as it is).")
+    missing = [k for k in FORMAT_KEYS[version] if k not in ckpt]
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(repr(k) for k in missing)} of checkpoint format "
+                              f"{version}: damaged or not written by this trainer")
 
 
 def check_compatible(ckpt: dict[str, Any], recipe: str, model: torch.nn.Module, path: Any) -> None:
@@ -240,6 +269,8 @@ class CheckpointManager:
         for path in self.candidates():
             try:
                 ckpt = load(path)
+            except NewerCheckpointError:
+                raise                     # a newer trainer's checkpoint: stop, and leave it where it is
             except CheckpointError as err:
                 log.warning("skipping %s; moved aside as %s", err, set_aside(path, ".corrupt").name)
                 continue

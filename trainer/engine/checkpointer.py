@@ -54,7 +54,7 @@ class Checkpointer:
     def snapshot(self, kind: str, state: TrainState, metrics: dict) -> dict[str, Any]:
         run = self.run
         rngs = runtime.all_gather_object(ckpt_io.capture_rng(), self.info)
-        return dict(recipe=self.cfg.recipe, kind=kind, model=run.model.state_dict(),
+        return dict(format=ckpt_io.FORMAT_VERSION, recipe=self.cfg.recipe, kind=kind, model=run.model.state_dict(),
                     optimizer=run.optimizer.state_dict(), scheduler=run.scheduler.state_dict(),
                     scaler=run.scaler.state_dict(), state=asdict(state), world_size=self.info.world_size,
                     global_step=state.global_step, rng=rngs, config=to_dict(self.cfg),
