@@ -3,7 +3,6 @@ GPU-shaped step under torch.cuda.set_sync_debug_mode("error"), AMP bf16/fp16, tr
 replay, checkpoints between CUDA and the CPU, and a world-1 NCCL group under torchrun."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, clean_env, free_port, trainer
+from trainer.engine.logging import read_metrics
 from trainer.engine.opcount import trainer_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -46,7 +46,7 @@ def test_compiled_training_with_cuda_graphs(tmp_path, mode):
     run = tmp_path / mode
     trainer("train", "--recipe", "sasrec", *SMALL["sasrec"], "model.time=false", "model.mhc=false", "--epochs", "2",
             f"train.compile={mode}", "--amp", "bf16", "--run-dir", str(run), "train.tensorboard=false", timeout=600)
-    test = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"test"' in x]
+    test = read_metrics(run, "test")
     assert test and test[0]["ndcg@10"] > 0.05
 
 

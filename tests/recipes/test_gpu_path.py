@@ -11,14 +11,13 @@ takes the scale and the inf flag on the device instead, so fp16 is held to 0 syn
 from __future__ import annotations
 
 import functools
-import json
 
 import numpy as np
 import pytest
 import torch
 
 from tests.conftest import trainer
-from trainer.engine.logging import MetricsWriter
+from trainer.engine.logging import MetricsWriter, read_metrics
 from trainer.engine.opcount import OpCount, step_counts, trainer_for
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.config import SeqDataConfig, SeqRecConfig
@@ -80,7 +79,7 @@ def test_one_read_per_logging_window(tmp_path):
             per_window.append(count.sync_names)
     assert per_step == [0] * 6
     assert per_window == [{"Tensor.tolist": 1}] * 2
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(tmp_path)
     assert len(records) == 2 and all(np.isfinite(r["loss"]) and r["step_time_s"] > 0 for r in records)
 
 
@@ -183,9 +182,7 @@ def _test_ndcg(tmp_path, path: str, seed: int) -> float:
     trainer("train", "--recipe", "sasrec", *SAS, "--epochs", "6", "--seed", str(seed), f"train.gpu_path={path}",
             "--run-dir", str(run), "train.tensorboard=false", "ckpt.every_epochs=0", "eval.full_ranking=false",
             timeout=300)
-    test = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
-            if json.loads(line)["split"] == "test"]
-    return test[0]["ndcg@10"]
+    return read_metrics(run, "test")[0]["ndcg@10"]
 
 
 def test_trained_ndcg_on_the_gpu_path_is_within_the_cpu_paths_seed_range(tmp_path):

@@ -83,6 +83,19 @@ def non_finite(reading: Reading, step: int, last_good: str) -> NonFiniteLossErro
         f"check the data for NaN/inf; continue with --resume auto.")
 
 
+def epoch_bar(info: DistInfo, mode: str, total: int, epoch: int, start: int):
+    """Rank 0's tqdm bar over an epoch's micro-batches (train.progress: auto shows it on a terminal)."""
+    if not info.is_main or mode == "off" or (mode == "auto" and not sys.stderr.isatty()):
+        return None
+    return progress_bar(total=total, initial=start, desc=f"epoch {epoch}", unit="batch", dynamic_ncols=True,
+                        leave=False)
+
+
+def close_bar(bar) -> None:
+    if bar is not None:
+        bar.close()
+
+
 class Trainer:
     """The steps of an epoch: micro-batches, accumulation, optimizer steps, logging, stop checks."""
 
@@ -98,7 +111,7 @@ class Trainer:
         self.losses = LossWindow(run.device, run.info, max(self.tc.log_every_steps, 1) * run.accum)
         self.window = [0.0, 0.0]          # loss sum and samples read since the last log line (over the ranks)
         self.epoch_sums = [0.0, 0.0]      # the same since the epoch (or its resumed part) started
-        self.profiler = StepProfiler(self.tc.profile, self.cfg.run_dir, self.info) if self.tc.profile else None
+        self.profiler = StepProfiler(self.tc.profile, self.cfg.run_dir, self.info)   # train.profile
 
     def settle(self, preempt: PreemptionHandler | None = None) -> int:
         """Read the losses kept on the device (one sync): they join the window and the epoch's sums; a
@@ -172,8 +185,7 @@ class Trainer:
         if (micro + 1) % self.run.accum and micro + 1 != self.run.micro_per_epoch:
             return False
         self._optimizer_step()
-        if self.profiler is not None:
-            self.profiler.at(self.state.global_step)
+        self.profiler.at(self.state.global_step)
         return True
 
     def train_epoch(self, epoch: int, preempt: PreemptionHandler) -> Stop:
@@ -182,10 +194,9 @@ class Trainer:
         loader = self._batches(epoch, start)
         run.wrapped.train()
         t0 = t_step = time.perf_counter()
-        bar = self._progress(epoch, start)
+        bar = epoch_bar(self.info, self.tc.progress, self.run.micro_per_epoch, epoch, start)
         self.epoch_sums = [0.0, 0.0]
-        if self.profiler is not None:
-            self.profiler.at(self.state.global_step)
+        self.profiler.at(self.state.global_step)
         for micro, batch in enumerate(self.meter.timed(loader), start=start):
             stepped = self.step(batch, micro)
             if bar is not None:
@@ -202,10 +213,10 @@ class Trainer:
                 signum = self._timed_sync(preempt.agreed_signal, self.info)
             stop = self._after_step(signum)
             if stop is not Stop.EPOCH_DONE:
-                self._close_bar(bar)
+                close_bar(bar)
                 return stop
             t_step = time.perf_counter()    # a periodic checkpoint in _after_step is not part of a step
-        self._close_bar(bar)
+        close_bar(bar)
         self.settle()
         self._log_epoch(epoch, time.perf_counter() - t0)
         return Stop.EPOCH_DONE
@@ -239,18 +250,6 @@ class Trainer:
         return Stop.EPOCH_DONE
 
     # ---------------------------------------------------------------- logging
-    def _progress(self, epoch: int, start: int):
-        mode = self.tc.progress
-        if not self.info.is_main or mode == "off" or (mode == "auto" and not sys.stderr.isatty()):
-            return None
-        return progress_bar(total=self.run.micro_per_epoch, initial=start, desc=f"epoch {epoch}", unit="batch",
-                            dynamic_ncols=True, leave=False)
-
-    @staticmethod
-    def _close_bar(bar) -> None:
-        if bar is not None:
-            bar.close()
-
     def _timed_sync(self, collective, *args):
         """A per-step collective; with train.measure_sync its time counts as waiting for the other ranks."""
         if self.run.sync_timer is None:
@@ -448,8 +447,7 @@ def fit(recipe: Recipe, info: DistInfo, cfg: Config) -> FitResult:
             return Driver(trainer).run(preempt)
         finally:
             preempt.restore()
-            if trainer.profiler is not None:
-                trainer.profiler.close()
+            trainer.profiler.close()
     finally:
         if writer is not None:
             writer.close()

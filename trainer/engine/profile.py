@@ -36,11 +36,12 @@ class StepProfiler:
     rank into RUN_DIR/profile and logs the top ops by device time (rank 0)."""
 
     def __init__(self, spec: str, run_dir: str | Path, info: DistInfo):
-        self.start, self.stop = parse_steps(spec)
+        """spec '' (train.profile unset): profiles nothing."""
+        self.start, self.stop = parse_steps(spec) if spec else (0, 0)
         self.dir, self.info = Path(run_dir) / "profile", info
         self.cuda = info.device.startswith("cuda")
         self.prof: profile | None = None
-        self.done = False
+        self.done = not spec
 
     def at(self, step: int) -> None:
         """Call with the number of optimizer steps done so far, before the next one and after each one."""
