@@ -245,8 +245,7 @@ class Trainer:
         if every > 0 and self.state.global_step % every == 0 and not end_of_epoch:
             self.save("periodic")
         if 0 < self.tc.max_steps <= self.state.global_step:
-            self.settle()
-            return Stop.MAX_STEPS
+            return Stop.MAX_STEPS         # (the final checkpoint's save reads the losses first)
         return Stop.EPOCH_DONE
 
     # ---------------------------------------------------------------- logging

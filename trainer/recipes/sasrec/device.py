@@ -59,17 +59,16 @@ class DeviceSequences:
         split, maxlen = train.split, train.maxlen
         self.seed, self.negatives, self.num_items = train.seed, train.negatives, split.data.num_items
         histories = [split.train(u) for u in train.users]
-        if any(len(np.unique(h)) >= self.num_items for h in histories):
-            full = next(u for u, h in zip(train.users, histories) if len(np.unique(h)) >= self.num_items)
+        seen = [np.unique(h) for h in histories]            # sorted: the membership test's rows
+        full = next((u for u, items in zip(train.users, seen) if len(items) >= self.num_items), None)
+        if full is not None:
             raise DataError(f"user {full} has interacted with every item: no negative can be sampled")
         rows = lambda f: torch.from_numpy(np.stack([f(u, h) for u, h in zip(train.users, histories)]))  # noqa: E731
         self.seq = rows(lambda u, h: left_pad(h[:-1], maxlen)).to(device)
         self.time = rows(lambda u, h: left_pad(split.data.times[u][: len(h)][:-1], maxlen)).to(device)
         self.pos = rows(lambda u, h: left_pad(h[1:], maxlen)).to(device)
-        width = max(len(np.unique(h)) for h in histories)
-        hist = np.full((len(histories), width), self.num_items + 1, dtype=np.int64)
-        for i, h in enumerate(histories):
-            items = np.unique(h)
+        hist = np.full((len(seen), max(map(len, seen))), self.num_items + 1, dtype=np.int64)
+        for i, items in enumerate(seen):
             hist[i, : len(items)] = items
         self.hist = torch.from_numpy(hist).to(device)
         self.users = torch.tensor(train.users, dtype=torch.int64, device=device)
