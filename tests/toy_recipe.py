@@ -39,6 +39,7 @@ class ToyDataConfig:
     step_sleep: float = 0.0       # seconds per training step, to keep a job running long enough
     nan_at_step: int = 0          # the loss of this training step of this process is NaN (0: never)
     nan_rank: int = 0             # which rank sees it
+    log_ids: str = ""             # append "epoch rank id id ..." per training batch to this file (exact resume tests)
 
 
 @dataclass
@@ -93,6 +94,7 @@ class ToyRecipe(Recipe):
         d = self.data_cfg
         self.steps_seen = 0
         train = make_split(d.n_train, d.features, d.noise, d.data_seed)
+        train = torch.utils.data.TensorDataset(*train.tensors, torch.arange(d.n_train))   # + each sample's id
         evals = {"val": make_split(d.n_val, d.features, d.noise, d.data_seed + 1),
                  "test": make_split(d.n_test, d.features, d.noise, d.data_seed + 2)}
         return train, evals
@@ -102,7 +104,10 @@ class ToyRecipe(Recipe):
 
     def training_step(self, model, batch):
         self._test_hooks()
-        x, y = batch
+        x, y, ids = batch
+        if self.data_cfg.log_ids:
+            with open(self.data_cfg.log_ids, "a") as fh:
+                fh.write(f"{self.epoch} {self.dist.rank} {' '.join(map(str, ids.tolist()))}\n")
         loss = torch.nn.functional.mse_loss(model(x), y)
         d = self.data_cfg
         if d.nan_at_step and self.steps_seen == d.nan_at_step and self.dist.rank == d.nan_rank:
@@ -124,6 +129,9 @@ class ToyRecipe(Recipe):
                     os.kill(child.pid, sig)
             os.kill(os.getpid(), sig)
 
+    def on_epoch_start(self, epoch, model):
+        self.epoch = epoch
+
     def eval_step(self, model, batch):
         x, y = batch
         err = (model(x).double() - y.double()) ** 2   # float64 sums: independent of sharding order
@@ -134,4 +142,5 @@ class ToyRecipe(Recipe):
 
 
 register(RecipeSpec(name="toy", recipe=ToyRecipe, summary="test-only MLP regression", data_config=ToyDataConfig,
-                    model_config=_toy_model_config))
+                    model_config=_toy_model_config,
+                    resume_changeable=("data.signal_*", "data.step_sleep", "data.nan_*", "data.log_ids")))

@@ -50,6 +50,7 @@ def run_train(args):
     """Train from parsed `train` arguments; returns (FitResult, resolved Config). Used by hpc/task.py."""
     from trainer.engine.logging import setup_logging
     from trainer.engine.loop import fit
+    from trainer.engine.resume import check_resume_config, describe
     from trainer.engine.rundir import claim_run_dir, make_private
     cfg = build_config(args.recipe, args.config, flags_from_args(args), args.overrides)
     check_data_path(str(getattr(cfg.data, "path", "")))
@@ -60,16 +61,19 @@ def run_train(args):
     try:
         cfg.run_dir = resolve_run_dir(cfg, info)
         lock = claim_run_dir(cfg.run_dir, cfg.ckpt.resume, info)
+        changes = check_resume_config(cfg, info)        # refused before a log line or config.yaml is written
         if cfg.private and info.is_main:
             make_private(cfg.run_dir)
         setup_logging(info, cfg.run_dir, per_rank=cfg.train.log_per_rank)
+        if changes:
+            log.warning("changed on resume: %s", describe(changes))
         if info.is_main:
             save_config(cfg, Path(cfg.run_dir) / "config.yaml")
             if hasattr(cfg.data, "path") and not cfg.data.path:
                 log.warning("data.path is empty: training on the recipe's generated data (set data.path=DIR, or "
                             "use a configs/<recipe>/<dataset>.yaml, for a real dataset)")
         recipe = build_recipe(cfg, info)
-        result = fit(recipe, info, cfg)
+        result = fit(recipe, info, cfg, changes)
         ok = True
     finally:
         runtime.teardown(info, clean=ok)

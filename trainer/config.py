@@ -119,11 +119,23 @@ class Config:
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
+def _yaml_value(text: str, where: str) -> Any:
+    """A value written in YAML on the command line (a mapping, a list), or one line naming what is wrong."""
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{where}: {text!r} is not valid YAML ({problem}); write a mapping as "
+                          f"'{{a: 1, b: 2}}' (quoted for the shell)") from None
+
+
 def _coerce(value: Any, hint: Any, where: str) -> Any:
     """Convert a YAML or command-line value to the annotated type, or raise ConfigError."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
-        return yaml.safe_load(value) if isinstance(value, str) else value
+        return _yaml_value(value, where) if isinstance(value, str) else value
     if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
             if type(None) in args:
@@ -149,7 +161,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
     if hint is dict or origin is dict:
         if isinstance(value, str):
-            value = yaml.safe_load(value) if value.strip() else {}
+            value = _yaml_value(value, where) if value.strip() else {}
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: {value!r} is not a mapping (e.g. {{a: b, c: d}})")
         return value
@@ -248,11 +260,40 @@ def parse_override(text: str) -> tuple[str, str]:
     return key.strip(), raw.strip()
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML keeps the last silently: a second
+    `train:` section would drop the first one's settings)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                name = key_node.start_mark.name
+                where = f"line {line}" if name.startswith("<") else f"{name}:{line}"
+                raise ConfigError(f"{where}: key {key!r} given twice (first at line {seen[key]}); YAML would keep "
+                                  f"only the last.\nHINT: merge the two into one.")
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, UniqueKeyLoader.construct_mapping)
+
+
 def load_yaml(path: str | Path) -> dict:
     """A YAML config file as a mapping, with errors that name the file and line."""
     path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.y*ml"))[:6]
+        raise ConfigError(f"--config {path} is a directory; give a YAML file"
+                          + (f" (there: {', '.join(found)})" if found else ""))
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        with open(path, encoding="utf-8-sig") as fh:        # a file handle: marks name the file
+            data = yaml.load(fh, Loader=UniqueKeyLoader) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); "
+                          f"save it as UTF-8") from None
     except FileNotFoundError:
         close = difflib.get_close_matches(path.name, [p.name for p in path.parent.glob("*.y*ml")], n=1)
         guess = f" (did you mean {path.parent / close[0]}?)" if close else ""

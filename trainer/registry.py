@@ -42,10 +42,28 @@ def _load_modules() -> None:
                 print(f"warning: TRAINER_PLUGINS names {name!r}, which cannot be imported ({err}); its recipes "
                       f"are not registered.\nHINT: put the folder holding it on PYTHONPATH", file=sys.stderr)
                 continue
-            raise
+            if name not in plugins:
+                raise
+            _plugin_failed(name, err)
+            continue
+        except Exception as err:            # a plugin's own bug must not break every command (doctor, --help)
+            if name not in plugins:
+                raise
+            _plugin_failed(name, err)
+            continue
         spec = getattr(module, "SPEC", None)
         if isinstance(spec, RecipeSpec):
             register(spec)
+
+
+def _plugin_failed(name: str, err: BaseException) -> None:
+    """One warning naming the plugin module, its error and where it was raised; its recipes stay unregistered."""
+    import traceback
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    print(f"warning: TRAINER_PLUGINS module {name!r} raised {type(err).__name__}: {err}{where} while importing; "
+          f"its recipes are not registered.\nHINT: fix the module, or remove it from TRAINER_PLUGINS",
+          file=sys.stderr)
 
 
 def specs() -> list[RecipeSpec]:

@@ -76,6 +76,7 @@ class RecipeSpec:
     datasets: tuple[str, ...] = ()               # what `data download` fetches for this recipe
     bench: BenchPreset | None = None
     renamed: Mapping[str, str] = field(default_factory=dict)   # deprecated dotted key -> its new name
+    resume_changeable: tuple[str, ...] = ()      # key patterns beyond the engine's that a resume may change
     summary: str = ""
 
     def recipe_class(self) -> type:

@@ -169,3 +169,18 @@ def test_amp_training_keeps_the_sparse_propagation_in_fp32(tmp_path, amp):
     assert 0 < test["recall@20"] <= 1 and test["users"] == 300
     ckpt = torch.load(tmp_path / "checkpoints" / "final.pt", weights_only=True)
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point())
+
+
+def test_resume_with_another_batch_size_goes_on_with_a_recorded_warning(tmp_path):
+    """KGAT's epoch plan depends on the layout: a requeue with another batch size continues at the same fraction
+    of the epoch, says what differs, records it in metrics.jsonl, and still ends its schedule exactly."""
+    args = ("train", *SMALL, "--epochs", "2", "ckpt.every_epochs=1")
+    proc = train_until_sigterm("trainer.recipes.kgat.recipe", "KGATRecipe", 4, (*args, "--batch-size", "128"),
+                               tmp_path / "run")
+    assert proc.returncode == 143, proc.stderr[-2000:]
+    again = trainer(*args, "--batch-size", "64", "--run-dir", str(tmp_path / "run"), "--resume", "auto")
+    assert "draws each epoch's batches from its own plan" in again.stderr
+    note = [n for r in rows(tmp_path / "run", "resume") for n in r["notes"]]
+    assert any("epoch 0 continues at batch" in n and "the checkpoint was at 4 of" in n for n in note), note
+    final = torch.load(tmp_path / "run" / "checkpoints" / "final.pt", weights_only=True)
+    assert final["scheduler"]["last_epoch"] == 2 * final["state"]["batches_in_epoch"]     # accumulation 1

@@ -59,7 +59,7 @@ def test_resumable_sampler_partitions_and_resumes():
     shards = [list(s) for s in samplers]
     assert all(len(x) == math.ceil(n / world) for x in shards)
     assert set(sum(shards, [])) == set(range(n))                 # every sample, padded by repeats
-    samplers[1].set_epoch(2, start=3)
+    samplers[1].set_epoch(2, start=3 * world)                    # 3 samples of each rank done
     assert list(samplers[1]) == shards[1][3:] and len(samplers[1]) == len(shards[1]) - 3
     samplers[1].set_epoch(3)
     assert list(samplers[1]) != shards[1]                        # a new permutation each epoch
@@ -91,8 +91,8 @@ def test_cost_dealing_balances_ranks_and_keeps_the_global_batches():
         gaps_dealt.append(abs(per_rank[0] - per_rank[1]))
         gaps_plain.append(abs(sum(costs[i] for i in plain[0][cut]) - sum(costs[i] for i in plain[1][cut])))
     assert sum(gaps_dealt) < sum(gaps_plain)
-    dealt[1].set_epoch(0, start=3)                                   # resuming mid-epoch: the same tail
-    assert list(dealt[1]) == shards[1][3:]
+    dealt[1].set_epoch(0, start=world * batch)                       # resuming after a step: the same tail
+    assert list(dealt[1]) == shards[1][batch:]
     assert list(ResumableSampler(n, 0, 1, True, 3, costs=costs, batch_size=batch)) == \
         list(ResumableSampler(n, 0, 1, True, 3))                     # one rank: nothing to balance
     with pytest.raises(ValueError, match="3 sample costs for a dataset of 50"):
@@ -248,3 +248,26 @@ def test_sync_timer_counts_own_collectives_and_the_buckets_wait_after_them(tmp_p
         assert timer.take() == pytest.approx(0.003, abs=1e-3)             # the empty one's ~0 + 3 ms after
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("costs", [None, "lengths"])
+def test_sampler_position_is_global_across_world_and_batch_changes(costs):
+    """An epoch of 50 samples cut 2 ranks x 4, then 1 x 6, then 3 x 5: every sample once, apart from the
+    padding that evens out the last layout's ranks (at most world - 1 repeats)."""
+    n = 50
+    cost = [(7 * i) % 11 + 1 for i in range(n)] if costs else None
+    seen, position = [], 0
+    for world, batch, steps in ((2, 4, 3), (1, 6, 2), (3, 5, None)):
+        shards = []
+        for rank in range(world):
+            s = ResumableSampler(n, rank, world, True, 9, costs=cost, batch_size=batch)
+            s.set_epoch(4, position)
+            shards.append(list(s))
+        take = len(shards[0]) if steps is None else steps * batch
+        for shard in shards:
+            seen += shard[:take]
+        position = min(position + take * world, n)
+    counts = torch.bincount(torch.tensor(seen), minlength=n)
+    assert counts.min() == 1 and int((counts - 1).sum()) <= 3 - 1
+    with pytest.raises(ValueError, match="outside an epoch of 50"):
+        ResumableSampler(n).set_epoch(0, 51)

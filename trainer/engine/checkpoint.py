@@ -127,6 +127,11 @@ def _why(err: BaseException) -> str:
 def load(path: str | Path, map_location: str = "cpu") -> dict[str, Any]:
     """Load a checkpoint safely, or raise CheckpointError naming the file."""
     path = Path(path)
+    if path.is_dir():
+        where = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        inside = sorted(p.name for p in where.glob("*.pt"))
+        hint = f" (there: {', '.join(str(where / n) for n in inside[:4])})" if inside else ""
+        raise CheckpointError(f"checkpoint {path} is a directory; give a checkpoint file{hint}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:

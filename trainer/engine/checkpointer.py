@@ -8,13 +8,14 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainer.config import to_dict
 from trainer.distributed import runtime
 from trainer.engine import checkpoint as ckpt_io
+from trainer.engine import resume
 from trainer.engine.build import Run
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,10 @@ class TrainState:
     """Where training stands; saved in every checkpoint."""
 
     epoch: int = 0
-    batch_in_epoch: int = 0       # micro-batches this rank consumed in `epoch`
+    batch_in_epoch: int = 0       # micro-batches this rank consumed in `epoch` (under `layout`)
+    sample_in_epoch: int = 0      # samples of the epoch's permutation done, over all ranks (where a resume goes on)
+    batches_in_epoch: int = 0     # micro-batches the epoch has under `layout` (a recipe's own plan: its length)
+    layout: list[int] = field(default_factory=list)   # [world size, per-rank batch, accumulation] that wrote it
     global_step: int = 0          # optimizer steps
     best: float | None = None     # best value of the primary validation metric
     best_tie: float | None = None  # the recipe's tie-break metric at that evaluation
@@ -35,8 +39,10 @@ class TrainState:
 def where(state: TrainState) -> str:
     """Where a checkpoint stands, in the evaluation lines' terms: "after epoch 3" at an epoch's end (state.epoch
     is then the next one, where a resume starts), else "epoch 4, batch 2"."""
-    if state.batch_in_epoch == 0 and state.epoch > 0:
+    if state.batch_in_epoch == 0 and state.sample_in_epoch == 0 and state.epoch > 0:
         return f"after epoch {state.epoch - 1}"
+    if state.batch_in_epoch == 0 and state.sample_in_epoch:      # a resume in another layout: its samples
+        return f"epoch {state.epoch}, sample {state.sample_in_epoch}"
     return f"epoch {state.epoch}, batch {state.batch_in_epoch}"
 
 
@@ -46,6 +52,7 @@ class Checkpointer:
     def __init__(self, run: Run, run_dir: Path):
         self.run, self.info, self.cfg = run, run.info, run.cfg
         self.files = ckpt_io.CheckpointManager(run_dir, run.cfg.ckpt.keep_last)
+        self.notes: list[str] = []       # what a resume under another layout or lr changed (metrics.jsonl)
 
     @property
     def dir(self) -> Path:
@@ -101,6 +108,7 @@ class Checkpointer:
         run = self.run
         ckpt = ckpt_io.load(path)
         ckpt_io.check_compatible(ckpt, self.cfg.recipe, run.model, path)
+        fresh = [group["initial_lr"] for group in run.optimizer.param_groups]     # this run's (scaled) lr
         run.model.load_state_dict(ckpt["model"])
         run.optimizer.load_state_dict(ckpt["optimizer"])
         run.scheduler.load_state_dict(ckpt["scheduler"])
@@ -108,12 +116,13 @@ class Checkpointer:
         state = TrainState(**ckpt["state"])
         if ckpt["world_size"] == self.info.world_size:
             ckpt_io.restore_rng(ckpt["rng"][self.info.rank])
-        else:
-            log.warning("checkpoint written by %d ranks, resuming with %d: restarting epoch %d from its "
-                        "first sample", ckpt["world_size"], self.info.world_size, state.epoch)
-            state.batch_in_epoch = 0
-        log.info("resumed from %s: epoch %d, batch %d, step %d", path, state.epoch, state.batch_in_epoch,
-                 state.global_step)
+        self.notes = resume.continue_at(state, ckpt, run)
+        old_lr = list(run.scheduler.base_lrs)
+        if resume.apply_lr(run.scheduler, fresh):
+            self.notes.append(f"peak lr {old_lr[0]:g} -> {fresh[0]:g} from step {state.global_step + 1}")
+        for note in self.notes:
+            log.warning("%s", note)
+        log.info("resumed from %s: %s, step %d", path, where(state), state.global_step)
         if self.info.is_main:
             self.files.set_aside_newer(state.global_step, path)
         return state, ckpt.get("metrics", {})

@@ -14,7 +14,13 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 class ResumableSampler(Sampler[int]):
     """DistributedSampler semantics (shuffle by seed+epoch, pad to a multiple of the world, stride by
-    rank) plus a start offset, so a resumed run continues from the same sample.
+    rank) plus a start position, so a resumed run continues from the next unseen sample.
+
+    The position is global: `start` samples of the epoch's permutation (which depends on the seed and the epoch
+    only, never on the world size or the batch size) are done. The rest, padded with the permutation's first
+    samples to a multiple of the world (at most world - 1 repeats), is strided over the ranks. So a run that
+    comes back with another world size or batch size trains every remaining sample exactly once, and one that
+    comes back unchanged continues exactly where it stopped.
 
     With `costs` (a per-sample work estimate, e.g. a sequence length) and `batch_size`, each global batch
     (the world's batch_size x world consecutive samples of the permutation, the same set the plain striding
@@ -31,20 +37,26 @@ class ResumableSampler(Sampler[int]):
         self.size, self.rank, self.world, self.shuffle, self.seed = size, rank, world_size, shuffle, seed
         self.costs, self.batch_size = costs, batch_size
         self.epoch, self.start = 0, 0
-        self.per_rank = math.ceil(size / world_size)
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Select the epoch's permutation and skip its first `start` samples of this rank."""
+        """Select the epoch's permutation; its first `start` samples (over all ranks) are done."""
+        if not 0 <= start <= self.size:
+            raise ValueError(f"sample position {start} outside an epoch of {self.size} samples")
         self.epoch, self.start = epoch, start
+
+    @property
+    def per_rank(self) -> int:
+        """This rank's samples from the start position to the epoch's end (every rank has as many)."""
+        return math.ceil((self.size - self.start) / self.world)
 
     def _indices(self) -> list[int]:
         if self.shuffle:
             g = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.size, generator=g).tolist()
+            perm = torch.randperm(self.size, generator=g).tolist()
         else:
-            order = list(range(self.size))
-        total = self.per_rank * self.world
-        order += (order * math.ceil(total / len(order)))[: total - len(order)]
+            perm = list(range(self.size))
+        order, total = perm[self.start:], self.per_rank * self.world
+        order += (perm * math.ceil(total / self.size))[: total - len(order)]
         if self.costs is None or self.world == 1 or self.batch_size <= 0:
             return order[self.rank:total:self.world]
         window, mine = self.batch_size * self.world, []
@@ -57,10 +69,10 @@ class ResumableSampler(Sampler[int]):
         return mine
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._indices()[self.start:])
+        return iter(self._indices())
 
     def __len__(self) -> int:
-        return max(self.per_rank - self.start, 0)
+        return self.per_rank
 
 
 class TensorBatches:

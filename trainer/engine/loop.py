@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import math
 import signal as signals
 import sys
 import time
@@ -41,6 +42,7 @@ from trainer.engine.preemption import (
 )
 from trainer.engine.profile import StepProfiler
 from trainer.engine.recipe import Recipe, move_to
+from trainer.engine.resume import write_resume_record
 from trainer.engine.window import LossWindow, NonFiniteLossError, Reading
 
 __all__ = ["fit", "FitResult", "NonFiniteLossError", "Stop", "Trainer", "Driver"]
@@ -112,6 +114,9 @@ class Trainer:
         self.window = [0.0, 0.0]          # loss sum and samples read since the last log line (over the ranks)
         self.epoch_sums = [0.0, 0.0]      # the same since the epoch (or its resumed part) started
         self.profiler = StepProfiler(self.tc.profile, self.cfg.run_dir, self.info)   # train.profile
+        self.end = run.micro_per_epoch    # the micro-batch index where the current epoch ends (see train_epoch)
+        self.first = (0, 0)               # (micro-batch, sample) where this epoch's part in this process began
+        state.layout = [run.info.world_size, run.batch_size, run.accum]
 
     def settle(self, preempt: PreemptionHandler | None = None) -> int:
         """Read the losses kept on the device (one sync): they join the window and the epoch's sums; a
@@ -139,7 +144,7 @@ class Trainer:
     def _window_len(self, micro: int) -> int:
         """Micro-batches in the accumulation window holding `micro` (the last one may be short)."""
         start = micro - micro % self.run.accum
-        return min(self.run.accum, self.run.micro_per_epoch - start)
+        return min(self.run.accum, self.end - start)
 
     def _optimizer_step(self) -> None:
         run = self.run
@@ -156,7 +161,7 @@ class Trainer:
         """Forward/backward of one micro-batch; gradients sync only on the window's last one. Its loss stays
         on the device (self.losses); returns its samples."""
         run = self.run
-        last = (micro + 1) % run.accum == 0 or micro + 1 == run.micro_per_epoch
+        last = (micro + 1) % run.accum == 0 or micro + 1 == self.end
         sync = contextlib.nullcontext() if last or not isinstance(run.wrapped, DDP) else run.wrapped.no_sync()
         batch = move_to(batch, run.device)
         t0 = time.perf_counter()
@@ -182,7 +187,7 @@ class Trainer:
         """One micro-batch, and the optimizer step when it ends an accumulation window (then True). Nothing
         here reads a device value: the path a CUDA step takes queues its kernels without waiting."""
         self.meter.update(self._micro_step(batch, micro))
-        if (micro + 1) % self.run.accum and micro + 1 != self.run.micro_per_epoch:
+        if (micro + 1) % self.run.accum and micro + 1 != self.end:
             return False
         self._optimizer_step()
         self.profiler.at(self.state.global_step)
@@ -194,7 +199,7 @@ class Trainer:
         loader = self._batches(epoch, start)
         run.wrapped.train()
         t0 = t_step = time.perf_counter()
-        bar = epoch_bar(self.info, self.tc.progress, self.run.micro_per_epoch, epoch, start)
+        bar = epoch_bar(self.info, self.tc.progress, self.end, epoch, start)
         self.epoch_sums = [0.0, 0.0]
         self.profiler.at(self.state.global_step)
         for micro, batch in enumerate(self.meter.timed(loader), start=start):
@@ -205,7 +210,7 @@ class Trainer:
                 continue
             self.budget.step(time.perf_counter() - t_step)
             self.meter.update(0, steps=1)
-            self.state.batch_in_epoch = micro + 1
+            self._advance(micro + 1)
             if self.state.global_step % max(self.tc.log_every_steps, 1) == 0:
                 signum = self._timed_sync(self.settle, preempt)    # the window's read agrees on the signal too
                 self._log_train(epoch, bar)
@@ -221,13 +226,26 @@ class Trainer:
         self._log_epoch(epoch, time.perf_counter() - t0)
         return Stop.EPOCH_DONE
 
+    def _advance(self, micro: int) -> None:
+        """`micro` micro-batches of the epoch done: so many of this rank, and (over all ranks) so many samples of
+        the epoch's permutation, where a resume goes on, in whatever layout it comes back."""
+        state, (first, sample), run = self.state, self.first, self.run
+        state.batch_in_epoch, state.batches_in_epoch = micro, self.end
+        if run.sampler is not None:
+            done = (micro - first) * run.batch_size * self.info.world_size
+            state.sample_in_epoch = min(sample + done, run.sampler.size)
+
     def _batches(self, epoch: int, start: int):
-        """This rank's batches of the epoch from micro-batch `start` on: the recipe's plan or the sampler's."""
+        """This rank's batches of the epoch from micro-batch `start` (sample `state.sample_in_epoch`) on: the
+        recipe's plan or the sampler's. Sets where the epoch ends (self.end)."""
         run = self.run
         plan = run.recipe.epoch_batches(epoch)
         if plan is not None:
+            self.end = len(plan)
             return (plan[i] for i in range(start, len(plan)))
-        run.sampler.set_epoch(epoch, start * run.batch_size)
+        self.first = (start, self.state.sample_in_epoch)
+        run.sampler.set_epoch(epoch, self.state.sample_in_epoch)
+        self.end = start + math.ceil(run.sampler.per_rank / run.batch_size)
         if run.device_data is not None:
             return device_batches(run.device_data, run.sampler, run.batch_size, epoch, run.device)
         return make_loader(run.train_set, run.sampler, run.batch_size, self.tc.num_workers,
@@ -241,10 +259,11 @@ class Trainer:
             self.signal = signum
             return Stop.SIGNAL
         every = self.cfg.ckpt.every_steps
-        end_of_epoch = self.state.batch_in_epoch == self.run.micro_per_epoch  # end_epoch() decides then
+        end_of_epoch = self.state.batch_in_epoch == self.end  # end_epoch() decides then
         if every > 0 and self.state.global_step % every == 0 and not end_of_epoch:
             self.save("periodic")
-        if 0 < self.tc.max_steps <= self.state.global_step:
+        # max_steps counts steps of the schedule: a resume in another layout converted it (resume.continue_at)
+        if 0 < self.tc.max_steps <= self.run.scheduler.last_epoch:
             return Stop.MAX_STEPS         # (the final checkpoint's save reads the losses first)
         return Stop.EPOCH_DONE
 
@@ -317,7 +336,7 @@ class Driver:
             stop = trainer.train_epoch(epoch, preempt)
             if stop is Stop.SIGNAL:
                 return self.preempted(trainer.signal, preempt.received_at)
-            if stop is Stop.MAX_STEPS and state.batch_in_epoch < trainer.run.micro_per_epoch:
+            if stop is Stop.MAX_STEPS and state.batch_in_epoch < trainer.end:
                 break
             if self.end_epoch(epoch):
                 status = "early_stopped"
@@ -333,7 +352,7 @@ class Driver:
         extra = recipe.epoch_metrics()
         if extra:
             trainer.writer.write("train", epoch, state.global_step, extra)
-        state.epoch, state.batch_in_epoch = epoch + 1, 0
+        state.epoch, state.batch_in_epoch, state.sample_in_epoch = epoch + 1, 0, 0
         last = state.epoch >= tc.epochs
         if "val" in trainer.run.eval_sets and (state.epoch % max(tc.eval_every_epochs, 1) == 0 or last):
             self._track_best(trainer.evaluate_and_log("val", epoch))
@@ -417,8 +436,9 @@ class Driver:
         return trainer.evaluate_and_log("test", epoch, checkpoint="best")
 
 
-def fit(recipe: Recipe, info: DistInfo, cfg: Config) -> FitResult:
-    """Train recipe under the given process layout; checkpoints and logs go to cfg.run_dir."""
+def fit(recipe: Recipe, info: DistInfo, cfg: Config, changes: list | tuple = ()) -> FitResult:
+    """Train recipe under the given process layout; checkpoints and logs go to cfg.run_dir. changes: the
+    settings a resume changed (trainer.engine.resume.check_resume_config), recorded in metrics.jsonl."""
     if info.restart_count:
         log.info("restart %d of job %s (launcher %s)", info.restart_count, info.job_id, info.launcher)
     run_dir = Path(cfg.run_dir)
@@ -434,6 +454,8 @@ def fit(recipe: Recipe, info: DistInfo, cfg: Config) -> FitResult:
         # attempt logged from there on (a crash after the checkpoint leaves such steps behind)
         writer = MetricsWriter(run_dir, info, cfg.train.tensorboard,
                                purge_step=state.global_step + 1 if resumed else None)
+        if resumed:
+            write_resume_record(writer, state, list(changes), ckpts.notes)
         trainer = Trainer(run, ckpts, writer, state, metrics)
         trapped = trapped_signals(cfg.ckpt.requeue_signals, info.preempt_signal)
         lost = unforwarded_signals(info, trapped)

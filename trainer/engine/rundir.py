@@ -9,6 +9,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -20,6 +21,44 @@ log = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
 
 
+MARKER = ".trainer-run"            # written when a run claims its directory: the directory is a run's
+SUITE_FILES = re.compile(r"^(task-\d+\.out|\.lock|\.preempted|\.write-test-\d+)$")   # put there by the suite itself
+
+
+def foreign_entries(run_dir: Path) -> list[str]:
+    """What makes an existing directory someone else's: [] when it is new, empty, marked as a run's (MARKER), a
+    run directory written before the marker existed (config.yaml beside checkpoints/, train.log or metrics.jsonl),
+    or holds only files the suite puts there before the trainer starts (sbatch's task-N.out)."""
+    if not run_dir.exists():
+        return []
+    names = sorted(p.name for p in run_dir.iterdir())
+    if MARKER in names or ("config.yaml" in names and {"checkpoints", "train.log", "metrics.jsonl"} & set(names)):
+        return []
+    return [n for n in names if not SUITE_FILES.match(n)]
+
+
+def check_ownership(run_dir: Path) -> None:
+    """A run writes only into a directory that is new, empty or a run's: never into a home folder or a
+    repository whose config.yaml, train.log or metrics.jsonl it would replace or append to."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ckpt_io.CheckpointError(f"--run-dir {run_dir} is a file, not a directory.\nHINT: pick another "
+                                      f"--run-dir (a new or empty directory).")
+    foreign = foreign_entries(run_dir)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise ckpt_io.CheckpointError(
+            f"--run-dir {run_dir} is an existing directory that is not a run directory (it holds {shown}); a run "
+            f"writes config.yaml, train.log and metrics.jsonl there and would replace or append to files of "
+            f"yours.\nHINT: give --run-dir a new or empty directory (e.g. {run_dir / 'run'}), or omit it "
+            f"(runs/<recipe>-<job id>).")
+
+
+def mark_as_run(run_dir: Path, holder: str) -> None:
+    marker = run_dir / MARKER
+    if not marker.exists():
+        marker.write_text(f"a trainer run directory, created by {holder}\n")
+
+
 class RunDirLock:
     """An exclusive flock on RUN_DIR/.lock, held by rank 0 while it trains, so that a second run into the
     same directory (another srun step of the job, a duplicate submission) is refused instead of
@@ -28,6 +67,7 @@ class RunDirLock:
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / LOCK_NAME
+        check_ownership(Path(run_dir))
         check_writable(Path(run_dir))
         self.created = not self.path.exists()
         self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -71,7 +111,11 @@ def check_writable(run_dir: Path) -> None:
         probe = run_dir / f".write-test-{os.getpid()}"
         probe.touch()
         probe.unlink()
-    except PermissionError:
+    except OSError as err:
+        if not isinstance(err, PermissionError):
+            raise ckpt_io.CheckpointError(f"cannot create or write run directory {run_dir}: {err.strerror} "
+                                          f"({err.filename}).\nHINT: pick a --run-dir on a writable file "
+                                          f"system.") from None
         st = target.stat()
         raise ckpt_io.CheckpointError(
             f"run directory {run_dir} is not writable by this user (uid {os.getuid()}): {target} belongs to "
@@ -100,6 +144,7 @@ def claim_run_dir(run_dir: str | Path, resume: str, info: DistInfo) -> RunDirLoc
                 ckpt_io.refuse_fresh_run(run_dir)
             ckpt_io.CheckpointManager(run_dir).remove_temporaries()
             lock.mark(holder_text(info))
+            mark_as_run(Path(run_dir), holder_text(info))
         except ckpt_io.CheckpointError as err:
             problem = str(err)
     problem = runtime.broadcast_object(problem, info)

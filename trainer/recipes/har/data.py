@@ -17,6 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.data.text import finite, read_text, text_lines
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 
 class DataError(ValueError):
     """Malformed input; the message names the file, line and field."""
@@ -59,9 +63,10 @@ def _series(text: str, path: Path, lineno: int, dim: int) -> np.ndarray:
             values.append(math.nan)
             continue
         try:
-            values.append(float(token))
+            value = float(token)
         except ValueError:
             raise DataError(f"{path}:{lineno}: field 'dimension {dim} value {k}': {token!r} is not a number") from None
+        values.append(finite(value, path, lineno, f"dimension {dim} value {k}", DataError, FLOAT32_MAX))
     return np.asarray(values, dtype=np.float32)
 
 
@@ -72,36 +77,35 @@ def read_ts(path: str | Path) -> Series:
     samples: list[np.ndarray] = []
     labels: list[int] = []
     in_data = False
-    with open(path, encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            if not in_data:
-                if not line.startswith("@"):
-                    raise DataError(f"{path}:{lineno}: expected a @directive or @data before the cases, "
-                                    f"got {line[:40]!r}")
-                key, _, value = line[1:].partition(" ")
-                if key.lower() == "data":
-                    in_data = True
-                    names, has_labels, dims = _layout(header, path)
-                else:
-                    header[key.lower()] = value.strip()
-                continue
-            parts = line.split(":")
-            if has_labels:
-                label, parts = parts[-1].strip(), parts[:-1]
-                if label not in names:
-                    raise DataError(f"{path}:{lineno}: field 'class label': {label!r} is not one of "
-                                    f"@classLabel {' '.join(names)}")
-                labels.append(names.index(label))
-            if dims is not None and len(parts) != dims:
-                raise DataError(f"{path}:{lineno}: {len(parts)} dimensions, @dimensions says {dims}")
-            series = [_series(text, path, lineno, d) for d, text in enumerate(parts, 1)]
-            if len({len(s) for s in series}) != 1:
-                raise DataError(f"{path}:{lineno}: the dimensions of one case differ in length "
-                                f"({', '.join(str(len(s)) for s in series)})")
-            samples.append(np.stack(series))
+    for lineno, raw in text_lines(path, DataError):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if not in_data:
+            if not line.startswith("@"):
+                raise DataError(f"{path}:{lineno}: expected a @directive or @data before the cases, "
+                                f"got {line[:40]!r}")
+            key, _, value = line[1:].partition(" ")
+            if key.lower() == "data":
+                in_data = True
+                names, has_labels, dims = _layout(header, path)
+            else:
+                header[key.lower()] = value.strip()
+            continue
+        parts = line.split(":")
+        if has_labels:
+            label, parts = parts[-1].strip(), parts[:-1]
+            if label not in names:
+                raise DataError(f"{path}:{lineno}: field 'class label': {label!r} is not one of "
+                                f"@classLabel {' '.join(names)}")
+            labels.append(names.index(label))
+        if dims is not None and len(parts) != dims:
+            raise DataError(f"{path}:{lineno}: {len(parts)} dimensions, @dimensions says {dims}")
+        series = [_series(text, path, lineno, d) for d, text in enumerate(parts, 1)]
+        if len({len(s) for s in series}) != 1:
+            raise DataError(f"{path}:{lineno}: the dimensions of one case differ in length "
+                            f"({', '.join(str(len(s)) for s in series)})")
+        samples.append(np.stack(series))
     if not in_data:
         raise DataError(f"{path}: no @data line")
     if not samples:
@@ -143,13 +147,13 @@ def uci_root(path: str | Path) -> Path | None:
 def _matrix(path: Path, width: int) -> np.ndarray:
     """Whitespace-separated numbers, `width` per line, as an [lines, width] array."""
     try:
-        text = path.read_text()
+        text = read_text(path, DataError)
     except FileNotFoundError:
         raise DataError(f"{path}: missing") from None
     lines = text.splitlines()
     try:
         flat = np.array(text.split(), dtype=np.float64)
-        if flat.size == len(lines) * width:
+        if flat.size == len(lines) * width and np.isfinite(flat.astype(np.float32)).all():
             return flat.reshape(len(lines), width)
     except ValueError:
         pass
@@ -159,9 +163,10 @@ def _matrix(path: Path, width: int) -> np.ndarray:
             raise DataError(f"{path}:{lineno}: {len(tokens)} values, expected {width}")
         for k, token in enumerate(tokens, 1):
             try:
-                float(token)
+                value = float(token)
             except ValueError:
                 raise DataError(f"{path}:{lineno}: field 'value {k}': {token!r} is not a number") from None
+            finite(value, path, lineno, f"value {k}", DataError, FLOAT32_MAX)
     raise DataError(f"{path}: blank lines between the rows")
 
 
@@ -180,7 +185,7 @@ def _activity_names(root: Path) -> list[str]:
     if not path.exists():
         return list(UCI_ACTIVITIES)
     names = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in text_lines(path, DataError):
         parts = line.split()
         if not parts:
             continue
@@ -254,6 +259,10 @@ def read_arrays(path: str | Path, class_names: list[str] | None = None) -> Serie
     x, y = np.asarray(arrays["samples"], dtype=np.float32), np.asarray(arrays["labels"])
     if x.ndim != 3:
         raise DataError(f"{path}: field 'samples' has shape {tuple(x.shape)}, expected [N, C, T]")
+    if not np.isfinite(x).all():
+        where = tuple(int(i) for i in np.argwhere(~np.isfinite(x))[0])
+        raise DataError(f"{path}: field 'samples'{list(where)} = {x[where]!r} is not a finite number (NaN/inf "
+                        f"makes every loss NaN); replace or drop the case")
     if y.ndim != 1 or len(y) != len(x):
         raise DataError(f"{path}: field 'labels' has shape {tuple(y.shape)}, expected [{len(x)}]")
     if y.size and (not np.all(np.equal(np.mod(y, 1), 0)) or y.min() < 0):

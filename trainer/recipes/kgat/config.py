@@ -20,6 +20,7 @@ class KGATDataConfig:
                                               synthetic_triples=POSITIVE, synthetic_interactions=POSITIVE)
 
     path: str = ""                 # folder in the KGAT format; "" = synthetic data generated in memory
+    duplicates: Literal["drop", "keep", "error"] = "drop"   # an item repeated on a user's line (drop: warned)
     val_fraction: float = 0.1      # of each user's train items, held out for early stopping (0: use test)
     split_seed: int = 2019
     laplacian: Literal["random-walk", "symmetric"] = "random-walk"

@@ -1,7 +1,7 @@
 """KGAT data: the KGAT file format, validation split, the collaborative knowledge graph and its Laplacian.
 
 A dataset folder holds (ids 0-based):
-  train.txt, test.txt   `user item item ...` (duplicate items are dropped)
+  train.txt, test.txt   `user item item ...` (an item repeated on a line: data.duplicates, dropped by default)
   kg_final.txt          `head relation tail`
   item_list.txt, entity_list.txt (optional; one header line, then one line per id) fix the id ranges.
 Items are the entities 0..n_items-1. In the collaborative KG users become nodes n_entities.., and
@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from trainer.data.text import text_lines
 
 log = logging.getLogger(__name__)
 
@@ -62,29 +64,42 @@ def _bad_field(path: Path, lineno: int, fields: list[str], names) -> DataError:
     return DataError(f"{path}:{lineno}: malformed line {' '.join(fields)[:80]!r}")
 
 
-def read_cf(path: str | Path) -> dict[int, np.ndarray]:
-    """`user item item ...` lines -> {user: sorted unique items}. A user may have no items."""
+def read_cf(path: str | Path, duplicates: str = "drop") -> dict[int, np.ndarray]:
+    """`user item item ...` lines -> {user: sorted items}. A user may have no items. An item repeated on its
+    user's line is dropped with a warning, kept, or refused (`duplicates`)."""
     path = Path(path)
     out: dict[int, np.ndarray] = {}
     first_line: dict[int, int] = {}
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            fields = line.split()
-            if not fields:
-                continue
-            try:
-                ids = np.array(fields, dtype=np.int64)
-            except (ValueError, OverflowError):
-                raise _bad_field(path, lineno, fields, lambda j: "user" if j == 0 else f"item {j}") from None
-            if (ids < 0).any():
-                raise _bad_field(path, lineno, fields, lambda j: "user" if j == 0 else f"item {j}")
-            user = int(ids[0])
-            if user in out:
-                raise DataError(f"{path}:{lineno}: field 'user': user {user} already has a line "
-                                f"({path.name}:{first_line[user]})")
-            out[user], first_line[user] = np.unique(ids[1:]), lineno
+    repeats, first_repeat = 0, 0
+    for lineno, line in text_lines(path, DataError):
+        fields = line.split()
+        if not fields:
+            continue
+        try:
+            ids = np.array(fields, dtype=np.int64)
+        except (ValueError, OverflowError):
+            raise _bad_field(path, lineno, fields, lambda j: "user" if j == 0 else f"item {j}") from None
+        if (ids < 0).any():
+            raise _bad_field(path, lineno, fields, lambda j: "user" if j == 0 else f"item {j}")
+        user = int(ids[0])
+        if user in out:
+            raise DataError(f"{path}:{lineno}: field 'user': user {user} already has a line "
+                            f"({path.name}:{first_line[user]})")
+        items = np.unique(ids[1:])
+        if len(items) < len(ids) - 1:
+            repeats, first_repeat = repeats + len(ids) - 1 - len(items), first_repeat or lineno
+            if duplicates == "keep":
+                items = np.sort(ids[1:])
+        out[user], first_line[user] = items, lineno
     if not out:
         raise DataError(f"{path}: empty file (expected lines 'user item item ...')")
+    if repeats:
+        what = f"{path}: {repeats} duplicate interaction(s) (an item repeated on its user's line), first at line " \
+               f"{first_repeat}"
+        if duplicates == "error":
+            raise DataError(f"{what}.\nHINT: remove them, or set data.duplicates=drop (or keep).")
+        log.warning("%s: %s (data.duplicates=%s)", what, "kept" if duplicates == "keep" else "dropped",
+                    duplicates)
     return out
 
 
@@ -101,20 +116,19 @@ def read_kg(path: str | Path) -> np.ndarray:
     except ValueError:
         pass
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            fields = line.split()
-            if not fields:
-                continue
-            if len(fields) != 3:
-                raise DataError(f"{path}:{lineno}: expected 3 fields (head relation tail), got {len(fields)}")
-            try:
-                row = [int(x) for x in fields]
-            except ValueError:
-                raise _bad_field(path, lineno, fields, lambda j: names[j]) from None
-            if min(row) < 0:
-                raise _bad_field(path, lineno, fields, lambda j: names[j])
-            rows.append(row)
+    for lineno, line in text_lines(path, DataError):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 3:
+            raise DataError(f"{path}:{lineno}: expected 3 fields (head relation tail), got {len(fields)}")
+        try:
+            row = [int(x) for x in fields]
+        except ValueError:
+            raise _bad_field(path, lineno, fields, lambda j: names[j]) from None
+        if min(row) < 0:
+            raise _bad_field(path, lineno, fields, lambda j: names[j])
+        rows.append(row)
     if not rows:
         raise DataError(f"{path}: empty file (expected lines 'head relation tail')")
     return np.asarray(rows, dtype=np.int64)
@@ -124,8 +138,7 @@ def _count_list(path: Path) -> int | None:
     """Ids in item_list.txt / entity_list.txt (one header line), None if absent."""
     if not path.exists():
         return None
-    with open(path, encoding="utf-8") as fh:
-        return max(sum(1 for line in fh if line.strip()) - 1, 0)
+    return max(sum(1 for _, line in text_lines(path, DataError) if line.strip()) - 1, 0)
 
 
 def _check_items(sets: dict[int, np.ndarray], path: Path, limit: int, what: str) -> None:
@@ -137,20 +150,19 @@ def _check_items(sets: dict[int, np.ndarray], path: Path, limit: int, what: str)
 
 
 def _line_of_user(path: Path, user: int) -> int:
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.split()[:1] == [str(user)]:
-                return lineno
+    for lineno, line in text_lines(path, DataError):
+        if line.split()[:1] == [str(user)]:
+            return lineno
     return 0
 
 
-def load(folder: str | Path) -> KGATData:
+def load(folder: str | Path, duplicates: str = "drop") -> KGATData:
     """Read and validate a KGAT-format folder."""
     folder = Path(folder)
     for name in ("train.txt", "test.txt", "kg_final.txt"):
         if not (folder / name).exists():
             raise DataError(f"{folder / name}: missing (a KGAT dataset has train.txt, test.txt, kg_final.txt)")
-    train, test = read_cf(folder / "train.txt"), read_cf(folder / "test.txt")
+    train, test = read_cf(folder / "train.txt", duplicates), read_cf(folder / "test.txt", duplicates)
     kg = read_kg(folder / "kg_final.txt")
     for user in test:
         if user not in train:

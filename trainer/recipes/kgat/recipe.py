@@ -59,7 +59,7 @@ class Interactions(torch.utils.data.Dataset):
 def load_data(cfg: KGATDataConfig) -> D.KGATData:
     """The folder at cfg.path (KGAT format), or synthetic data; with the validation hold-out."""
     if cfg.path:
-        data = D.load(cfg.path)
+        data = D.load(cfg.path, cfg.duplicates)
     else:
         stats = build.Stats(cfg.synthetic_users, cfg.synthetic_items, cfg.synthetic_entities,
                             cfg.synthetic_relations, cfg.synthetic_triples, cfg.synthetic_interactions)

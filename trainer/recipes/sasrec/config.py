@@ -18,6 +18,7 @@ class SeqDataConfig:
 
     path: str = ""                        # file or folder; "" = synthetic data generated in memory
     format: Literal["auto", "pairs", "udata", "dat", "csv"] = "auto"
+    duplicates: Literal["drop", "keep", "error"] = "drop"   # rows repeating a user, item and time (drop: warned)
     kcore: int = 0                        # keep users and items with >= k interactions (TiSASRec: 5)
     maxlen: int = 50                      # sequence length fed to the model
     train_negatives: int = 1              # sampled negatives per position

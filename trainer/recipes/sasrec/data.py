@@ -9,6 +9,7 @@ Formats (auto-detected from the first line, or data.format):
 from __future__ import annotations
 
 import csv
+import io
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainer.data.text import finite, read_text, text_lines
 from trainer.recipes.sasrec.config import SeqDataConfig
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,7 @@ class Interactions:
     users: list[str]
     items: list[str]
     times: np.ndarray | None
+    lines: list[int] | None = None        # each row's line in the file (for messages)
 
 
 @dataclass
@@ -73,34 +76,42 @@ def _int(value: str, path: Path, line: int, field: str) -> int:
         raise DataError(f"{path}:{line}: field '{field}': {value!r} is not an integer") from None
 
 
+def _id(value: str, path: Path, line: int, field: str) -> str:
+    """An id of a format whose ids are integers, written as one: `1.0` would become a second id beside `1`."""
+    if value.isdigit() and value.isascii():
+        return str(int(value))
+    what = "a negative id" if value.startswith("-") and value[1:].isdigit() else "not an integer id"
+    raise DataError(f"{path}:{line}: field '{field}': {value!r} is {what} (ids in this format are whole numbers "
+                    f">= 0, written without a decimal point)")
+
+
 def _read_delimited(path: Path, fmt: str) -> Interactions:
-    users, items, times = [], [], []
+    users, items, times, lines = [], [], [], []
     sep = "::" if fmt == "dat" else None
     expected = {"pairs": (2, 2), "udata": (3, 4), "dat": (4, 4)}[fmt]
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            parts = line.strip().split(sep)
-            if not expected[0] <= len(parts) <= expected[1]:
-                raise DataError(f"{path}:{no}: expected {'-'.join(map(str, sorted(set(expected))))} fields "
-                                f"({fmt} format), got {len(parts)}: {line.strip()[:80]!r}")
-            _int(parts[0], path, no, "user")
-            _int(parts[1], path, no, "item")
-            users.append(parts[0])
-            items.append(parts[1])
-            if fmt != "pairs":
-                times.append(_int(parts[-1], path, no, "timestamp"))
-                if len(parts) == 4:
-                    try:
-                        float(parts[2])
-                    except ValueError:
-                        raise DataError(f"{path}:{no}: field 'rating': {parts[2]!r} is not a number") from None
-    return Interactions(users, items, np.asarray(times, dtype=np.int64) if fmt != "pairs" else None)
+    for no, line in text_lines(path, DataError):
+        if not line.strip():
+            continue
+        parts = line.strip().split(sep)
+        if not expected[0] <= len(parts) <= expected[1]:
+            raise DataError(f"{path}:{no}: expected {'-'.join(map(str, sorted(set(expected))))} fields "
+                            f"({fmt} format), got {len(parts)}: {line.strip()[:80]!r}")
+        users.append(_id(parts[0], path, no, "user"))
+        items.append(_id(parts[1], path, no, "item"))
+        lines.append(no)
+        if fmt != "pairs":
+            times.append(_int(parts[-1], path, no, "timestamp"))
+            if len(parts) == 4:
+                try:
+                    rating = float(parts[2])
+                except ValueError:
+                    raise DataError(f"{path}:{no}: field 'rating': {parts[2]!r} is not a number") from None
+                finite(rating, path, no, "rating", DataError)
+    return Interactions(users, items, np.asarray(times, dtype=np.int64) if fmt != "pairs" else None, lines)
 
 
 def _read_csv(path: Path) -> Interactions:
-    with open(path, newline="", encoding="utf-8") as fh:
+    with io.StringIO(read_text(path, DataError), newline="") as fh:
         reader = csv.reader(fh)
         header = [h.strip().lower() for h in next(reader, [])]
 
@@ -111,7 +122,7 @@ def _read_csv(path: Path) -> Interactions:
                                 f"(accepted: {', '.join(names)})")
             return found
         u, i, t = col(USER_COLS, True), col(ITEM_COLS, True), col(TIME_COLS, False)
-        users, items, times = [], [], []
+        users, items, times, lines = [], [], [], []
         for no, row in enumerate(reader, 2):
             if not row or not any(c.strip() for c in row):
                 continue
@@ -122,9 +133,10 @@ def _read_csv(path: Path) -> Interactions:
                     raise DataError(f"{path}:{no}: field '{name}' is empty")
             users.append(row[u].strip())
             items.append(row[i].strip())
+            lines.append(no)
             if t is not None:
                 times.append(_int(row[t].strip(), path, no, "timestamp"))
-    return Interactions(users, items, np.asarray(times, dtype=np.int64) if t is not None else None)
+    return Interactions(users, items, np.asarray(times, dtype=np.int64) if t is not None else None, lines)
 
 
 def resolve_path(path: str | Path) -> Path:
@@ -143,11 +155,11 @@ def resolve_path(path: str | Path) -> Path:
     return p
 
 
-def read_interactions(path: str | Path, fmt: str = "auto") -> Interactions:
-    """Parse an interactions file in one of the supported formats."""
+def read_interactions(path: str | Path, fmt: str = "auto", duplicates: str = "drop") -> Interactions:
+    """Parse an interactions file in one of the supported formats; repeated interactions (the same user, item
+    and time) are dropped with a warning, kept, or refused (`duplicates`)."""
     p = resolve_path(path)
-    with open(p, encoding="utf-8", errors="replace") as fh:
-        first = next((line for line in fh if line.strip()), "")
+    first = next((line for _, line in text_lines(p, DataError) if line.strip()), "")
     if not first:
         raise DataError(f"{p}: the file is empty")
     fmt = _detect(first, p) if fmt == "auto" else fmt
@@ -156,7 +168,34 @@ def read_interactions(path: str | Path, fmt: str = "auto") -> Interactions:
     data = _read_csv(p) if fmt == "csv" else _read_delimited(p, fmt)
     if not data.users:
         raise DataError(f"{p}: no interactions")
-    return data
+    return without_duplicates(data, p, duplicates)
+
+
+def without_duplicates(data: Interactions, path: Path, policy: str) -> Interactions:
+    """Rows repeating an earlier row's user, item and time (user and item where the file has no time): a
+    double export, a concatenation run twice. They would count twice in the sequences and the targets."""
+    times = data.times if data.times is not None else np.zeros(len(data.users), dtype=np.int64)
+    seen: dict[tuple, int] = {}
+    repeats = []
+    for k, key in enumerate(zip(data.users, data.items, times.tolist())):
+        if key in seen:
+            repeats.append((k, seen[key]))
+        else:
+            seen[key] = k
+    if not repeats or policy == "keep":
+        return data
+    k, first = repeats[0]
+    at = f"first at line {data.lines[k]} (repeating line {data.lines[first]})" if data.lines else ""
+    what = f"{path}: {len(repeats)} duplicate interaction(s) (the same user, item and time), {at}"
+    if policy == "error":
+        raise DataError(f"{what}.\nHINT: remove them, or set data.duplicates=drop (or keep).")
+    log.warning("%s: dropped (data.duplicates=keep keeps them, =error refuses the file)", what)
+    keep = np.ones(len(data.users), dtype=bool)
+    keep[[k for k, _ in repeats]] = False
+    pick = np.flatnonzero(keep).tolist()
+    return Interactions([data.users[k] for k in pick], [data.items[k] for k in pick],
+                        None if data.times is None else data.times[keep],
+                        [data.lines[k] for k in pick] if data.lines else None)
 
 
 def _codes(raw: list[str]) -> tuple[np.ndarray, int]:
@@ -424,7 +463,7 @@ def write_udata(inter: Interactions, path: str | Path) -> Path:
 def load(cfg: SeqDataConfig) -> SeqData:
     """The configured dataset: a file/folder, or synthetic data when data.path is empty."""
     if cfg.path:
-        inter = read_interactions(cfg.path, cfg.format)
+        inter = read_interactions(cfg.path, cfg.format, cfg.duplicates)
     else:
         inter = synthesize(cfg.synthetic_users, cfg.synthetic_items, cfg.synthetic_mean_len, cfg.synthetic_seed)
     data = build_sequences(inter, cfg.kcore)

@@ -11,6 +11,7 @@ Annotations, either
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer.data.download import sha256_of
+from trainer.data.text import read_text
 from trainer.extras import require
 
 log = logging.getLogger(__name__)
@@ -86,7 +88,7 @@ def read_upstream(folder: Path, merge: dict[str, str]) -> tuple[list[Labels], li
 
 def _read_columns(path: Path, columns: tuple[str, ...]) -> tuple[np.ndarray, ...]:
     """Integer columns of a CSV with a header (errors name file:line:field)."""
-    with open(path, newline="", encoding="utf-8") as fh:
+    with io.StringIO(read_text(path, DataError), newline="") as fh:   # BOM dropped, not-UTF-8 named
         rows = csv.reader(fh)
         header = [h.strip() for h in next(rows, [])]
         missing = [c for c in columns if c not in header]
@@ -109,7 +111,7 @@ def _read_columns(path: Path, columns: tuple[str, ...]) -> tuple[np.ndarray, ...
 def read_generic(path: Path, class_names: list[str] | None = None) -> tuple[list[Labels], list[str]]:
     """A `video,frame,label` CSV; labels are class names (or integers, then named by value)."""
     rows: dict[str, list[tuple[int, str, int]]] = {}
-    with open(path, newline="", encoding="utf-8") as fh:
+    with io.StringIO(read_text(path, DataError), newline="") as fh:   # BOM dropped, not-UTF-8 named
         reader = csv.reader(fh)
         header = [h.strip() for h in next(reader, [])]
         if header[:3] != ["video", "frame", "label"]:

@@ -1,0 +1,52 @@
+"""A run writes only into a directory that is new, empty or a run's (issue 46, point 4): a home folder or a
+repository given as --run-dir is refused before a byte is written, as are a file and an unwritable place."""
+import pytest
+
+from tests.conftest import trainer
+from trainer.engine.rundir import MARKER
+
+RUN = ("train", "--recipe", "toy", "--epochs", "1", "--seed", "1", "train.tensorboard=false")
+
+
+def listing(path):
+    return sorted((p.relative_to(path).as_posix(), p.stat().st_size) for p in path.rglob("*"))
+
+
+def test_a_directory_of_the_users_own_files_is_refused_untouched(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("my: own settings\n")
+    (home / "notes.txt").write_text("thesis\n")
+    before = listing(home)
+    for extra in ((), ("--resume", "auto")):
+        out = trainer(*RUN, "--run-dir", str(home), *extra, check=False)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert f"--run-dir {home} is an existing directory that is not a run directory (it holds config.yaml, " \
+               f"notes.txt)" in out.stderr
+        assert listing(home) == before
+
+
+def test_a_file_and_an_unwritable_place_get_one_line_errors(tmp_path):
+    afile = tmp_path / "results.csv"
+    afile.write_text("a,b\n")
+    out = trainer(*RUN, "--run-dir", str(afile), check=False)
+    assert out.returncode == 2 and f"--run-dir {afile} is a file, not a directory" in out.stderr
+    out = trainer(*RUN, "--run-dir", "/proc/no-such-run", check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "cannot create or write run directory /proc/no-such-run" in out.stderr
+
+
+@pytest.mark.parametrize("kind", ["new", "empty", "task logs only", "a run before the marker"])
+def test_directories_that_are_ours_are_accepted(tmp_path, kind):
+    run_dir, epochs, resume = tmp_path / "run", "1", ()
+    if kind != "new":
+        run_dir.mkdir()
+    if kind == "task logs only":                    # sbatch's PER_TASK_LOGS=1 writes these before the trainer
+        (run_dir / "task-0.out").write_text("job 1 restart 0\n")
+    if kind == "a run before the marker":           # today's run directories: config.yaml beside checkpoints/
+        trainer(*RUN, "--run-dir", str(run_dir))
+        (run_dir / MARKER).unlink()
+        epochs, resume = "2", ("--resume", "auto")
+    out = trainer(*RUN[:3], "--epochs", epochs, *RUN[5:], "--run-dir", str(run_dir), *resume, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (run_dir / MARKER).exists() and (run_dir / "checkpoints" / "final.pt").exists()

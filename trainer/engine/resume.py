@@ -1,0 +1,219 @@
+"""A resume under changed conditions: which settings may change (CHANGEABLE_ON_RESUME, refused otherwise
+before anything is written), and where the run continues when the world size, batch size or accumulation
+differs from the checkpoint's (the next unseen sample of the epoch, at the same point of the LR schedule).
+
+    changes = check_resume_config(cfg, info)   # before config.yaml, logs or TensorBoard are written
+    notes = continue_at(state, ckpt, run)      # in Checkpointer: place the epoch and the schedule
+"""
+from __future__ import annotations
+
+import fnmatch
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainer.config import Config, ConfigError, from_dict, to_dict
+from trainer.distributed import runtime
+from trainer.distributed.runtime import DistInfo
+from trainer.engine import checkpoint as ckpt_io
+from trainer.engine.data import per_rank_batch_size
+from trainer.registry import get_spec
+
+log = logging.getLogger(__name__)
+
+# The settings a resumed run may change; each applies from the resume step on. Any other difference from the
+# checkpoint's config (the model, the data, the optimizer's other settings, the seed, ...) is refused: the
+# run would no longer be the one its checkpoints belong to. (docs: checkpoints and faults, "Changed settings")
+CHANGEABLE_ON_RESUME = (
+    "run_dir", "private",
+    "train.epochs", "train.max_steps", "train.lr",
+    "train.batch_size", "train.global_batch_size", "train.grad_accum_steps",
+    "train.num_workers", "train.eval_every_epochs", "train.eval_batch_size", "train.early_stop_patience",
+    "train.log_every_steps", "train.progress", "train.log_per_rank", "train.tensorboard", "train.measure_sync",
+    "train.gpu_path", "train.compile", "train.profile",
+    "ckpt.*", "dist.*", "data.cache",
+)
+QUIET = ("ckpt.resume", "run_dir")     # differ on every resume or move: not worth a line
+
+
+def changeable_keys(recipe: str) -> tuple[str, ...]:
+    """The engine's CHANGEABLE_ON_RESUME and the recipe's own (RecipeSpec.resume_changeable)."""
+    return CHANGEABLE_ON_RESUME + tuple(get_spec(recipe).resume_changeable)
+
+
+def changeable(key: str, patterns: tuple[str, ...] = CHANGEABLE_ON_RESUME) -> bool:
+    return any(fnmatch.fnmatchcase(key, pattern) for pattern in patterns)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_changes(saved: dict, cfg: Config) -> list[tuple[str, Any, Any]]:
+    """(key, checkpoint's value, this run's value) for every setting that differs."""
+    try:
+        before = flatten(to_dict(from_dict(saved, "the checkpoint's config")))   # renamed keys, new defaults
+    except ConfigError as err:
+        log.warning("cannot compare with the checkpoint's config (%s): taking this run's settings", err)
+        return []
+    now = flatten(to_dict(cfg))
+    return [(k, before.get(k), now.get(k)) for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+
+
+def describe(changes: list[tuple[str, Any, Any]]) -> str:
+    return ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in changes)
+
+
+def resume_checkpoint(cfg: Config) -> tuple[Path, dict] | None:
+    """The checkpoint --resume will load (rank 0): the newest valid one for auto, else the path given."""
+    spec = cfg.ckpt.resume
+    if not spec:
+        return None
+    if spec == "auto":
+        return ckpt_io.CheckpointManager(cfg.run_dir, cfg.ckpt.keep_last).newest_valid()
+    return Path(spec), ckpt_io.load(spec)
+
+
+def check_resume_config(cfg: Config, info: DistInfo) -> list[tuple[str, Any, Any]]:
+    """Before anything is written: refuse a resume that changes a setting outside CHANGEABLE_ON_RESUME (all
+    ranks raise ConfigError); else keep the previous config.yaml as config.<step>.yaml when this run's
+    settings differ, and return the changes (logged once logging is set up)."""
+    problem, changes = None, []
+    if info.is_main:
+        try:
+            found = resume_checkpoint(cfg)
+            if found is not None:
+                path, ckpt = found
+                changes = config_changes(ckpt["config"], cfg) if ckpt["recipe"] == cfg.recipe else []
+                allowed = changeable_keys(cfg.recipe)
+                refused = [c for c in changes if not changeable(c[0], allowed)]
+                if ckpt["recipe"] != cfg.recipe:
+                    problem = (f"{path} was written by recipe {ckpt['recipe']!r}; this run is {cfg.recipe!r}.\n"
+                               f"HINT: point --resume/--run-dir at a run of the same recipe.")
+                elif refused:
+                    problem = (f"--resume from {path}: {describe(refused)} would change what this run is; these "
+                               f"settings cannot change on resume.\nHINT: resume with the checkpoint's values, or "
+                               f"start a new run with --run-dir NEW --init-from {path} (its weights only). "
+                               f"Settings that may change: {', '.join(allowed)}.")
+                elif changes:
+                    keep_previous_config(Path(cfg.run_dir), ckpt["global_step"])
+        except ckpt_io.CheckpointError as err:
+            problem = str(err)
+    problem, changes = runtime.broadcast_object((problem, changes), info)
+    if problem:
+        raise ConfigError(problem)
+    return [c for c in changes if c[0] not in QUIET]
+
+
+def keep_previous_config(run_dir: Path, step: int) -> None:
+    """config.yaml will record the settings that run from now on: the previous one stays as config.<step>.yaml
+    (the step from which it no longer held)."""
+    current = run_dir / "config.yaml"
+    if current.exists():
+        current.replace(run_dir / f"config.{step}.yaml")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How an epoch is cut: ranks, per-rank micro-batch, micro-batches per optimizer step."""
+
+    world: int
+    batch: int
+    accum: int
+
+    def __str__(self) -> str:
+        return f"{self.world} rank(s) x batch {self.batch} x accumulation {self.accum}"
+
+
+def saved_layout(ckpt: dict) -> Layout:
+    """The layout a checkpoint was written under (stored since format 1's `state.layout`; older: its config)."""
+    stored = ckpt["state"].get("layout")
+    if stored:
+        return Layout(*stored)
+    train = yaml.safe_load(yaml.safe_dump(ckpt["config"].get("train", {})))
+    tc = type("TrainCfg", (), dict(batch_size=train.get("batch_size", 32), grad_accum_steps=train.get(
+        "grad_accum_steps", 1), global_batch_size=train.get("global_batch_size", 0)))
+    world = int(ckpt["world_size"])
+    return Layout(world, per_rank_batch_size(tc, world), max(int(tc.grad_accum_steps), 1))
+
+
+def place_schedule(scheduler, step: int) -> None:
+    """Put a LambdaLR at schedule step `step` (the lr of the next optimizer step)."""
+    scheduler.last_epoch = step
+    lrs = [base * fn(step) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
+
+
+def apply_lr(scheduler, fresh: list[float]) -> bool:
+    """This run's (scaled) peak learning rates instead of the checkpoint's, from the current schedule step;
+    True when they differ."""
+    if list(scheduler.base_lrs) == list(fresh):
+        return False
+    scheduler.base_lrs = list(fresh)
+    for group, lr in zip(scheduler.optimizer.param_groups, fresh):
+        group["initial_lr"] = lr
+    place_schedule(scheduler, scheduler.last_epoch)
+    return True
+
+
+def continue_at(state, ckpt: dict, run) -> list[str]:
+    """After loading a checkpoint: where this run continues. Unchanged layout: exactly where it stopped.
+    Otherwise from the next unseen sample of the interrupted epoch (the recipe's own batch plan: at the same
+    fraction of the epoch, with a warning), at the schedule step that has the same share of the run behind it
+    in this layout's steps. Returns what differs, for the log and metrics.jsonl."""
+    before, now = saved_layout(ckpt), Layout(run.info.world_size, run.batch_size, run.accum)
+    state.layout = [now.world, now.batch, now.accum]
+    plan = run.recipe.epoch_batches(state.epoch)
+    if plan is None and not state.sample_in_epoch and state.batch_in_epoch:   # written before positions were samples
+        state.sample_in_epoch = min(state.batch_in_epoch * before.batch * before.world, run.sampler.size)
+    if before == now:
+        return []
+    notes = [f"layout changed on resume: {before} -> {now}"]
+    if plan is not None:
+        done = state.batch_in_epoch
+        start = math.floor(done / state.batches_in_epoch * len(plan)) // now.accum * now.accum \
+            if state.batches_in_epoch else 0
+        notes.append(f"recipe {run.cfg.recipe} draws each epoch's batches from its own plan, which depends on the "
+                     f"layout: epoch {state.epoch} continues at batch {start} of {len(plan)} of the new plan (the "
+                     f"checkpoint was at {done} of {state.batches_in_epoch or '?'}); the rest of this epoch's samples "
+                     f"are drawn afresh, so some may repeat and others be skipped in this epoch only")
+        state.batch_in_epoch, state.batches_in_epoch = start, len(plan)
+        done_steps = start // now.accum
+    else:
+        size = run.sampler.size
+        run.sampler.set_epoch(state.epoch, state.sample_in_epoch)
+        left = math.ceil(math.ceil(run.sampler.per_rank / now.batch) / now.accum)
+        state.batch_in_epoch, state.batches_in_epoch = 0, 0
+        done_steps = run.steps_per_epoch - left
+        pad = f" (plus at most {now.world - 1} repeat(s) evening out the ranks)" if now.world > 1 else ""
+        notes.append(f"epoch {state.epoch} continues at sample {state.sample_in_epoch} of {size}: every sample "
+                     f"still to come is trained once{pad}")
+    step = state.epoch * run.steps_per_epoch + done_steps
+    place_schedule(run.scheduler, step)
+    notes.append(f"LR schedule continues at step {step} of {schedule_total(run)} in this layout's steps")
+    return notes
+
+
+def schedule_total(run) -> int:
+    total = run.steps_per_epoch * run.cfg.train.epochs
+    return min(total, run.cfg.train.max_steps) if run.cfg.train.max_steps > 0 else total
+
+
+def write_resume_record(writer, state, changes: list[tuple[str, Any, Any]], notes: list[str]) -> None:
+    """What a resume changed, in metrics.jsonl (split "resume") beside the log's lines."""
+    if changes or notes:
+        writer.write("resume", state.epoch, state.global_step,
+                     dict(changed={k: [old, new] for k, old, new in changes}, notes=notes))
+
