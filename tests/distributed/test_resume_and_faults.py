@@ -66,8 +66,12 @@ def test_foreign_or_misshaped_checkpoint_is_refused(tmp_path):
     trainer("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir))
     other = trainer("train", *RUN, "--run-dir", str(tmp_path / "b"), "model.hidden=32",
                     "--resume", str(run_dir / "checkpoints" / "final.pt"), check=False)
-    assert other.returncode == 2 and "does not fit this model" in other.stderr
-    assert "net.0.weight: checkpoint (16, 8) vs model (32, 8)" in other.stderr
+    assert other.returncode == 2 and "model.hidden 16 -> 32 would change what this run is" in other.stderr
+    assert not (tmp_path / "b" / "config.yaml").exists()         # refused before anything is written
+    weights_only = trainer("train", *RUN, "--run-dir", str(tmp_path / "c"), "model.hidden=32",
+                           "--init-from", str(run_dir / "checkpoints" / "final.pt"), check=False)
+    assert weights_only.returncode == 2 and "does not fit this model" in weights_only.stderr
+    assert "net.0.weight: checkpoint (16, 8) vs model (32, 8)" in weights_only.stderr
 
 
 def test_resume_of_completed_run_does_no_more_work(tmp_path):

@@ -3,13 +3,14 @@ sample of the interrupted epoch once and ends its LR schedule exactly; settings 
 before anything is written."""
 import math
 import signal
+import time
 from collections import Counter
 
 import pytest
 import torch
 import yaml
 
-from tests.conftest import launch_ranks, trainer, wait_all
+from tests.conftest import launch_ranks, record_fault, trainer, wait_all
 from trainer.engine.logging import read_metrics
 from trainer.engine.optim import lr_factor
 
@@ -52,6 +53,9 @@ def test_every_sample_of_the_interrupted_epoch_is_trained_once(sequence):
     assert "epoch 0 continues at sample 96 of 256" in sequence["second"]
     assert "resumed from" in sequence["second"] and "epoch 0, sample 96, step 3" in sequence["second"]
     assert "epoch 0 continues at sample 144 of 256" in sequence["third"]
+    record_fault("requeued on another world size and batch size mid-epoch (2 -> 1 -> 3 ranks, batch 16 -> 24 -> 16, "
+                 "lr changed)", steps_lost=0, outcome="every sample of the interrupted epoch trained once (2 padding "
+                 "repeats), the LR schedule ends on the last step, each change logged and in metrics.jsonl")
 
 
 def test_the_lr_schedule_ends_exactly_after_layout_changes(sequence):
@@ -87,6 +91,7 @@ def test_config_yaml_records_what_runs_and_keeps_the_previous(sequence):
 def test_a_change_outside_the_allowlist_is_refused_before_anything_is_written(sequence):
     run_dir = sequence["run_dir"]
     before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    t0 = time.monotonic()
     refused = trainer("train", "--recipe", "toy", "--epochs", "3", "--seed", "3", "train.tensorboard=false",
                       "--run-dir", str(run_dir), "--resume", "auto", "model.hidden=32", check=False)
     assert refused.returncode == 2, refused.stderr[-2000:]
@@ -94,3 +99,5 @@ def test_a_change_outside_the_allowlist_is_refused_before_anything_is_written(se
     assert "Traceback" not in refused.stderr
     after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != ".lock"}
     assert after == {k: v for k, v in before.items() if k != ".lock"}
+    record_fault("resume that changes a setting outside the allowlist (model.hidden)", steps_lost=0,
+                 exit_s=round(time.monotonic() - t0, 2), outcome="exit 2 naming the setting, nothing written")

@@ -1,10 +1,12 @@
 """Inputs that cannot silently ruin a run (issue 46, point 5): non-finite values, ids written as floats,
 duplicate interactions, a BOM, duplicate YAML keys, and the raw tracebacks of the issue's list, each a one-line
 error naming the file and what to do."""
+import time
+
 import numpy as np
 import pytest
 
-from tests.conftest import trainer
+from tests.conftest import record_fault, trainer
 from trainer.config import ConfigError, load_yaml
 from trainer.recipes.har import data as HAR
 from trainer.recipes.kgat import data as KG
@@ -30,7 +32,7 @@ def cli_error(*args):
 @pytest.mark.parametrize("token", ["inf", "-Infinity", "nan", "1e308"])
 def test_a_non_finite_value_in_a_ts_file_is_refused_with_file_and_line(tmp_path, token):
     path = ts_file(tmp_path / "x_TRAIN.ts", ["1,2,3:4,5,6:a", f"1,2,3:4,{token},6:b"])
-    with pytest.raises(HAR.DataError, match=rf"x_TRAIN.ts:8: field 'dimension 2 value 2': .* is not a finite"):
+    with pytest.raises(HAR.DataError, match=r"x_TRAIN.ts:8: field 'dimension 2 value 2': .* is not a finite"):
         HAR.read_ts(path)
 
 
@@ -42,9 +44,22 @@ def test_missing_values_of_the_ts_format_still_read_as_missing(tmp_path):
 def test_an_inf_in_a_ts_file_stops_training_before_it_starts(tmp_path):
     """The issue's run: one inf in a HAR .ts file gave exit 0 at chance accuracy."""
     ts_file(tmp_path / "x_TRAIN.ts", [f"1,2,{'inf' if i == 3 else i}:4,5,6:{'ab'[i % 2]}" for i in range(8)])
+    t0 = time.monotonic()
     err = cli_error("train", "--recipe", "har", "--epochs", "1", f"data.path={tmp_path}", "--run-dir",
                     str(tmp_path / "run"))
     assert f"{tmp_path / 'x_TRAIN.ts'}:10: field 'dimension 1 value 3': inf is not a finite number" in err
+    record_fault("one inf in a HAR .ts file", steps_lost=0, exit_s=round(time.monotonic() - t0, 2),
+                 outcome="exit 2 naming file:line and field (was: exit 0 at chance accuracy)")
+
+
+def test_an_id_written_as_a_float_stops_training_with_file_and_line(tmp_path):
+    udata(tmp_path / "u.data", [f"{u}\t{i}\t5\t{100 + i}" for u in (1, 2) for i in range(1, 6)] + ["1.0\t7\t4\t200"])
+    t0 = time.monotonic()
+    err = cli_error("train", "--recipe", "sasrec", "--epochs", "1", f"data.path={tmp_path / 'u.data'}",
+                    "--run-dir", str(tmp_path / "run"))
+    assert f"{tmp_path / 'u.data'}:11: field 'user': '1.0' is not an integer id" in err
+    record_fault("an id written 1.0 in u.data (sasrec)", steps_lost=0, exit_s=round(time.monotonic() - t0, 2),
+                 outcome="exit 2 naming file:line and field (was: a second user)")
 
 
 def test_uci_matrices_and_arrays_refuse_non_finite_values(tmp_path):

@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import assert_bitwise_equal, eval_one_and_three, run_ranks, train_until_sigterm, trainer, weights
+from tests.conftest import (
+    assert_bitwise_equal,
+    eval_one_and_three,
+    record_fault,
+    run_ranks,
+    train_until_sigterm,
+    trainer,
+    weights,
+)
 from trainer.engine.logging import read_metrics
 from trainer.engine.optim import phased
 from trainer.recipes.kgat import data as D
@@ -184,3 +192,6 @@ def test_resume_with_another_batch_size_goes_on_with_a_recorded_warning(tmp_path
     assert any("epoch 0 continues at batch" in n and "the checkpoint was at 4 of" in n for n in note), note
     final = torch.load(tmp_path / "run" / "checkpoints" / "final.pt", weights_only=True)
     assert final["scheduler"]["last_epoch"] == 2 * final["state"]["batches_in_epoch"]     # accumulation 1
+    record_fault("KGAT requeued with another batch size mid-epoch", steps_lost=0,
+                 outcome="goes on at the same fraction of the epoch with a warning (its epoch plan depends on the "
+                 "layout), recorded in metrics.jsonl")

@@ -298,21 +298,22 @@ class Trainer:
             self.writer.write("train", epoch, self.state.global_step,
                               dict(epoch_loss=loss_sum / count, epoch_time_s=round(seconds, 4)))
 
-    def evaluate_and_log(self, split: str, epoch: int, **tags: Any) -> dict[str, Any]:
-        """Evaluate a split, then metrics.jsonl/TensorBoard/console on rank 0 (epoch: the one just trained)."""
-        t0 = time.perf_counter()
-        if self.run.recipe.buffers_before_eval and isinstance(self.run.wrapped, DDP):
-            for buf in self.run.model.buffers():
-                runtime.broadcast(buf, self.info)
-        metrics = self.last_metrics[split] = evaluate_split(self.run, split)
-        self.last_records[split] = dict(metrics, eval_time_s=round(time.perf_counter() - t0, 4), **tags)
-        self.writer.write(split, epoch, self.state.global_step, self.last_records[split])
-        if self.info.is_main:
-            shown = {k: round(v, 5) for k, v in metrics.items() if isinstance(v, float) and "/" not in k}
-            log.info("%s after epoch %d: %s", split, epoch, shown)
-            for png in self.run.recipe.after_evaluation(split, metrics, str(self.cfg.run_dir), epoch) or ():
-                self.writer.image(f"{split}/{Path(png).stem}", png, self.state.global_step)
-        return metrics
+
+def evaluate_and_log(trainer: Trainer, split: str, epoch: int, **tags: Any) -> dict[str, Any]:
+    """Evaluate a split, then metrics.jsonl/TensorBoard/console on rank 0 (epoch: the one just trained)."""
+    t0 = time.perf_counter()
+    if trainer.run.recipe.buffers_before_eval and isinstance(trainer.run.wrapped, DDP):
+        for buf in trainer.run.model.buffers():
+            runtime.broadcast(buf, trainer.info)
+    metrics = trainer.last_metrics[split] = evaluate_split(trainer.run, split)
+    trainer.last_records[split] = dict(metrics, eval_time_s=round(time.perf_counter() - t0, 4), **tags)
+    trainer.writer.write(split, epoch, trainer.state.global_step, trainer.last_records[split])
+    if trainer.info.is_main:
+        shown = {k: round(v, 5) for k, v in metrics.items() if isinstance(v, float) and "/" not in k}
+        log.info("%s after epoch %d: %s", split, epoch, shown)
+        for png in trainer.run.recipe.after_evaluation(split, metrics, str(trainer.cfg.run_dir), epoch) or ():
+            trainer.writer.image(f"{split}/{Path(png).stem}", png, trainer.state.global_step)
+    return metrics
 
 
 class Driver:
@@ -355,7 +356,7 @@ class Driver:
         state.epoch, state.batch_in_epoch, state.sample_in_epoch = epoch + 1, 0, 0
         last = state.epoch >= tc.epochs
         if "val" in trainer.run.eval_sets and (state.epoch % max(tc.eval_every_epochs, 1) == 0 or last):
-            self._track_best(trainer.evaluate_and_log("val", epoch))
+            self._track_best(evaluate_and_log(trainer, "val", epoch))
         ck = self.cfg.ckpt
         due = (ck.every_epochs > 0 and state.epoch % ck.every_epochs == 0) or \
             (ck.every_steps > 0 and state.global_step % ck.every_steps == 0)
@@ -418,7 +419,7 @@ class Driver:
         trainer.save("final")
         epoch = max(state.epoch - 1, 0)
         if "test" in trainer.run.eval_sets:
-            trainer.evaluate_and_log("test", epoch, checkpoint="final")
+            evaluate_and_log(trainer, "test", epoch, checkpoint="final")
             best = trainer.ckpts.dir / "best.pt"
             if self.cfg.ckpt.save_best and best.exists():
                 trainer.last_metrics["test_best"] = self._test_best(best, epoch)
@@ -433,7 +434,7 @@ class Driver:
                                  dict(trainer.last_records["test"], checkpoint="best"))
             return dict(trainer.last_metrics["test"])
         trainer.run.model.load_state_dict(ckpt["model"])
-        return trainer.evaluate_and_log("test", epoch, checkpoint="best")
+        return evaluate_and_log(trainer, "test", epoch, checkpoint="best")
 
 
 def fit(recipe: Recipe, info: DistInfo, cfg: Config, changes: list | tuple = ()) -> FitResult:

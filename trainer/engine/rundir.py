@@ -25,16 +25,24 @@ MARKER = ".trainer-run"            # written when a run claims its directory: th
 SUITE_FILES = re.compile(r"^(task-\d+\.out|\.lock|\.preempted|\.write-test-\d+)$")   # put there by the suite itself
 
 
+RUN_FILES = re.compile(r"^(config(\.\d+)?\.yaml|train(\.rank\d+)?\.log|metrics\.jsonl|checkpoints|tb|profile|"
+                       r"confusion_\w+\.png)$")   # what a run writes (a directory written before MARKER existed)
+
+
 def foreign_entries(run_dir: Path) -> list[str]:
     """What makes an existing directory someone else's: [] when it is new, empty, marked as a run's (MARKER), a
-    run directory written before the marker existed (config.yaml beside checkpoints/, train.log or metrics.jsonl),
-    or holds only files the suite puts there before the trainer starts (sbatch's task-N.out)."""
+    run directory written before the marker existed (only a run's files, with checkpoints/, train.log or
+    metrics.jsonl among them: a lone config.yaml may be the user's own), or holds only files the suite puts there
+    before the trainer starts (sbatch's task-N.out)."""
     if not run_dir.exists():
         return []
     names = sorted(p.name for p in run_dir.iterdir())
-    if MARKER in names or ("config.yaml" in names and {"checkpoints", "train.log", "metrics.jsonl"} & set(names)):
+    if MARKER in names:
         return []
-    return [n for n in names if not SUITE_FILES.match(n)]
+    others = [n for n in names if not SUITE_FILES.match(n)]
+    if all(RUN_FILES.match(n) for n in others) and {"checkpoints", "train.log", "metrics.jsonl"} & set(others):
+        return []
+    return others
 
 
 def check_ownership(run_dir: Path) -> None:
