@@ -222,7 +222,7 @@ def renamed_key(cfg: Any, dotted: str, source: str) -> str:
         return dotted
     # attributed to the config's source, not to this line: the user's file or flag is what must change
     warnings.warn_explicit(f"config key {dotted!r} is deprecated and will be removed in the next release; use "
-                           f"{new!r} (README: Config names)", FutureWarning, filename=source, lineno=0)
+                           f"{new!r} (docs/configuration.md: Config names)", FutureWarning, filename=source, lineno=0)
     return new
 
 

@@ -1,4 +1,4 @@
-"""Every command of the README's "Coming from the seed scripts" tables runs (tiny generated data, one
+"""Every command of docs/coming-from-the-seed-scripts.md runs (tiny generated data, one
 epoch, at most 2 processes), so the tables cannot rot."""
 import re
 import shlex
@@ -18,10 +18,13 @@ RECIPE = {"kgat": "kgat", "sasrec": "sasrec", "tisasrec": "sasrec", "har": "har"
 
 
 def readme_commands() -> list[str]:
-    text = (REPO / "README.md").read_text()
-    section = text.split("## Coming from the seed scripts", 1)[1].split("\n## ", 1)[0]
-    rows = [line.split(" | ")[1] for line in section.splitlines() if line.startswith("| `")]
-    cmds = [re.fullmatch(r"`([^`]*)`.*", cell).group(1) for cell in rows if cell.startswith("`")]
+    """The right-hand column of docs/coming-from-the-seed-scripts.md: `- **seed command**: here: `command` ...`
+    items (an item's lines joined: a long command wraps)."""
+    text = (REPO / "docs" / "coming-from-the-seed-scripts.md").read_text()
+    items = re.split(r"\n(?=- |\n)", text)
+    cmds = [re.sub(r"\s*\n\s*", " ", m.group(1)) for item in items
+            if (m := re.match(r"- \*\*.*?\*\*:\s*here:\s*`([^`]*)`", item, re.S))]
+    assert len(cmds) >= 15, "the page's command lists"
     return [c for c in cmds if not c.startswith("sbatch")]
 
 

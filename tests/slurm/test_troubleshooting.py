@@ -1,4 +1,4 @@
-"""Each row of the README's troubleshooting table has a `trainer doctor` check that catches it."""
+"""Each row of the troubleshooting table (docs/cluster.md) has a `trainer doctor` check that catches it."""
 import json
 import socket
 

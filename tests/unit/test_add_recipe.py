@@ -1,4 +1,4 @@
-"""README "How to add a recipe", followed literally: its files are written to a scratch folder and its
+"""docs/extending.md ("How to add a recipe"), followed literally: its files are written to a scratch folder and its
 commands run there. A fifth recipe gets train, eval, data synth and a bench preset without any file of the
 repository changing."""
 from __future__ import annotations
@@ -14,8 +14,7 @@ from trainer.engine.logging import read_metrics
 
 
 def readme_section() -> str:
-    text = (REPO / "README.md").read_text()
-    return text.split("## How to add a recipe\n", 1)[1].split("\n## ", 1)[0]
+    return (REPO / "docs" / "extending.md").read_text()
 
 
 def blocks(section: str, lang: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""One glossary of config names across recipes (README "Config names"); the old names keep working for one
+"""One glossary of config names across recipes (docs/configuration.md "Config names"); the old names keep working for one
 release, with a FutureWarning naming the new one."""
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_new_names_do_not_warn(recipe="kgat"):
 
 
 def test_the_readme_glossary_lists_every_renamed_key():
-    readme = (REPO / "README.md").read_text().split("### Config names", 1)[1].split("\n## ", 1)[0]
+    readme = (REPO / "docs" / "configuration.md").read_text().split("## Config names", 1)[1].split("\n## ", 1)[0]
     for recipe in BUILTIN:
         for old, new in get_spec(recipe).renamed.items():
             assert f"`{new}`" in readme or new.split(".")[1] in readme, new

@@ -1,0 +1,73 @@
+"""docs/architecture.md stays true: every file, folder, module and function it names exists; every docs page
+keeps its lines within 120 characters and the README within 350 lines; every relative link resolves."""
+import importlib
+import re
+
+import pytest
+
+from tests.conftest import REPO
+
+DOC = REPO / "docs" / "architecture.md"
+PATH = re.compile(r"(?<![\w./-])((?:trainer|hpc|slurm|bench|tests|docs)/[\w./<>-]*)")
+DOTTED = re.compile(r"`(trainer(?:\.\w+)+)(?:\(\))?`")
+
+
+def named_paths(text: str) -> set[str]:
+    return {m.rstrip(".,)") for m in PATH.findall(text)}
+
+
+def test_every_path_the_architecture_names_exists():
+    paths = named_paths(DOC.read_text())
+    assert len(paths) > 30, "the page names the layout's files"
+    missing = []
+    for path in sorted(paths):
+        if "<name>" in path:
+            found = [p for p in (REPO / "trainer" / "recipes").iterdir()
+                     if (p / path.split("<name>/", 1)[1]).exists() or path.endswith("<name>/")]
+            if not found:
+                missing.append(path)
+        elif not (REPO / path).exists():
+            missing.append(path)
+    assert not missing, f"docs/architecture.md names what does not exist: {missing}"
+
+
+def test_every_module_and_function_the_architecture_names_exists():
+    names = set(DOTTED.findall(DOC.read_text()))
+    assert "trainer.engine.resume.check_resume_config" in names
+    for dotted in sorted(names):
+        parts = dotted.split(".")
+        for cut in range(len(parts), 0, -1):        # the longest importable prefix, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+            except ModuleNotFoundError:
+                continue
+            for attr in parts[cut:]:
+                assert hasattr(obj, attr), f"docs/architecture.md names {dotted}: no {attr!r}"
+                obj = getattr(obj, attr)
+            break
+        else:
+            pytest.fail(f"docs/architecture.md names {dotted}, which does not import")
+
+
+def test_the_recipe_hooks_it_names_are_the_interfaces():
+    from trainer.engine.recipe import Recipe
+    for hook in re.findall(r"`(\w+)\(\)`", DOC.read_text().split("## Recipe interface", 1)[1]):
+        assert hasattr(Recipe, hook), hook
+
+
+def test_docs_lines_and_readme_length():
+    pages = [REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    long = [f"{p.relative_to(REPO)}:{n}" for p in pages for n, line in enumerate(p.read_text().splitlines(), 1)
+            if len(line) > 120]
+    assert not long, f"lines over 120 characters: {long[:10]}"
+    assert len((REPO / "README.md").read_text().splitlines()) <= 350
+
+
+def test_relative_links_resolve():
+    pages = [REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(REPO)} -> {target}")
+    assert not broken, broken
