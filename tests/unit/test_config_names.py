@@ -1,4 +1,4 @@
-"""One glossary of config names across recipes (docs/configuration.md "Config names"); the old names keep working for one
+"""One glossary of config names across recipes (docs/configuration.md); the old names keep working for one
 release, with a FutureWarning naming the new one."""
 from __future__ import annotations
 
