@@ -35,7 +35,7 @@ def median_ms(reduce, tensor: torch.Tensor, repeats: int) -> float:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("numel", type=int, help="gradient elements (the model's trainable parameters)")
     p.add_argument("--repeats", type=int, default=31)
     args = p.parse_args(argv)

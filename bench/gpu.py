@@ -149,7 +149,7 @@ def epoch_seconds(ml100k: Path, device: str, gpu_path: str) -> float | None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--quick", action="store_true", help="fewer steps and rows (about 2-3 minutes)")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (a plumbing check, e.g. on a CPU)")

@@ -107,7 +107,7 @@ def plot(report: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--basic", default=str(BASIC), help="BasicMotions folder (a synthetic stand-in if missing)")
     p.add_argument("--uci", help="real 'UCI HAR Dataset' folder: also train configs/har/uci-har.yaml on it")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

@@ -147,7 +147,8 @@ def plot(report: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="ml-100k raw folder (converted here) or a KGAT-format folder")
     p.add_argument("--epochs", type=int, default=40)
     p.add_argument("--extra", nargs="*", default=[], help="key=value overrides for the ml-100k runs")

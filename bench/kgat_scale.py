@@ -241,7 +241,7 @@ def plot(report: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="amazon-book", choices=["amazon-book", "tiny"])
     p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)))
     p.add_argument("--worlds", default="1,2")

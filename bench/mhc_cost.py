@@ -104,7 +104,7 @@ def plot(report: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "ml-100k"),
                    help="MovieLens-100K folder; empty or missing: generated data of its size")
     p.add_argument("--rounds", type=int, default=15, help="interleaved epochs of every variant (after a warm-up)")

@@ -248,7 +248,7 @@ def machine() -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     known = presets()
     p.add_argument("recipes", nargs="*", default=list(known), help=f"any of {', '.join(known)} (default all)")
     p.add_argument("--world", type=int, nargs="+", default=[1, 2], help="world sizes (default 1 2)")

@@ -90,7 +90,7 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "ml-100k"))
     p.add_argument("--epochs", type=int, default=200)
     p.add_argument("--variants", default="sasrec,sasrec_mhc,tisasrec,tisasrec_mhc")

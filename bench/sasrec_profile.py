@@ -218,7 +218,7 @@ def plot(report: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "ml-100k"))
     p.add_argument("--epochs", type=int, default=5, help="epochs timed (the median is reported)")
     p.add_argument("--seed", type=int, default=0)

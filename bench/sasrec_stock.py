@@ -185,7 +185,7 @@ def plot(report: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "ml-100k"),
                    help="MovieLens-100K folder; empty or missing: generated data of its size")
     p.add_argument("--epochs", type=int, default=20, help="interleaved epochs of each (after one warm-up each)")

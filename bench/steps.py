@@ -72,7 +72,7 @@ def table(rows: list[dict], header: bool = True) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="", help="only the rows whose recipe starts so (e.g. sasrec)")
     ap.add_argument("--out", default="", help="default bench/results/steps.json (steps-ROWS.json with --rows)")
     args = ap.parse_args(argv)

@@ -77,7 +77,7 @@ def plot(report: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--archs", default="mouse3d,light")
     p.add_argument("--size", type=int, default=128)
     p.add_argument("--clip", type=int, default=17)

@@ -21,7 +21,7 @@ from typing import Any
 
 try:    # `python hpc/submit.py` works where the project is installed (make setup: pip install -e .)
     from hpc.slurm_info import SubmitError, parse_time_min, partition_gpus, srun_supports
-    from trainer.cli import flag_keys, flags_from_args, get_train_parser, parse_args
+    from trainer.cli import Parser, flag_keys, flags_from_args, get_train_parser, parse_args
     from trainer.extras import MissingExtraError, require
 except ModuleNotFoundError as err:   # e.g. a Python other than the project's venv
     if err.name not in ("hpc", "trainer"):
@@ -43,7 +43,7 @@ def signal_delay_s(minutes: int) -> int:
 
 
 def get_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="hpc/submit.py", parents=[get_train_parser()],
         description="Submit a trainer run with submitit. Trainer flags and key=value overrides pass through.")
     job = p.add_argument_group("job shape and Slurm options")

@@ -96,12 +96,31 @@ def cmd_train(args) -> int:
     return 0
 
 
+def eval_checkpoint(path: str, overrides: list[str]) -> Path:
+    """--checkpoint: a checkpoint file, or a run directory (its best.pt, else final.pt). Paths among the
+    overrides mean a shell glob matched several: refused by name rather than taken for the first."""
+    from trainer.engine import checkpoint as ckpt_io
+    globbed = [o for o in overrides if "=" not in o and Path(o).exists()]
+    if globbed:
+        raise ckpt_io.CheckpointError(f"--checkpoint matched {len(globbed) + 1} paths ({', '.join([path, *globbed])}): "
+                                      f"a glob of the shell, most likely.\nHINT: name one run directory or file.")
+    given = Path(path)
+    if not given.is_dir():
+        return given
+    folder = given / "checkpoints" if (given / "checkpoints").is_dir() else given
+    for name in ("best.pt", "final.pt"):
+        if (folder / name).is_file():
+            return folder / name
+    return given        # ckpt_io.load says what the directory holds
+
+
 def cmd_eval(args) -> int:
     from trainer.engine import checkpoint as ckpt_io
     from trainer.engine.build import build_for_eval
-    from trainer.engine.evaluation import evaluate_split
+    from trainer.engine.evaluation import evaluate_split, metrics_table
     from trainer.engine.logging import setup_logging
-    ckpt = ckpt_io.load(args.checkpoint)
+    path = eval_checkpoint(args.checkpoint, args.overrides)
+    ckpt = ckpt_io.load(path)
     cfg = from_dict(ckpt["config"])
     for text in args.overrides:
         set_key(cfg, *parse_override(text), f"override {text!r}")
@@ -109,8 +128,10 @@ def cmd_eval(args) -> int:
     ok = False
     try:
         setup_logging(info)
+        if info.is_main:
+            log.info("evaluating %s (%s checkpoint, step %d)", path, ckpt.get("kind", "?"), ckpt["global_step"])
         run = build_for_eval(build_recipe(cfg, info), info, cfg)
-        ckpt_io.check_compatible(ckpt, cfg.recipe, run.model, args.checkpoint)
+        ckpt_io.check_compatible(ckpt, cfg.recipe, run.model, path)
         run.model.load_state_dict(ckpt["model"])
         splits = [s for s in args.splits.split(",") if s in run.eval_sets]
         results = {split: evaluate_split(run, split) for split in splits}
@@ -118,10 +139,12 @@ def cmd_eval(args) -> int:
     finally:
         runtime.teardown(info, clean=ok)
     if info.is_main:
-        text = json.dumps(dict(checkpoint=str(args.checkpoint), step=ckpt["global_step"], **results), indent=1)
-        print(text)
+        report = dict(checkpoint=str(path), kind=ckpt.get("kind"), step=ckpt["global_step"], **results)
+        print(f"{path} ({ckpt.get('kind', '?')} checkpoint, step {ckpt['global_step']})")
+        print(metrics_table(results))
         if args.out:
-            Path(args.out).write_text(text + "\n")
+            Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+            print(f"every metric: {args.out}")
     return 0
 
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from typing import Any
 
@@ -29,6 +30,49 @@ def flag_keys() -> dict[str, str]:
     """FLAG_KEYS plus the recipes' own flags (their specs' `flags`)."""
     extra = {f.name.lstrip("-").replace("-", "_"): f.key for s in specs() for f in s.flags}
     return {**FLAG_KEYS, **extra}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviations: `--epoch 3` must not pass as `--epochs 3` (a typo of one flag silently
+    taken for another); subcommands' parsers are of this class too (add_subparsers uses the parent's)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def options(self) -> list[str]:
+        return [o for o in self._option_string_actions if o.startswith("--")]
+
+
+def version_text() -> str:
+    """`trainer --version`: the package version, the commit when run from a git checkout, torch, CUDA, NCCL."""
+    import subprocess
+    from pathlib import Path
+
+    import torch
+
+    from trainer.engine.checkpoint import versions
+    root = Path(__file__).resolve().parent.parent
+    commit = ""
+    if (root / ".git").exists():
+        try:
+            commit = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty"], capture_output=True,
+                                    text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            commit = ""
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "none"
+    v = versions()
+    return (f"hpc-trainer {v['trainer']}" + (f" (commit {commit})" if commit else "")
+            + f"\ntorch {v['torch']}, CUDA {v['cuda']}, NCCL {nccl}, python {v['python']}")
+
+
+class VersionAction(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
 
 
 def _gpu_ids(text: str) -> list[int]:
@@ -79,14 +123,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 def get_train_parser(add_help: bool = False) -> argparse.ArgumentParser:
     """A parser holding only the train flags, for `parents=` in other tools."""
-    return add_train_arguments(argparse.ArgumentParser(add_help=add_help))
+    return add_train_arguments(Parser(add_help=add_help))
 
 
 def get_parser() -> argparse.ArgumentParser:
     """`python -m trainer {train,eval,doctor,data}`."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="trainer", description="Distributed PyTorch training for HPC clusters. Registered recipes: "
         + (", ".join(recipe_names()) or "none"))
+    parser.add_argument("--version", action=VersionAction, help="package version, commit, torch, CUDA, NCCL")
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train", parents=[get_train_parser()], help="train a recipe",
                         description="Train a recipe. Config precedence: defaults < --config YAML < flags < key=value.",
@@ -95,9 +140,10 @@ def get_parser() -> argparse.ArgumentParser:
     tr.add_argument("--print-config", action="store_true",
                     help="print the fully resolved config (defaults < YAML < flags < key=value) as YAML and exit")
     ev = sub.add_parser("eval", help="evaluate a checkpoint on its validation and test splits")
-    ev.add_argument("--checkpoint", required=True, metavar="PATH", help="e.g. RUN_DIR/checkpoints/best.pt")
+    ev.add_argument("--checkpoint", required=True, metavar="PATH",
+                    help="a run directory (its best.pt, else final.pt) or a checkpoint file")
     ev.add_argument("--splits", default="val,test", help="comma-separated splits (default val,test)")
-    ev.add_argument("--out", metavar="FILE", help="also write the metrics as JSON to FILE")
+    ev.add_argument("--out", metavar="FILE", help="write every metric as JSON to FILE (the terminal gets a table)")
     ev.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (e.g. data.path=DIR)")
     doc = sub.add_parser("doctor", help="check the launch environment, devices and collectives")
     doc.add_argument("--json", action="store_true", help="print one JSON report (rank 0)")
@@ -128,7 +174,31 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None = None,
     args, extra = parser.parse_known_args(argv)
     stray = [x for x in extra if x.startswith("-") or "=" not in x]
     if stray or (extra and not hasattr(args, "overrides")):
-        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+        sub = subcommand_parser(parser, args)
+        sub.error(unrecognized(sub, stray or extra))
     if extra:
         args.overrides = list(args.overrides or []) + extra
     return args
+
+
+def subcommand_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the subcommand that was given (its usage is the one to show), else `parser`."""
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        chosen = action.choices.get(getattr(args, action.dest, None) or "")
+        if chosen is not None:
+            return subcommand_parser(chosen, args)
+    return parser
+
+
+def unrecognized(parser: argparse.ArgumentParser, stray: list[str]) -> str:
+    """'unrecognized argument --epcohs (did you mean --epochs?)' for each stray argument."""
+    options = parser.options() if isinstance(parser, Parser) else list(parser._option_string_actions)
+    said = []
+    for arg in stray:
+        if not arg.startswith("-"):
+            said.append(f"{arg!r} is neither a flag nor a key=value override")
+            continue
+        name = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+        said.append(f"unrecognized argument {name}" + (f" (did you mean {close[0]}?)" if close else ""))
+    return "; ".join(said)

@@ -197,6 +197,21 @@ def valid_keys(obj: Any, prefix: str = "") -> list[str]:
     return keys
 
 
+def best_match(key: str, keys: list[str]) -> str | None:
+    """The valid key a mistyped one most likely means: a close spelling of the whole key, else a key whose last
+    part is (close to) it: `epochs` -> `train.epochs`, `train.epcohs` -> `train.epochs`."""
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.7)
+    if close:
+        return close[0]
+    last = key.rsplit(".", 1)[-1]
+    tails = {k.rsplit(".", 1)[-1]: k for k in keys}
+    same = [k for k in keys if k.rsplit(".", 1)[-1] == last]
+    if same:
+        return same[0]
+    close = difflib.get_close_matches(last, list(tails), n=1, cutoff=0.75)
+    return tails[close[0]] if close else None
+
+
 def _node_for(cfg: Any, parts: list[str], source: str, dotted: str) -> tuple[Any, Any]:
     """Walk to the parent of the last key; (parent, type hint of the last key)."""
     node = cfg
@@ -204,9 +219,12 @@ def _node_for(cfg: Any, parts: list[str], source: str, dotted: str) -> tuple[Any
         fields = _fields(node) if dataclasses.is_dataclass(node) else {}
         if part not in fields:
             section = ".".join(parts[:i])
-            choices = valid_keys(node, f"{section}." if section else "") if fields else []
-            close = difflib.get_close_matches(dotted, valid_keys(cfg), n=1, cutoff=0.7)
-            guess = f" Did you mean {close[0]!r}?" if close else ""
+            close = best_match(dotted, valid_keys(cfg))
+            guess = f" Did you mean {close!r}?" if close else ""
+            if not section:         # the top level: its sections, not every key of every section
+                choices = [f"{name}.*" if dataclasses.is_dataclass(getattr(node, name)) else name for name in fields]
+            else:
+                choices = valid_keys(node, f"{section}.") if fields else []
             raise ConfigError(f"{source}: unknown config key {dotted!r}.{guess}\nValid keys"
                               f"{' under ' + section if section else ''}: {', '.join(choices)}")
         if i == len(parts) - 1:

@@ -50,7 +50,7 @@ def table(run_dir: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=None, help="override the demo config's epochs")
     parser.add_argument("--out", default="runs", help="parent folder of the data and the run directory")
     args = parser.parse_args(argv)

@@ -42,8 +42,10 @@ def test_readme_recipe_folder_trains_evaluates_synthesizes_and_benches(tmp_path)
     assert len(rows) == 400                                     # data synth tinyreg --points 400
     val = read_metrics(tmp_path / "runs/tinyreg", "val")
     assert len(val) == 4 and val[-1]["mse"] < val[0]["mse"]     # it learns
-    evaluated, _ = json.JSONDecoder().raw_decode(out.stdout[out.stdout.index('{\n "checkpoint"'):])
-    assert evaluated["test"]["mse"] < 0.5                        # `trainer eval` of the final checkpoint
+    evaluated = json.loads((tmp_path / "runs/tinyreg/eval.json").read_text())
+    assert evaluated["test"]["mse"] < 0.5                        # `trainer eval` of the run directory
+    assert evaluated["checkpoint"].endswith("runs/tinyreg/checkpoints/best.pt")    # its best, named
+    assert re.search(r"^mse\s+[\d.]+\s+[\d.]+$", out.stdout, re.M)             # the terminal's table
     bench = json.loads((tmp_path / "runs/bench-tinyreg/tinyreg-torchrun-w1.json").read_text())
     assert bench["recipe"] == "tinyreg" and bench["batch_per_rank"] == 32 and bench["samples_per_s"] > 0
     after = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout

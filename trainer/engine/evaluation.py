@@ -53,3 +53,21 @@ def evaluate_split(run, split: str) -> dict[str, Any]:
     """Metrics of one evaluation split of a built run (trainer/engine/build.py), sharded across ranks."""
     return evaluate(run.recipe, run.eval_model, run.eval_sets[split], run.info, run.eval_batch_size,
                     run.cfg.train.num_workers, run.autocast)
+
+
+def metrics_table(results: dict[str, dict[str, Any]]) -> str:
+    """The scalar metrics of each split as a compact table (a metric per row, a split per column); per-class
+    scores and matrices go to the JSON report."""
+    splits = list(results)
+    names = [k for k in dict.fromkeys(k for r in results.values() for k in r)
+             if "/" not in k and all(isinstance(r.get(k), (int, float, type(None))) for r in results.values())]
+    width = max([len(n) for n in names] + [6])
+    lines = [f"{'metric':<{width}}  " + "  ".join(f"{s:>10}" for s in splits)]
+    for name in names:
+        cells = []
+        for split in splits:
+            value = results[split].get(name)
+            cells.append(f"{'-' if value is None else value:>10}" if not isinstance(value, float)
+                         else f"{value:>10.4f}")
+        lines.append(f"{name:<{width}}  " + "  ".join(cells))
+    return "\n".join(lines)

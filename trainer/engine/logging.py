@@ -24,6 +24,22 @@ class _RankFilter(logging.Filter):
         return True
 
 
+class ConsoleHandler(logging.StreamHandler):
+    """stderr; while a tqdm progress bar is shown, a line goes through tqdm.write, which clears the bar, prints
+    the line and draws the bar again below it: bars and log lines never share a line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm_module = sys.modules.get("tqdm")
+        if tqdm_module is None or not getattr(tqdm_module.tqdm, "_instances", None):
+            super().emit(record)
+            return
+        try:
+            tqdm_module.tqdm.write(self.format(record), file=self.stream)
+            self.flush()
+        except Exception:  # noqa: BLE001 - logging's own convention
+            self.handleError(record)
+
+
 def progress_bar(**kwargs: Any):
     """A tqdm bar without tqdm's monitor thread: DataLoader workers are forked, and a fork while another
     thread runs can leave the worker hung (seen once: a 2-rank video run whose worker never started after
@@ -42,7 +58,7 @@ def setup_logging(info: DistInfo, run_dir: str | Path | None = None, level: int 
         if getattr(handler, "_trainer", False):
             root.removeHandler(handler)
             handler.close()
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    handlers: list[logging.Handler] = [ConsoleHandler(sys.stderr)]
     handlers[0].setLevel(level if info.is_main else logging.WARNING)
     if run_dir is not None and info.is_main:
         Path(run_dir).mkdir(parents=True, exist_ok=True)

@@ -310,7 +310,8 @@ def evaluate_and_log(trainer: Trainer, split: str, epoch: int, **tags: Any) -> d
     trainer.writer.write(split, epoch, trainer.state.global_step, trainer.last_records[split])
     if trainer.info.is_main:
         shown = {k: round(v, 5) for k, v in metrics.items() if isinstance(v, float) and "/" not in k}
-        log.info("%s after epoch %d: %s", split, epoch, shown)
+        which = f" ({tags['checkpoint']} checkpoint)" if "checkpoint" in tags else ""
+        log.info("%s%s after epoch %d: %s", split, which, epoch, shown)
         for png in trainer.run.recipe.after_evaluation(split, metrics, str(trainer.cfg.run_dir), epoch) or ():
             trainer.writer.image(f"{split}/{Path(png).stem}", png, trainer.state.global_step)
     return metrics
@@ -424,12 +425,23 @@ class Driver:
             if self.cfg.ckpt.save_best and best.exists():
                 trainer.last_metrics["test_best"] = self._test_best(best, epoch)
         log.info("training %s after %d steps", status, state.global_step)
+        if self.info.is_main:
+            self.where_it_is()
         return FitResult(status, 0, False, state.global_step, trainer.last_metrics)
+
+    def where_it_is(self) -> None:
+        """The run's last lines: its directory, checkpoint files and the TensorBoard command."""
+        ckpts = sorted(p.name for p in self.trainer.ckpts.dir.glob("*.pt"))
+        log.info("run directory: %s", self.run_dir)
+        log.info("checkpoints: %s (in %s)", ", ".join(ckpts) or "none", self.trainer.ckpts.dir)
+        if self.cfg.train.tensorboard:
+            log.info("TensorBoard: tensorboard --logdir %s", self.run_dir / "tb")
 
     def _test_best(self, best: Path, epoch: int) -> dict[str, Any]:
         trainer = self.trainer
         ckpt = ckpt_io.load(best)
         if ckpt["global_step"] == self.state.global_step:   # the final weights are the best
+            log.info("test (best checkpoint): the final checkpoint (step %d), the same metrics", ckpt["global_step"])
             trainer.writer.write("test", epoch, self.state.global_step,
                                  dict(trainer.last_records["test"], checkpoint="best"))
             return dict(trainer.last_metrics["test"])

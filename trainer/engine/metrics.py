@@ -13,8 +13,9 @@ def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int)
     return counts.reshape(num_classes, num_classes).to(torch.float64)
 
 
-def classification_metrics(cm: torch.Tensor, class_names: list[str] | None = None) -> dict[str, float]:
-    """accuracy, macro_f1 and f1/<class> from a confusion matrix."""
+def classification_metrics(cm: torch.Tensor, class_names: list[str] | None = None) -> dict[str, float | None]:
+    """accuracy, macro_f1 and f1/<class> from a confusion matrix. macro_f1 averages over the classes present in
+    the split (some true case); a class without cases has no F1 (None: absent, not 0)."""
     cm = cm.to(torch.float64)
     tp = cm.diag()
     precision = tp / cm.sum(0).clamp(min=1e-12)
@@ -25,7 +26,7 @@ def classification_metrics(cm: torch.Tensor, class_names: list[str] | None = Non
     names = class_names or [str(i) for i in range(cm.shape[0])]
     out = dict(accuracy=float(tp.sum() / cm.sum().clamp(min=1e-12)),
                macro_f1=float(f1[present].mean()) if present.any() else 0.0)
-    out.update({f"f1/{n}": float(v) for n, v in zip(names, f1)})
+    out.update({f"f1/{n}": float(v) if here else None for n, v, here in zip(names, f1, present.tolist())})
     return out
 
 
