@@ -67,7 +67,8 @@ def test_train_ends_with_where_everything_is(toy_run):
     run_dir, err = toy_run
     tail = err.strip().splitlines()[-3:]
     assert tail[0].endswith(f"run directory: {run_dir}")
-    assert re.search(r"checkpoints: best.pt, final.pt, step-\d+\.pt", tail[1]) and str(run_dir / "checkpoints") in tail[1]
+    assert re.search(r"checkpoints: best.pt, final.pt, step-\d+\.pt", tail[1])
+    assert str(run_dir / "checkpoints") in tail[1]
     assert tail[2].endswith(f"TensorBoard: tensorboard --logdir {run_dir / 'tb'}")
     assert "test (final checkpoint) after epoch 1" in err
     assert "test (best checkpoint) after epoch 1" in err or "test (best checkpoint): the final checkpoint" in err
