@@ -36,7 +36,7 @@ TARGETS = {"sasrec-ml100k": ("step_ms", 2.0, "<="), "har": ("step_ms", 1.0, "<="
 
 
 def endless(tr):
-    """(batch, micro) over epoch after epoch of a Trainer's own batches."""
+    """(batch, micro) over epoch after epoch of an EpochLoop's own batches."""
     epoch = 0
     while True:
         tr.run.recipe.on_epoch_start(epoch, tr.run.model)
@@ -51,7 +51,7 @@ def sync(device: str) -> None:
 
 
 def time_steps(recipe: str, overrides: list[str], device: str, steps: int, warmup: int) -> dict:
-    """Optimizer steps of a fresh Trainer: warm-up (compile included) timed apart, then `steps` timed."""
+    """Optimizer steps of a fresh EpochLoop: warm-up (compile included) timed apart, then `steps` timed."""
     tr, _ = trainer_for(recipe, overrides, device)
     feed, dev = endless(tr), torch.device(device)
     t0 = time.perf_counter()

@@ -418,7 +418,7 @@ def describe(jobs, dirs: list[Path]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = get_parser()
-    args = parse_args(parser, argv, seed_flags=True)
+    args = parse_args(parser, argv, legacy_flags=True)
     try:
         if args.dry_run:
             validate(args)

@@ -20,7 +20,7 @@ try:
     from trainer.data.download import DownloadError, check_data_path
     from trainer.distributed import runtime
     from trainer.distributed.environment import LaunchError, select_environment
-    from trainer.engine.checkpoint import CheckpointError
+    from trainer.engine.ckpt_io import CheckpointError
 except ModuleNotFoundError as err:              # a Python without the project's environment: say which to use
     exit_if_core_missing(err)
 
@@ -99,7 +99,7 @@ def cmd_train(args) -> int:
 def eval_checkpoint(path: str, overrides: list[str]) -> Path:
     """--checkpoint: a checkpoint file, or a run directory (its best.pt, else final.pt). Paths among the
     overrides mean a shell glob matched several: refused by name rather than taken for the first."""
-    from trainer.engine import checkpoint as ckpt_io
+    from trainer.engine import ckpt_io
     globbed = [o for o in overrides if "=" not in o and Path(o).exists()]
     if globbed:
         raise ckpt_io.CheckpointError(f"--checkpoint matched {len(globbed) + 1} paths ({', '.join([path, *globbed])}): "
@@ -115,7 +115,7 @@ def eval_checkpoint(path: str, overrides: list[str]) -> Path:
 
 
 def cmd_eval(args) -> int:
-    from trainer.engine import checkpoint as ckpt_io
+    from trainer.engine import ckpt_io
     from trainer.engine.build import build_for_eval
     from trainer.engine.evaluation import evaluate_split, metrics_table
     from trainer.engine.logging import setup_logging

@@ -51,7 +51,7 @@ def version_text() -> str:
 
     import torch
 
-    from trainer.engine.checkpoint import versions
+    from trainer.engine.ckpt_io import versions
     root = Path(__file__).resolve().parent.parent
     commit = ""
     if (root / ".git").exists():
@@ -160,16 +160,16 @@ def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None = None,
-               seed_flags: bool | None = None) -> argparse.Namespace:
+               legacy_flags: bool | None = None) -> argparse.Namespace:
     """parse_args that also accepts key=value overrides between and after the flags, and (for `train` and
     hpc/submit.py) the seed guides' flags: aliases of the same meaning, or an error naming the replacement."""
-    from trainer.seedflags import SeedFlagError, strip_launcher_args, translate
+    from trainer.legacy.flags import LegacyFlagError, strip_launcher_args, translate
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         argv = strip_launcher_args(argv)
-        if seed_flags or (seed_flags is None and argv[:1] == ["train"]):
+        if legacy_flags or (legacy_flags is None and argv[:1] == ["train"]):
             argv = translate(argv)
-    except SeedFlagError as err:
+    except LegacyFlagError as err:
         parser.error(str(err))
     args, extra = parser.parse_known_args(argv)
     stray = [x for x in extra if x.startswith("-") or "=" not in x]

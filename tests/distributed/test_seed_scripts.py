@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env, free_port
-from trainer.seedscripts import guide_of, trainer_args
+from trainer.legacy.scripts import guide_of, trainer_args
 
 
 @pytest.mark.parametrize("argv, guide", [

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.engine import checkpoint as ck
+from trainer.engine import ckpt_io as ck
 from trainer.engine.checkpointer import TrainState, where
 
 

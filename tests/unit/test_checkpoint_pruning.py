@@ -3,7 +3,7 @@ import logging
 
 import torch
 
-from trainer.engine import checkpoint as ck
+from trainer.engine import ckpt_io as ck
 
 
 def _ckpt(step):

@@ -159,8 +159,8 @@ def test_amp_auto_is_off_on_cpu_and_explicit_modes_map_to_dtypes():
 ])
 def test_best_checkpoint_tie_break(best, best_tie, metrics, expected):
     from trainer.engine.checkpointer import TrainState
-    from trainer.engine.loop import Driver
-    driver = Driver.__new__(Driver)
+    from trainer.engine.loop import FitLoop
+    driver = FitLoop.__new__(FitLoop)
     driver.metric, driver.mode, driver.cfg = "macro_f1", "max", SimpleNamespace(recipe="har")
     driver.trainer = SimpleNamespace(state=TrainState(best=best, best_tie=best_tie),
                                      run=SimpleNamespace(recipe=SimpleNamespace(tie_break_metric=("loss", "min"))))

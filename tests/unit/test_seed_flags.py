@@ -1,9 +1,9 @@
 """Every flag of the seed scripts: accepted with the seed's meaning, or refused naming the exact replacement."""
 import pytest
 
-from trainer import seedflags
 from trainer.cli import flags_from_args, get_parser, parse_args
 from trainer.config import build_config
+from trainer.legacy import flags as legacy_flags
 
 
 def config_of(*argv):
@@ -24,16 +24,16 @@ def config_of(*argv):
     (["--multi_gpu"], "dist.strategy", "ddp"),
     (["--multi-gpu", "dp"], "dist.strategy", "dp"),
 ])
-def test_seed_flags_with_the_same_meaning_are_aliases(argv, key, value):
+def test_legacy_flags_with_the_same_meaning_are_aliases(argv, key, value):
     cfg = config_of("--recipe", "sasrec", *argv)
     section, name = key.split(".")
     assert getattr(getattr(cfg, section), name) == value
 
 
 def test_every_alias_is_in_the_table():
-    assert set(seedflags.ALIASES) == {"--num_workers", "--num-workers", "--batch_size_per_gpu", "--maxlen", "--backend",
-                                      "--warmup_steps",
-                                      "--no_mhc", "--no_time", "--mhc_no_amp", "--multi_gpu", "--multi-gpu"}
+    assert set(legacy_flags.ALIASES) == {"--num_workers", "--num-workers", "--batch_size_per_gpu", "--maxlen",
+                                         "--backend", "--warmup_steps",
+                                         "--no_mhc", "--no_time", "--mhc_no_amp", "--multi_gpu", "--multi-gpu"}
 
 
 REFUSED = [
@@ -52,7 +52,7 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("argv,message", REFUSED)
-def test_seed_flags_with_another_meaning_are_refused_naming_the_replacement(argv, message, capsys):
+def test_legacy_flags_with_another_meaning_are_refused_naming_the_replacement(argv, message, capsys):
     with pytest.raises(SystemExit) as err:
         parse_args(get_parser(), ["train", "--recipe", "sasrec", *argv])
     assert err.value.code == 2
@@ -61,15 +61,15 @@ def test_seed_flags_with_another_meaning_are_refused_naming_the_replacement(argv
 
 def test_every_refused_flag_is_tested():
     tested = {argv[0].split("=")[0] for argv, _ in REFUSED}
-    assert tested == set(seedflags.REPLACEMENTS) | {"--dataset"}
+    assert tested == set(legacy_flags.REPLACEMENTS) | {"--dataset"}
 
 
-def test_hpc_submit_takes_the_seed_flags_too(capsys):
+def test_hpc_submit_takes_the_legacy_flags_too(capsys):
     from hpc import submit
-    args = parse_args(submit.get_parser(), ["--recipe", "sasrec", "--num_workers", "2"], seed_flags=True)
+    args = parse_args(submit.get_parser(), ["--recipe", "sasrec", "--num_workers", "2"], legacy_flags=True)
     assert "train.num_workers=2" in args.overrides
     with pytest.raises(SystemExit):
-        parse_args(submit.get_parser(), ["--recipe", "sasrec", "--use_amp"], seed_flags=True)
+        parse_args(submit.get_parser(), ["--recipe", "sasrec", "--use_amp"], legacy_flags=True)
     assert "--amp bf16" in capsys.readouterr().err
 
 

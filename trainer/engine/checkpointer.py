@@ -14,8 +14,7 @@ from typing import Any
 
 from trainer.config import to_dict
 from trainer.distributed import runtime
-from trainer.engine import checkpoint as ckpt_io
-from trainer.engine import resume
+from trainer.engine import ckpt_io, resume
 from trainer.engine.build import Run
 
 log = logging.getLogger(__name__)

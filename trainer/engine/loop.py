@@ -2,7 +2,7 @@
 
     result = fit(recipe, dist_info, cfg)   # cfg: trainer.config.Config; see trainer/__main__.py
 
-Trainer runs the steps of an epoch and says why it stopped (Stop); Driver runs the epochs: evaluation,
+EpochLoop runs the steps of an epoch and says why it stopped (Stop); FitLoop runs the epochs: evaluation,
 best/periodic/final checkpoints, early stopping and preemption. Building the run is trainer/engine/build.py,
 checkpoints trainer/engine/checkpointer.py, evaluation trainer/engine/evaluation.py.
 """
@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer.config import Config
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
-from trainer.engine import checkpoint as ckpt_io
+from trainer.engine import ckpt_io
 from trainer.engine.build import Run, build_run, rank_seed
 from trainer.engine.checkpointer import Checkpointer, TrainState
 from trainer.engine.data import device_batches, make_loader
@@ -45,17 +45,17 @@ from trainer.engine.recipe import Recipe, move_to
 from trainer.engine.resume import write_resume_record
 from trainer.engine.window import LossWindow, NonFiniteLossError, Reading
 
-__all__ = ["fit", "FitResult", "NonFiniteLossError", "Stop", "Trainer", "Driver"]
+__all__ = ["fit", "FitResult", "NonFiniteLossError", "Stop", "EpochLoop", "FitLoop"]
 
 log = logging.getLogger(__name__)
 PREEMPTED_MARKER = ".preempted"   # in the run directory while the last stop was a signal checkpoint
 
 
 class Stop(enum.Enum):
-    """Why Trainer.train_epoch returned."""
+    """Why EpochLoop.train_epoch returned."""
 
     EPOCH_DONE = "epoch done"
-    SIGNAL = "signal"             # an agreed preemption signal (Trainer.signal names it)
+    SIGNAL = "signal"             # an agreed preemption signal (EpochLoop.signal names it)
     MAX_STEPS = "max steps"       # train.max_steps reached
 
 
@@ -98,7 +98,7 @@ def close_bar(bar) -> None:
         bar.close()
 
 
-class Trainer:
+class EpochLoop:
     """The steps of an epoch: micro-batches, accumulation, optimizer steps, logging, stop checks."""
 
     def __init__(self, run: Run, ckpts: Checkpointer, writer: MetricsWriter, state: TrainState,
@@ -299,7 +299,7 @@ class Trainer:
                               dict(epoch_loss=loss_sum / count, epoch_time_s=round(seconds, 4)))
 
 
-def evaluate_and_log(trainer: Trainer, split: str, epoch: int, **tags: Any) -> dict[str, Any]:
+def evaluate_and_log(trainer: EpochLoop, split: str, epoch: int, **tags: Any) -> dict[str, Any]:
     """Evaluate a split, then metrics.jsonl/TensorBoard/console on rank 0 (epoch: the one just trained)."""
     t0 = time.perf_counter()
     if trainer.run.recipe.buffers_before_eval and isinstance(trainer.run.wrapped, DDP):
@@ -317,10 +317,10 @@ def evaluate_and_log(trainer: Trainer, split: str, epoch: int, **tags: Any) -> d
     return metrics
 
 
-class Driver:
+class FitLoop:
     """Epochs, evaluation, best/periodic/final checkpoints, early stopping and preemption."""
 
-    def __init__(self, trainer: Trainer):
+    def __init__(self, trainer: EpochLoop):
         self.trainer, self.cfg, self.info = trainer, trainer.cfg, trainer.info
         self.run_dir = Path(self.cfg.run_dir)
         self.metric, self.mode = trainer.run.recipe.primary_metric
@@ -469,7 +469,7 @@ def fit(recipe: Recipe, info: DistInfo, cfg: Config, changes: list | tuple = ())
                                purge_step=state.global_step + 1 if resumed else None)
         if resumed:
             write_resume_record(writer, state, list(changes), ckpts.notes)
-        trainer = Trainer(run, ckpts, writer, state, metrics)
+        trainer = EpochLoop(run, ckpts, writer, state, metrics)
         trapped = trapped_signals(cfg.ckpt.requeue_signals, info.preempt_signal)
         lost = unforwarded_signals(info, trapped)
         if lost and info.is_main:
@@ -478,7 +478,7 @@ def fit(recipe: Recipe, info: DistInfo, cfg: Config, changes: list | tuple = ())
                         ",".join(info.agent_signals or ()), ",".join(lost), FORWARD_HINT)
         preempt = PreemptionHandler(trapped).install()
         try:
-            return Driver(trainer).run(preempt)
+            return FitLoop(trainer).run(preempt)
         finally:
             preempt.restore()
             trainer.profiler.close()

@@ -100,18 +100,18 @@ class StepCounts:
 
 
 def trainer_for(recipe: str, overrides: list[str], device: str = "cpu"):
-    """A single-process Trainer of a recipe, built as `python -m trainer train` builds it (no run directory:
+    """A single-process EpochLoop of a recipe, built as `python -m trainer train` builds it (no run directory:
     nothing is written); returns (trainer, an iterator over its first epoch's batches)."""
     from trainer.__main__ import build_recipe
     from trainer.config import build_config
     from trainer.distributed.runtime import DistInfo
     from trainer.engine.build import build_run
     from trainer.engine.checkpointer import TrainState
-    from trainer.engine.loop import Trainer
+    from trainer.engine.loop import EpochLoop
     cfg = build_config(recipe, None, {}, ["train.tensorboard=false", "train.progress=off", *overrides])
     info = DistInfo(device=device)
     run = build_run(build_recipe(cfg, info), info, cfg)
-    trainer = Trainer(run, ckpts=None, writer=None, state=TrainState(), last_metrics={})
+    trainer = EpochLoop(run, ckpts=None, writer=None, state=TrainState(), last_metrics={})
     run.recipe.on_epoch_start(0, run.model)
     run.wrapped.train()
     return trainer, iter(trainer._batches(0, 0))

@@ -19,7 +19,7 @@ import yaml
 from trainer.config import Config, ConfigError, from_dict, to_dict
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
-from trainer.engine import checkpoint as ckpt_io
+from trainer.engine import ckpt_io
 from trainer.engine.data import per_rank_batch_size
 from trainer.registry import get_spec
 

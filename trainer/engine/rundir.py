@@ -15,7 +15,7 @@ from pathlib import Path
 
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
-from trainer.engine import checkpoint as ckpt_io
+from trainer.engine import ckpt_io
 
 log = logging.getLogger(__name__)
 LOCK_NAME = ".lock"

@@ -1,17 +1,17 @@
 """The seed guides' flags: the ones that mean here what they meant there are accepted (as key=value
 overrides); the others stop with the exact replacement. Launcher arguments (`--local-rank`) are checked.
 
-    argv = translate(["train", "--use_amp"])      # SeedFlagError: --use_amp ... use --amp bf16
+    argv = translate(["train", "--use_amp"])      # LegacyFlagError: --use_amp ... use --amp bf16
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-class SeedFlagError(ValueError):
+class LegacyFlagError(ValueError):
     """A seed flag with no same-meaning equivalent here; the message names the replacement."""
 
 
@@ -68,7 +68,7 @@ def _takes_value(name: str) -> bool:
 
 def translate(argv: list[str]) -> list[str]:
     """argv (launcher arguments already stripped) with the seed aliases turned into key=value overrides;
-    SeedFlagError for a refused flag."""
+    LegacyFlagError for a refused flag."""
     out, i = [], 0
     recipe = next((argv[j + 1] for j, a in enumerate(argv[:-1]) if a == "--recipe"), None)
     while i < len(argv):
@@ -84,13 +84,13 @@ def translate(argv: list[str]) -> list[str]:
         elif name in ALIASES:
             key, fixed = ALIASES[name]
             if fixed is None and value is None:
-                raise SeedFlagError(f"{name} needs a value (here it sets {key})")
+                raise LegacyFlagError(f"{name} needs a value (here it sets {key})")
             out.append(f"{key}={fixed if fixed is not None else value}")
         else:
             shown = f"{name} {value}" if value is not None else name
             instead = dataset_replacement(value, recipe) if name == "--dataset" else \
                 REPLACEMENTS[name].replace("{value}", value if value is not None else "N")
-            raise SeedFlagError(f"{shown} is a flag of the seed scripts; here use {instead}")
+            raise LegacyFlagError(f"{shown} is a flag of the seed scripts; here use {instead}")
     return out
 
 
@@ -113,7 +113,7 @@ def strip_launcher_args(argv: list[str]) -> list[str]:
 def check_local_rank(flag: str, value: str | None) -> None:
     """torch.distributed.launch passes --local-rank=N (without --use-env); it must agree with LOCAL_RANK."""
     if value is None or not value.lstrip("-").isdigit():
-        raise SeedFlagError(f"{flag} expects an integer, got {value!r}")
+        raise LegacyFlagError(f"{flag} expects an integer, got {value!r}")
     env = os.environ.get("LOCAL_RANK")
     if env is not None and env != value:
-        raise SeedFlagError(f"{flag}={value} but LOCAL_RANK={env}: the launcher's two statements disagree")
+        raise LegacyFlagError(f"{flag}={value} but LOCAL_RANK={env}: the launcher's two statements disagree")

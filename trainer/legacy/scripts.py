@@ -1,7 +1,7 @@
 """The seed guides' scripts by name: `main.py`, `main_multi_gpu.py` and `train.py` at the repository root run the
 trainer with the guide's meaning and say the command that does so here; `main.py`, the script of two guides
 (001 SASRec/TiSASRec+mHC, 002 HAR), is told apart by its flags, and where they do not tell it stops with both
-commands. The flags themselves go through the trainer's seed-flag layer (trainer/seedflags.py).
+commands. The flags themselves go through the trainer's seed-flag layer (trainer/legacy/flags.py).
 
     torchrun --nproc_per_node=4 main_multi_gpu.py --multi-gpu ddp --epochs 20    # seed 002: HAR under DDP
 """
@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 
-from trainer.seedflags import CONFIGS, LAUNCHER
+from trainer.legacy.flags import CONFIGS, LAUNCHER
 
 # guide: (what it trains, the trainer arguments of its script before the user's own)
 GUIDES = {
