@@ -8,11 +8,12 @@ BENCH_ARGS    ?=
 BENCH_SLURM   ?= 1
 # the local cluster's directory: fresh and private at each start (hpc/cluster/where.sh); HPC_CLUSTER_DIR picks one
 
-.PHONY: setup demo bench bench-gpu bench-steps bench-recipes faults-report test test-image test-fast lint ruff lock image sif slurm-install slurm-up slurm-down slurm-env clean help
+.PHONY: kernels-portable setup demo bench bench-gpu bench-steps bench-recipes faults-report test test-image test-fast lint ruff lock image sif slurm-install slurm-up slurm-down slurm-env clean help
 
 help:
 	@echo "make setup        virtual environment in $(VENV) (torch==$(TORCH_VERSION), CPU build where available)"
 	@echo "make demo         TiSASRec+mHC, 2-process DDP, on generated data (no download)"
+	@echo "make kernels-portable  the C++ kernels also for x86-64-v3 (shared homes: other CPU types reuse it)"
 	@echo "make bench        the harness: every recipe at 1 and 2 ranks, torchrun/srun (bench/results/harness)"
 	@echo "make bench-gpu    one CUDA device: every recipe fp32/bf16/compiled, video MFU (bench/results/gpu-*.json)"
 	@echo "make bench-steps  ATen ops and host syncs per training step, both paths (bench/results/steps.json)"
@@ -32,7 +33,13 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
 	$(BIN)/pip install -q -e ".[tensorboard,test,bench,video,submit]"
+	$(BIN)/python -m trainer.native build
 	touch $@
+
+# the C++ kernels for -march=x86-64-v3 as well: one build that compute nodes of other CPU types reuse from a
+# shared home directory (TRAINER_EXTENSIONS_DIR on a shared file system)
+kernels-portable: setup
+	$(BIN)/python -m trainer.native build --portable
 
 setup: $(VENV)/.installed
 

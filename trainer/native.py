@@ -1,15 +1,18 @@
-"""C++ extensions compiled on first use with the system's C++ compiler and ninja, and cached; callers fall back
-to a PyTorch path where one cannot be built (one warning per process).
+"""C++ extensions compiled with the system's C++ compiler and ninja, and cached; callers fall back to a PyTorch
+path where one cannot be built (one warning per process).
 
     ext = Extension("trainer_cpu_kernels", Path("kernels.cpp"), ["-O3", "-march=native", "-fopenmp"], ["-fopenmp"],
                     what="fused CPU kernels", fallback="the PyTorch path (same function, slower)",
                     off_env="TRAINER_CPU_KERNELS")
     ops = ext.load()             # the compiled module, or None (the cause in ext.unavailable_reason())
+    python -m trainer.native build [--portable]     # what `make setup` runs: no first run waits on a compiler
 
-A build is cached per source, torch version, flags and CPU (-march=native) under $TRAINER_EXTENSIONS_DIR, else
-~/.cache/hpc-trainer/extensions; each process builds in its own temporary folder and moves the library into place,
-so a build killed half-way leaves no lock behind for the next run. `<off_env>=0` turns one off (no build, no
-warning).
+Two targets: `native` (-march=native, cached per CPU type) and `portable` (-march=x86-64-v3, where the CPU has it:
+one build that compute nodes of other CPU types with AVX2 reuse, for images and shared home directories). A
+process loads the native build of its CPU type if there is one, else a portable build its CPU can run, else
+builds the native one, saying so first (about a minute). Builds are cached under $TRAINER_EXTENSIONS_DIR, else
+~/.cache/hpc-trainer/extensions; each process builds in its own temporary folder and moves the library into
+place, so a build killed half-way leaves no lock behind for the next run. `<off_env>=0` turns one off.
 """
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ import importlib.util
 import os
 import platform
 import shutil
+import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -27,6 +32,18 @@ import torch
 
 def cache_root() -> Path:
     return Path(os.environ.get("TRAINER_EXTENSIONS_DIR") or Path.home() / ".cache" / "hpc-trainer" / "extensions")
+
+
+PORTABLE_ARCH = "x86-64-v3"
+# what -march=x86-64-v3 may use: a CPU without one of these cannot run the portable build
+V3_FLAGS = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave", "abm", "sse4_2", "ssse3", "popcnt"}
+EXTENSIONS: list["Extension"] = []          # every extension of the package, for `python -m trainer.native build`
+
+
+def runs_portable() -> bool:
+    """Whether this CPU can run the portable (x86-64-v3) build."""
+    flags = set(_cpu_flags().split())
+    return platform.machine() in ("x86_64", "AMD64") and V3_FLAGS <= flags
 
 
 def _cpu_flags() -> str:
@@ -44,15 +61,30 @@ class Extension:
         self.name, self.source, self.cflags, self.ldflags = name, source, cflags, ldflags
         self.what, self.fallback, self.off_env = what, fallback, off_env
         self._ops, self._why, self._tried = None, "", False
+        EXTENSIONS.append(self)
 
-    def build_key(self) -> str:
-        """What a cached build depends on: the source, torch, the compiler flags and this CPU (-march=native)."""
-        parts = [self.source.read_bytes(), torch.__version__.encode(), " ".join(self.cflags).encode(),
-                 _cpu_flags().encode()]
+    def flags_for(self, portable: bool) -> list[str]:
+        if not portable:
+            return self.cflags
+        return [f"-march={PORTABLE_ARCH}" if f == "-march=native" else f for f in self.cflags]
+
+    def build_key(self, portable: bool = False) -> str:
+        """What a cached build depends on: the source, torch, the compiler flags and, for the native target,
+        this CPU type."""
+        parts = [self.source.read_bytes(), torch.__version__.encode(), " ".join(self.flags_for(portable)).encode(),
+                 PORTABLE_ARCH.encode() if portable else _cpu_flags().encode()]
         return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
-    def target(self) -> Path:
-        return cache_root() / self.build_key() / f"{self.name}.so"
+    def target(self, portable: bool = False) -> Path:
+        return cache_root() / self.build_key(portable) / f"{self.name}.so"
+
+    def cached(self) -> Path | None:
+        """The build this process can load without compiling: native for this CPU type, else portable."""
+        if self.target().exists():
+            return self.target()
+        if runs_portable() and self.target(portable=True).exists():
+            return self.target(portable=True)
+        return None
 
     def _import(self, path: Path):
         spec = importlib.util.spec_from_file_location(self.name, path)
@@ -60,17 +92,24 @@ class Extension:
         spec.loader.exec_module(module)
         return module
 
-    def _build(self, target: Path):
+    def build(self, portable: bool = False):
+        """Compile (announced on stderr: it takes about a minute) and cache; returns the module."""
         from torch.utils.cpp_extension import load
+        target = self.target(portable)
+        kind = f"portable ({PORTABLE_ARCH})" if portable else "native"
+        print(f"building {self.what} ({kind}), once per CPU type: about a minute; cached in {target.parent}",
+              file=sys.stderr, flush=True)
+        t0 = time.monotonic()
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix="build-", dir=target.parent))
         try:
-            module = load(self.name, [str(self.source)], extra_cflags=self.cflags, extra_ldflags=self.ldflags,
-                          build_directory=str(tmp), verbose=False)
+            module = load(self.name, [str(self.source)], extra_cflags=self.flags_for(portable),
+                          extra_ldflags=self.ldflags, build_directory=str(tmp), verbose=False)
             os.replace(module.__file__, target)         # atomic: a concurrent build's result is the same library
-            return module
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        print(f"built {self.what} ({kind}) in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+        return module
 
     def load(self):
         """The compiled module, or None (once per process: a failed build is not retried, and warned about once)."""
@@ -80,9 +119,9 @@ class Extension:
         if os.environ.get(self.off_env, "1") == "0":
             self._why = f"{self.off_env}=0"
             return None
-        target = self.target()
+        found = self.cached()
         try:
-            self._ops = self._import(target) if target.exists() else self._build(target)
+            self._ops = self._import(found) if found is not None else self.build()
         except Exception as e:           # noqa: BLE001 - any build failure means the fallback
             self._why = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
             warnings.warn(f"{self.what} unavailable ({self._why}); using {self.fallback}. {self.off_env}=0 "
@@ -91,3 +130,31 @@ class Extension:
 
     def unavailable_reason(self) -> str:
         return self._why
+
+
+def build_all(portable: bool) -> int:
+    """`python -m trainer.native build [--portable]`: every extension for this CPU type (and, with --portable and a
+    CPU that runs it, the portable target too); an existing build is kept. Exit 0 even without a compiler: the
+    trainer then uses its PyTorch paths, and says so."""
+    import trainer.distributed.shm  # noqa: F401 - each module declares its extension
+    import trainer.recipes.kernels  # noqa: F401
+    from trainer.native import EXTENSIONS as declared     # (under -m this module is __main__, not trainer.native)
+    for ext in declared:
+        for port in (False, True) if portable and runs_portable() else (False,):
+            if ext.target(port).exists():
+                print(f"{ext.what} ({'portable' if port else 'native'}): built already ({ext.target(port)})")
+                continue
+            try:
+                ext.build(port)
+            except Exception as e:  # noqa: BLE001 - no compiler, no ninja: the fallback works, say it once
+                print(f"{ext.what}: cannot build ({type(e).__name__}); the trainer will use {ext.fallback}",
+                      file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    import argparse
+    parser = argparse.ArgumentParser(allow_abbrev=False, description="build the C++ extensions ahead of the first run")
+    parser.add_argument("action", choices=["build"])
+    parser.add_argument("--portable", action="store_true", help=f"also the portable (-march={PORTABLE_ARCH}) build")
+    sys.exit(build_all(parser.parse_args().portable))

@@ -18,8 +18,22 @@ _SPECS: dict[str, RecipeSpec] = {}
 _LOADED: set[str] = set()
 
 
+class DuplicateRecipeError(ValueError):
+    """Two recipes registered under one name."""
+
+
+def _where(spec: RecipeSpec) -> str:
+    target = spec.recipe
+    return target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
+
+
 def register(spec: RecipeSpec) -> RecipeSpec:
-    """Make spec known under spec.name (a later registration of the same name replaces it)."""
+    """Make spec known under spec.name. Another recipe under a name already taken is an error (a plugin would
+    silently replace a built-in recipe); the same recipe registered again (a module imported twice) is not."""
+    known = _SPECS.get(spec.name)
+    if known is not None and _where(known) != _where(spec):
+        raise DuplicateRecipeError(f"recipe name {spec.name!r} is taken by {_where(known)}; {_where(spec)} "
+                                   f"registers it again.\nHINT: give the new recipe another name in its RecipeSpec.")
     _SPECS[spec.name] = spec
     return spec
 

@@ -462,10 +462,32 @@ def test_without_a_compiler_training_warns_and_uses_the_pytorch_path(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "OPS None" in proc.stdout
     assert "fused CPU kernels unavailable" in proc.stdout and "TRAINER_CPU_KERNELS=0" in proc.stdout
+    assert "building fused CPU kernels (native), once per CPU type: about a minute" in proc.stderr   # announced
     reference = _loss_and_grads(_model(False, True), _batch())[0]
     got = float(proc.stdout.split("SUM ")[1].split()[0])
     assert abs(got - float(reference.sum())) <= 1e-3 * max(1.0, abs(got))
     assert not any((tmp_path / "ext").rglob("*.so"))
+
+
+def test_a_portable_build_serves_a_cpu_type_without_its_own(ops, tmp_path, monkeypatch):
+    """A shared cache holding only the portable (x86-64-v3) build: a CPU that runs it loads it, no compiler run
+    (the library copied in stands for one built on another node)."""
+    from trainer import native
+    if not native.runs_portable():
+        pytest.skip(f"this CPU lacks {native.PORTABLE_ARCH}'s instructions: the portable build cannot serve it")
+    native_build = kernels.cache_root() / kernels.build_key() / f"{kernels.NAME}.so"
+    monkeypatch.setenv("TRAINER_EXTENSIONS_DIR", str(tmp_path))
+    ext = native.Extension(kernels.NAME, kernels.SOURCE, kernels.CFLAGS, ["-fopenmp"], what="fused CPU kernels",
+                           fallback="-", off_env="TRAINER_CPU_KERNELS")
+    native.EXTENSIONS.remove(ext)
+    assert ext.cached() is None
+    portable = ext.target(portable=True)
+    assert portable != ext.target() and "-march=x86-64-v3" in ext.flags_for(True)
+    portable.parent.mkdir(parents=True)
+    portable.write_bytes(native_build.read_bytes())
+    assert ext.cached() == portable
+    monkeypatch.setattr(ext, "build", lambda portable=False: pytest.fail("compiled although a build was there"))
+    assert ext.load() is not None
 
 
 def test_build_is_cached_per_source_and_moved_into_place(ops):
@@ -499,3 +521,15 @@ def test_packed_streams_compute_the_padded_function(ops, kernels):
         ours, ref = model.features(seq, time), _padded_streams_reference(model, seq, time)
     assert torch.allclose(ours, ref, atol=1e-5)
     assert (ours[seq == 0] == 0).all()
+
+
+def test_the_setup_build_command_announces_and_survives_a_missing_compiler(tmp_path):
+    """`python -m trainer.native build` (make setup): each extension announced; without a compiler it says the
+    trainer will use the PyTorch path and still exits 0 (setup must not fail for an optional speed-up)."""
+    env = clean_env(TRAINER_EXTENSIONS_DIR=str(tmp_path / "ext"), CXX=str(tmp_path / "no-such-compiler"))
+    proc = subprocess.run([sys.executable, "-m", "trainer.native", "build"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for what in ("fused CPU kernels", "the shared-memory all-reduce"):
+        assert f"building {what} (native), once per CPU type: about a minute" in proc.stderr
+        assert f"{what}: cannot build" in proc.stderr

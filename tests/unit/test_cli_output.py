@@ -121,3 +121,13 @@ def test_version_names_the_package_commit_and_stack():
     first, second = out.stdout.strip().splitlines()
     assert re.match(r"hpc-trainer \d+\.\d+\.\d+\S* \(commit [0-9a-f]{7,}", first), first
     assert re.match(r"torch \S+, CUDA \S+, NCCL \S+, python 3\.\d+", second), second
+
+
+def test_a_second_recipe_under_a_taken_name_is_an_error():
+    from trainer.registry import DuplicateRecipeError, get_spec, register
+    from trainer.spec import RecipeSpec
+    har = get_spec("har")
+    assert register(har) is har                                      # the same recipe again: fine
+    with pytest.raises(DuplicateRecipeError, match="recipe name 'har' is taken by trainer.recipes.har.recipe"):
+        register(RecipeSpec(name="har", recipe="tests.toy_recipe:ToyRecipe"))
+    assert get_spec("har") is har

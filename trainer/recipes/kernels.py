@@ -25,6 +25,7 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]   # -fopenmp: a
 _EXT = native.Extension(NAME, SOURCE, CFLAGS, ["-fopenmp"], what="fused CPU kernels",
                         fallback="the PyTorch path (same function, slower)", off_env="TRAINER_CPU_KERNELS")
 build_key, load, unavailable_reason = _EXT.build_key, _EXT.load, _EXT.unavailable_reason
+EXTENSION = _EXT
 
 
 def applies(*tensors: torch.Tensor) -> bool:
