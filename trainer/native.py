@@ -138,7 +138,7 @@ def build_all(portable: bool) -> int:
     trainer then uses its PyTorch paths, and says so."""
     import trainer.distributed.shm  # noqa: F401 - each module declares its extension
     import trainer.recipes.kernels  # noqa: F401
-    from trainer.native import EXTENSIONS as declared     # (under -m this module is __main__, not trainer.native)
+    from trainer.native import EXTENSIONS as declared  # (under -m this module is __main__, not trainer.native)
     for ext in declared:
         for port in (False, True) if portable and runs_portable() else (False,):
             if ext.target(port).exists():
