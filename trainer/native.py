@@ -17,6 +17,7 @@ place, so a build killed half-way leaves no lock behind for the next run. `<off_
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import os
 import platform
@@ -38,6 +39,7 @@ PORTABLE_ARCH = "x86-64-v3"
 # what -march=x86-64-v3 may use: a CPU without one of these cannot run the portable build
 V3_FLAGS = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave", "abm", "sse4_2", "ssse3", "popcnt"}
 EXTENSIONS: list["Extension"] = []          # every extension of the package, for `python -m trainer.native build`
+EXTENSION_MODULES = ("trainer.distributed.shm", "trainer.recipes.kernels")    # the modules that declare them
 
 
 def runs_portable() -> bool:
@@ -136,9 +138,9 @@ def build_all(portable: bool) -> int:
     """`python -m trainer.native build [--portable]`: every extension for this CPU type (and, with --portable and a
     CPU that runs it, the portable target too); an existing build is kept. Exit 0 even without a compiler: the
     trainer then uses its PyTorch paths, and says so."""
-    import trainer.distributed.shm  # noqa: F401 - each module declares its extension
-    import trainer.recipes.kernels  # noqa: F401
-    from trainer.native import EXTENSIONS as declared  # (under -m this module is __main__, not trainer.native)
+    for module in EXTENSION_MODULES:                        # each declares its extension when imported
+        importlib.import_module(module)
+    declared = importlib.import_module("trainer.native").EXTENSIONS   # (under -m, this module is __main__)
     for ext in declared:
         for port in (False, True) if portable and runs_portable() else (False,):
             if ext.target(port).exists():

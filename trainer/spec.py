@@ -50,6 +50,19 @@ class BenchPreset:
     data: Callable[[int, Path], list[str]]
 
 
+@dataclass(frozen=True)
+class Dataset:
+    """A public dataset that `data download NAME` fetches: fetch(out, url=None, sha256=None) -> the folder (or file)
+    written under out (a "module:function", imported on use: no network code on import); folder: that name, so a
+    missing data.path can say which download makes it."""
+
+    fetch: Any
+    folder: str
+
+    def download(self, out: Any, url: str | None = None, sha256: str | None = None) -> Any:
+        return _load(self.fetch)(out, url=url, sha256=sha256)
+
+
 def _load(target: Any) -> Any:
     """A "module:attr" string imported, or the object itself."""
     if not isinstance(target, str):
@@ -73,7 +86,8 @@ class RecipeSpec:
     synth: DataCommand | None = None             # `data synth NAME`: a synthetic dataset usable as data.path
     converters: Mapping[str, DataCommand] = field(default_factory=dict)     # `data convert KIND`
     data_commands: Mapping[str, DataCommand] = field(default_factory=dict)  # other `data` subcommands
-    datasets: tuple[str, ...] = ()               # what `data download` fetches for this recipe
+    datasets: Mapping[str, Dataset] = field(default_factory=dict)   # what `data download NAME` fetches
+    data_hints: Mapping[str, str] = field(default_factory=dict)    # folder -> the commands that make it ({parent})
     bench: BenchPreset | None = None
     renamed: Mapping[str, str] = field(default_factory=dict)   # deprecated dotted key -> its new name
     resume_changeable: tuple[str, ...] = ()      # key patterns beyond the engine's that a resume may change

@@ -13,6 +13,9 @@ import pytest
 
 from tests.conftest import trainer
 from trainer.data import download as dl
+from trainer.recipes.har import download as har_dl
+from trainer.recipes.kgat import download as kgat_dl
+from trainer.recipes.sasrec import download as seq_dl
 
 
 def small_archive() -> bytes:
@@ -102,7 +105,7 @@ def test_cli_download_and_unknown_name(tmp_path, server):
 
 
 def test_registry_has_canonical_urls_and_hashes():
-    for name, remote in dl.REMOTES.items():
+    for name, remote in seq_dl.MOVIELENS.items():
         assert remote.url.startswith("https://files.grouplens.org/datasets/movielens/")
         assert len(remote.sha256) == 64 and remote.size > 1_000_000
 
@@ -158,7 +161,7 @@ def test_kgat_files_are_fetched_verified_by_sha256_or_git_blob_and_unzipped(tmp_
     from trainer.recipes.kgat import data as kd
     root = _kgat_mirror(tmp_path, zipped)
     url, pins = serve(root), _pins(root)
-    folder = dl.download_kgat(name, tmp_path / "out", base_url=url, pinned=pins)
+    folder = kgat_dl.download_kgat(name, tmp_path / "out", base_url=url, pinned=pins)
     loaded = kd.load(folder)                                  # the KG (unzipped where zipped) and the lists
     assert loaded.n_users == 30 and len(loaded.kg) == 90
     sums = dict(line.split()[::-1] for line in (folder / "SHA256SUMS").read_text().splitlines())
@@ -168,14 +171,14 @@ def test_kgat_files_are_fetched_verified_by_sha256_or_git_blob_and_unzipped(tmp_
     (root / "test.txt").write_text("0 1\n")
     (folder / "test.txt").write_text("tampered\n")
     with pytest.raises(dl.DownloadError, match="sha256 mismatch"):
-        dl.download_kgat(name, tmp_path / "out", base_url=url, pinned=pins)
+        kgat_dl.download_kgat(name, tmp_path / "out", base_url=url, pinned=pins)
 
 
 def test_a_file_whose_git_blob_id_differs_is_refused_and_set_aside(tmp_path, serve):
     root = _kgat_mirror(tmp_path, zipped=True)
     pins = dict(_pins(root), **{"train.txt": dl.Pin("git-blob-sha1", "0" * 40)})
     with pytest.raises(dl.DownloadError, match="git blob sha1 mismatch"):
-        dl.download_kgat("amazon-book", tmp_path, base_url=serve(root), pinned=pins)
+        kgat_dl.download_kgat("amazon-book", tmp_path, base_url=serve(root), pinned=pins)
     folder = tmp_path / "amazon-book"
     assert (folder / "train.txt.bad").exists() and not (folder / "train.txt").exists()
 
@@ -199,19 +202,20 @@ def test_a_mirror_must_serve_the_pinned_bytes(tmp_path, serve):
 def test_kgat_registry_pins_every_file_at_the_authors_head(tmp_path, monkeypatch):
     """All three datasets at c03737be (the earlier per-dataset commits hold no kg_final file), each with its
     own file names (last-fm's KG is not zipped), every file pinned; a branch name would let files change."""
-    assert set(dl.KGAT_COMMITS) == set(dl.KGAT_DATASETS) == {"amazon-book", "last-fm", "yelp2018"}
-    assert set(dl.KGAT_COMMITS.values()) == {"c03737be46ac26a0b5431efe149828e982ffbbfb"}
+    assert set(kgat_dl.KGAT_COMMITS) == set(kgat_dl.KGAT_DATASETS) == {"amazon-book", "last-fm", "yelp2018"}
+    assert set(kgat_dl.KGAT_COMMITS.values()) == {"c03737be46ac26a0b5431efe149828e982ffbbfb"}
     common = {"train.txt", "test.txt", "item_list.txt", "entity_list.txt", "relation_list.txt", "user_list.txt"}
-    assert set(dl.KGAT_DATASETS["last-fm"]) == common | {"kg_final.txt"}
-    assert set(dl.KGAT_DATASETS["yelp2018"]) == set(dl.KGAT_DATASETS["amazon-book"]) == common | {"kg_final.txt.zip"}
-    pins = [p for files in dl.KGAT_DATASETS.values() for p in files.values()]
+    assert set(kgat_dl.KGAT_DATASETS["last-fm"]) == common | {"kg_final.txt"}
+    zipped = common | {"kg_final.txt.zip"}
+    assert set(kgat_dl.KGAT_DATASETS["yelp2018"]) == set(kgat_dl.KGAT_DATASETS["amazon-book"]) == zipped
+    pins = [p for files in kgat_dl.KGAT_DATASETS.values() for p in files.values()]
     assert all(re.fullmatch(r"[0-9a-f]{64}", p.digest) and p.size for p in pins if p.kind == "sha256")
     assert sum(p.kind == "git-blob-sha1" and bool(re.fullmatch(r"[0-9a-f]{40}", p.digest)) for p in pins) == 5
     asked = []
     monkeypatch.setattr(dl, "fetch", lambda url, dest, sha: asked.append(url) or (_ for _ in ()).throw(
         dl.DownloadError("stop")))
     with pytest.raises(dl.DownloadError):
-        dl.download_kgat("last-fm", tmp_path)
+        kgat_dl.download_kgat("last-fm", tmp_path)
     assert asked[0].startswith("https://raw.githubusercontent.com/xiangwang1223/knowledge_graph_attention_network/"
                                "c03737be46ac26a0b5431efe149828e982ffbbfb/Data/last-fm/")
 
@@ -277,25 +281,26 @@ def test_uci_har_archive_in_an_archive_is_verified_and_readable(tmp_path):
     sha = {k: hashlib.sha256(v).hexdigest() for k, v in (("outer", outer), ("inner", inner))}
     served = Server(outer)
     try:
-        root = dl.download_uci_har(tmp_path / "out", url=served.url, sha256=sha["outer"], inner_sha256=sha["inner"])
+        root = har_dl.download_uci_har(tmp_path / "out", url=served.url, sha256=sha["outer"], inner_sha256=sha["inner"])
         train = read_uci_har(root, "train")
         assert len(train.samples) == 24 and train.channels == 9 and train.samples[0].shape == (9, 128)
         # UCI's archive with a tampered inner zip is refused
         with pytest.raises(dl.DownloadError, match="'UCI HAR Dataset.zip' inside has sha256"):
-            dl.download_uci_har(tmp_path / "out2", url=served.url, sha256=sha["outer"], inner_sha256="1" * 64)
+            har_dl.download_uci_har(tmp_path / "out2", url=served.url, sha256=sha["outer"], inner_sha256="1" * 64)
     finally:
         served.close()
     mirror = Server(inner)        # a mirror serving the original inner zip directly
     try:
-        root = dl.download_uci_har(tmp_path / "out3", url=mirror.url, sha256=sha["outer"], inner_sha256=sha["inner"])
+        root = har_dl.download_uci_har(tmp_path / "out3", url=mirror.url, sha256=sha["outer"],
+                                       inner_sha256=sha["inner"])
         assert (root / "test" / "Inertial Signals" / "body_gyro_z_test.txt").exists()
         with pytest.raises(dl.DownloadError, match="is neither UCI's archive"):
-            dl.download_uci_har(tmp_path / "out4", url=mirror.url, sha256="2" * 64, inner_sha256="3" * 64)
+            har_dl.download_uci_har(tmp_path / "out4", url=mirror.url, sha256="2" * 64, inner_sha256="3" * 64)
         assert (tmp_path / "out4" / "uci-har.zip.bad").exists() and not (tmp_path / "out4" / "UCI HAR Dataset").exists()
     finally:
         mirror.close()
 
 
 def test_uci_har_registry_is_the_uci_archive_with_both_hashes():
-    assert dl.UCI_HAR_URL.startswith("https://archive.ics.uci.edu/static/public/240/")
-    assert len(dl.UCI_HAR_SHA256) == 64 and len(dl.UCI_HAR_INNER_SHA256) == 64
+    assert har_dl.UCI_HAR_URL.startswith("https://archive.ics.uci.edu/static/public/240/")
+    assert len(har_dl.UCI_HAR_SHA256) == 64 and len(har_dl.UCI_HAR_INNER_SHA256) == 64

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import clean_env
+from trainer import native
 from trainer.recipes import kernels
 from trainer.recipes.sasrec.config import SeqRecConfig
 from trainer.recipes.sasrec.fused import FusedCopiesMix
@@ -472,10 +473,9 @@ def test_without_a_compiler_training_warns_and_uses_the_pytorch_path(tmp_path):
 def test_a_portable_build_serves_a_cpu_type_without_its_own(ops, tmp_path, monkeypatch):
     """A shared cache holding only the portable (x86-64-v3) build: a CPU that runs it loads it, no compiler run
     (the library copied in stands for one built on another node)."""
-    from trainer import native
     if not native.runs_portable():
         pytest.skip(f"this CPU lacks {native.PORTABLE_ARCH}'s instructions: the portable build cannot serve it")
-    native_build = kernels.cache_root() / kernels.build_key() / f"{kernels.NAME}.so"
+    native_build = native.cache_root() / kernels.build_key() / f"{kernels.NAME}.so"
     monkeypatch.setenv("TRAINER_EXTENSIONS_DIR", str(tmp_path))
     ext = native.Extension(kernels.NAME, kernels.SOURCE, kernels.CFLAGS, ["-fopenmp"], what="fused CPU kernels",
                            fallback="-", off_env="TRAINER_CPU_KERNELS")
@@ -491,7 +491,7 @@ def test_a_portable_build_serves_a_cpu_type_without_its_own(ops, tmp_path, monke
 
 
 def test_build_is_cached_per_source_and_moved_into_place(ops):
-    target = kernels.cache_root() / kernels.build_key() / f"{kernels.NAME}.so"
+    target = native.cache_root() / kernels.build_key() / f"{kernels.NAME}.so"
     assert target.is_file()
     assert not [p for p in target.parent.iterdir() if p.name.startswith("build-")]   # no half-built leftovers
     assert os.access(target, os.R_OK)

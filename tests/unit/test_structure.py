@@ -142,3 +142,27 @@ def test_bench_runner_gives_the_records_of_a_fresh_run(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINER_PLUGINS", "tests.toy_recipe")
     rows, wall = run_trainer(["--recipe", "toy", "--epochs", "1", "train.tensorboard=false"], run_dir, threads=1)
     assert wall > 0 and {r["split"] for r in rows} == {"train", "val", "test"}
+
+
+def test_recipe_names_live_in_their_recipes():
+    """No recipe's or dataset's name in a string of trainer/ outside trainer/recipes/ (each recipe declares its
+    downloads in its spec), apart from the two places that are about particular recipes: the seed guides'
+    compatibility (trainer/legacy/) and `make demo` (trainer/demo.py)."""
+    import re
+
+    from trainer.registry import specs
+    names = {s.name for s in specs()} | {d for s in specs() for d in s.datasets} | {"tisasrec"}
+    found = []
+    for path in (REPO / "trainer").rglob("*.py"):
+        rel = path.relative_to(REPO / "trainer")
+        if rel.parts[0] in ("recipes", "legacy") or rel.name == "demo.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docs = {ast.get_docstring(n, clean=False) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value not in docs:
+                hit = set(re.findall(r"[a-z0-9-]+", node.value.lower())) & names
+                if hit:
+                    found.append(f"{rel}:{node.lineno} {sorted(hit)}")
+    assert not found, found

@@ -24,9 +24,10 @@ def add_data_parser(sub) -> None:
     dl = dsub.add_parser("download", help="fetch a public dataset (sha256-verified, resumable)")
     dl.add_argument("name", help=f"dataset: {owned}")
     dl.add_argument("--out", required=True, help="output folder")
-    dl.add_argument("--url", help="mirror URL of the same archive, or of the folder holding a KGAT "
-                    "dataset's files (checksums are still enforced)")
-    dl.add_argument("--sha256", help=argparse.SUPPRESS)   # for tests serving a small stand-in archive
+    dl.add_argument("--url", help="mirror URL of the same archive, or of the folder holding the files of a dataset "
+                    "fetched file by file (checksums are still enforced)")
+    dl.add_argument("--sha256", metavar="HEX", help="with --url: the archive's sha256 where the mirror serves "
+                    "another archive than the canonical one (e.g. a trimmed copy); verified the same way")
     dl.set_defaults(run=_download)
     syn = dsub.add_parser("synth", help="write a synthetic dataset usable as data.path")
     ssub = syn.add_subparsers(dest="kind", required=True, metavar="RECIPE")

@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 
 from trainer import native
-from trainer.native import cache_root  # noqa: F401 - where the builds are cached (tests look there)
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 NAME = "trainer_cpu_kernels"

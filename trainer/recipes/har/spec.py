@@ -5,7 +5,7 @@ import argparse
 import math
 
 from trainer.recipes.har.config import HARDataConfig, HARLossConfig, HARModelConfig
-from trainer.spec import BenchPreset, DataCommand, Flag, RecipeSpec
+from trainer.spec import BenchPreset, DataCommand, Dataset, Flag, RecipeSpec
 
 UCI_SIZES = {"tiny": (450, 150), "uci-har": (7352, 2947)}     # train / test windows
 
@@ -36,7 +36,7 @@ SPEC = RecipeSpec(
     flags=(Flag("--mode", "model.mode", "channel fusion (model.mode): concatenate, average, or the first "
                 "channel only", choices=("flatten", "average", "first")),),
     synth=DataCommand("windows in the UCI HAR layout", _synth_arguments, _synth),
-    datasets=("uci-har",),
+    datasets={"uci-har": Dataset("trainer.recipes.har.download:uci_har", "UCI HAR Dataset")},
     # the synthetic cases' test and validation splits go by subject: about half of the cases train
     bench=BenchPreset(64, (), lambda n, out: [f"data.synthetic_cases={max(600, math.ceil(n / 0.5 * 1.1))}"]),
 )

@@ -5,7 +5,7 @@ import argparse
 import math
 
 from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATLossConfig, KGATModelConfig
-from trainer.spec import BenchPreset, DataCommand, RecipeSpec
+from trainer.spec import BenchPreset, DataCommand, Dataset, RecipeSpec
 
 PRESET_NAMES = ("tiny", "amazon-book")
 
@@ -55,7 +55,10 @@ SPEC = RecipeSpec(
     synth=DataCommand("clustered users/items/entities in the KGAT file format", _synth_arguments, _synth),
     converters={"movielens-kg": DataCommand("KGAT format from MovieLens ratings + item metadata (genres, "
                                             "release year)", _convert_arguments, _convert)},
-    datasets=("amazon-book", "last-fm", "yelp2018"),
+    datasets={name: Dataset(f"trainer.recipes.kgat.download:{name.replace('-', '_')}", name)
+              for name in ("amazon-book", "last-fm", "yelp2018")},
+    data_hints={"ml-100k-kg": "python -m trainer data download ml-100k --out {parent} && python -m trainer data "
+                              "convert movielens-kg --src {parent}ml-100k --out {path}"},
     # CF steps only: the epoch's CF phase comes first; train.txt keeps 0.8 x 0.9 of the interactions
     bench=BenchPreset(1024, ("data.synthetic_users=3000", "data.synthetic_items=2000", "data.synthetic_entities=4000",
                              "data.synthetic_triples=20000"),

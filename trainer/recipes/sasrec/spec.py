@@ -5,7 +5,7 @@ import argparse
 import math
 
 from trainer.recipes.sasrec.config import SeqDataConfig, SeqEvalConfig, SeqLossConfig, SeqRecConfig
-from trainer.spec import BenchPreset, DataCommand, RecipeSpec
+from trainer.spec import BenchPreset, DataCommand, Dataset, RecipeSpec
 
 
 def _synth_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,7 +33,8 @@ SPEC = RecipeSpec(
              "model.l2_emb": "loss.l2_emb"},
     defaults={"train.clip_grad_norm": 1.0},          # the seed's main.py always clips (max norm 1)
     synth=DataCommand("user sequences with timestamps in the MovieLens u.data layout", _synth_arguments, _synth),
-    datasets=("ml-100k", "ml-1m"),
+    datasets={"ml-100k": Dataset("trainer.recipes.sasrec.download:ml_100k", "ml-100k"),
+              "ml-1m": Dataset("trainer.recipes.sasrec.download:ml_1m", "ml-1m")},
     # one training sequence per user
     bench=BenchPreset(64, ("data.maxlen=50", "model.width=32", "eval.max_users=200"),
                       lambda n, out: [f"data.synthetic_users={max(800, math.ceil(n * 1.1))}"]),
