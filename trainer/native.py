@@ -1,7 +1,7 @@
 """C++ extensions compiled with the system's C++ compiler and ninja, and cached; callers fall back to a PyTorch
 path where one cannot be built (one warning per process).
 
-    ext = Extension("trainer_cpu_kernels", Path("kernels.cpp"), ["-O3", "-march=native", "-fopenmp"], ["-fopenmp"],
+    ext = Extension("trainer_cpu_kernels", Path("cpu_kernels.cpp"), ["-O3", "-march=native", "-fopenmp"], ["-fopenmp"],
                     what="fused CPU kernels", fallback="the PyTorch path (same function, slower)",
                     off_env="TRAINER_CPU_KERNELS")
     ops = ext.load()             # the compiled module, or None (the cause in ext.unavailable_reason())
@@ -59,8 +59,9 @@ class Extension:
     """One C++ source built into one Python module, once per process."""
 
     def __init__(self, name: str, source: Path, cflags: list[str], ldflags: list[str], what: str, fallback: str,
-                 off_env: str):
+                 off_env: str, depends: tuple[Path, ...] = ()):
         self.name, self.source, self.cflags, self.ldflags = name, source, cflags, ldflags
+        self.depends = tuple(depends)           # the files `source` includes: a change of one rebuilds too
         self.what, self.fallback, self.off_env = what, fallback, off_env
         self._ops, self._why, self._tried = None, "", False
         EXTENSIONS.append(self)
@@ -73,7 +74,8 @@ class Extension:
     def build_key(self, portable: bool = False) -> str:
         """What a cached build depends on: the source, torch, the compiler flags and, for the native target,
         this CPU type."""
-        parts = [self.source.read_bytes(), torch.__version__.encode(), " ".join(self.flags_for(portable)).encode(),
+        parts = [self.source.read_bytes(), *(d.read_bytes() for d in self.depends), torch.__version__.encode(),
+                 " ".join(self.flags_for(portable)).encode(),
                  PORTABLE_ARCH.encode() if portable else _cpu_flags().encode()]
         return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 

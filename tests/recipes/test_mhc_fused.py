@@ -1,4 +1,4 @@
-"""The fused C++ mHC kernels (trainer/recipes/kernels.cpp): built here, the same function and gradients
+"""The fused C++ mHC kernels (trainer/recipes/sasrec/mhc_kernels.h): built here, the same function and gradients
 as the PyTorch path, and the PyTorch path with a warning where they cannot be built."""
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ def test_first_sublayer_from_copies_has_the_expanded_streams_gradients(ops, kern
 
 def test_first_sublayer_runs_the_copies_kernel(ops, monkeypatch):
     """Guards the test above: with model.mhc_fused and the (N, n, D) streams between the kernels (as under
-    grad_checkpoint) the first sub-layer's mix is kernels.cpp's copies_mix. (In the basis form it writes no
+    grad_checkpoint) the first sub-layer's mix is mhc_kernels.h's copies_mix. (In the basis form it writes no
     streams: its mix is the coefficients [rows | post], which the next sub-layer's maps_in_basis reads.)"""
     batch = _batch()
     ref = _model(True, False, basis=False)(*batch)[0].detach()
@@ -478,7 +478,7 @@ def test_a_portable_build_serves_a_cpu_type_without_its_own(ops, tmp_path, monke
     native_build = native.cache_root() / kernels.build_key() / f"{kernels.NAME}.so"
     monkeypatch.setenv("TRAINER_EXTENSIONS_DIR", str(tmp_path))
     ext = native.Extension(kernels.NAME, kernels.SOURCE, kernels.CFLAGS, ["-fopenmp"], what="fused CPU kernels",
-                           fallback="-", off_env="TRAINER_CPU_KERNELS")
+                           fallback="-", off_env="TRAINER_CPU_KERNELS", depends=kernels.INCLUDES)
     native.EXTENSIONS.remove(ext)
     assert ext.cached() is None
     portable = ext.target(portable=True)
@@ -533,3 +533,21 @@ def test_the_setup_build_command_announces_and_survives_a_missing_compiler(tmp_p
     for what in ("fused CPU kernels", "the shared-memory all-reduce"):
         assert f"building {what} (native), once per CPU type: about a minute" in proc.stderr
         assert f"{what}: cannot build" in proc.stderr
+
+
+def test_the_kernels_live_with_their_owners_and_an_include_change_rebuilds(tmp_path):
+    """cpu_kernels.cpp is one module from each owner's file (sasrec's mHC and attention, kgat's, the shared
+    dropout and helpers); a build is keyed by every included file, so a change in any of them rebuilds."""
+    source = kernels.SOURCE.read_text()
+    for header in kernels.INCLUDES:
+        assert f'#include "{header.relative_to(kernels.SOURCE.parent).as_posix()}"' in source
+    owners = {h.parent.name for h in kernels.INCLUDES}
+    assert {"sasrec", "kgat"} <= owners
+    (tmp_path / "a.cpp").write_text('#include "b.h"\n')
+    (tmp_path / "b.h").write_text("// one\n")
+    ext = native.Extension("probe", tmp_path / "a.cpp", ["-O1"], [], what="probe", fallback="-", off_env="PROBE",
+                           depends=(tmp_path / "b.h",))
+    native.EXTENSIONS.remove(ext)
+    before = ext.build_key()
+    (tmp_path / "b.h").write_text("// two\n")
+    assert ext.build_key() != before

@@ -92,7 +92,7 @@ def adam_rows_(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
     """Adam (AdamW when decoupled) on the rows of a sparse gradient only; the other rows and their moments
     wait (lazy, as torch.optim.SparseAdam), so a step costs its rows, not the table. One step count per
     parameter for the bias correction, in the same state keys as Adam's. kernel: a module with the same update
-    in one C++ pass, `kernel.adam_rows_` (trainer/recipes/kernels.cpp), used for contiguous float32 CPU tables."""
+    in one C++ pass, `kernel.adam_rows_` (a recipe's compiled kernels), used for contiguous float32 CPU tables."""
     if not state:
         state["step"] = torch.zeros((), device=param.device)     # where fused Adam keeps it (shared state)
         state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
