@@ -23,6 +23,18 @@ COPY trainer trainer
 COPY hpc hpc
 # no build isolation: build with the pinned setuptools from the lock, not an unpinned download
 RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation .
+# the C++ CPU kernels for the portable target (-march=x86-64-v3: any AVX2 node), so that no run in the image waits
+# on a compiler (the runtime stage has none); a node without AVX2 runs the PyTorch paths, with a warning. The
+# compiler comes from the base's own distribution, whose versions differ between the base and its stand-in.
+# Python's headers too where the base's Python lacks them (a distribution's python3 without python3-dev).
+# hadolint ignore=DL3008,SC2086
+RUN pkgs="g++ ninja-build" \
+ && { python -c "import os, sys, sysconfig; sys.exit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))" \
+      || pkgs="$pkgs python3-dev"; } \
+ && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $pkgs \
+ && TRAINER_EXTENSIONS_DIR=/opt/hpc-trainer/extensions /opt/venv/bin/python -m trainer.native build --portable-only \
+      --strict \
+ && rm -rf /var/lib/apt/lists/*
 # torch (and its torchrun script) is the base's: a torchrun of the venv's own, first on PATH, starts the
 # workers with the venv's python, which sees the trainer (the base's would not: "No module named trainer")
 RUN printf '#!/opt/venv/bin/python\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n' \
@@ -39,9 +51,15 @@ LABEL org.opencontainers.image.title="hpc-trainer" \
       io.hpc-trainer.torch="2.13.0" io.hpc-trainer.cuda="12.6" io.hpc-trainer.cudnn="9" \
       io.hpc-trainer.python="3.11"
 COPY --from=builder /opt/venv /opt/venv
+COPY --from=builder /opt/hpc-trainer/extensions /opt/hpc-trainer/extensions
+# the kernels' OpenMP runtime (libgomp1: the compiler's, not torch's bundled copy)
+# hadolint ignore=DL3008
+RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libgomp1 \
+ && rm -rf /var/lib/apt/lists/*
 COPY configs /opt/hpc-trainer/configs
 COPY slurm /opt/hpc-trainer/slurm
 ENV PATH=/opt/venv/bin:$PATH \
+    TRAINER_EXTENSIONS_DIR=/opt/hpc-trainer/extensions \
     HPC_TRAINER_BASE_IMAGE=${BASE_IMAGE} \
     PYTHONUNBUFFERED=1 \
     TORCH_NCCL_ASYNC_ERROR_HANDLING=1 \

@@ -136,24 +136,28 @@ class Extension:
         return self._why
 
 
-def build_all(portable: bool) -> int:
+def build_all(portable: bool, only_portable: bool = False, strict: bool = False) -> int:
     """`python -m trainer.native build [--portable]`: every extension for this CPU type (and, with --portable and a
     CPU that runs it, the portable target too); an existing build is kept. Exit 0 even without a compiler: the
     trainer then uses its PyTorch paths, and says so."""
     for module in EXTENSION_MODULES:                        # each declares its extension when imported
         importlib.import_module(module)
     declared = importlib.import_module("trainer.native").EXTENSIONS   # (under -m, this module is __main__)
+    failed = False
     for ext in declared:
-        for port in (False, True) if portable and runs_portable() else (False,):
+        targets = (True,) if only_portable else (False, True) if portable and runs_portable() else (False,)
+        for port in targets:
             if ext.target(port).exists():
                 print(f"{ext.what} ({'portable' if port else 'native'}): built already ({ext.target(port)})")
                 continue
             try:
                 ext.build(port)
             except Exception as e:  # noqa: BLE001 - no compiler, no ninja: the fallback works, say it once
-                print(f"{ext.what}: cannot build ({type(e).__name__}); the trainer will use {ext.fallback}",
+                why = "\n  ".join(str(e).strip().splitlines()[-8:])
+                print(f"{ext.what}: cannot build ({type(e).__name__}: {why}); the trainer will use {ext.fallback}",
                       file=sys.stderr)
-    return 0
+                failed = True
+    return 1 if strict and failed else 0
 
 
 if __name__ == "__main__":
@@ -161,4 +165,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(allow_abbrev=False, description="build the C++ extensions ahead of the first run")
     parser.add_argument("action", choices=["build"])
     parser.add_argument("--portable", action="store_true", help=f"also the portable (-march={PORTABLE_ARCH}) build")
-    sys.exit(build_all(parser.parse_args().portable))
+    parser.add_argument("--portable-only", action="store_true", help="only the portable build (images)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a build fails (images: no silent fallback)")
+    args = parser.parse_args()
+    sys.exit(build_all(args.portable, args.portable_only, args.strict))

@@ -159,3 +159,20 @@ def test_sbatch_runs_its_tasks_in_the_image_on_two_nodes(image, slurm_cluster, t
     ckpt = torch.load(run_dir / "checkpoints" / "final.pt", weights_only=True)
     # two ranks, one per node, written by the image's user: the tasks ran inside the image
     assert ckpt["world_size"] == 2 and (run_dir / "checkpoints" / "final.pt").stat().st_uid == UID
+
+
+def test_the_image_carries_a_portable_kernel_build_that_loads_without_a_compiler(image):
+    """Issue 47: no run in the image waits on a compiler (it has none): the kernels were built in the builder stage
+    for x86-64-v3 and load from TRAINER_EXTENSIONS_DIR on this (AVX2) CPU; a native build is never attempted."""
+    from trainer import native
+    if not native.runs_portable():
+        pytest.skip(f"this CPU lacks {native.PORTABLE_ARCH}'s instructions: the image's portable build cannot load")
+    code = ("from trainer.recipes import kernels; from trainer.distributed import shm\n"
+            "print(kernels.load() is not None, shm.EXT.load() is not None)\n"
+            "print(kernels.EXTENSION.cached()); print(shm.EXT.cached())")
+    proc = podman("run", "--rm", image, "python", "-c", code)
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0] == "True True", proc.stdout + proc.stderr[-2000:]
+    assert all(line.startswith("/opt/hpc-trainer/extensions/") for line in lines[1:3]), lines
+    assert "building" not in proc.stderr and "unavailable" not in proc.stderr, proc.stderr[-2000:]
+    assert podman("run", "--rm", image, "sh", "-c", "command -v g++ || echo none").stdout.strip() == "none"
