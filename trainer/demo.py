@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run(cmd, check=True, env=env)
     print("\n" + table(run_dir))
     print(f"\nrun directory: {run_dir}\nTensorBoard:   tensorboard --logdir {run_dir / 'tb'}\n"
-          f"evaluate:      python -m trainer eval --checkpoint {run_dir / 'checkpoints' / 'best.pt'}\n"
+          f"evaluate:      python -m trainer eval --checkpoint {run_dir}   # its best.pt\n"
           f"demo wall time: {time.time() - t0:.0f} s")
     return 0
 
