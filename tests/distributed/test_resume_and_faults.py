@@ -103,3 +103,21 @@ def test_dead_or_hung_rank_makes_the_other_exit_nonzero(tmp_path, how):
                  outcome="the other rank exits non-zero (time from launch; the fault comes at step 20)")
     assert rc0 != 0, "rank 0 should fail when its peer is gone"
     assert elapsed < timeout_s + 90
+
+
+def test_a_format_1_checkpoint_mid_epoch_resumes_at_its_batch_bitwise(tmp_path, reference):
+    """A checkpoint of the previous format (no sample position or layout in its state) resumes where its batch
+    count says, converted to samples: the run ends bitwise equal to an uninterrupted one."""
+    import torch
+    run_dir = tmp_path / "run"
+    trainer("train", *RUN, "--run-dir", str(run_dir), "data.signal_at_step=11", check=False)
+    path = run_dir / "checkpoints" / "step-00000011.pt"
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["format"] == 2 and ckpt["state"]["sample_in_epoch"] == 3 * 32
+    ckpt["format"] = 1
+    for key in ("sample_in_epoch", "batches_in_epoch", "layout"):
+        del ckpt["state"][key]
+    torch.save(ckpt, path)
+    second = trainer("train", *RUN, "--run-dir", str(run_dir), "--resume", "auto")
+    assert "epoch 1, batch 3, step 11" in second.stderr
+    assert_bitwise_equal(weights(run_dir), reference)

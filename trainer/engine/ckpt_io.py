@@ -20,9 +20,12 @@ TEMPORARY = re.compile(r"^\..+\.pt\.tmp\.\d+$")   # atomic_save's, left by a kil
 
 # The checkpoint file format: every checkpoint carries `format`; one without it (written before the field
 # existed) is format 1. A format's keys are all required: a file without one of them is damaged or foreign.
-FORMAT_VERSION = 1
-FORMAT_KEYS = {1: ("recipe", "kind", "model", "optimizer", "scheduler", "scaler", "state", "world_size",
-                   "global_step", "rng", "config")}
+# Format 2: `state` holds the epoch's position in samples and the layout that wrote it (sample_in_epoch,
+# batches_in_epoch, layout), which a format-1 trainer cannot take; a format-1 file resumes by its batch position.
+FORMAT_VERSION = 2
+_KEYS_1 = ("recipe", "kind", "model", "optimizer", "scheduler", "scaler", "state", "world_size", "global_step", "rng",
+           "config")
+FORMAT_KEYS = {1: _KEYS_1, 2: _KEYS_1}
 
 
 class CheckpointError(RuntimeError):
