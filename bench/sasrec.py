@@ -48,10 +48,11 @@ def run_variant(name: str, data: str, epochs: int, out: Path, seed: int) -> dict
     steady = epochs_t[1:] or epochs_t                        # the first epoch includes warm-up
     val = [r for r in rows if r["split"] == "val"]
     test = {r["checkpoint"]: r for r in rows if r["split"] == "test"}
-    full = subprocess.run(trainer_cmd("eval", "--checkpoint", str(run_dir / "checkpoints" / "best.pt"), "--splits",
-                                      "test", "eval.full_ranking=true"),
-                          check=True, env=trainer_env(), cwd=REPO, capture_output=True, text=True)
-    full_test = json.loads(full.stdout)["test"]
+    report = run_dir / "eval-full.json"
+    subprocess.run(trainer_cmd("eval", "--checkpoint", str(run_dir / "checkpoints" / "best.pt"), "--splits", "test",
+                               "--out", str(report), "eval.full_ranking=true"),
+                   check=True, env=trainer_env(), cwd=REPO, capture_output=True, text=True)
+    full_test = json.loads(report.read_text())["test"]
     return dict(recipe="sasrec", variant=name, epochs=epochs, wall_s=round(wall, 1),
                 epoch_time_s=round(sum(steady) / len(steady), 3),
                 epoch_time_median_s=round(statistics.median(steady), 3), epoch_times_s=epochs_t,
