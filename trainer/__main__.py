@@ -21,11 +21,13 @@ try:
     from trainer.distributed import runtime
     from trainer.distributed.environment import LaunchError, select_environment
     from trainer.engine.ckpt_io import CheckpointError
+    from trainer.exitcodes import DONE, NON_FINITE, USAGE, record_exit
 except ModuleNotFoundError as err:              # a Python without the project's environment: say which to use
     exit_if_core_missing(err)
 
 log = logging.getLogger("trainer")
-EXIT_USAGE = 2
+USAGE_ERRORS = (ConfigError, LaunchError, CheckpointError, DownloadError, ValueError, FileNotFoundError,
+                MissingExtraError)
 
 
 def resolve_run_dir(cfg, info) -> str:
@@ -73,13 +75,34 @@ def run_train(args):
                 log.warning("data.path is empty: training on the recipe's generated data (set data.path=DIR, or "
                             "use a configs/<recipe>/<dataset>.yaml, for a real dataset)")
         recipe = build_recipe(cfg, info)
-        result = fit(recipe, info, cfg, changes)
+        try:
+            result = fit(recipe, info, cfg, changes)
+        except BaseException as err:
+            record_exit(cfg.run_dir, info.rank, exit_code_of_error(err), f"{type(err).__name__}: {err}"[:2000])
+            raise
+        record_exit(cfg.run_dir, info.rank, exit_code_of(result), result.status, result.status == "preempted")
         ok = True
     finally:
         runtime.teardown(info, clean=ok)
         if lock is not None:
             lock.release()
     return result, cfg
+
+
+def exit_code_of(result) -> int:
+    """A finished fit's exit code (trainer/exitcodes.py): 0, or 128 + the signal of a checkpointed stop that was
+    not requeued."""
+    return 128 + result.signal if result.status == "preempted" and not result.requeued else DONE
+
+
+def exit_code_of_error(err: BaseException) -> int:
+    """The exit code main() gives an error: usage/configuration 2, a non-finite loss 3, anything else 1."""
+    from trainer.engine.loop import NonFiniteLossError
+    if isinstance(err, NonFiniteLossError):
+        return NON_FINITE
+    if isinstance(err, USAGE_ERRORS):
+        return USAGE
+    return 1
 
 
 def cmd_train(args) -> int:
@@ -91,9 +114,7 @@ def cmd_train(args) -> int:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
     result, _ = run_train(args)
-    if result.status == "preempted" and not result.requeued:
-        return 128 + result.signal
-    return 0
+    return exit_code_of(result)
 
 
 def eval_checkpoint(path: str, overrides: list[str]) -> Path:
@@ -165,18 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(get_parser(), argv)
     try:
         return COMMANDS[args.command](args)
-    except (ConfigError, LaunchError, CheckpointError, DownloadError, ValueError, FileNotFoundError,
-            MissingExtraError) as err:
+    except USAGE_ERRORS as err:
         record_for_agent(err)
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return USAGE
     except ArithmeticError as err:
         from trainer.engine.loop import NonFiniteLossError
         record_for_agent(err)
         if not isinstance(err, NonFiniteLossError):      # a bug, not a diverged run: keep the traceback
             raise
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return NON_FINITE
     except Exception as err:
         record_for_agent(err)
         raise

@@ -25,7 +25,7 @@ MARKER = ".trainer-run"            # written when a run claims its directory: th
 SUITE_FILES = re.compile(r"^(task-\d+\.out|\.lock|\.preempted|\.write-test-\d+)$")   # put there by the suite itself
 
 
-RUN_FILES = re.compile(r"^(config(\.\d+)?\.yaml|train(\.rank\d+)?\.log|metrics\.jsonl|checkpoints|tb|profile|"
+RUN_FILES = re.compile(r"^(config(\.\d+)?\.yaml|train(\.rank\d+)?\.log|metrics\.jsonl|checkpoints|tb|profile|exits|"
                        r"confusion_\w+\.png)$")   # what a run writes (a directory written before MARKER existed)
 
 
