@@ -10,13 +10,12 @@ from __future__ import annotations
 import fnmatch
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-import yaml
-
-from trainer.config import Config, ConfigError, from_dict, to_dict
+from trainer.config import Config, ConfigError, TrainConfig, from_dict, to_dict
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import ckpt_io
@@ -136,13 +135,12 @@ class Layout:
 
 
 def saved_layout(ckpt: dict) -> Layout:
-    """The layout a checkpoint was written under (stored since format 1's `state.layout`; older: its config)."""
+    """The layout a checkpoint was written under (format 2's `state.layout`; format 1: from its config, over the
+    engine's defaults)."""
     stored = ckpt["state"].get("layout")
     if stored:
         return Layout(*stored)
-    train = yaml.safe_load(yaml.safe_dump(ckpt["config"].get("train", {})))
-    tc = type("TrainCfg", (), dict(batch_size=train.get("batch_size", 32), grad_accum_steps=train.get(
-        "grad_accum_steps", 1), global_batch_size=train.get("global_batch_size", 0)))
+    tc = SimpleNamespace(**{**asdict(TrainConfig()), **ckpt["config"].get("train", {})})
     world = int(ckpt["world_size"])
     return Layout(world, per_rank_batch_size(tc, world), max(int(tc.grad_accum_steps), 1))
 
