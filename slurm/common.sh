@@ -12,6 +12,7 @@
 #   RUN_DIR=DIR         default $SLURM_SUBMIT_DIR/runs/$SLURM_JOB_ID (stable across requeues)
 #   TRAINER_HOME=DIR    the repository (default $SLURM_SUBMIT_DIR: submit from the repository root)
 #   PER_TASK_LOGS=1     each task's output in RUN_DIR/task-N.out (srun --output %t) instead of the job's .out
+#   MAX_RESTARTS=2      relaunches of a failed training step inside this allocation (0: off; see run_training)
 
 # ---------------------------------------------------------------- NCCL and torch
 # WARN keeps logs quiet; NCCL_DEBUG=INFO shows the transports chosen when a job hangs at start-up.
@@ -34,7 +35,7 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 # ---------------------------------------------------------------- knobs
 # Knobs come from the submitting shell: a newline would cut EXTRA short (read takes one line) and a
 # control character in a path is never what was meant. Values are otherwise used literally (quoted).
-for knob in IMAGE CONTAINER_ENGINE CONFIG EXTRA PYTHON RUN_DIR TRAINER_HOME DATA PER_TASK_LOGS; do
+for knob in IMAGE CONTAINER_ENGINE CONFIG EXTRA PYTHON RUN_DIR TRAINER_HOME DATA PER_TASK_LOGS MAX_RESTARTS; do
   if [[ "${!knob:-}" =~ [[:cntrl:]] ]]; then
     echo "common.sh: $knob holds a control character (newline, tab, ...): refused; value: $(printf '%q' "${!knob}")" >&2
     exit 2
@@ -101,6 +102,13 @@ case "${PER_TASK_LOGS:-0}" in
   *) echo "common.sh: PER_TASK_LOGS=$PER_TASK_LOGS: expected 1 or 0" >&2; exit 2 ;;
 esac
 
+MAX_RESTARTS=${MAX_RESTARTS:-2}
+if ! [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]]; then
+  echo "common.sh: MAX_RESTARTS=$MAX_RESTARTS: expected a whole number (0 turns relaunching off)" >&2
+  exit 2
+fi
+JOB_START=$(date +%s.%N)      # this allocation's start, as far as the time-left rule is concerned
+
 echo "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST: run dir $RUN_DIR" >&2
 
 # wait_forwarding PID: wait for the srun step in the background, passing on the signals that reach
@@ -109,10 +117,11 @@ echo "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST
 # After a TERM (to this shell, or to the tasks only: they then exit 143 after their checkpoint) the
 # shell stays alive until Slurm kills it: a job that ends by itself during the preemption GraceTime
 # is recorded FAILED and never requeued (Slurm 22.05).
+STEP_TERM=0     # set once a TERM reached this shell: no relaunch after that
 wait_forwarding() {
-  local pid=$1 rc=0 term=0
+  local pid=$1 rc=0
   trap 'kill -USR1 "$pid" 2>/dev/null' USR1
-  trap 'term=1; kill -TERM "$pid" 2>/dev/null' TERM
+  trap 'STEP_TERM=1; kill -TERM "$pid" 2>/dev/null' TERM
   while :; do
     rc=0
     wait "$pid" || rc=$?   # `|| rc=`: the scripts run under set -e
@@ -122,9 +131,55 @@ wait_forwarding() {
   done
   # rc 143 alone is not enough: srun --kill-on-bad-exit also ends healthy tasks with TERM when one crashes;
   # the trainer leaves RUN_DIR/.preempted only after a signal checkpoint.
-  if [ "$term" = 1 ] || { [ "$rc" = 143 ] && [ -f "$RUN_DIR/.preempted" ]; }; then
+  if [ "$STEP_TERM" = 1 ] || { [ "$rc" = 143 ] && [ -f "$RUN_DIR/.preempted" ]; }; then
     echo "step ended after SIGTERM (rc $rc): waiting up to ${TERM_HOLD_S:-600}s for Slurm to requeue or cancel" >&2
     sleep "${TERM_HOLD_S:-600}" & wait $! || true
+  fi
+  return "$rc"
+}
+
+# run_training srun [SRUN_OPTIONS] COMMAND...: the training step, relaunched inside this allocation after a
+# retryable failure (trainer/exitcodes.py), up to MAX_RESTARTS times per allocation (a Slurm requeue starts the
+# count again), into the same run directory from the newest agreed checkpoint (the command has --resume auto),
+# with a fresh port (a new step id). trainer/restarts.py decides from each rank's exit record and writes
+# RUN_DIR/restarts.jsonl; never relaunched: a usage/configuration error, a non-finite loss, a checkpointed
+# preemption (Slurm requeues that), less time left than the last attempt needed to reach a checkpoint. A host
+# that failed twice is left out when the others can go on (a recipe that resumes exactly on a smaller world).
+run_training() {
+  local attempt=0 rc start end verdict summary nodes tasks_per_node job_log exclude=() excluded=""
+  nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | tr '\n' ' ' || echo "$SLURM_JOB_NODELIST")
+  tasks_per_node=${SLURM_NTASKS_PER_NODE:-$(( ${SLURM_NTASKS:-1} / ${SLURM_NNODES:-1} ))}
+  job_log=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' || true)
+  if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -s "$RUN_DIR/restarts.jsonl" ]; then
+    echo "restart loop: requeue ${SLURM_RESTART_COUNT} of job $SLURM_JOB_ID: the relaunch count starts again" \
+         "(MAX_RESTARTS=$MAX_RESTARTS in this allocation)" >&2
+  fi
+  while :; do
+    start=$(date +%s.%N)
+    export TRAINER_ATTEMPT=$attempt
+    rc=0
+    "$1" "${exclude[@]}" "${@:2}" &
+    wait_forwarding $! || rc=$?
+    if [ "$rc" = 0 ] || [ "$STEP_TERM" = 1 ]; then break; fi
+    end=$(squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null | head -n1 || true)
+    end=$(date -d "$end" +%s 2>/dev/null || true)          # empty for UNLIMITED / N/A
+    verdict=$("${LAUNCH[@]}" -m trainer.restarts decide --run-dir "$RUN_DIR" --rc "$rc" --attempt "$attempt" \
+              --max "$MAX_RESTARTS" --attempt-start "$start" --job-start "$JOB_START" --end-time "$end" \
+              --nodes "$nodes" --excluded "${excluded//,/ }" --tasks-per-node "$tasks_per_node" \
+              --job "$SLURM_JOB_ID" --requeue "${SLURM_RESTART_COUNT:-0}" --job-log "$job_log") || verdict=stop
+    if [ "$STEP_TERM" = 1 ] || [ "${verdict%% *}" != relaunch ]; then break; fi
+    attempt=$((attempt + 1))
+    excluded=${verdict#relaunch}; excluded=${excluded# }
+    exclude=()
+    if [ -n "$excluded" ]; then
+      local left=$(( $(wc -w <<< "$nodes") - $(tr ',' ' ' <<< "$excluded" | wc -w) ))
+      exclude=(--exclude="$excluded" --nodes="$left" --ntasks=$(( left * tasks_per_node )))
+    fi
+    echo "restart loop: relaunching the training step (attempt $attempt) ${exclude[*]}" >&2
+  done
+  if [ "$attempt" -gt 0 ]; then
+    summary=$("${LAUNCH[@]}" -m trainer.restarts summary "$RUN_DIR" 2>&1 || true)
+    echo "$summary" >&2
   fi
   return "$rc"
 }

@@ -39,6 +39,10 @@ class ToyDataConfig:
     step_sleep: float = 0.0       # seconds per training step, to keep a job running long enough
     nan_at_step: int = 0          # the loss of this training step of this process is NaN (0: never)
     nan_rank: int = 0             # which rank sees it
+    crash_at_step: int = 0        # this process dies at this training step (0: never), on the launches below:
+    crash_attempts: int = 1       # while the restart attempt (TRAINER_ATTEMPT / TORCHELASTIC_RESTART_COUNT) is lower
+    crash_rank: int = 0
+    crash_how: str = "kill"       # kill: SIGKILL itself (no exit record); raise: an uncaught exception (exit 1)
     log_ids: str = ""             # append "epoch rank id id ..." per training batch to this file (exact resume tests)
 
 
@@ -128,6 +132,17 @@ class ToyRecipe(Recipe):
                 for child in children:
                     os.kill(child.pid, sig)
             os.kill(os.getpid(), sig)
+        if d.crash_at_step:
+            self._crash_hook()
+
+    def _crash_hook(self) -> None:
+        d = self.data_cfg
+        attempt = max(int(os.environ.get(name) or 0) for name in ("TRAINER_ATTEMPT", "TORCHELASTIC_RESTART_COUNT"))
+        if self.steps_seen != d.crash_at_step or self.dist.rank != d.crash_rank or attempt >= d.crash_attempts:
+            return
+        if d.crash_how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"toy: rank {self.dist.rank} crashes at step {self.steps_seen} (injected)")
 
     def on_epoch_start(self, epoch, model):
         self.epoch = epoch

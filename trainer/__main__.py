@@ -21,7 +21,7 @@ try:
     from trainer.distributed import runtime
     from trainer.distributed.environment import LaunchError, select_environment
     from trainer.engine.ckpt_io import CheckpointError
-    from trainer.exitcodes import DONE, NON_FINITE, USAGE, record_exit
+    from trainer.exitcodes import DONE, NON_FINITE, USAGE, record_exit, record_start
 except ModuleNotFoundError as err:              # a Python without the project's environment: say which to use
     exit_if_core_missing(err)
 
@@ -75,6 +75,7 @@ def run_train(args):
                 log.warning("data.path is empty: training on the recipe's generated data (set data.path=DIR, or "
                             "use a configs/<recipe>/<dataset>.yaml, for a real dataset)")
         recipe = build_recipe(cfg, info)
+        record_start(cfg.run_dir, info.rank)
         try:
             result = fit(recipe, info, cfg, changes)
         except BaseException as err:

@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import torch
 
@@ -180,6 +181,10 @@ def render(report: dict) -> str:
 
 
 def run_doctor(args) -> int:
+    if args.run:
+        from trainer.restarts import run_report
+        print(run_report(Path(args.run)))
+        return 0
     env = select_environment()
     try:
         port = port_check(env)

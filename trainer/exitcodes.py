@@ -8,7 +8,8 @@
 | 128 + N   | stopped by signal N after an agreed checkpoint (.preempted)  | requeue, not relaunch            |
 | any other | a crash, an uncaught error, a signal without a checkpoint    | retryable                        |
 
-    record_exit(run_dir, rank, code, cause)     # RUN_DIR/exits/rank-<N>.json
+    record_start(run_dir, rank)                 # RUN_DIR/exits/rank-<N>.json says "running" until the exit
+    record_exit(run_dir, rank, code, cause)     # ... and then the exit; a rank killed by a signal leaves "running"
     kind_of(code, preempted=...)                # "done" | "usage" | "non-finite" | "preempted" | "retryable"
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 DONE, USAGE, NON_FINITE = 0, 2, 3
+RUNNING = "running"       # the kind of a record whose process has not exited (or was killed without a word)
 NEVER_RETRIED = {USAGE: "usage", NON_FINITE: "non-finite"}
 EXITS_DIR = "exits"
 
@@ -35,12 +37,31 @@ def kind_of(code: int, preempted: bool = False) -> str:
     return "retryable"
 
 
+def attempt_env() -> dict:
+    """Which launch this process belongs to: the Slurm job, its requeue count and the restart loop's attempt."""
+    env = os.environ
+    return dict(job=env.get("SLURM_JOB_ID", ""), requeue=int(env.get("SLURM_RESTART_COUNT") or 0),
+                attempt=int(env.get("TRAINER_ATTEMPT") or 0), restart=int(env.get("TORCHELASTIC_RESTART_COUNT") or 0))
+
+
+def record_start(run_dir: str | Path, rank: int) -> Path | None:
+    """This rank is training: a record that stays "running" if the process dies without a word (SIGKILL, OOM
+    killer, a lost node), so the restart loop still learns its host and pid."""
+    return _write(run_dir, rank, dict(code=None, kind=RUNNING, cause="started"))
+
+
 def record_exit(run_dir: str | Path, rank: int, code: int, cause: str, preempted: bool = False) -> Path | None:
     """This rank's exit, for the restart loop and `doctor --run`: RUN_DIR/exits/rank-<rank>.json (rank, host, pid,
-    code, kind, cause, time, the job's restart count). None where the run directory cannot be written."""
+    code, kind, cause, time, job, requeue, attempt). None where the run directory cannot be written."""
+    return _write(run_dir, rank, dict(code=code, kind=kind_of(code, preempted), cause=cause))
+
+
+def _write(run_dir: str | Path, rank: int, fields: dict) -> Path | None:
     folder = Path(run_dir) / EXITS_DIR
-    record = dict(rank=rank, host=socket.gethostname(), pid=os.getpid(), code=code, kind=kind_of(code, preempted),
-                  cause=cause, time=round(time.time(), 3), restart=int(os.environ.get("SLURM_RESTART_COUNT", 0)))
+    # SLURMD_NODENAME: the node as Slurm names it (what srun --exclude takes; several slurmds may share a host)
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    record = dict(rank=rank, host=host, pid=os.getpid(), **fields, time=round(time.time(), 3),
+                  **attempt_env())
     try:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"rank-{rank}.json"

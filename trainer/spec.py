@@ -91,6 +91,7 @@ class RecipeSpec:
     bench: BenchPreset | None = None
     renamed: Mapping[str, str] = field(default_factory=dict)   # deprecated dotted key -> its new name
     resume_changeable: tuple[str, ...] = ()      # key patterns beyond the engine's that a resume may change
+    own_batch_plan: bool = False   # Recipe.epoch_batches draws the batches: a resume in another world is not exact
     summary: str = ""
 
     def recipe_class(self) -> type:

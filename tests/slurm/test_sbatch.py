@@ -33,9 +33,10 @@ def test_sbatch_header_matches_golden_file(script):
     assert script.stem.endswith(f"_{opts['nodes']}node")
     text = script.read_text()
     assert 'source "${TRAINER_HOME:-$SLURM_SUBMIT_DIR}/slurm/common.sh"' in text
-    assert re.search(r'srun .*"\$\{LAUNCH\[@\]\}" -m trainer train .*--resume auto "\$@" "\$\{EXTRA_ARGS\[@\]\}"',
-                     text.replace("\\\n", ""))
-    assert text.rstrip().endswith("wait_forwarding $!")
+    # the last line: the training step under the restart loop (which waits, forwarding signals)
+    last = text.replace("\\\n", "").rstrip().splitlines()[-1]
+    assert re.fullmatch(r'run_training srun --kill-on-bad-exit=1 .*"\$\{LAUNCH\[@\]\}" -m trainer train '
+                        r'.*--resume auto "\$@" "\$\{EXTRA_ARGS\[@\]\}"', last), last
 
 
 def test_every_golden_file_has_its_script():

@@ -47,6 +47,7 @@ def _convert(args: argparse.Namespace) -> int:
 SPEC = RecipeSpec(
     name="kgat",
     recipe="trainer.recipes.kgat.recipe:KGATRecipe",
+    own_batch_plan=True,         # epoch_batches: a CF and a KG plan per epoch
     summary="KGAT knowledge-graph recommender",
     data_config=KGATDataConfig, model_config=KGATModelConfig, eval_config=KGATEvalConfig, loss_config=KGATLossConfig,
     renamed={"model.embed_dim": "model.width", "model.relation_dim": "model.relation_width",
