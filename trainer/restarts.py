@@ -188,9 +188,8 @@ def decide(a: Attempt, now: float | None = None) -> tuple[str, list[str], dict]:
         stop, exclude = exclude, []
     record.update(decision="stop" if stop else "relaunch", reason=stop or "retryable failure",
                   excluded=sorted({*a.excluded, *exclude}))
-    if not stop:
-        with open(a.run_dir / RESTARTS, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+    with open(a.run_dir / RESTARTS, "a") as fh:      # a stop too: `doctor --run` says why the run ended
+        fh.write(json.dumps(record) + "\n")
     return ("stop" if stop else "relaunch"), record["excluded"], record
 
 
@@ -236,20 +235,26 @@ def hosts_to_leave_out(a: Attempt, f: Failure, done: list[dict]) -> list[str] | 
 
 def summary(run_dir: Path) -> str:
     """Every relaunch of the run: how many, which ranks and hosts, why, the steps recomputed and the seconds lost
-    (from the failure to training again). Empty when the run never relaunched."""
+    (from the failure to training again), and why the loop stopped if it did. Empty when nothing failed."""
     entries = read_jsonl(run_dir / RESTARTS)
     if not entries:
         return ""
     metrics = read_jsonl(run_dir / "metrics.jsonl")
-    lines = [f"{len(entries)} relaunch(es) in {run_dir}:"]
+    relaunched = [e for e in entries if e.get("decision") == "relaunch"]
+    lines = [f"{len(relaunched)} relaunch(es) in {run_dir}:"]
     for e in entries:
+        where = ", ".join(f"rank {r} on {h}" for r, h in zip(e["ranks"], e["hosts"])) or "no rank recorded"
+        failure = f"{where}, srun exit {e['rc']}: {e['cause']}"
+        if e.get("decision") != "relaunch":
+            lines.append(f"  stopped (job {e['job']}, requeue {e['requeue']}, attempt {e['attempt']}): {failure}")
+            lines.append(f"    not relaunched: {e['reason']}")
+            continue
         back = next((r["time"] for r in metrics if r.get("split") == "train" and r.get("time", 0) > e["time"]), None)
         failed = e.get("failed_at") or e["time"]
         lost = f"{back - failed:.1f} s from the failure to training again" if back else "did not train again"
         redo = (e["last_logged_step"] - e["checkpoint_step"]) if e.get("last_logged_step") is not None else None
-        where = ", ".join(f"rank {r} on {h}" for r, h in zip(e["ranks"], e["hosts"])) or "no rank recorded"
         lines.append(f"  relaunch {e['restart']} of {e['max_restarts']} (job {e['job']}, requeue {e['requeue']}): "
-                     f"{where}, srun exit {e['rc']}: {e['cause']}")
+                     f"{failure}")
         lines.append(f"    resumed from step {e['checkpoint_step']}; "
                      f"{'?' if redo is None else max(redo, 0)} step(s) recomputed; {lost}"
                      + (f"; left out: {', '.join(e['excluded'])}" if e.get("excluded") else ""))

@@ -62,7 +62,7 @@ def test_a_crashed_rank_is_relaunched_in_the_same_job_and_ends_bitwise_equal(job
     info, log, run = jobs[how]
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]   # same job id, no requeue
     entries = read_jsonl(run / "restarts.jsonl")
-    assert len(entries) == 1, entries
+    assert [e["decision"] for e in entries] == ["relaunch"], entries
     e = entries[0]
     rank = 3 if how == "kill" else 1
     assert e["ranks"] == [rank] and e["hosts"] == ["node2" if rank == 3 else "node1"] and e["decision"] == "relaunch"
@@ -88,11 +88,13 @@ def test_a_rank_that_crashes_every_time_stops_after_max_restarts_leaving_its_hos
     info, log, run = jobs["always"]
     assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", log[-4000:]
     entries = read_jsonl(run / "restarts.jsonl")
-    assert [e["restart"] for e in entries] == [1, 2] and [e["hosts"] for e in entries] == [["node1"], ["node1"]]
+    assert [e["decision"] for e in entries] == ["relaunch", "relaunch", "stop"]
+    assert [e["hosts"] for e in entries] == [["node1"], ["node1"], ["node2"]]
     assert entries[0]["excluded"] == [] and entries[1]["excluded"] == ["node1"]
     assert "--exclude=node1 --nodes=1 --ntasks=2" in log
     assert "restart loop: stop: 2 of MAX_RESTARTS=2 relaunches used in this allocation" in log
     assert "2 relaunch(es) in" in log and "left out: node1" in log
+    assert "stopped (job" in log and "rank 0 on node2" in log and "not relaunched: 2 of MAX_RESTARTS=2" in log
     exits = {json.loads(p.read_text())["rank"]: json.loads(p.read_text()) for p in (run / "exits").glob("*.json")}
     assert exits[0]["attempt"] == 2 and exits[0]["host"] == "node2"       # the last launch ran on node2 only
     doctor = __import__("subprocess").run([PY, "-m", "trainer", "doctor", "--run", str(run)], cwd=REPO,
@@ -105,4 +107,9 @@ def test_errors_that_would_repeat_are_not_relaunched(jobs, name, code, kind):
     info, log, run = jobs[name]
     assert info["JobState"] == "FAILED" and info["ExitCode"] == f"{code}:0", log[-3000:]
     assert f"restart loop: stop: {kind} error (exit {code}): it would fail the same way again" in log
-    assert "relaunching" not in log and not (run / "restarts.jsonl").exists()
+    assert "relaunching" not in log and "relaunch(es)" not in log
+    entries = read_jsonl(run / "restarts.jsonl")
+    # a configuration error stops every rank before it opens the run directory: no rank's record, srun's code
+    assert [(e["decision"], e["ranks"]) for e in entries] == [("stop", [] if name == "config" else [0])]
+    if name == "config":
+        assert entries[0]["cause"].startswith("srun exited 2 and no rank recorded its exit")

@@ -96,6 +96,19 @@ def choose_backend(requested: str, device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
+def attempt_store(env: dict, world: int, timeout: float):
+    """Under torchrun's agent store: a client of it whose keys carry the restart count. torch's env:// takes the
+    agent's store as is, and a group restarted after a worker died (--max-restarts, static rendezvous with a fixed
+    --master-port) then read the dead group's gloo addresses: its ranks retried connecting to them until the
+    timeout. None elsewhere and on the first launch (env:// as before: with TORCH_DISTRIBUTED_DEBUG=DETAIL, DDP's
+    wrapper group crashed on a store passed in)."""
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != str(True) or int(env.get("TORCHELASTIC_RESTART_COUNT") or 0) == 0:
+        return None
+    client = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=False,
+                           timeout=datetime.timedelta(seconds=timeout))
+    return dist.PrefixStore(f"trainer/attempt_{env['TORCHELASTIC_RESTART_COUNT']}/", client)
+
+
 def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
     """Validate the environment, create the process group (world > 1 only) and bind the device: under
     ddp the ranks of a node agree through the rendezvous store on who drives which visible GPU."""
@@ -112,8 +125,10 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
     if world > 1:
         backend = choose_backend(getattr(dist_cfg, "backend", "auto"), "cuda" if on_gpu else "cpu")
         log.debug("init_process_group(%s, %s, rank=%d, world=%d)", backend, env.init_method, env.rank, world)
-        dist.init_process_group(backend, init_method=env.init_method, rank=env.rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout))
+        store = attempt_store(env.env, world, timeout)
+        where = dict(store=store) if store is not None else dict(init_method=env.init_method)
+        dist.init_process_group(backend, rank=env.rank, world_size=world, timeout=datetime.timedelta(seconds=timeout),
+                                **where)
     index = _bind(env, ids, timeout) if world > 1 and strategy == "ddp" else 0
     device = f"cuda:{index}" if on_gpu else "cpu"
     dp_devices: tuple[int, ...] = ()

@@ -22,7 +22,8 @@ LOCK_NAME = ".lock"
 
 
 MARKER = ".trainer-run"            # written when a run claims its directory: the directory is a run's
-SUITE_FILES = re.compile(r"^(task-\d+\.out|\.lock|\.preempted|\.write-test-\d+)$")   # put there by the suite itself
+# put there by the suite itself: sbatch's task files, the restart loop's record (slurm/common.sh)
+SUITE_FILES = re.compile(r"^(task-\d+\.out|\.lock|\.preempted|\.write-test-\d+|restarts\.jsonl)$")
 
 
 RUN_FILES = re.compile(r"^(config(\.\d+)?\.yaml|train(\.rank\d+)?\.log|metrics\.jsonl|checkpoints|tb|profile|exits|"
