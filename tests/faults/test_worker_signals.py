@@ -180,3 +180,29 @@ def test_torchruns_failure_summary_names_the_root_cause(tmp_path, how, extra, ca
     root = _root_cause(proc.stderr)
     assert cause in root and "To enable traceback" not in root, proc.stderr[-3000:]
     assert re.search(r"error_file: \S+error\.json", root)
+
+
+def test_loader_workers_and_their_fork_server_end_with_a_training_process_killed_outright(tmp_path):
+    """Seen on main: a rank SIGKILLed under torchrun left its loader worker and the fork server (which waits for
+    its workers) running for good; they held the launcher's pipes, so `subprocess.run(torchrun ...)` never returned."""
+    code = ("import os, signal, sys, torch\n"
+            "from trainer.engine.data import make_loader\n"
+            "data = torch.utils.data.TensorDataset(torch.arange(64.0))\n"
+            "loader = make_loader(data, range(64), 8, 1, None, seed=0)\n"
+            "it = iter(loader); next(it)\n"
+            "print(' '.join(str(c.pid) for c in __import__('psutil').Process().children(recursive=True)), flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.Popen([PY, "-c", code], cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, text=True)
+    own = [psutil.Process(int(p)) for p in proc.stdout.readline().split()]     # fork server, worker, tracker
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert any("forkserver" in " ".join(p.cmdline()) for p in own) and len(own) >= 2, own
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in own):
+        time.sleep(0.2)
+    alive = [p.pid for p in own if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    if alive:
+        for p in alive:
+            os.kill(p, signal.SIGKILL)
+    assert not alive, f"still running 15 s after the training process died: {alive}"
+    assert proc.stdout.read() == ""         # EOF: no process holds the pipe any more

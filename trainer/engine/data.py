@@ -1,10 +1,14 @@
 """Samplers and loaders: deterministic per epoch, shardable across ranks, resumable mid-epoch."""
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing
+import os
+import select
 import signal
 import threading
+import time
 from multiprocessing import forkserver
 from typing import Iterator, Sequence
 
@@ -126,14 +130,36 @@ class ShardSampler(Sampler[int]):
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def ignore_preemption_signals(worker_id: int) -> None:
-    """DataLoader worker_init_fn. Slurm (scancel --signal, preemption, the time-limit warning) signals every
-    process of a task, loader workers included; torch's worker handler dies on a SIGTERM not sent by its
-    parent, and USR1/USR2 end a process by default, after which the training process raises "DataLoader
-    worker is killed by signal" instead of checkpointing. The training process decides; workers go on (they
-    exit with it: their watchdog follows the parent, and Slurm's final SIGKILL reaches them too)."""
+def ignore_preemption_signals(worker_id: int, owner: int | None = None) -> None:
+    """DataLoader worker_init_fn (with owner=the training process's pid). Slurm (scancel --signal, preemption,
+    the time-limit warning) signals every process of a task, loader workers included; torch's worker handler
+    dies on a SIGTERM not sent by its parent, and USR1/USR2 end a process by default, after which the training
+    process raises "DataLoader worker is killed by signal" instead of checkpointing. The training process
+    decides; workers go on, and exit with it (exit_with)."""
     for sig in PREEMPTION_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    if owner is not None:
+        exit_with(owner)
+
+
+def exit_with(pid: int) -> None:
+    """End this worker when process `pid` ends. torch's worker watchdog follows the worker's parent, which is the
+    fork server here: a training process killed outright (SIGKILL, the OOM killer) left its workers and the fork
+    server (which waits for them) running for good, holding the launcher's pipes (torchrun restarts, seen)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):        # no pidfd (Linux < 5.3): look once a second
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])          # readable once the process has exited
+        else:
+            while os.path.exists(f"/proc/{pid}"):
+                time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-trainer", daemon=True).start()
 
 
 # imported once in the fork server, so a worker starts with torch and the recipes' data modules in memory
@@ -169,8 +195,8 @@ def make_loader(dataset: Dataset, sampler: Sampler, batch_size: int, num_workers
                 seed: int, pin_memory: bool = False) -> DataLoader:
     """A DataLoader with its own generator, so creating it never consumes the global RNG; its workers
     come from the fork server (worker_context)."""
-    workers = {"multiprocessing_context": worker_context(), "worker_init_fn": ignore_preemption_signals} \
-        if num_workers > 0 else {}
+    init = functools.partial(ignore_preemption_signals, owner=os.getpid())
+    workers = {"multiprocessing_context": worker_context(), "worker_init_fn": init} if num_workers > 0 else {}
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                       collate_fn=collate_fn, pin_memory=pin_memory, drop_last=False,
                       generator=torch.Generator().manual_seed(seed), persistent_workers=False, **workers)
