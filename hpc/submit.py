@@ -62,6 +62,10 @@ def get_parser() -> argparse.ArgumentParser:
     job.add_argument("--exclusive", action="store_true", help="whole nodes")
     job.add_argument("--max-num-timeout", type=int, default=3, metavar="N",
                      help="requeue after a time-out at most N times (preemptions do not count; default 3)")
+    job.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                     help="relaunch a crashed training step inside the allocation: not available here (submitit "
+                          "runs the trainer as its own srun step and requeues only on time-out and preemption, "
+                          "--max-num-timeout); 0 only. Submit slurm/*.sbatch with MAX_RESTARTS=N for that")
     job.add_argument("--sbatch", action="append", default=[], metavar="KEY[=VALUE]",
                      help="any other sbatch option, into the batch script as #SBATCH --KEY=VALUE (repeatable), "
                           "e.g. --sbatch gres=gpu:a100:4 --sbatch exclude=node7 --sbatch mail-type=END")
@@ -178,6 +182,10 @@ def sbatch_options(items: list[str]) -> dict[str, Any]:
     return out
 
 
+RESTARTS_NOTE = ("submitit starts the trainer in every task of its one srun step and requeues the job only "
+                 "after a time-out or a preemption, at most --max-num-timeout times; a crashed rank ends the job")
+
+
 def validate(args) -> None:
     """Everything that can be checked before submitting; raises SubmitError with a hint."""
     check_text_fields(args)
@@ -190,6 +198,11 @@ def validate(args) -> None:
         if value is not None and value < low:
             raise SubmitError(f"{flag} {value}: must be >= {low}")
     tasks_per_node(args)
+    if args.max_restarts:
+        raise SubmitError(f"--max-restarts {args.max_restarts}: submitit jobs are not relaunched inside the "
+                          f"allocation after a crash ({RESTARTS_NOTE}).\nHINT: sbatch slurm/<recipe>_<N>node.sbatch "
+                          f"with MAX_RESTARTS={args.max_restarts} relaunches a crashed step in the same job "
+                          f"(docs/checkpoints-and-faults.md)")
     if args.cluster in ("local", "debug") and args.nodes > 1:
         raise SubmitError(f"--nodes {args.nodes} with --cluster {args.cluster}: local runs use this one machine "
                           "(use --cluster slurm, or --tasks-per-node for several local ranks)")
@@ -425,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
             sweeps = parse_sweeps(args.sweep)
             for d, extra in zip(run_dirs(args, sweeps), sweeps):
                 print("# task: python -m trainer train " + shlex.join(trainer_argv(args, d, extra)), file=sys.stderr)
+            print(f"# restarts: {RESTARTS_NOTE} (--max-num-timeout={args.max_num_timeout}); no in-allocation "
+                  f"relaunch (slurm/*.sbatch with MAX_RESTARTS=N does that)", file=sys.stderr)
             if args.cluster != "slurm":
                 print(f"# --cluster {args.cluster}: no sbatch script; tasks run as local processes", file=sys.stderr)
                 return 0

@@ -95,6 +95,16 @@ def test_dry_run_matches_golden_file():
     assert "# task: python -m trainer train --recipe toy --epochs 2 --run-dir /runs/golden --resume auto " \
            "train.lr=0.01" in proc.stderr
     assert not Path("/jobs/submitit").exists()   # a dry run creates nothing
+    assert "# restarts: submitit starts the trainer in every task" in proc.stderr      # which retries apply
+
+
+def test_max_restarts_is_refused_with_the_sbatch_path_named():
+    """Issue 48.2: submitit's model has no relaunch inside the allocation; the flag says so instead of doing nothing."""
+    proc = dry_run("--recipe", "toy", "--max-restarts", "2", "--dry-run")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "--max-restarts 2: submitit jobs are not relaunched inside the allocation" in proc.stderr
+    assert "MAX_RESTARTS=2" in proc.stderr and "slurm/<recipe>_<N>node.sbatch" in proc.stderr
+    assert dry_run("--recipe", "toy", "--max-restarts", "0", "--dry-run").returncode == 0
 
 
 def test_dry_run_sweep_is_a_job_array_and_pyxis_args():
