@@ -118,9 +118,10 @@ echo "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST
 # shell stays alive until Slurm kills it: a job that ends by itself during the preemption GraceTime
 # is recorded FAILED and never requeued (Slurm 22.05).
 STEP_TERM=0     # set once a TERM reached this shell: no relaunch after that
+STEP_USR1=0     # set once the time-limit warning came (--signal=B:USR1): no relaunch after that
 wait_forwarding() {
   local pid=$1 rc=0
-  trap 'kill -USR1 "$pid" 2>/dev/null' USR1
+  trap 'STEP_USR1=1; kill -USR1 "$pid" 2>/dev/null' USR1
   trap 'STEP_TERM=1; kill -TERM "$pid" 2>/dev/null' TERM
   while :; do
     rc=0
@@ -146,7 +147,7 @@ wait_forwarding() {
 # preemption (Slurm requeues that), less time left than the last attempt needed to reach a checkpoint. A host
 # that failed twice is left out when the others can go on (a recipe that resumes exactly on a smaller world).
 run_training() {
-  local attempt=0 rc start end verdict summary nodes tasks_per_node job_log exclude=() excluded=""
+  local attempt=0 rc start end stop verdict summary nodes tasks_per_node job_log exclude=() excluded=""
   nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | tr '\n' ' ' || echo "$SLURM_JOB_NODELIST")
   tasks_per_node=${SLURM_NTASKS_PER_NODE:-$(( ${SLURM_NTASKS:-1} / ${SLURM_NNODES:-1} ))}
   job_log=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdOut=//p' || true)
@@ -163,11 +164,18 @@ run_training() {
     if [ "$rc" = 0 ] || [ "$STEP_TERM" = 1 ]; then break; fi
     end=$(squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null | head -n1 || true)
     end=$(date -d "$end" +%s 2>/dev/null || true)          # empty for UNLIMITED / N/A
+    stop=""
+    if [ "$STEP_USR1" = 1 ]; then stop="the time-limit warning (USR1) came: no time for a relaunch"; fi
     verdict=$("${LAUNCH[@]}" -m trainer.restarts decide --run-dir "$RUN_DIR" --rc "$rc" --attempt "$attempt" \
               --max "$MAX_RESTARTS" --attempt-start "$start" --job-start "$JOB_START" --end-time "$end" \
               --nodes "$nodes" --excluded "${excluded//,/ }" --tasks-per-node "$tasks_per_node" \
-              --job "$SLURM_JOB_ID" --requeue "${SLURM_RESTART_COUNT:-0}" --job-log "$job_log") || verdict=stop
+              --job "$SLURM_JOB_ID" --requeue "${SLURM_RESTART_COUNT:-0}" --job-log "$job_log" \
+              --stop "$stop") || verdict=stop
     if [ "$STEP_TERM" = 1 ] || [ "${verdict%% *}" != relaunch ]; then break; fi
+    if [ "$STEP_USR1" = 1 ]; then
+      echo "restart loop: the time-limit warning (USR1) came meanwhile: no relaunch" >&2
+      break
+    fi
     attempt=$((attempt + 1))
     excluded=${verdict#relaunch}; excluded=${excluded# }
     exclude=()

@@ -130,10 +130,11 @@ def own_batch_plan(run_dir: Path) -> bool | None:
 
     from trainer.registry import get_spec
     try:
-        recipe = yaml.safe_load((run_dir / "config.yaml").read_text())["recipe"]
-    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return get_spec(yaml.safe_load((run_dir / "config.yaml").read_text())["recipe"]).own_batch_plan
+    except Exception as err:     # noqa: BLE001 - a missing file or plugin means "not known": the job stops
+        print(f"restart loop: cannot tell whether the recipe resumes exactly on a smaller world: {err}",
+              file=sys.stderr)
         return None
-    return get_spec(recipe).own_batch_plan
 
 
 @dataclass
@@ -153,6 +154,7 @@ class Attempt:
     job: str
     requeue: int
     job_log: str | None = None
+    stop: str = ""           # the batch shell's own reason not to relaunch (the time-limit warning came)
 
 
 def time_needed(a: Attempt, now: float) -> float:
@@ -181,7 +183,9 @@ def decide(a: Attempt, now: float | None = None) -> tuple[str, list[str], dict]:
                   max_restarts=a.max_restarts, rc=a.rc, ranks=f.ranks, hosts=f.hosts, codes=f.codes, cause=f.cause,
                   failed_at=f.time, attempt_start=a.attempt_start, attempt_seconds=round(now - a.attempt_start, 3),
                   checkpoint_step=resumed[-1][0] if resumed else 0, last_logged_step=last,
-                  log_tail=log_tail(a.run_dir, f.ranks[0] if f.ranks else None, a.job_log), excluded=list(a.excluded))
+                  log_tail=log_tail(a.run_dir, f.ranks[0] if f.ranks else None, a.job_log), excluded=list(a.excluded),
+                  time_left=None if a.end_time is None else round(a.end_time - now, 1),
+                  time_needed=round(time_needed(a, now), 1))
     stop = why_stop(a, f, len(done), now)
     exclude = [] if stop else hosts_to_leave_out(a, f, done)
     if isinstance(exclude, str):
@@ -195,6 +199,8 @@ def decide(a: Attempt, now: float | None = None) -> tuple[str, list[str], dict]:
 
 def why_stop(a: Attempt, f: Failure, done: int, now: float) -> str:
     """The reason not to relaunch, or "" to relaunch."""
+    if a.stop:
+        return a.stop
     never = sorted(f.kinds & set(NEVER_RETRIED.values()))
     if a.rc in NEVER_RETRIED:
         never = never or [NEVER_RETRIED[a.rc]]
@@ -299,6 +305,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--excluded", default="", help="hosts already left out, space-separated")
     d.add_argument("--job", default="")
     d.add_argument("--job-log", default=None)
+    d.add_argument("--stop", default="", help="stop with this reason (the batch shell's)")
     s = sub.add_parser("summary", allow_abbrev=False, help="the relaunches of a run directory")
     s.add_argument("run_dir", type=Path)
     return p
@@ -312,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     a = Attempt(args.run_dir, args.rc, args.attempt, args.max, args.attempt_start, args.job_start,
                 float(args.end_time) if args.end_time else None, args.nodes.split(), args.tasks_per_node,
-                args.excluded.split(), args.job, args.requeue, args.job_log)
+                args.excluded.split(), args.job, args.requeue, args.job_log, args.stop)
     verdict, exclude, record = decide(a)
     where = ", ".join(f"rank {r} on {h}" for r, h in zip(record["ranks"], record["hosts"]))
     print(f"restart loop: attempt {a.attempt} failed (srun exit {a.rc}; {where or 'no rank recorded'}): "

@@ -126,3 +126,12 @@ def test_summary_and_the_shell_line(tmp_path, capsys):
     text = summary(tmp_path)
     assert "1 relaunch(es)" in text and "resumed from step 8; 2 step(s) recomputed" in text
     assert "from the failure to training again" in text     # the next train record after the decision
+
+
+def test_the_batch_shell_can_say_stop_and_the_record_keeps_why(tmp_path):
+    """slurm/common.sh passes --stop when the time-limit warning (USR1) came: the failure is still recorded."""
+    record(tmp_path, 1, "retryable", T0 + 2, cause="RuntimeError: boom")
+    a = attempt(tmp_path)
+    a.stop = "the time-limit warning (USR1) came: no time for a relaunch"
+    verdict, _, rec = decide(a, now=T0 + 3)
+    assert verdict == "stop" and rec["reason"] == a.stop and rec["ranks"] == [1]
