@@ -25,7 +25,11 @@ RESTARTS = "restarts.jsonl"
 PREEMPTED_MARKER = ".preempted"       # trainer/engine/loop.py's; this module imports no torch
 PERIODIC = re.compile(r"^step-(\d+)\.pt$")
 TAIL_LINES = 20
-SIMULTANEOUS_S = 1.0     # ranks that failed within this long of the first are all named as its cause
+SIMULTANEOUS_S = 0.2     # ranks that failed within this long of the first are all named as its cause
+# what a rank says when it lost a peer (the shared-memory all-reduce, gloo, NCCL) or was ended by srun: not a cause
+# while another rank says something else
+LOST_PEER = re.compile(r"has exited|closed by peer|connection reset|broken pipe|remote process exited|"
+                       r"SIGTERM|terminated", re.IGNORECASE)
 HOST_FAILURES = 2        # a host that failed this often in one allocation is left out of the next relaunch
 
 
@@ -56,8 +60,8 @@ def attempt_records(run_dir: Path, job: str, requeue: int, attempt: int) -> list
 
 def failure_of(records: list[dict], rc: int) -> Failure:
     """Blame: a rank that died without an exit record (killed by a signal: SIGKILL, the OOM killer, a lost node)
-    before any other; else the first to exit with an error. Ranks that exited later with an error were, most
-    likely, ended by srun --kill-on-bad-exit or lost their peer in a collective."""
+    before any other; else the first to exit with an error of its own. The others were ended by srun
+    --kill-on-bad-exit or lost their peer in a collective, and say so (LOST_PEER)."""
     kinds = {r["kind"] for r in records}
     silent = [r for r in records if r["kind"] == RUNNING]
     failed = [r for r in records if r["kind"] not in (RUNNING, "done")]
@@ -67,8 +71,9 @@ def failure_of(records: list[dict], rc: int) -> Failure:
         # when it died is not recorded: the others' exits (srun ended them at once) are the nearest figure
         at = min((r["time"] for r in failed), default=None)
     elif failed:
-        first = min(r["time"] for r in failed)
-        blamed = [r for r in failed if r["time"] - first <= SIMULTANEOUS_S]
+        causes = [r for r in failed if not LOST_PEER.search(r["cause"])] or failed
+        first = min(r["time"] for r in causes)
+        blamed = [r for r in causes if r["time"] - first <= SIMULTANEOUS_S]
         cause, at = blamed[0]["cause"], first
     else:
         return Failure(cause=f"srun exited {rc} and no rank recorded its exit (a task that failed to launch, or "

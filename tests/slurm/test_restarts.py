@@ -3,12 +3,14 @@ crashed training step in the same job, from the agreed checkpoint, and stops on 
 
 The five jobs are submitted together (one fixture) and checked one per test, so the cluster runs them side by side.
 """
+import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_bitwise_equal, record_fault, run_ranks, weights
+from tests.conftest import PY, REPO, assert_bitwise_equal, record_fault, run_ranks, weights
 from tests.slurm.test_cluster import wait_job
 from tests.slurm.test_sbatch import submit_script
 from trainer.restarts import read_jsonl
@@ -81,3 +83,36 @@ def test_a_crashed_rank_is_relaunched_in_the_same_job_and_ends_bitwise_equal(job
                  exit_s=float(summary.group(2)),
                  outcome="relaunched in the same job (1 restart; time: from the crash to training again), bitwise "
                          "equal to an uninterrupted run")
+
+
+def test_a_rank_that_crashes_every_time_stops_after_max_restarts_leaving_its_host_out(jobs):
+    """Rank 0 (node1) dies on every launch: node1 failed twice, so the second relaunch runs on node2 alone (the toy
+    recipe resumes exactly on a smaller world); rank 0 dies there too and the loop stops: 2 of 2 used."""
+    info, log, run = jobs["always"]
+    assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", log[-4000:]
+    entries = read_jsonl(run / "restarts.jsonl")
+    assert [e["decision"] for e in entries] == ["relaunch", "relaunch", "stop"]
+    assert [e["hosts"] for e in entries] == [["node1"], ["node1"], ["node2"]]
+    assert entries[0]["excluded"] == [] and entries[1]["excluded"] == ["node1"]
+    assert "--exclude=node1 --nodes=1 --ntasks=2" in log
+    assert "restart loop: stop: 2 of MAX_RESTARTS=2 relaunches used in this allocation" in log
+    assert "2 relaunch(es) in" in log and "left out: node1" in log
+    assert "stopped (job" in log and "rank 0 on node2" in log and "not relaunched: 2 of MAX_RESTARTS=2" in log
+    exits = {json.loads(p.read_text())["rank"]: json.loads(p.read_text()) for p in (run / "exits").glob("*.json")}
+    assert exits[0]["attempt"] == 2 and exits[0]["host"] == "node2"       # the last launch ran on node2 only
+    doctor = subprocess.run([PY, "-m", "trainer", "doctor", "--run", str(run)], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert doctor.returncode == 0 and "2 relaunch(es) in" in doctor.stdout, doctor.stdout + doctor.stderr
+
+
+@pytest.mark.parametrize("name, code, kind", [("config", 2, "usage"), ("nan", 3, "non-finite")])
+def test_errors_that_would_repeat_are_not_relaunched(jobs, name, code, kind):
+    info, log, run = jobs[name]
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == f"{code}:0", log[-3000:]
+    assert f"restart loop: stop: {kind} error (exit {code}): it would fail the same way again" in log
+    assert "relaunching" not in log and "relaunch(es)" not in log
+    entries = read_jsonl(run / "restarts.jsonl")
+    # a configuration error stops every rank before it opens the run directory: no rank's record, srun's code
+    assert [(e["decision"], e["ranks"]) for e in entries] == [("stop", [] if name == "config" else [0])]
+    if name == "config":
+        assert entries[0]["cause"].startswith("srun exited 2 and no rank recorded its exit")

@@ -41,6 +41,15 @@ def test_a_rank_without_an_exit_record_is_blamed_before_the_ones_srun_ended(tmp_
     assert rec["failed_at"] == T0 + 10 and "without an exit record" in rec["cause"]
 
 
+def test_a_rank_that_lost_its_peer_is_not_blamed_even_when_it_wrote_first(tmp_path):
+    lost = "RuntimeError: shared-memory all-reduce: rank 1 (pid 9) has exited"
+    record(tmp_path, 0, "retryable", T0 + 0.01, cause=lost)
+    record(tmp_path, 1, "retryable", T0 + 0.05, cause="RuntimeError: toy: rank 1 crashes at step 10 (injected)")
+    record(tmp_path, 2, "retryable", T0 + 0.02, cause="RuntimeError: Connection closed by peer [127.0.0.1]:4242")
+    _, _, rec = decide(attempt(tmp_path, rc=143), now=T0 + 1)
+    assert rec["ranks"] == [1] and rec["cause"].endswith("(injected)")
+
+
 def test_the_first_rank_to_fail_is_blamed_and_older_attempts_records_are_ignored(tmp_path):
     record(tmp_path, 0, "retryable", T0 + 9, cause="RuntimeError: gloo lost its peer")
     record(tmp_path, 1, "retryable", T0 + 5, cause="RuntimeError: loader worker died")
