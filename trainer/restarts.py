@@ -199,18 +199,17 @@ def decide(a: Attempt, now: float | None = None) -> tuple[str, list[str], dict]:
                   excluded=sorted({*a.excluded, *exclude}))
     with open(a.run_dir / RESTARTS, "a") as fh:      # a stop too: `doctor --run` says why the run ended
         fh.write(json.dumps(record) + "\n")
-    return ("stop" if stop else "relaunch"), record["excluded"], record
+    return ("stop", [], record) if stop else ("relaunch", record["excluded"], record)
 
 
 def why_stop(a: Attempt, f: Failure, done: int, now: float) -> str:
     """The reason not to relaunch, or "" to relaunch."""
     if a.stop:
         return a.stop
-    never = sorted(f.kinds & set(NEVER_RETRIED.values()))
-    if a.rc in NEVER_RETRIED:
-        never = never or [NEVER_RETRIED[a.rc]]
+    never = {code: kind for code, kind in NEVER_RETRIED.items() if kind in f.kinds or code == a.rc}
     if never:
-        return f"{never[0]} error (exit {a.rc}): it would fail the same way again, not retried"
+        code = min(never)
+        return f"{never[code]} error (exit {code}): it would fail the same way again, not retried"
     if (a.run_dir / PREEMPTED_MARKER).exists() or "preempted" in f.kinds:
         return "preempted after an agreed checkpoint: Slurm requeues the job, not this loop"
     if a.max_restarts <= 0:
