@@ -64,7 +64,7 @@ if [ "${CONTAINER_ENGINE:-apptainer}" = podman ]; then
   # through podman's signal proxy
   LAUNCH=(podman run --rm --network host --ipc host "${PODMAN_USER[@]}" "${PODMAN_MOUNTS[@]}" -w "$SLURM_SUBMIT_DIR"
           --env 'SLURM_*' --env 'NCCL_*' --env 'TORCH_*' --env OMP_NUM_THREADS --env SRUN_CPUS_PER_TASK
-          --env 'MASTER_*' "$IMAGE" python)
+          --env 'MASTER_*' --env TRAINER_ATTEMPT "$IMAGE" python)
 elif [ "${CONTAINER_ENGINE:-apptainer}" != apptainer ]; then
   echo "common.sh: CONTAINER_ENGINE=$CONTAINER_ENGINE: expected apptainer (the default, with IMAGE=FILE.sif) or podman" >&2
   exit 2
