@@ -163,7 +163,10 @@ run_training() {
     wait_forwarding $! || rc=$?
     if [ "$rc" = 0 ] || [ "$STEP_TERM" = 1 ]; then break; fi
     end=$(squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null | head -n1 || true)
-    end=$(date -d "$end" +%s 2>/dev/null || true)          # empty for UNLIMITED / N/A
+    case "$end" in          # 2026-11-26T13:57:00; empty (no squeue), N/A or Unknown: no time limit known
+      [0-9]*T*) end=$(date -d "$end" +%s 2>/dev/null || true) ;;
+      *) end="" ;;
+    esac
     stop=""
     if [ "$STEP_USR1" = 1 ]; then stop="the time-limit warning (USR1) came: no time for a relaunch"; fi
     verdict=$("${LAUNCH[@]}" -m trainer.restarts decide --run-dir "$RUN_DIR" --rc "$rc" --attempt "$attempt" \

@@ -16,8 +16,9 @@ def run_script(tmp_path, script="sasrec_1node.sbatch", **knobs):
     """(exit code, stderr, srun's argv or None) of `bash slurm/SCRIPT` under a fake job environment."""
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
-    (fake / "srun").write_text('#!/bin/bash\nprintf "%s\\0" "$@" > "$ARGV_OUT"\n')
-    (fake / "srun").chmod(0o755)
+    if not (fake / "srun").exists():          # a test may bring its own
+        (fake / "srun").write_text('#!/bin/bash\nprintf "%s\\0" "$@" > "$ARGV_OUT"\n')
+        (fake / "srun").chmod(0o755)
     out = tmp_path / "argv"
     out.unlink(missing_ok=True)
     env = dict(PATH=f"{fake}:/usr/bin:/bin", HOME=str(tmp_path), SLURM_SUBMIT_DIR=str(tmp_path),
@@ -93,3 +94,29 @@ def test_an_interpreter_without_torch_stops_once_before_srun(tmp_path):
     code, err, argv = run_script(tmp_path, TRAINER_HOME=str(home), PATH=f"{tmp_path}/bin:{bare}:/usr/bin:/bin")
     assert code == 2 and argv is None
     assert "common.sh: python3 cannot import torch and trainer" in err and "PYTHON=/path/to/venv/bin/python" in err
+
+
+FLAKY_SRUN = ('#!/bin/bash\necho "attempt=$TRAINER_ATTEMPT" >> "$ARGV_OUT.calls"\n'
+              'printf "%s\\0" "$@" > "$ARGV_OUT"\n[ "$TRAINER_ATTEMPT" -ge "${FAILS:-1}" ] || exit "${FAIL_CODE:-1}"\n')
+
+
+@pytest.mark.parametrize("knobs, calls, code, says", [
+    ({}, 2, 0, "restart loop: relaunch: retryable failure (relaunch 1 of 2)"),
+    ({"FAILS": "9"}, 3, 1, "not relaunched: 2 of MAX_RESTARTS=2 relaunches used in this allocation"),
+    ({"MAX_RESTARTS": "0"}, 1, 1, "restart loop: stop: MAX_RESTARTS=0: relaunching is off"),
+    ({"FAIL_CODE": "2"}, 1, 2, "restart loop: stop: usage error (exit 2): it would fail the same way again"),
+    ({"MAX_RESTARTS": "two"}, 0, 2, "common.sh: MAX_RESTARTS=two: expected a whole number"),
+])
+def test_the_restart_loop_relaunches_the_step_in_the_shell(tmp_path, knobs, calls, code, says):
+    """slurm/common.sh's run_training with a stand-in srun that fails its first FAILS launches (no cluster: what
+    the shell does; the cluster tests run real crashes)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text(FLAKY_SRUN)
+    (fake / "srun").chmod(0o755)
+    rc, err, argv = run_script(tmp_path, RUN_DIR=str(tmp_path / "run"), **knobs)
+    launched = (tmp_path / "argv.calls").read_text().split() if calls else []
+    assert (rc, launched) == (code, [f"attempt={n}" for n in range(calls)]), err[-3000:]
+    assert says in err
+    if calls:         # the last launch: the training command into the same run directory, resuming
+        assert argv[-2:] == ["--resume", "auto"] and after(argv, "--run-dir") == str(tmp_path / "run")
