@@ -63,9 +63,11 @@ def get_parser() -> argparse.ArgumentParser:
     job.add_argument("--max-num-timeout", type=int, default=3, metavar="N",
                      help="requeue after a time-out at most N times (preemptions do not count; default 3)")
     job.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                     help="relaunch a crashed training step inside the allocation: not available here (submitit "
-                          "runs the trainer as its own srun step and requeues only on time-out and preemption, "
-                          "--max-num-timeout); 0 only. Submit slurm/*.sbatch with MAX_RESTARTS=N for that")
+                     help="relaunch a crashed training step inside the allocation up to N times (default 0: "
+                          "submitit's own model, one srun step that fails with its first crashed rank). N > 0: the "
+                          "batch step itself (no srun of submitit's) runs slurm/common.sh's restart loop, as "
+                          "MAX_RESTARTS=N does for the sbatch scripts; --cluster slurm only, not with "
+                          "--container-image")
     job.add_argument("--sbatch", action="append", default=[], metavar="KEY[=VALUE]",
                      help="any other sbatch option, into the batch script as #SBATCH --KEY=VALUE (repeatable), "
                           "e.g. --sbatch gres=gpu:a100:4 --sbatch exclude=node7 --sbatch mail-type=END")
@@ -182,8 +184,13 @@ def sbatch_options(items: list[str]) -> dict[str, Any]:
     return out
 
 
-RESTARTS_NOTE = ("submitit starts the trainer in every task of its one srun step and requeues the job only "
-                 "after a time-out or a preemption, at most --max-num-timeout times; a crashed rank ends the job")
+def restarts_note(args) -> str:
+    """Which retries a job gets (for --dry-run)."""
+    requeue = f"submitit requeues after a time-out (at most --max-num-timeout={args.max_num_timeout}) or a preemption"
+    if args.max_restarts:
+        return (f"{requeue}; a crashed training step is relaunched inside the allocation up to "
+                f"{args.max_restarts} times (the batch step runs slurm/common.sh's loop; no srun of submitit's)")
+    return f"{requeue}; a crashed rank ends the job (--max-restarts N relaunches inside the allocation)"
 
 
 def validate(args) -> None:
@@ -198,11 +205,13 @@ def validate(args) -> None:
         if value is not None and value < low:
             raise SubmitError(f"{flag} {value}: must be >= {low}")
     tasks_per_node(args)
-    if args.max_restarts:
-        raise SubmitError(f"--max-restarts {args.max_restarts}: submitit jobs are not relaunched inside the "
-                          f"allocation after a crash ({RESTARTS_NOTE}).\nHINT: sbatch slurm/<recipe>_<N>node.sbatch "
-                          f"with MAX_RESTARTS={args.max_restarts} relaunches a crashed step in the same job "
-                          f"(docs/checkpoints-and-faults.md)")
+    if args.max_restarts < 0:
+        raise SubmitError(f"--max-restarts {args.max_restarts}: must be >= 0")
+    if args.max_restarts and (args.cluster != "slurm" or args.container_image):
+        what = f"--cluster {args.cluster}" if args.cluster != "slurm" else "--container-image (pyxis: srun's flags)"
+        raise SubmitError(f"--max-restarts {args.max_restarts} with {what}: the restart loop launches the training "
+                          f"with srun inside a Slurm allocation.\nHINT: --cluster slurm, and --container IMAGE.sif "
+                          f"for a container")
     if args.cluster in ("local", "debug") and args.nodes > 1:
         raise SubmitError(f"--nodes {args.nodes} with --cluster {args.cluster}: local runs use this one machine "
                           "(use --cluster slurm, or --tasks-per-node for several local ranks)")
@@ -257,8 +266,9 @@ def run_dirs(args, sweeps: list[list[str]]) -> list[Path]:
 
 
 def container_python(args) -> str | None:
-    """The shell words that start python inside the task (None: this interpreter)."""
-    if args.container:
+    """The shell words that start python inside the task (None: this interpreter). Under --max-restarts the
+    supervising batch step runs this interpreter, and slurm/common.sh starts the tasks in the image (IMAGE)."""
+    if args.container and not args.max_restarts:
         return shlex.join(["apptainer", "exec", "--nv", str(Path(args.container).resolve()), "python"])
     if args.container_image:
         return "python"
@@ -289,6 +299,9 @@ def slurm_parameters(args, folder: Path) -> dict[str, Any]:
     # a rank that dies (an exception, a failed save) ends the step at once instead of leaving the others
     # in a collective or the rendezvous until dist.timeout_s
     params["srun_args"] = ["--kill-on-bad-exit=1", *args.srun_arg]
+    if args.max_restarts:       # the batch step supervises: slurm/common.sh's loop runs the training's srun
+        params.update(use_srun=False)
+        params.pop("srun_args")
     if args.container_image:
         mounts = args.container_mounts or f"{Path.cwd()}:{Path.cwd()}"
         if str(folder) not in mounts and not str(folder).startswith(str(Path.cwd())):
@@ -341,14 +354,19 @@ def make_executor(args, folder: Path):
 
 def submit(args) -> tuple[list, list[Path]]:
     """Validate, then submit one job (or a job array for --sweep). Returns (jobs, run directories)."""
-    from hpc.task import TrainTask
+    from hpc.task import SupervisedTask, TrainTask
     validate(args)
     if args.cluster == "slurm" and args.container_image and not srun_supports("--container-image"):
         raise SubmitError("srun has no --container-image: pyxis is not installed on this cluster "
                           "(use --container IMAGE.sif with apptainer instead)")
     sweeps = parse_sweeps(args.sweep)
     dirs = run_dirs(args, sweeps)
-    tasks = [TrainTask(trainer_argv(args, d, extra)) for d, extra in zip(dirs, sweeps)]
+    if args.max_restarts:
+        image = str(Path(args.container).resolve()) if args.container else None
+        tasks = [SupervisedTask(trainer_argv(args, d, extra), args.max_restarts, image)
+                 for d, extra in zip(dirs, sweeps)]
+    else:
+        tasks = [TrainTask(trainer_argv(args, d, extra)) for d, extra in zip(dirs, sweeps)]
     executor = make_executor(args, private_folder(args.folder))
     if len(tasks) == 1:
         return [executor.submit(tasks[0])], dirs
@@ -438,8 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             sweeps = parse_sweeps(args.sweep)
             for d, extra in zip(run_dirs(args, sweeps), sweeps):
                 print("# task: python -m trainer train " + shlex.join(trainer_argv(args, d, extra)), file=sys.stderr)
-            print(f"# restarts: {RESTARTS_NOTE} (--max-num-timeout={args.max_num_timeout}); no in-allocation "
-                  f"relaunch (slurm/*.sbatch with MAX_RESTARTS=N does that)", file=sys.stderr)
+            print(f"# restarts: {restarts_note(args)}", file=sys.stderr)
             if args.cluster != "slurm":
                 print(f"# --cluster {args.cluster}: no sbatch script; tasks run as local processes", file=sys.stderr)
                 return 0

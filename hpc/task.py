@@ -77,3 +77,35 @@ class TrainTask:
             i = argv.index("--resume")
             del argv[i:i + 2]
         return submitit.helpers.DelayedSubmission(TrainTask(argv + ["--resume", "auto"]), *args, **kwargs)
+
+
+class SupervisedTask:
+    """hpc/submit.py --max-restarts N: submitit runs this once, in the batch step (no srun of its own), and it runs
+    slurm/common.sh's restart loop there: the training is an inner srun over the whole allocation, relaunched
+    after a retryable failure from the agreed checkpoint, exactly as the sbatch scripts do. The inner tasks see a
+    plain Slurm step (submitit's variables are not passed on), so a time-limit signal makes rank 0 requeue the job,
+    and the requeued job runs this again with --resume auto."""
+
+    def __init__(self, argv: list[str], max_restarts: int, image: str | None = None):
+        self.argv, self.max_restarts, self.image = list(argv), max_restarts, image
+
+    def __repr__(self) -> str:
+        return f"SupervisedTask({self.argv!r}, max_restarts={self.max_restarts})"
+
+    def __call__(self) -> dict[str, Any]:
+        import subprocess
+        from pathlib import Path
+        home = Path(__file__).resolve().parents[1]
+        run_dir = self.argv[self.argv.index("--run-dir") + 1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SUBMITIT_")}
+        env.update(TRAINER_HOME=str(home), RUN_DIR=run_dir, MAX_RESTARTS=str(self.max_restarts))
+        env.update(IMAGE=self.image) if self.image else env.update(PYTHON=sys.executable)
+        loop = ('set -euo pipefail; source "$TRAINER_HOME/slurm/common.sh"; '
+                'run_training srun --kill-on-bad-exit=1 "${LAUNCH[@]}" -m trainer train "$@"')
+        code = subprocess.run(["bash", "-c", loop, "supervised-training", *self.argv], env=env).returncode
+        from trainer.restarts import read_jsonl
+        relaunches = sum(r.get("decision") == "relaunch" for r in read_jsonl(Path(run_dir) / "restarts.jsonl"))
+        if code != 0:
+            raise RuntimeError(f"the training step failed (exit {code}) after {relaunches} relaunch(es) in this "
+                               f"job; see {run_dir}/restarts.jsonl or `python -m trainer doctor --run {run_dir}`")
+        return dict(status="completed", run_dir=run_dir, relaunches=relaunches)

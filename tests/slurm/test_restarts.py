@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PY, REPO, assert_bitwise_equal, record_fault, run_ranks, weights
+from tests.conftest import PY, REPO, assert_bitwise_equal, record_fault, run_ranks, slurm_env, weights
 from tests.slurm.test_cluster import wait_job
 from tests.slurm.test_sbatch import submit_script
 from trainer.restarts import read_jsonl
@@ -33,10 +33,22 @@ def toy_yaml(folder: Path, data: str) -> Path:
     return path
 
 
+def submit_supervised(conf, work: Path) -> str:
+    """hpc/submit.py --max-restarts 2 of the "kill" case: submitit's batch step runs the restart loop."""
+    cfg = toy_yaml(work, JOBS["kill"][1])
+    argv = ["--config", str(cfg), "--nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1", "--time", "00:10:00",
+            "--folder", str(work / "submitit"), "--run-dir", str(work / "run"), "--max-restarts", "2"]
+    proc = subprocess.run([PY, "hpc/submit.py", *argv], cwd=REPO, env=slurm_env(conf), text=True, capture_output=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return re.search(r"submitted job (\d+)", proc.stdout).group(1)
+
+
 @pytest.fixture(scope="module")
 def jobs(slurm_cluster, tmp_path_factory):
     """Every job submitted at once, then each waited for: name -> (scontrol info, job log text, run dir)."""
-    submitted = {}
+    work = tmp_path_factory.mktemp("submitit")
+    submitted = {"submitit": (submit_supervised(slurm_cluster, work), work)}
     for name, (opts, data, env) in JOBS.items():
         work = tmp_path_factory.mktemp(name)
         cfg = toy_yaml(work, data)
@@ -46,6 +58,10 @@ def jobs(slurm_cluster, tmp_path_factory):
     done = {}
     for name, (job, work) in submitted.items():
         info = wait_job(slurm_cluster, job, timeout=400)
+        if name == "submitit":      # the batch step's own output: the loop's lines and the tasks' (no srun files)
+            logs = sorted((work / "submitit" / job).glob("*_log.*"))
+            done[name] = (info, "".join(p.read_text() for p in logs), work / "run")
+            continue
         done[name] = (info, (work / "logs" / f"sasrec-{job}.out").read_text(), work / "runs" / job)
     return done
 
@@ -83,6 +99,17 @@ def test_a_crashed_rank_is_relaunched_in_the_same_job_and_ends_bitwise_equal(job
                  exit_s=float(summary.group(2)),
                  outcome="relaunched in the same job (1 restart; time: from the crash to training again), bitwise "
                          "equal to an uninterrupted run")
+
+
+def test_submit_max_restarts_relaunches_inside_the_submitit_job(jobs, uninterrupted):
+    """hpc/submit.py --max-restarts 2: the same crash (rank 3 SIGKILLed at step 10) under submitit."""
+    info, log, run = jobs["submitit"]
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]
+    entries = read_jsonl(run / "restarts.jsonl")
+    assert [(e["decision"], e["ranks"], e["hosts"]) for e in entries] == [("relaunch", [3], ["node2"])]
+    assert "restart loop: relaunch: retryable failure (relaunch 1 of 2)" in log and "1 relaunch(es) in" in log
+    assert "world=4" in (run / "train.log").read_text()
+    assert_bitwise_equal(weights(run), weights(uninterrupted))
 
 
 def test_a_rank_that_crashes_every_time_stops_after_max_restarts_leaving_its_host_out(jobs):

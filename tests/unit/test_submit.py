@@ -95,16 +95,21 @@ def test_dry_run_matches_golden_file():
     assert "# task: python -m trainer train --recipe toy --epochs 2 --run-dir /runs/golden --resume auto " \
            "train.lr=0.01" in proc.stderr
     assert not Path("/jobs/submitit").exists()   # a dry run creates nothing
-    assert "# restarts: submitit starts the trainer in every task" in proc.stderr      # which retries apply
+    assert "# restarts: submitit requeues after a time-out" in proc.stderr      # which retries apply
 
 
-def test_max_restarts_is_refused_with_the_sbatch_path_named():
-    """Issue 48.2: submitit's model has no relaunch inside the allocation; the flag says so instead of doing nothing."""
-    proc = dry_run("--recipe", "toy", "--max-restarts", "2", "--dry-run")
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert "--max-restarts 2: submitit jobs are not relaunched inside the allocation" in proc.stderr
-    assert "MAX_RESTARTS=2" in proc.stderr and "slurm/<recipe>_<N>node.sbatch" in proc.stderr
-    assert dry_run("--recipe", "toy", "--max-restarts", "0", "--dry-run").returncode == 0
+def test_max_restarts_makes_the_batch_step_supervise_the_training():
+    """Issue 48.2: no srun of submitit's; the batch step runs slurm/common.sh's loop (SupervisedTask), which starts
+    the training with its own srun. Local clusters and pyxis (srun's flags) are refused."""
+    proc = dry_run("--recipe", "toy", "--nodes", "2", "--max-restarts", "2", "--dry-run", "--folder", "/jobs/x")
+    assert proc.returncode == 0, proc.stderr
+    assert "relaunched inside the allocation up to 2 times" in proc.stderr
+    assert "srun" not in proc.stdout and "-m submitit.core._submit /jobs/x/%j" in proc.stdout
+    assert "#SBATCH --nodes=2" in proc.stdout
+    for other in (("--cluster", "local"), ("--container-image", "nvcr.io/x")):
+        bad = dry_run("--recipe", "toy", "--max-restarts", "1", *other, "--dry-run")
+        assert bad.returncode == 2 and "the restart loop launches the training with srun" in bad.stderr
+    assert "a crashed rank ends the job" in dry_run("--recipe", "toy", "--dry-run").stderr
 
 
 def test_dry_run_sweep_is_a_job_array_and_pyxis_args():
