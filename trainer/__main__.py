@@ -63,12 +63,12 @@ def run_train(args):
     try:
         cfg.run_dir = resolve_run_dir(cfg, info)
         lock = claim_run_dir(cfg.run_dir, cfg.ckpt.resume, info)
-        changes = check_resume_config(cfg, info)        # refused before a log line or config.yaml is written
+        planned = check_resume_config(cfg, info)        # refused before a log line or config.yaml is written
         if cfg.private and info.is_main:
             make_private(cfg.run_dir)
         setup_logging(info, cfg.run_dir, per_rank=cfg.train.log_per_rank)
-        if changes:
-            log.warning("changed on resume: %s", describe(changes))
+        if planned.changes:
+            log.warning("changed on resume: %s", describe(planned.changes))
         if info.is_main:
             save_config(cfg, Path(cfg.run_dir) / "config.yaml")
             if hasattr(cfg.data, "path") and not cfg.data.path:
@@ -77,7 +77,7 @@ def run_train(args):
         recipe = build_recipe(cfg, info)
         record_start(cfg.run_dir, info.rank)
         try:
-            result = fit(recipe, info, cfg, changes)
+            result = fit(recipe, info, cfg, planned)
         except BaseException as err:
             record_exit(cfg.run_dir, info.rank, exit_code_of_error(err), f"{type(err).__name__}: {err}"[:2000])
             raise

@@ -101,3 +101,35 @@ def test_a_change_outside_the_allowlist_is_refused_before_anything_is_written(se
     assert after == {k: v for k, v in before.items() if k != ".lock"}
     record_fault("resume that changes a setting outside the allowlist (model.hidden)", steps_lost=0,
                  exit_s=round(time.monotonic() - t0, 2), outcome="exit 2 naming the setting, nothing written")
+
+
+COUNT_LOADS = ("import collections, sys, torch\n"
+               "loads, real = collections.Counter(), torch.load\n"
+               "def counting(f, *a, **k):\n"
+               "    loads[str(f)] += 1\n"
+               "    return real(f, *a, **k)\n"
+               "torch.load = counting\n"
+               "from trainer.__main__ import main\n"
+               "code = main(sys.argv[1:])\n"
+               "print('LOADS', dict(loads))\n"
+               "sys.exit(code)\n")
+
+
+@pytest.mark.parametrize("resume", ["auto", "path"])
+def test_a_resume_reads_its_checkpoint_once(tmp_path, resume):
+    """The config check, the search for the newest checkpoint and the restore each read it (three full reads of what
+    may be gigabytes, on every relaunch); now the check's read is handed on."""
+    import subprocess
+
+    from tests.conftest import PY, REPO, clean_env
+    run = tmp_path / "run"
+    args = ["train", "--recipe", "toy", "--seed", "3", "--epochs", "2", "train.tensorboard=false", "--run-dir", str(run)]
+    stopped = trainer(*args, "data.signal_at_step=6", check=False)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
+    ckpt = max((run / "checkpoints").glob("step-*.pt"))
+    proc = subprocess.run([PY, "-c", COUNT_LOADS, *args, "--resume", "auto" if resume == "auto" else str(ckpt)],
+                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loads = eval(proc.stdout.split("LOADS ", 1)[1])        # noqa: S307 - our own print of a dict of str -> int
+    assert loads.get(str(ckpt)) == 1, loads
+    assert f"resumed from {ckpt}" in proc.stderr

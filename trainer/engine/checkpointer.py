@@ -48,8 +48,9 @@ def where(state: TrainState) -> str:
 class Checkpointer:
     """Snapshot, save, prune and resume the checkpoints of one run."""
 
-    def __init__(self, run: Run, run_dir: Path):
+    def __init__(self, run: Run, run_dir: Path, planned: resume.Planned | None = None):
         self.run, self.info, self.cfg = run, run.info, run.cfg
+        self.planned = planned           # the checkpoint check_resume_config chose (and rank 0 already read)
         self.files = ckpt_io.CheckpointManager(run_dir, run.cfg.ckpt.keep_last)
         self.notes: list[str] = []       # what a resume under another layout or lr changed (metrics.jsonl)
 
@@ -94,8 +95,11 @@ class Checkpointer:
         spec = self.cfg.ckpt.resume
         if spec != "auto":
             return spec or None
-        found = self.files.newest_valid() if self.info.is_main else None
-        path = runtime.broadcast_object(str(found[0]) if found else None, self.info)
+        if self.planned is not None:
+            path = self.planned.path
+        else:
+            found = self.files.newest_valid() if self.info.is_main else None
+            path = runtime.broadcast_object(str(found[0]) if found else None, self.info)
         if path is None:
             log.info("--resume auto: no checkpoint in %s, starting fresh", self.files.dir)
         return path
@@ -105,7 +109,7 @@ class Checkpointer:
         if path is None:
             return None
         run = self.run
-        ckpt = ckpt_io.load(path)
+        ckpt = (self.planned.take(path) if self.planned is not None else None) or ckpt_io.load(path)
         ckpt_io.check_compatible(ckpt, self.cfg.recipe, run.model, path)
         fresh = [group["initial_lr"] for group in run.optimizer.param_groups]     # this run's (scaled) lr
         run.model.load_state_dict(ckpt["model"])

@@ -42,7 +42,7 @@ from trainer.engine.preemption import (
 )
 from trainer.engine.profile import StepProfiler
 from trainer.engine.recipe import Recipe, move_to
-from trainer.engine.resume import write_resume_record
+from trainer.engine.resume import Planned, write_resume_record
 from trainer.engine.window import LossWindow, NonFiniteLossError, Reading
 
 __all__ = ["fit", "FitResult", "NonFiniteLossError", "Stop", "EpochLoop", "FitLoop"]
@@ -449,16 +449,17 @@ class FitLoop:
         return evaluate_and_log(trainer, "test", epoch, checkpoint="best")
 
 
-def fit(recipe: Recipe, info: DistInfo, cfg: Config, changes: list | tuple = ()) -> FitResult:
-    """Train recipe under the given process layout; checkpoints and logs go to cfg.run_dir. changes: the
-    settings a resume changed (trainer.engine.resume.check_resume_config), recorded in metrics.jsonl."""
+def fit(recipe: Recipe, info: DistInfo, cfg: Config, planned: Planned | None = None) -> FitResult:
+    """Train recipe under the given process layout; checkpoints and logs go to cfg.run_dir. planned: what
+    trainer.engine.resume.check_resume_config found (the settings a resume changes, recorded in metrics.jsonl, and
+    the checkpoint to load); None: the Checkpointer looks for it itself."""
     if info.restart_count:
         log.info("restart %d of job %s (launcher %s)", info.restart_count, info.job_id, info.launcher)
     run_dir = Path(cfg.run_dir)
     writer = None
     try:
         run = build_run(recipe, info, cfg)
-        ckpts = Checkpointer(run, run_dir)
+        ckpts = Checkpointer(run, run_dir, planned)
         if info.is_main:
             (run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
         resumed = ckpts.resume()
@@ -468,7 +469,7 @@ def fit(recipe: Recipe, info: DistInfo, cfg: Config, changes: list | tuple = ())
         writer = MetricsWriter(run_dir, info, cfg.train.tensorboard,
                                purge_step=state.global_step + 1 if resumed else None)
         if resumed:
-            write_resume_record(writer, state, list(changes), ckpts.notes)
+            write_resume_record(writer, state, list(planned.changes) if planned else [], ckpts.notes)
         trainer = EpochLoop(run, ckpts, writer, state, metrics)
         trapped = trapped_signals(cfg.ckpt.requeue_signals, info.preempt_signal)
         lost = unforwarded_signals(info, trapped)

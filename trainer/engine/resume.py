@@ -2,7 +2,8 @@
 before anything is written), and where the run continues when the world size, batch size or accumulation
 differs from the checkpoint's (the next unseen sample of the epoch, at the same point of the LR schedule).
 
-    changes = check_resume_config(cfg, info)   # before config.yaml, logs or TensorBoard are written
+    planned = check_resume_config(cfg, info)   # before config.yaml, logs or TensorBoard are written
+    planned.changes, planned.path              # what the resume changes; the checkpoint it loads (every rank)
     notes = continue_at(state, ckpt, run)      # in Checkpointer: place the epoch and the schedule
 """
 from __future__ import annotations
@@ -83,16 +84,32 @@ def resume_checkpoint(cfg: Config) -> tuple[Path, dict] | None:
     return Path(spec), ckpt_io.load(spec)
 
 
-def check_resume_config(cfg: Config, info: DistInfo) -> list[tuple[str, Any, Any]]:
+@dataclass
+class Planned:
+    """What check_resume_config found: the settings the resume changes, the checkpoint it loads (the same path on
+    every rank; None for a fresh start) and, on rank 0, that checkpoint as already read for the check, so the
+    Checkpointer neither searches for it nor reads it again (a large checkpoint was read three times)."""
+
+    changes: list[tuple[str, Any, Any]]
+    path: str | None = None
+    ckpt: dict | None = None
+
+    def take(self, path: str) -> dict | None:
+        """The checkpoint read for the check if it is `path` (once: the memory is released after)."""
+        ckpt, self.ckpt = self.ckpt, None
+        return ckpt if path == self.path else None
+
+
+def check_resume_config(cfg: Config, info: DistInfo) -> Planned:
     """Before anything is written: refuse a resume that changes a setting outside CHANGEABLE_ON_RESUME (all
     ranks raise ConfigError); else keep the previous config.yaml as config.<step>.yaml when this run's
-    settings differ, and return the changes (logged once logging is set up)."""
-    problem, changes = None, []
+    settings differ, and return the changes (logged once logging is set up) with the checkpoint to load."""
+    problem, changes, path, ckpt = None, [], None, None
     if info.is_main:
         try:
             found = resume_checkpoint(cfg)
             if found is not None:
-                path, ckpt = found
+                path, ckpt = str(found[0]), found[1]
                 changes = config_changes(ckpt["config"], cfg) if ckpt["recipe"] == cfg.recipe else []
                 allowed = changeable_keys(cfg.recipe)
                 refused = [c for c in changes if not changeable(c[0], allowed)]
@@ -108,10 +125,10 @@ def check_resume_config(cfg: Config, info: DistInfo) -> list[tuple[str, Any, Any
                     keep_previous_config(Path(cfg.run_dir), ckpt["global_step"])
         except ckpt_io.CheckpointError as err:
             problem = str(err)
-    problem, changes = runtime.broadcast_object((problem, changes), info)
+    problem, changes, path = runtime.broadcast_object((problem, changes, path), info)
     if problem:
         raise ConfigError(problem)
-    return [c for c in changes if c[0] not in QUIET]
+    return Planned([c for c in changes if c[0] not in QUIET], path, ckpt)
 
 
 def keep_previous_config(run_dir: Path, step: int) -> None:
