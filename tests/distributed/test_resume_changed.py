@@ -123,7 +123,8 @@ def test_a_resume_reads_its_checkpoint_once(tmp_path, resume):
 
     from tests.conftest import PY, REPO, clean_env
     run = tmp_path / "run"
-    args = ["train", "--recipe", "toy", "--seed", "3", "--epochs", "2", "train.tensorboard=false", "--run-dir", str(run)]
+    args = ["train", "--recipe", "toy", "--seed", "3", "--epochs", "2", "train.tensorboard=false",
+            "--run-dir", str(run)]
     stopped = trainer(*args, "data.signal_at_step=6", check=False)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
     ckpt = max((run / "checkpoints").glob("step-*.pt"))
