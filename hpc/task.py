@@ -99,7 +99,10 @@ class SupervisedTask:
         run_dir = self.argv[self.argv.index("--run-dir") + 1]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SUBMITIT_")}
         env.update(TRAINER_HOME=str(home), RUN_DIR=run_dir, MAX_RESTARTS=str(self.max_restarts))
-        env.update(IMAGE=self.image) if self.image else env.update(PYTHON=sys.executable)
+        if self.image:          # the tasks run in the image (common.sh's apptainer wrapper); this step on the host
+            env.update(IMAGE=self.image)
+        else:
+            env.update(PYTHON=sys.executable)
         loop = ('set -euo pipefail; source "$TRAINER_HOME/slurm/common.sh"; '
                 'run_training srun --kill-on-bad-exit=1 "${LAUNCH[@]}" -m trainer train "$@"')
         code = subprocess.run(["bash", "-c", loop, "supervised-training", *self.argv], env=env).returncode

@@ -24,6 +24,7 @@ DONE, USAGE, NON_FINITE = 0, 2, 3
 RUNNING = "running"       # the kind of a record whose process has not exited (or was killed without a word)
 NEVER_RETRIED = {USAGE: "usage", NON_FINITE: "non-finite"}
 EXITS_DIR = "exits"
+PREEMPTED_MARKER = ".preempted"   # in the run directory while the last stop was a signal checkpoint (engine/loop.py)
 
 
 def kind_of(code: int, preempted: bool = False) -> str:

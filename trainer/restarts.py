@@ -6,7 +6,7 @@ relaunch (RUN_DIR/restarts.jsonl) and the failure summary (also `trainer doctor 
     python -m trainer.restarts summary runs/123
 
 `decide` prints one line for the shell: `relaunch [HOST,...]` (the hosts to leave out) or `stop`; what it decided
-and why goes to stderr and, for a relaunch, to restarts.jsonl. The batch shell runs it with the tasks' own Python
+and why goes to stderr and, relaunch or stop, to restarts.jsonl. The batch shell runs it with the tasks' own Python
 (inside the image when there is one), so it reads only files: squeue's end time comes in as --end-time.
 """
 from __future__ import annotations
@@ -19,10 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.exitcodes import EXITS_DIR, NEVER_RETRIED, RUNNING
+from trainer.exitcodes import EXITS_DIR, NEVER_RETRIED, PREEMPTED_MARKER, RUNNING
 
 RESTARTS = "restarts.jsonl"
-PREEMPTED_MARKER = ".preempted"       # trainer/engine/loop.py's; this module imports no torch
 PERIODIC = re.compile(r"^step-(\d+)\.pt$")
 TAIL_LINES = 20
 SIMULTANEOUS_S = 0.2     # ranks that failed within this long of the first are all named as its cause
@@ -182,6 +181,7 @@ def decide(a: Attempt, now: float | None = None) -> tuple[str, list[str], dict]:
     now = time.time() if now is None else now
     f = failure_of(attempt_records(a.run_dir, a.job, a.requeue, a.attempt), a.rc)
     done = allocation_entries(a)
+    need = time_needed(a, now)
     resumed = checkpoint_steps(a.run_dir)
     last = last_train_step(a.run_dir, a.attempt_start)
     record = dict(time=round(now, 3), job=a.job, requeue=a.requeue, attempt=a.attempt, restart=len(done) + 1,
@@ -190,8 +190,8 @@ def decide(a: Attempt, now: float | None = None) -> tuple[str, list[str], dict]:
                   checkpoint_step=resumed[-1][0] if resumed else 0, last_logged_step=last,
                   log_tail=log_tail(a.run_dir, f.ranks[0] if f.ranks else None, a.job_log), excluded=list(a.excluded),
                   time_left=None if a.end_time is None else round(a.end_time - now, 1),
-                  time_needed=round(time_needed(a, now), 1))
-    stop = why_stop(a, f, len(done), now)
+                  time_needed=round(need, 1))
+    stop = why_stop(a, f, len(done), now, need)
     exclude = [] if stop else hosts_to_leave_out(a, f, done)
     if isinstance(exclude, str):
         stop, exclude = exclude, []
@@ -202,8 +202,8 @@ def decide(a: Attempt, now: float | None = None) -> tuple[str, list[str], dict]:
     return ("stop", [], record) if stop else ("relaunch", record["excluded"], record)
 
 
-def why_stop(a: Attempt, f: Failure, done: int, now: float) -> str:
-    """The reason not to relaunch, or "" to relaunch."""
+def why_stop(a: Attempt, f: Failure, done: int, now: float, need: float) -> str:
+    """The reason not to relaunch, or "" to relaunch (need: time_needed)."""
     if a.stop:
         return a.stop
     never = {code: kind for code, kind in NEVER_RETRIED.items() if kind in f.kinds or code == a.rc}
@@ -216,7 +216,6 @@ def why_stop(a: Attempt, f: Failure, done: int, now: float) -> str:
         return "MAX_RESTARTS=0: relaunching is off"
     if done >= a.max_restarts:
         return f"{done} of MAX_RESTARTS={a.max_restarts} relaunches used in this allocation"
-    need = time_needed(a, now)
     if a.end_time is not None and a.end_time - now < need:
         return (f"{a.end_time - now:.0f} s left in the allocation, fewer than the {need:.0f} s a relaunch needs "
                 f"to reach its first checkpoint")

@@ -44,11 +44,11 @@ from trainer.engine.profile import StepProfiler
 from trainer.engine.recipe import Recipe, move_to
 from trainer.engine.resume import Planned, write_resume_record
 from trainer.engine.window import LossWindow, NonFiniteLossError, Reading
+from trainer.exitcodes import PREEMPTED_MARKER
 
 __all__ = ["fit", "FitResult", "NonFiniteLossError", "Stop", "EpochLoop", "FitLoop"]
 
 log = logging.getLogger(__name__)
-PREEMPTED_MARKER = ".preempted"   # in the run directory while the last stop was a signal checkpoint
 
 
 class Stop(enum.Enum):
