@@ -46,6 +46,8 @@ def _collectives(rank: int, world: int, store: str, out: str) -> None:
     gathered = [torch.empty_like(floats) for _ in range(world)]
     dist.all_gather(gathered, floats)
     refused = comm.all_reduce_(torch.ones(3, dtype=torch.bfloat16))
+    # another device (CUDA buckets when gloo drives GPUs; meta stands in here): refused, left to the group
+    off_cpu = (comm.all_reduce_(torch.ones(3, device="meta")), comm.all_gather(torch.ones(3, device="meta")))
     gathers_ok = True
     for shape, dtype in (((0,), torch.int64), ((1,), torch.int64), ((2500, 3), torch.float32), ((7,), torch.bfloat16)):
         mine = (torch.randn(shape, generator=gen) * 100).to(dtype)
@@ -55,7 +57,7 @@ def _collectives(rank: int, world: int, store: str, out: str) -> None:
         gathers_ok &= len(got) == world and all(torch.equal(a, b) for a, b in zip(got, ref))
     many_ok, mixed_refused, grads_ok = _many(comm, info, gen)
     torch.save(dict(mismatches=mismatches, mean_ok=mean_ok, same=all(torch.equal(gathered[0], g) for g in gathered),
-                    refused=refused, gathers_ok=gathers_ok, left=os.listdir(shm.SHM_DIR), many_ok=many_ok,
+                    refused=refused, off_cpu=off_cpu, gathers_ok=gathers_ok, left=os.listdir(shm.SHM_DIR), many_ok=many_ok,
                     mixed_refused=mixed_refused, grads_ok=grads_ok), f"{out}.{rank}")
     dist.destroy_process_group()
 
@@ -97,6 +99,7 @@ def test_matches_gloo_and_gives_every_rank_the_same_bits(tmp_path, monkeypatch):
         got = torch.load(tmp_path / f"got.{rank}", weights_only=True)
         assert got["mismatches"] == [] and got["mean_ok"] and got["same"], got
         assert got["refused"] is False                      # bf16: the caller falls back to the process group
+        assert got["off_cpu"] == (False, None)              # not a CPU tensor: the same
         assert got["gathers_ok"]                            # all_gather: gloo's result, any dtype
         assert got["left"] == []                            # unlinked once every rank had it mapped
         assert (got["many_ok"], got["mixed_refused"], got["grads_ok"]) == (True, True, True)

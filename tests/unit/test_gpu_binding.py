@@ -69,7 +69,23 @@ def test_a_layout_ddp_cannot_use_names_the_tasks_and_gpus(cvd, message):
     assert message in str(err.value) and "HINT" in str(err.value)
 
 
-def _exchange(nodes: list[list[str]]) -> list[object]:
+@pytest.mark.parametrize("cvd,expected", [
+    (["0", "0"], ["0", "0"]),                                   # --gpu-bind=single:2, or a one-GPU machine
+    (["0,1", "0,1", "0,1", "0,1", "0,1"], ["0", "1", "0", "1", "0"]),   # spread evenly, lowest first
+    (["0,1", "0,1", "2"], ["0", "1", "2"]),                     # no sharing where a GPU is free
+])
+def test_gloo_may_put_ranks_on_a_shared_gpu_spread_evenly(cvd, expected):
+    visible = [visible_ids({"CUDA_VISIBLE_DEVICES": v}, 0) for v in cvd]
+    index = assign_devices(visible, share=True)
+    assert [visible[t][i] for t, i in enumerate(index)] == expected
+    with pytest.raises(LaunchError, match="dist.backend=gloo can"):
+        if len(set(expected)) < len(expected):
+            assign_devices(visible)                             # NCCL's rule stands without share
+        else:
+            raise LaunchError("dist.backend=gloo can")          # nothing shared: nothing to refuse
+
+
+def _exchange(nodes: list[list[str]], share: bool = False) -> list[object]:
     """Run exchange_and_assign for every rank of `nodes` (CUDA_VISIBLE_DEVICES per local task) in threads
     against one real TCPStore; the index or the exception of each rank, in rank order."""
     port = free_port()
@@ -81,7 +97,7 @@ def _exchange(nodes: list[list[str]]) -> list[object]:
         store = dist.TCPStore("127.0.0.1", port, world, False)
         try:
             out[rank] = exchange_and_assign(store, node, local, len(nodes[node]), world,
-                                            visible_ids({"CUDA_VISIBLE_DEVICES": cvd}, 0), 30)
+                                            visible_ids({"CUDA_VISIBLE_DEVICES": cvd}, 0), 30, share)
         except LaunchError as err:
             out[rank] = err
 
@@ -108,3 +124,7 @@ def test_one_oversubscribed_node_fails_every_rank_with_the_same_message():
     assert all(isinstance(o, LaunchError) for o in out), out
     assert {str(o) for o in out} == {str(out[2])}
     assert "2 tasks on this node but only 1 visible GPU(s)" in str(out[0])
+
+
+def test_the_exchange_lets_gloo_ranks_share_a_gpu():
+    assert _exchange([["0", "0"], ["0", "0"]], share=True) == [0, 0, 0, 0]

@@ -2,6 +2,7 @@
 
     assign_devices([["0", "1"], ["0", "1"]])   # all GPUs visible to both tasks -> [0, 1]
     assign_devices([["0", "1"], ["2", "3"]])   # --gpus-per-task=2: the model on each task's first -> [0, 0]
+    assign_devices([["0"], ["0"]], share=True)  # gloo only: two ranks on one GPU -> [0, 0]
 
 The ranks of a node swap what they can see (CUDA_VISIBLE_DEVICES, or every device when it is unset)
 through the rendezvous store, so the same table is computed on each of them; no rank guesses from its own
@@ -32,25 +33,27 @@ def visible_ids(env: Mapping[str, str], device_count: int) -> list[str]:
     return ids
 
 
-def assign_devices(visible: Sequence[Sequence[str]]) -> list[int]:
+def assign_devices(visible: Sequence[Sequence[str]], share: bool = False) -> list[int]:
     """For the tasks of one node in local-rank order, each with the GPU ids it sees: the index, into its own
     list, of the GPU it drives. Each task takes its first GPU that no lower task took, so tasks sharing a set
-    spread over it, and tasks with a set of their own use its first GPU. LaunchError (with a HINT) when a
-    task finds none left: DDP cannot put two ranks on one GPU (NCCL refuses duplicate GPUs)."""
+    spread over it, and tasks with a set of their own use its first GPU. A task that finds none left raises a
+    LaunchError (with a HINT): NCCL refuses two ranks on one GPU. With `share` (the gloo backend, which
+    copies through the host and does not mind) it takes its least used GPU instead."""
     if not any(visible):
         return [0] * len(visible)     # no GPUs on this node: every task runs on the CPU
-    taken: set[str] = set()
+    users: dict[str, int] = {}                 # GPU id -> tasks of this node driving it so far
     chosen: list[int] = []
     for task, ids in enumerate(visible):
-        free = [i for i, gpu in enumerate(ids) if gpu not in taken]
+        free = [i for i, gpu in enumerate(ids) if gpu not in users]
         if not ids:
             raise LaunchError(f"local task {task} sees no GPU (CUDA_VISIBLE_DEVICES is empty) while "
                               f"{_seen_by_others(visible)} other task(s) of this node see some.\n"
                               f"HINT: give every task GPUs (--gpus-per-task=1) or none.")
-        if not free:
+        if not free and not share:
             raise _oversubscribed(visible, task)
-        chosen.append(free[0])
-        taken.add(ids[free[0]])
+        pick = free[0] if free else min(range(len(ids)), key=lambda i: (users[ids[i]], i))
+        chosen.append(pick)
+        users[ids[pick]] = users.get(ids[pick], 0) + 1
     return chosen
 
 
@@ -69,19 +72,20 @@ def _oversubscribed(visible: Sequence[Sequence[str]], task: int) -> LaunchError:
         f"{len(rivals)} tasks on this node but only {len(gpus)} visible GPU(s) ({where}; local tasks "
         f"{','.join(map(str, rivals))}).\n"
         f"HINT: run one task per GPU: --ntasks-per-node={len(gpus)} with --gpus-per-node={len(gpus)}, or "
-        f"--gpus-per-task=1; --gpu-bind=single:N binds N tasks to one GPU, which DDP cannot use.")
+        f"--gpus-per-task=1; --gpu-bind=single:N binds N tasks to one GPU, which NCCL cannot use "
+        f"(dist.backend=gloo can, slowly: for tests, not for speed).")
 
 
 def exchange_and_assign(store, node_rank: int, local_rank: int, local_world_size: int, world_size: int,
-                        ids: list[str], timeout_s: float) -> int:
+                        ids: list[str], timeout_s: float, share: bool = False) -> int:
     """Swap visible GPU ids with the other tasks of this node through the rendezvous store and return this
-    task's index. Every rank of the job waits for all to report, so an oversubscribed node fails the
+    task's index (`share`: as assign_devices). Every rank of the job waits for all to report, so an oversubscribed node fails the
     whole job at once, with one message, instead of leaving the other nodes hanging in a collective."""
     store.set(f"{_KEY}/{node_rank}/{local_rank}", ",".join(ids))
     table = [_split(store.get(f"{_KEY}/{node_rank}/{i}")) for i in range(local_world_size)]
     index, error = 0, None
     try:
-        index = assign_devices(table)[local_rank]
+        index = assign_devices(table, share)[local_rank]
     except LaunchError as err:
         error = err
         store.set(f"{_KEY}/error", str(err))

@@ -129,7 +129,7 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
         where = dict(store=store) if store is not None else dict(init_method=env.init_method)
         dist.init_process_group(backend, rank=env.rank, world_size=world, timeout=datetime.timedelta(seconds=timeout),
                                 **where)
-    index = _bind(env, ids, timeout) if world > 1 and strategy == "ddp" else 0
+    index = _bind(env, ids, timeout, share=backend == "gloo") if world > 1 and strategy == "ddp" else 0
     device = f"cuda:{index}" if on_gpu else "cpu"
     dp_devices: tuple[int, ...] = ()
     if strategy == "dp" and on_gpu:
@@ -175,12 +175,13 @@ def local_comm() -> shm.ShmComm | None:
     return _local["comm"]
 
 
-def _bind(env: LaunchEnvironment, ids: list[str], timeout_s: float) -> int:
+def _bind(env: LaunchEnvironment, ids: list[str], timeout_s: float, share: bool = False) -> int:
     """This rank's index into its visible GPUs, agreed with the node's other ranks (binding.py); on a
-    layout DDP cannot use, every rank leaves the process group and raises the same LaunchError."""
+    layout DDP cannot use, every rank leaves the process group and raises the same LaunchError. `share`
+    (gloo): ranks may share a GPU, e.g. two ranks on a one-GPU machine standing in for NCCL's multi-GPU run."""
     try:
         return exchange_and_assign(dist.distributed_c10d._get_default_store(), env.node_rank, env.local_rank,
-                                   env.local_world_size, env.world_size, ids, timeout_s)
+                                   env.local_world_size, env.world_size, ids, timeout_s, share)
     except LaunchError:
         dist.destroy_process_group()
         raise

@@ -48,8 +48,9 @@ class ShmComm:
     def all_reduce_many_(self, tensors: list[torch.Tensor], op: str = "sum", scale: float = 1.0) -> bool:
         """all_reduce_ of several tensors of one dtype as one buffer: one synchronisation per 4 MiB, not one per
         tensor, and no flattened copy. False, all untouched, where one of them is not a tensor this path takes."""
-        if not tensors or any(not self.ops.supports(t) or t.dtype != tensors[0].dtype for t in tensors):
-            return False
+        if not tensors or any(t.device.type != "cpu" or not self.ops.supports(t) or t.dtype != tensors[0].dtype
+                              for t in tensors):
+            return False          # a CUDA bucket (gloo over GPU tensors) goes through gloo, which copies via the host
         work = [t if t.is_contiguous() else t.contiguous() for t in tensors]
         self.ops.all_reduce(self.segment, work, self.world, self.rank, self.slot_bytes, _OPS[op], float(scale),
                             self.timeout_s)
