@@ -101,9 +101,15 @@ def exit_code_of_error(err: BaseException) -> int:
     from trainer.engine.loop import NonFiniteLossError
     if isinstance(err, NonFiniteLossError):
         return NON_FINITE
-    if isinstance(err, USAGE_ERRORS):
+    if isinstance(err, USAGE_ERRORS) or no_deterministic_kernel(err):
         return USAGE
     return 1
+
+
+def no_deterministic_kernel(err: BaseException) -> bool:
+    """torch's refusal, under train.deterministic=true, of an op with no deterministic kernel: a setting that
+    fails the same at every relaunch, so a usage error."""
+    return isinstance(err, RuntimeError) and "does not have a deterministic implementation" in str(err)
 
 
 def cmd_train(args) -> int:
@@ -200,7 +206,12 @@ def main(argv: list[str] | None = None) -> int:
         return NON_FINITE
     except Exception as err:
         record_for_agent(err)
-        raise
+        if not no_deterministic_kernel(err):
+            raise
+        print(f"error: train.deterministic=true: {str(err).split(', but you set')[0]}.\n"
+              f"HINT: train.deterministic=false trains with it (a resume is then not bitwise on CUDA: docs/gpu.md)",
+              file=sys.stderr)
+        return USAGE
 
 
 def record_for_agent(err: BaseException) -> None:

@@ -66,6 +66,9 @@ class TrainConfig:
     # e.g. on a CPU to test the path a GPU takes; off: the CPU path's packing, length buckets and C++ kernels)
     gpu_path: Literal["auto", "on", "off"] = "auto"
     compile: Literal["off", "default", "reduce-overhead"] = "off"   # torch.compile of the model's training step
+    # deterministic kernels (torch.use_deterministic_algorithms, cuDNN, CUBLAS_WORKSPACE_CONFIG): bitwise resume on
+    # CUDA, at a cost (docs/gpu.md); an op with no deterministic kernel stops the run naming it
+    deterministic: bool = False
     profile: str = ""                     # START:STOP: torch.profiler trace of those optimizer steps (RUN_DIR/profile)
 
 

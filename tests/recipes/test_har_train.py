@@ -1,12 +1,18 @@
 """HAR end to end: 2-rank DDP on BasicMotions (synthetic stand-in without ../shared) beats chance widely,
-sharded evaluation equals single-process, --strategy dp falls back on CPU, bitwise resume mid-epoch."""
+sharded evaluation equals single-process, --strategy dp falls back on CPU, bitwise resume mid-epoch,
+train.deterministic's refusal of an op without a deterministic kernel."""
+import json
+import subprocess
+
 import numpy as np
 import pytest
 import torch
 
 from tests.conftest import (
+    PY,
     REPO,
     assert_bitwise_equal,
+    clean_env,
     eval_one_and_three,
     run_ranks,
     train_until_sigterm,
@@ -95,3 +101,21 @@ def test_resume_mid_epoch_is_bitwise_exact(tmp_path):
     assert_bitwise_equal(weights(tmp_path / "run"), weights(tmp_path / "ref"))
     a, b = (read_metrics(p, "test")[-1] for p in (tmp_path / "run", tmp_path / "ref"))
     assert a["confusion_matrix"] == b["confusion_matrix"] and a["loss"] == b["loss"]
+
+
+def test_deterministic_kernels_stop_an_op_without_one_as_a_usage_error(tmp_path):
+    """train.deterministic=true: an op with no deterministic kernel (put_ here, MaxPool3d's CUDA backward on a
+    GPU) stops the run with exit 2 (never relaunched), naming the op and the way out; without it, it trains."""
+    code = ("import sys,torch,trainer.recipes.har.recipe as r;orig=r.HARRecipe.training_step\n"
+            "def step(self,m,b):\n torch.zeros(3).put_(torch.tensor([0]),torch.ones(1))\n return orig(self,m,b)\n"
+            "r.HARRecipe.training_step=step\nfrom trainer.__main__ import main;sys.exit(main(sys.argv[1:]))")
+    args = [PY, "-c", code, "train", *FAST, "--epochs", "1"]
+    proc = subprocess.run([*args, "train.deterministic=true", "--run-dir", str(tmp_path / "det")], cwd=REPO,
+                          env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "error: train.deterministic=true: put_ does not have a deterministic implementation" in proc.stderr
+    assert "HINT: train.deterministic=false" in proc.stderr and "Traceback" not in proc.stderr
+    assert json.loads((tmp_path / "det" / "exits" / "rank-0.json").read_text())["kind"] == "usage"
+    proc = subprocess.run([*args, "--run-dir", str(tmp_path / "free")], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]

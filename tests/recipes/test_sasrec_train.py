@@ -76,9 +76,10 @@ def test_sharded_evaluation_equals_single_process(trained, tmp_path):
 
 @pytest.mark.parametrize("path", ["off", "on"])
 def test_resume_after_sigterm_is_bitwise_exact(tmp_path, path):
-    """On either path: the GPU-shaped one (train.gpu_path=on) draws its dropout from torch's generator and its
-    negatives on the device, both restored or re-derived on resume."""
-    args = ("train", *SMALL, "--epochs", "2", "--batch-size", "32", "ckpt.every_epochs=1", f"train.gpu_path={path}")
+    """On either path: the GPU-shaped one (train.gpu_path=on, with deterministic kernels as on CUDA) draws its
+    dropout from torch's generator and its negatives on the device, both restored or re-derived on resume."""
+    args = ("train", *SMALL, "--epochs", "2", "--batch-size", "32", "ckpt.every_epochs=1", f"train.gpu_path={path}",
+            f"train.deterministic={path == 'on'}")      # as a bitwise resume on CUDA needs (tests/gpu)
     trainer(*args, "--run-dir", str(tmp_path / "ref"))
     # SIGTERM at the 13th step (mid-epoch 1 of 10 steps per epoch), via a tiny wrapper that signals itself
     code = ("import os,signal,sys,trainer.recipes.sasrec.recipe as r;"

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import logging
 import math
+import os
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,17 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def deterministic_kernels() -> None:
+    """train.deterministic: only kernels that give the same bits at every run. CUDA's atomics (embedding and
+    index_add backward, SDPA's flash/efficient backward) take their deterministic variants, cuDNN its
+    deterministic algorithms without benchmarking, cuBLAS a fixed workspace (read when its handle is made, at
+    the first matmul: this runs before the model exists). An op with no deterministic kernel raises, naming it."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
 
 
 def wrap_model(model: torch.nn.Module, info: DistInfo, dist_cfg, find_unused: bool = False,
@@ -121,6 +133,8 @@ class Run:
 def _data_and_model(recipe: Recipe, info: DistInfo, cfg: Config, wrap: bool) -> Run:
     if recipe.reuse_freed_memory and memory.reuse_freed_memory():
         log.info("malloc keeps freed memory for reuse (no mmap): large tensors fault no pages after step one")
+    if cfg.train.deterministic:
+        deterministic_kernels()
     seed_everything(cfg.seed)  # same data and initial weights on every rank
     train_set, eval_sets = recipe.build_datasets()
     if len(train_set) == 0:
@@ -191,7 +205,7 @@ def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
     run.scheduler = build_scheduler(run.optimizer, tc, run.steps_per_epoch)
     run.scaler = torch.amp.GradScaler(run.device.type, enabled=run.amp_dtype == torch.float16)
     run.train_step = compiled_step(recipe, run.wrapped, tc.compile)
-    if recipe.gpu_shaped and run.device.type == "cuda":
+    if recipe.gpu_shaped and run.device.type == "cuda" and not tc.deterministic:
         torch.backends.cudnn.benchmark = True     # fixed shapes: each picks its fastest kernels once
     log.info("recipe=%s world=%d device=%s batch/rank=%d accum=%d steps/epoch=%d params=%d",
              cfg.recipe, info.world_size, info.device, run.batch_size, run.accum,
