@@ -5,18 +5,22 @@ the GPU-shaped path; writes bench/results/gpu-<device>.json and .png. About 5 mi
     python -m bench.gpu                               # the whole table (ml-100k from --ml100k if present)
     python -m bench.gpu --quick                       # fewer steps and rows: the validation run's first step
     python -m bench.gpu --device cpu --tiny --out /tmp/gpu-check.json   # checks the script, measures nothing
+    python -m bench.gpu --stock-only --out bench/results/gpu-X.json    # add the stock-SASRec row to a report
+    python -m bench.gpu --plot bench/results/gpu-X.json                # its PNG (the GPU machine has no matplotlib)
 
 Per row: step time and samples/s from CUDA events (the engine's own Throughput: the GPU's time, not the host's
 queueing), peak memory, the share of the step the GPU waited for data, ATen ops and host syncs per step (counted
 with a dispatch mode on the device), and for compiled rows the warm-up. Video: clips/s and MFU against the
 device's dense bf16 peak (--peak-tflops, else a table of known parts), the batch that maximises clips/s, and
-the loop against the bare model step. SASRec on ml-100k: a GPU epoch beside this machine's CPU epoch.
+the loop against the bare model step. SASRec on ml-100k: a GPU epoch beside this machine's CPU epoch, and our epoch
+(bf16, compiled and not) beside the stock PyTorch SASRec of bench/sasrec_stock.py on the same device (ours / stock).
 Targets (issue 45): SASRec ml-100k step <= 2 ms, HAR <= 1 ms, KGAT b1024 <= 3 ms, video >= 2,000 clips/s.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -148,6 +152,65 @@ def epoch_seconds(ml100k: Path, device: str, gpu_path: str) -> float | None:
     return round(time.perf_counter() - t0, 3)
 
 
+def our_epoch(tr, epoch: int, device: str) -> float:
+    """Seconds of one epoch of an EpochLoop's own batches (device-side sampling included), until the GPU is done."""
+    tr.run.recipe.on_epoch_start(epoch, tr.run.model)
+    sync(device)
+    t0 = time.perf_counter()
+    for micro, batch in enumerate(tr._batches(epoch, 0)):
+        tr.step(batch, micro)
+    tr.settle()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def stock_sasrec(args, device: str) -> dict:
+    """Our SASRec epoch (ml-100k, maxlen 200, batch 128, bf16, the GPU-shaped step; train.compile off and
+    reduce-overhead) against the stock PyTorch SASRec of bench/sasrec_stock.py on the same device and data, bf16
+    autocast, epochs interleaved after one warm-up epoch each (a compiled run's warm-up is its compile, stated
+    apart). The stock epoch is the reference's: len(users) // batch random users, batches made before it."""
+    import numpy as np
+
+    from bench import sasrec_stock as stock
+    s, ml = stock.SETTINGS, Path(args.ml100k)
+    maxlen, batch = (30, 16) if args.tiny else (s["maxlen"], s["batch_size"])
+    data = [f"data.path={ml}"] if (ml / "u.data").exists() and not args.tiny else \
+        [f"data.synthetic_users={200 if args.tiny else 943}", f"data.synthetic_items={100 if args.tiny else 1349}",
+         f"data.synthetic_mean_len={20 if args.tiny else 104}"]
+    base = [*data, f"data.maxlen={maxlen}", f"train.batch_size={batch}", "model.time=false", "model.mhc=false",
+            f"model.width={s['width']}", f"model.depth={s['depth']}", f"model.heads={s['heads']}",
+            f"model.dropout={s['dropout']}", "train.amp=bf16", "train.gpu_path=on"]
+    modes = ("off", "reduce-overhead") if device.startswith("cuda") else ("off",)   # inductor: a GPU's row
+    ours = {m: trainer_for("sasrec", [*base, f"train.compile={m}"], device)[0] for m in modes}
+    split = ours["off"].run.recipe.split
+    torch.manual_seed(0)
+    model = stock.StockSASRec(split.data.num_items, maxlen, s["width"], s["depth"], s["heads"], s["dropout"])
+    model = model.to(device).train()
+    opt = torch.optim.Adam(model.parameters(), lr=s["lr"], betas=s["betas"])     # the reference's, unfused
+    rng = np.random.default_rng(0)
+
+    def stock_batches():
+        return [tuple(t.to(device) for t in b) for b in stock.stock_batches(split, rng, maxlen, batch)]
+
+    epochs = 2 if args.tiny else args.stock_epochs
+    warm = {f"ours compile={m}": round(our_epoch(tr, 0, device), 3) for m, tr in ours.items()}
+    first = stock_batches()
+    warm["stock"] = round(stock.stock_epoch(model, opt, first, torch.bfloat16), 3)
+    times: dict[str, list[float]] = {k: [] for k in warm}
+    for epoch in range(1, epochs + 1):                   # interleaved: the machine's drift hits all alike
+        for m, tr in ours.items():
+            times[f"ours compile={m}"].append(round(our_epoch(tr, epoch, device), 4))
+        times["stock"].append(round(stock.stock_epoch(model, opt, stock_batches(), torch.bfloat16), 4))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out = dict(device=device, data=data[0], maxlen=maxlen, batch=batch, amp="bf16", epochs=epochs,
+               warmup_epoch_s=warm, epoch_s=times, median_epoch_s={k: round(v, 4) for k, v in med.items()},
+               batches=dict(ours=ours["off"].run.micro_per_epoch, stock=len(first)),
+               ratio_ours_over_stock={m: round(med[f"ours compile={m}"] / med["stock"], 3) for m in modes})
+    if len(modes) == 1:
+        out["compiled"] = "not on a CPU (inductor's compile is a GPU row here)"
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda:0")
@@ -158,8 +221,17 @@ def main(argv=None) -> int:
     ap.add_argument("--ml100k", default=str(REPO.parent / "shared" / "data" / "ml-100k"))
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak (default: known parts)")
     ap.add_argument("--budget-s", type=float, default=330.0, help="rows left after this many seconds are skipped")
+    ap.add_argument("--stock-only", action="store_true", help="only the stock-SASRec row (issue 54 step 2)")
+    ap.add_argument("--no-stock", action="store_true", help="leave out the stock-SASRec row")
+    ap.add_argument("--stock-epochs", type=int, default=5, help="interleaved epochs of each in the stock row")
     ap.add_argument("--out", default="")
+    ap.add_argument("--plot", metavar="JSON", default="", help="only draw JSON's PNG beside it (e.g. on a machine "
+                    "with matplotlib, from a GPU machine's JSON)")
     args = ap.parse_args(argv)
+    if args.plot:
+        plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
+        print(f"wrote {Path(args.plot).with_suffix('.png')}")
+        return 0
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("bench.gpu: no CUDA device here (torch.cuda.is_available() is False); nothing measured.\n"
               "Run it on a GPU node, or `python -m bench.gpu --device cpu --tiny` to check the script.")
@@ -170,10 +242,12 @@ def main(argv=None) -> int:
     out = Path(args.out or REPO / "bench" / "results" / f"gpu-{name}.json")
     start, report = time.perf_counter(), dict(device=name, torch=torch.__version__, date=time.strftime("%Y-%m-%d"),
                                               cuda=torch.version.cuda, rows={}, skipped=[])
+    if args.stock_only and out.exists():          # the stock row joins the report of an earlier run
+        report = {**json.loads(out.read_text()), **{k: report[k] for k in ("device", "torch", "cuda")}}
     if args.device.startswith("cuda"):
         report["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     compiled = args.device.startswith("cuda") and not args.tiny     # inductor on a GPU: a row of its own
-    for row, recipe, overrides in rows(args):
+    for row, recipe, overrides in [] if args.stock_only else rows(args):
         for amp in ("off", "bf16", "compiled") if compiled and row != "kgat" else ("off", "bf16"):
             if time.perf_counter() - start > args.budget_s:
                 report["skipped"].append(f"{row} {amp}: over --budget-s")
@@ -189,39 +263,60 @@ def main(argv=None) -> int:
                 r["target"] = f"{metric} {how} {bound}"
                 r["met"] = r[metric] <= bound if how == "<=" else r[metric] >= bound
             print(f"{key:28s} {json.dumps(r)}", flush=True)
-    if time.perf_counter() - start < args.budget_s:
+    if time.perf_counter() - start < args.budget_s and not args.stock_only:
         report["video_bare"] = bare = video_sweep(args, args.device)
         print("video bare step:", json.dumps(bare), flush=True)
         loop = report["rows"].get("video compiled") or report["rows"].get("video bf16")
         same = next((b for b in bare if b["batch"] == (4 if args.tiny else 16)), None)
         if loop and same:     # the loop (loader, engine) against the bare step at the loop's batch
             report["video_loop_loss"] = round(1 - loop["samples_per_s"] / same["clips_per_s"], 4)
-    if time.perf_counter() - start < args.budget_s and not args.tiny:
+    if time.perf_counter() - start < args.budget_s and not args.no_stock:
+        report["stock_sasrec"] = row = stock_sasrec(args, args.device)
+        print("stock SASRec:", json.dumps(row), flush=True)
+    if time.perf_counter() - start < args.budget_s and not (args.tiny or args.stock_only):
         report["sasrec_ml100k_epoch_s"] = dict(gpu=epoch_seconds(Path(args.ml100k), args.device, "on"),
                                                cpu=epoch_seconds(Path(args.ml100k), "cpu", "off"))
-    report["seconds"] = round(time.perf_counter() - start, 1)
+    report["stock_seconds" if args.stock_only else "seconds"] = seconds = round(time.perf_counter() - start, 1)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
-    plot(report, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')} in {report['seconds']} s")
+    try:
+        plot(report, out.with_suffix(".png"))
+        print(f"wrote {out} and {out.with_suffix('.png')} in {seconds} s")
+    except ImportError:
+        print(f"wrote {out} in {seconds} s; no matplotlib here: `python -m bench.gpu --plot {out.name}` draws the "
+              f"PNG where there is one")
     return 0
 
 
 def plot(report: dict, png: Path) -> None:
-    """Step time per recipe, fp32 beside bf16."""
+    """Step time per recipe, fp32 beside bf16 (and compiled); beside it, the stock-SASRec row's epochs."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = list(dict.fromkeys(k.rsplit(" ", 1)[0] for k in report["rows"]))
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    for i, amp in enumerate(("fp32", "bf16")):
+    stock = report.get("stock_sasrec")
+    fig, axes = plt.subplots(1, 2 if stock else 1, figsize=(12 if stock else 8, 3.5), squeeze=False,
+                             gridspec_kw=dict(width_ratios=[2, 1] if stock else [1]))
+    ax = axes[0][0]
+    for i, amp in enumerate(("fp32", "bf16", "compiled")):
         ms = [report["rows"].get(f"{n} {amp}", {}).get("step_ms", 0) for n in names]
-        ax.bar([j + 0.4 * i for j in range(len(names))], ms, width=0.4, label=amp)
-    ax.set_xticks([j + 0.2 for j in range(len(names))], names, rotation=20)
+        ax.bar([j + 0.27 * i for j in range(len(names))], ms, width=0.27, label=amp)
+    ax.set_xticks([j + 0.27 for j in range(len(names))], names, rotation=20)
     ax.set_ylabel("ms per optimizer step")
     ax.set_yscale("log")
-    ax.set_title(f"{report['device']}, torch {report['torch']}, {report['date']}")
-    ax.legend()
+    ax.set_title(f"{report['device']}, torch {report['torch']}, CUDA {report.get('cuda')}, {report['date']}",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    if stock:
+        right = axes[0][1]
+        for label, times in stock["epoch_s"].items():
+            right.plot(range(1, len(times) + 1), times, marker="o", label=label)
+        right.set_xlabel("interleaved epoch")
+        right.set_ylabel("seconds per epoch")
+        right.set_ylim(bottom=0)
+        ratios = ", ".join(f"{m}: {r}" for m, r in stock["ratio_ours_over_stock"].items())
+        right.set_title(f"SASRec ours / stock (compile {ratios})", fontsize=9)
+        right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)

@@ -75,10 +75,10 @@ class StockSASRec(nn.Module):
 
     def features(self, seq: torch.Tensor) -> torch.Tensor:
         x = self.item_emb(seq) * self.item_emb.embedding_dim ** 0.5
-        positions = torch.arange(1, seq.shape[1] + 1).expand_as(seq) * (seq != 0)
+        positions = torch.arange(1, seq.shape[1] + 1, device=seq.device).expand_as(seq) * (seq != 0)
         x = self.drop(x + self.pos_emb(positions))
         t = seq.shape[1]
-        causal = ~torch.tril(torch.ones(t, t, dtype=torch.bool))
+        causal = ~torch.tril(torch.ones(t, t, dtype=torch.bool, device=seq.device))
         for norm, attn, ffn_norm, ffn in zip(self.attn_norms, self.attns, self.ffn_norms, self.ffns):
             x = x.transpose(0, 1)                                   # (T, B, D): nn.MultiheadAttention's layout
             q = norm(x)
@@ -108,18 +108,23 @@ def stock_batches(split: D.Split, rng: np.random.Generator, maxlen: int, batch_s
     return out
 
 
-def stock_epoch(model: StockSASRec, opt, batches) -> float:
-    """Seconds of the reference's training step over the batches (BCE over non-padded positions, Adam)."""
+def stock_epoch(model: StockSASRec, opt, batches, amp: torch.dtype | None = None) -> float:
+    """Seconds of the reference's training step over the batches (BCE over non-padded positions, Adam), on the
+    batches' device (CUDA: until the last kernel is done), under autocast to `amp` where given."""
     bce = nn.BCEWithLogitsLoss()
+    device = batches[0][0].device if batches else torch.device("cpu")
     t0 = time.perf_counter()
     for seq, pos, neg in batches:
         opt.zero_grad()
-        pos_logits, neg_logits = model(seq, pos, neg)
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            pos_logits, neg_logits = model(seq, pos, neg)
         real = pos != 0
-        loss = bce(pos_logits[real], torch.ones_like(pos_logits[real])) + \
-            bce(neg_logits[real], torch.zeros_like(neg_logits[real]))
+        loss = bce(pos_logits[real].float(), torch.ones_like(pos_logits[real], dtype=torch.float32)) + \
+            bce(neg_logits[real].float(), torch.zeros_like(neg_logits[real], dtype=torch.float32))
         loss.backward()
         opt.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter() - t0
 
 
