@@ -79,8 +79,9 @@ def _oversubscribed(visible: Sequence[Sequence[str]], task: int) -> LaunchError:
 def exchange_and_assign(store, node_rank: int, local_rank: int, local_world_size: int, world_size: int,
                         ids: list[str], timeout_s: float, share: bool = False) -> int:
     """Swap visible GPU ids with the other tasks of this node through the rendezvous store and return this
-    task's index (`share`: as assign_devices). Every rank of the job waits for all to report, so an oversubscribed node fails the
-    whole job at once, with one message, instead of leaving the other nodes hanging in a collective."""
+    task's index (`share`: as assign_devices). Every rank of the job waits for all to report, so an
+    oversubscribed node fails the whole job at once, with one message, instead of leaving the other nodes
+    hanging in a collective."""
     store.set(f"{_KEY}/{node_rank}/{local_rank}", ",".join(ids))
     table = [_split(store.get(f"{_KEY}/{node_rank}/{i}")) for i in range(local_world_size)]
     index, error = 0, None
