@@ -57,8 +57,8 @@ def _collectives(rank: int, world: int, store: str, out: str) -> None:
         gathers_ok &= len(got) == world and all(torch.equal(a, b) for a, b in zip(got, ref))
     many_ok, mixed_refused, grads_ok = _many(comm, info, gen)
     torch.save(dict(mismatches=mismatches, mean_ok=mean_ok, same=all(torch.equal(gathered[0], g) for g in gathered),
-                    refused=refused, off_cpu=off_cpu, gathers_ok=gathers_ok, left=os.listdir(shm.SHM_DIR), many_ok=many_ok,
-                    mixed_refused=mixed_refused, grads_ok=grads_ok), f"{out}.{rank}")
+                    refused=refused, off_cpu=off_cpu, gathers_ok=gathers_ok, left=os.listdir(shm.SHM_DIR),
+                    many_ok=many_ok, mixed_refused=mixed_refused, grads_ok=grads_ok), f"{out}.{rank}")
     dist.destroy_process_group()
 
 
