@@ -8,7 +8,7 @@ BENCH_ARGS    ?=
 BENCH_SLURM   ?= 1
 # the local cluster's directory: fresh and private at each start (hpc/cluster/where.sh); HPC_CLUSTER_DIR picks one
 
-.PHONY: kernels-portable setup demo bench bench-gpu bench-steps bench-recipes faults-report test test-image test-fast lint ruff lock image sif slurm-install slurm-up slurm-down slurm-env clean help
+.PHONY: kernels-portable setup demo bench bench-gpu gpu-carry bench-steps bench-recipes faults-report test test-image test-fast lint ruff lock image sif slurm-install slurm-up slurm-down slurm-env clean help
 
 help:
 	@echo "make setup        virtual environment in $(VENV) (torch==$(TORCH_VERSION), CPU build where available)"
@@ -16,6 +16,7 @@ help:
 	@echo "make kernels-portable  the C++ kernels also for x86-64-v3 (shared homes: other CPU types reuse it)"
 	@echo "make bench        the harness: every recipe at 1 and 2 ranks, torchrun/srun (bench/results/harness)"
 	@echo "make bench-gpu    one CUDA device: every recipe fp32/bf16/compiled, video MFU (bench/results/gpu-*.json)"
+	@echo "make gpu-carry    ml-100k and PyAV's wheel for bench/gpu_check.sh on a GPU machine without an index"
 	@echo "make bench-steps  ATen ops and host syncs per training step, both paths (bench/results/steps.json)"
 	@echo "make bench-recipes  accuracy and speed against the reference implementations (needs ../shared/data)"
 	@echo "make faults-report  the fault tests with their time-to-exit figures (bench/results/faults.md)"
@@ -58,6 +59,15 @@ bench-gpu: setup
 
 bench-steps: setup
 	$(BIN)/python -m bench.steps
+
+# what bench/gpu_check.sh needs on a GPU machine without an index (ignored, never committed: the data's licence
+# forbids shipping it): ml-100k and PyAV's wheel for that machine's Python (GPU_PY, default 3.12)
+GPU_PY ?= 3.12
+gpu-carry: setup
+	mkdir -p .gpu-carry/whl
+	if [ -f ../shared/data/ml-100k/u.data ]; then cp -r ../shared/data/ml-100k .gpu-carry/; fi
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PY) --implementation cp \
+		--platform manylinux_2_28_x86_64 -d .gpu-carry/whl av
 
 # accuracy/speed against the reference implementations; the real datasets in ../shared/data (not shipped:
 # licences); hours on 2 cores
@@ -102,7 +112,7 @@ ruff: setup
 
 lint: setup ruff
 	$(BIN)/python -m compileall -q trainer hpc tests
-	$(BIN)/shellcheck -x slurm/common.sh slurm/*.sbatch hpc/cluster/*.sh .ci/run scripts/*.sh train_*.sh
+	$(BIN)/shellcheck -x slurm/common.sh slurm/*.sbatch hpc/cluster/*.sh .ci/run scripts/*.sh train_*.sh bench/gpu_check.sh
 	$(BIN)/hadolint Dockerfile
 
 # docker/requirements.lock: every pip dependency of the images, pinned with hashes (torch is the base image's)

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Issue 54's GPU validation as one script, each step under its own time cap, for a device machine that has torch,
+# numpy, pytest but neither this project installed, nor PyAV, matplotlib or a package index.
+#
+#   make gpu-carry                              # here, once: .gpu-carry/ holds ml-100k and PyAV's wheel
+#   OUT=/tmp/gpu bash bench/gpu_check.sh        # on the device machine (the run tool: carry .gpu-carry)
+#   GPU_CHECK_ON_CPU=1 OUT=/tmp/gpu-cpu bash bench/gpu_check.sh   # the same steps on a CPU: a plumbing check
+#
+# Steps (caps in seconds, overridable as CAP_<N>=...; about 7.5 minutes in all, leaving time for one rerun
+# of a failing step: STEPS="3 4" runs only those):
+#   1 bench.gpu --quick (150), then the tests marked gpu but those of steps 3-4 (90)
+#   2 our SASRec ml-100k epoch beside the stock PyTorch SASRec, added to step 1's JSON (60)
+#   3 two ranks on the one GPU over gloo: train and resume, bitwise equal to an uninterrupted run (60)
+#   4 SIGTERM and resume, bitwise, train.deterministic=true, every recipe (60)
+# Everything lands in $OUT: each step's log, summary.txt (step, exit code, seconds), versions.txt, the JSON.
+# Draw the PNG afterwards where matplotlib is: python -m bench.gpu --plot $OUT/gpu-<device>.json
+set -u
+cd "$(dirname "$0")/.." || exit 2
+OUT=${OUT:?set OUT to a folder for the results}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+CARRY=${CARRY:-.gpu-carry}
+STEPS=${STEPS:-1 2 3 4}
+site=/tmp/gpu-check-site
+if compgen -G "$CARRY/whl/*.whl" >/dev/null && ! "$PY" -c "import av" 2>/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --target "$site" "$CARRY"/whl/*.whl >"$OUT/pip.log" 2>&1
+fi
+export PYTHONPATH="$PWD:$site" TRAINER_CPU_KERNELS=0 PYTHONUNBUFFERED=1
+export CUBLAS_WORKSPACE_CONFIG=:4096:8     # train.deterministic sets it too; here it is in place before any handle
+ml100k=$CARRY/ml-100k
+[ -f "$ml100k/u.data" ] || ml100k=../shared/data/ml-100k
+if [ "${GPU_CHECK_ON_CPU:-0}" = 1 ]; then
+    export GPU_CHECK_ON_CPU
+    bench=(--device cpu --tiny)
+    name=cpu
+else
+    bench=()
+    name=$("$PY" -c "import torch; print(torch.cuda.get_device_name().replace(' ', '-'))" 2>/dev/null || echo none)
+fi
+json=$OUT/gpu-$name.json
+xdist=()
+"$PY" -c "import xdist" 2>/dev/null && xdist=(-n 4)
+
+"$PY" - >"$OUT/versions.txt" 2>&1 <<'EOF'
+import platform, torch
+cuda = torch.cuda.is_available()
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
+      "nccl", ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+      "device", torch.cuda.get_device_name() if cuda else "cpu")
+EOF
+command -v nvidia-smi >/dev/null && nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
+# the shared-memory all-reduce's extension (step 3's two ranks attach it), built while step 1 runs
+"$PY" -c "from trainer.distributed import shm; shm.EXT.load()" >"$OUT/shm-build.log" 2>&1 &
+shm_build=$!
+
+step() {   # step NAME CAP COMMAND...: run it under its cap, log to $OUT/NAME.log, one line in summary.txt
+    local name=$1 cap=$2 start rc
+    shift 2
+    start=$(date +%s)
+    timeout -k 10 "$cap" "$@" >"$OUT/$name.log" 2>&1
+    rc=$?
+    echo "$name rc=$rc $(( $(date +%s) - start ))s (cap ${cap}s)$([ $rc = 124 ] && echo ' TIMED OUT')" \
+        | tee -a "$OUT/summary.txt"
+}
+wants() { [[ " $STEPS " == *" $1 "* ]]; }
+
+if wants 1; then
+    step 1-bench "${CAP_1:-150}" "$PY" -m bench.gpu --quick --no-stock --ml100k "$ml100k" --out "$json" "${bench[@]}"
+    step 1-tests "${CAP_1T:-90}" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_cuda.py -rs "${xdist[@]}"
+fi
+if wants 2; then
+    step 2-stock "${CAP_2:-60}" "$PY" -m bench.gpu --stock-only --ml100k "$ml100k" --out "$json" "${bench[@]}"
+fi
+wait "$shm_build"
+if wants 3; then
+    step 3-shared-gpu "${CAP_3:-60}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_cuda_resume.py \
+        -k two_ranks_share
+fi
+if wants 4; then
+    step 4-bitwise "${CAP_4:-60}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_cuda_resume.py \
+        -k resume_after_sigterm "${xdist[@]}"
+fi
+cat "$OUT/summary.txt"
