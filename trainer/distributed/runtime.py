@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import gc
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -317,6 +318,17 @@ def broadcast_object(obj: Any, info: DistInfo, src: int = 0) -> Any:
     return box[0]
 
 
+def deterministic_kernels() -> None:
+    """train.deterministic: only kernels that give the same bits at every run. CUDA's atomics (embedding and
+    index_add backward, SDPA's flash/efficient backward) take their deterministic variants, cuDNN its
+    deterministic algorithms without benchmarking, cuBLAS a fixed workspace (read when its handle is made, at
+    the first matmul: this runs before the model exists). An op with no deterministic kernel raises, naming it."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
 def comm_device(info: DistInfo) -> torch.device:
     """Where collective tensors must live for the backend (NCCL: the GPU, gloo: the CPU)."""
     return torch.device(info.device) if info.backend == "nccl" else torch.device("cpu")
@@ -324,4 +336,4 @@ def comm_device(info: DistInfo) -> torch.device:
 
 __all__ = ["DistInfo", "init", "teardown", "attach_local", "local_comm", "all_reduce", "all_reduce_host",
            "host_group", "average_grad", "average_grads", "all_gather", "barrier", "all_gather_object", "broadcast",
-           "broadcast_object", "choose_backend", "comm_device"]
+           "broadcast_object", "choose_backend", "comm_device", "deterministic_kernels"]

@@ -10,7 +10,6 @@ import contextlib
 import functools
 import logging
 import math
-import os
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -41,17 +40,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def deterministic_kernels() -> None:
-    """train.deterministic: only kernels that give the same bits at every run. CUDA's atomics (embedding and
-    index_add backward, SDPA's flash/efficient backward) take their deterministic variants, cuDNN its
-    deterministic algorithms without benchmarking, cuBLAS a fixed workspace (read when its handle is made, at
-    the first matmul: this runs before the model exists). An op with no deterministic kernel raises, naming it."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
 
 
 def wrap_model(model: torch.nn.Module, info: DistInfo, dist_cfg, find_unused: bool = False,
@@ -134,7 +122,7 @@ def _data_and_model(recipe: Recipe, info: DistInfo, cfg: Config, wrap: bool) -> 
     if recipe.reuse_freed_memory and memory.reuse_freed_memory():
         log.info("malloc keeps freed memory for reuse (no mmap): large tensors fault no pages after step one")
     if cfg.train.deterministic:
-        deterministic_kernels()
+        runtime.deterministic_kernels()
     seed_everything(cfg.seed)  # same data and initial weights on every rank
     train_set, eval_sets = recipe.build_datasets()
     if len(train_set) == 0:
