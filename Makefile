@@ -67,7 +67,7 @@ gpu-carry: setup
 	mkdir -p .gpu-carry/whl
 	if [ -f ../shared/data/ml-100k/u.data ]; then cp -r ../shared/data/ml-100k .gpu-carry/; fi
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PY) --implementation cp \
-		--platform manylinux_2_28_x86_64 -d .gpu-carry/whl av
+		--platform manylinux_2_28_x86_64 -d .gpu-carry/whl 'av>=12,<19'
 
 # accuracy/speed against the reference implementations; the real datasets in ../shared/data (not shipped:
 # licences); hours on 2 cores

@@ -1,13 +1,23 @@
 """The text of data files: UTF-8 with a byte-order mark dropped, and errors that name the file and line.
 
-    for lineno, line in text_lines(path, DataError): ...
+    for lineno, line in text_lines(path, DataError): ...      # line by line (Python): for locating an error
     text = read_text(path, DataError)
+    rows = read_columns(path, np.dtype([("u", "i8"), ("i", "i8")]))   # at C speed; None where it refuses
+    line_numbers(path, np.array([0, 41]))                   # the file lines of data rows 0 and 41
+
+Readers parse with read_columns (numpy's C loadtxt: 2M u.data rows in 0.29 s here, a bare pandas.read_csv 0.15 s;
+the line-by-line parser took 12.6 s) and, where it refuses or a vectorized check fails, parse again line by line,
+which names the file, line and field. numpy is a dependency already; pandas and pyarrow are not (the GPU machine
+has neither).
 """
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Iterator
+
+import numpy as np
 
 BOM = b"\xef\xbb\xbf"
 
@@ -62,3 +72,51 @@ def finite(value: float, path: Path, lineno: int, field: str, error: type[Except
                     + (f" in float32 (|x| <= {dtype_max:.3g})" if math.isfinite(value) else "")
                     + "; a NaN/inf in the data makes every loss NaN or silently ruins the statistics")
     return value
+
+
+def read_columns(path: str | Path, dtype, delimiter: str | None = None, usecols=None, skiprows: int = 0,
+                 quotechar: str | None = None) -> np.ndarray | None:
+    """The rows of a delimited text file as one array (a structured dtype: one field per column), parsed in C;
+    a BOM dropped, blank lines skipped, no comment character. None where a row does not parse (a wrong field
+    count, a value that is not of its column's type, text that is not UTF-8): the caller's line-by-line parser
+    then finds and names it."""
+    try:
+        with open(path, encoding="utf-8-sig") as fh, warnings.catch_warnings():
+            warnings.simplefilter("ignore")             # "input contained no data": the caller says so
+            return np.loadtxt(fh, dtype=dtype, delimiter=delimiter, usecols=usecols, skiprows=skiprows,
+                              comments=None, quotechar=quotechar, ndmin=1)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+_SPACE = np.array([9, 10, 11, 12, 13, 32], dtype=np.uint8)
+
+
+def line_numbers(path: str | Path, rows: np.ndarray, skip: int = 0, chunk: int = 1 << 24) -> np.ndarray:
+    """The 1-based file line of each data row in `rows` (0-based, counting the non-blank lines after the first
+    `skip` lines, as read_columns counts them), found by one pass over the bytes in chunks: for messages."""
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.full(len(rows), -1, dtype=np.int64)
+    seen, lines_before, carry_blank = 0, 0, True       # data rows and lines of earlier chunks
+    with open(path, "rb") as fh:
+        while (out < 0).any():
+            raw = fh.read(chunk)
+            if not raw:
+                break
+            b = np.frombuffer(raw, dtype=np.uint8)
+            newline = b == 10
+            line_of = np.cumsum(newline) - newline            # line index (in this chunk) of every byte
+            full = np.flatnonzero(~np.isin(b, _SPACE))
+            nonblank = np.unique(line_of[full])
+            if len(nonblank) and nonblank[0] == 0 and not carry_blank:
+                nonblank = nonblank[1:]                        # that line began in the previous chunk
+            absolute = nonblank + lines_before + 1
+            absolute = absolute[absolute > skip]
+            want = (rows >= seen) & (rows < seen + len(absolute)) & (out < 0)
+            out[want] = absolute[rows[want] - seen]
+            seen += len(absolute)
+            last_line = int(newline.sum())             # the line still open at the chunk's end (maybe empty)
+            open_has_text = bool(len(full)) and line_of[full[-1]] == last_line
+            carry_blank = not open_has_text and (last_line > 0 or carry_blank)
+            lines_before += last_line
+    return out

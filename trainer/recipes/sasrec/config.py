@@ -19,6 +19,9 @@ class SeqDataConfig:
     path: str = ""                        # file or folder; "" = synthetic data generated in memory
     format: Literal["auto", "pairs", "udata", "dat", "csv"] = "auto"
     duplicates: Literal["drop", "keep", "error"] = "drop"   # rows repeating a user, item and time (drop: warned)
+    # the parsed-data cache: "" ~/.cache/hpc-trainer/data (or TRAINER_DATA_CACHE), "off", or a folder; parsed once,
+    # memory-mapped by every rank of every later launch (trainer/data/cache.py)
+    cache: str = ""
     kcore: int = 0                        # keep users and items with >= k interactions (TiSASRec: 5)
     maxlen: int = 50                      # sequence length fed to the model
     train_negatives: int = 1              # sampled negatives per position

@@ -25,7 +25,7 @@ class SASRecRecipe(Recipe):
 
     def build_datasets(self):
         d, e = self.data_cfg, self.eval_cfg
-        self.data = D.load(d)
+        self.data = D.load(d, getattr(self.dist, "local_rank", 0))
         self.split = D.Split(self.data)
         self.train_set = D.TrainSequences(self.split, d.maxlen, d.train_negatives, self.seed)
         evals = {name: D.EvalSequences(self.split, name, d.maxlen, e.negatives, self.seed, e.max_users)

@@ -1,0 +1,183 @@
+"""SASRec's data at the sizes users bring (issue 55): generated u.data files of 2M and 20M interactions (MovieLens-
+20M's users and items per row), each read in fresh processes, side by side in one run:
+
+    python -m bench.data_scale                        # 2M and 20M (about 6 minutes on 2 cores)
+    python -m bench.data_scale --sizes 200000 --repeat 1 --out /tmp/ds   # a plumbing check (tests)
+
+Per size: a bare `pandas.read_csv` of the file (C engine; where pandas is installed), the cold parse and build
+with the cache off (today's reader), the cold build into the cache, the warm start from it, each in its own process
+with its time and peak RSS; and two processes mapping the same cache at once (peak RSS and PSS of each: PSS
+counts a page shared by two processes half to each). Every figure is also given for a tiny dataset (ml-100k's
+size), so that "above a tiny dataset's" is measured, not assumed. Writes bench/results/data_scale.{json,png}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+USERS_PER_ROW, ITEMS = 138_493 / 20_000_263, 26_744           # MovieLens-20M's shape
+
+# each probe: a fresh process that prints one JSON line {"s": seconds, "rss_mb": peak RSS, ...}
+PROBE = r"""
+import json, resource, sys, time
+mode, path, cache = sys.argv[1], sys.argv[2], sys.argv[3]
+def pss_mb():
+    try:
+        for line in open("/proc/self/smaps_rollup"):
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+t0 = time.perf_counter()
+if mode == "pandas":
+    import pandas
+    frame = pandas.read_csv(path, sep="\t", header=None)
+    rows = len(frame)
+else:
+    from trainer.recipes.sasrec.config import SeqDataConfig
+    from trainer.recipes.sasrec.data import load
+    data = load(SeqDataConfig(path=path, cache=cache))
+    rows = int(data.seqs.offsets[-1])
+    touched = int(data.seqs.flat.sum() + data.times.flat.sum())     # every page read, as an epoch would
+    if mode == "hold":
+        sys.stdout.write(json.dumps(dict(ready=True)) + "\n"); sys.stdout.flush(); sys.stdin.readline()
+seconds = time.perf_counter() - t0
+print(json.dumps(dict(s=round(seconds, 3), rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                      pss_mb=pss_mb(), rows=rows)))
+"""
+
+
+def probe(mode: str, path: Path, cache: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", PROBE, mode, str(path), cache], env=env, capture_output=True,
+                          text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"probe {mode} {path}: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def two_ranks(path: Path, cache: str) -> list[dict]:
+    """Two processes that map the same warm cache and read every page, alive at once: each one's RSS and PSS."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-c", PROBE, "hold", str(path), cache], env=env, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(2)]
+    for p in procs:
+        assert json.loads(p.stdout.readline())["ready"]
+    out = []
+    for p in procs:                       # both hold their mapping until both have said ready
+        p.stdin.write("\n")
+        p.stdin.flush()
+    for p in procs:
+        out.append(json.loads(p.stdout.read().strip().splitlines()[-1]))
+        p.wait(60)
+    return out
+
+
+def generate(rows: int, folder: Path) -> Path:
+    """A u.data of about `rows` interactions from the project's generator (vectorized above 1M rows)."""
+    path = folder / f"u-{rows}.data"
+    if not path.exists():
+        sys.path.insert(0, str(REPO))
+        from trainer.recipes.sasrec import sequences
+        users = max(10, round(rows * USERS_PER_ROW))
+        t0 = time.perf_counter()
+        inter = sequences.synthesize(users, ITEMS, max(5, round(rows / users)), seed=0)
+        sequences.write_udata(inter, path)
+        print(f"generated {len(inter):,} rows in {time.perf_counter() - t0:.1f} s: {path}", flush=True)
+    return path
+
+
+def has_pandas() -> bool:
+    return subprocess.run([sys.executable, "-c", "import pandas"], capture_output=True).returncode == 0
+
+
+def measure(path: Path, work: Path, repeat: int, pandas: bool) -> dict:
+    cache = work / "cache"
+    runs: dict[str, list[dict]] = {k: [] for k in ("pandas", "cold_no_cache", "cold_build", "warm")}
+    for _ in range(repeat):                               # interleaved: the machine's drift hits all alike
+        if pandas:
+            runs["pandas"].append(probe("pandas", path, "off"))
+        runs["cold_no_cache"].append(probe("load", path, "off"))
+        shutil.rmtree(cache, ignore_errors=True)
+        runs["cold_build"].append(probe("load", path, str(cache)))
+        runs["warm"].append(probe("load", path, str(cache)))
+    out = {k: dict(s=statistics.median(r["s"] for r in v), rss_mb=statistics.median(r["rss_mb"] for r in v),
+                   all_s=[r["s"] for r in v]) for k, v in runs.items() if v}
+    out["rows"] = runs["warm"][0]["rows"]
+    out["file_mb"] = round(path.stat().st_size / 2**20, 1)
+    out["cache_mb"] = round(sum(f.stat().st_size for f in cache.rglob("*.npy")) / 2**20, 1)
+    out["two_ranks"] = two_ranks(path, str(cache))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="2000000,20000000", help="interactions per file, comma-separated")
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved repeats of each probe (the median counts)")
+    ap.add_argument("--data", default=str(REPO / "bench" / "results" / "data"), help="where the files are made")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    args = ap.parse_args(argv)
+    folder, out = Path(args.data), Path(args.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    pandas = has_pandas()
+    report = dict(date=time.strftime("%Y-%m-%d %H:%M"), cpus=os.cpu_count(), pandas=pandas, sizes={})
+    tiny = generate(100_000, folder)
+    report["tiny"] = measure(tiny, folder / "work-tiny", args.repeat, pandas)
+    for rows in (int(s) for s in args.sizes.split(",")):
+        path = generate(rows, folder)
+        report["sizes"][str(rows)] = r = measure(path, folder / f"work-{rows}", args.repeat, pandas)
+        if pandas:
+            r["cold_over_pandas"] = round(r["cold_no_cache"]["s"] / r["pandas"]["s"], 2)
+        r["warm_minus_tiny_s"] = round(r["warm"]["s"] - report["tiny"]["warm"]["s"], 3)
+        r["warm_rss_minus_tiny_mb"] = round(r["warm"]["rss_mb"] - report["tiny"]["warm"]["rss_mb"], 1)
+        r["cold_rss_minus_tiny_mb"] = round(r["cold_build"]["rss_mb"] - report["tiny"]["cold_build"]["rss_mb"], 1)
+        print(json.dumps({rows: r}), flush=True)
+    sizes = sorted(int(k) for k in report["sizes"])
+    if len(sizes) >= 2:                   # cost per million rows between the two largest sizes: the slope
+        a, b = report["sizes"][str(sizes[-2])], report["sizes"][str(sizes[-1])]
+        per_m = (b["rows"] - a["rows"]) / 1e6
+        report["slope_per_million_rows"] = {k: round((b[k]["s"] - a[k]["s"]) / per_m, 3)
+                                            for k in ("cold_no_cache", "cold_build", "warm")}
+        report["slope_per_million_rows"]["cold_rss_mb"] = round((b["cold_build"]["rss_mb"] - a["cold_build"]["rss_mb"])
+                                                                / per_m, 1)
+    (out / "data_scale.json").write_text(json.dumps(report, indent=1) + "\n")
+    plot(report, out / "data_scale.png")
+    print(f"wrote {out / 'data_scale.json'} and {out / 'data_scale.png'}")
+    return 0
+
+
+def plot(report: dict, png: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    sizes = sorted(int(k) for k in report["sizes"])
+    rows = [report["sizes"][str(s)]["rows"] / 1e6 for s in sizes]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for key, label in (("pandas", "bare pandas.read_csv"), ("cold_no_cache", "cold parse + build (no cache)"),
+                       ("cold_build", "cold, into the cache"), ("warm", "warm start from the cache")):
+        if all(key in report["sizes"][str(s)] for s in sizes):
+            left.plot(rows, [report["sizes"][str(s)][key]["s"] for s in sizes], marker="o", label=label)
+            right.plot(rows, [report["sizes"][str(s)][key]["rss_mb"] for s in sizes], marker="o", label=label)
+    for ax, what in ((left, "seconds"), (right, "peak RSS of the process (MB)")):
+        ax.set_xlabel("interactions (millions)")
+        ax.set_ylabel(what)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"SASRec data at scale, {report['cpus']} CPUs, {report['date']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The parsed-data cache (trainer/data/cache.py) and the data fingerprint (trainer/data/fingerprint.py), on real
+files: parsed once, memory-mapped after; other data or settings never served from an entry built for something
+else; a damaged entry rebuilt; one rank of a node builds while the others wait (and learn of its failure); a
+large file parsed in a child process whose error still names the file and line; a cache that cannot be written
+refused with the way out."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from trainer.data import cache, fingerprint
+from trainer.recipes.sasrec import data as D
+from trainer.recipes.sasrec.config import SeqDataConfig
+
+
+def udata(path, rows):
+    path.write_text("".join(f"{u}\t{i}\t5\t{t}\n" for u, i, t in rows))
+    return path
+
+
+ROWS = [(u, i, 100 * u + i) for u in range(1, 7) for i in range(1, 6)]
+
+
+def entries(root):
+    return sorted(p.name for p in root.glob("sasrec-*"))
+
+
+def test_parsed_once_then_memory_mapped_equal_to_a_fresh_parse(tmp_path, caplog):
+    path = udata(tmp_path / "u.data", ROWS)
+    cfg = SeqDataConfig(path=str(path), cache=str(tmp_path / "cache"))
+    caplog.set_level(logging.INFO)
+    first = D.load(cfg)
+    assert "parsing the data into the cache" in caplog.text
+    second = D.load(cfg)
+    assert "memory-mapped" in caplog.text and isinstance(second.seqs.flat, np.memmap)
+    fresh = D.load(SeqDataConfig(path=str(path), cache="off"))
+    for got in (first, second):
+        assert got.num_items == fresh.num_items and got.num_users == fresh.num_users
+        for a, b in ((got.seqs, fresh.seqs), (got.times, fresh.times)):
+            assert np.array_equal(a.flat, b.flat) and np.array_equal(a.offsets, b.offsets)
+    assert len(entries(tmp_path / "cache")) == 1 and list((tmp_path / "cache" / "fingerprints").glob("*.json"))
+
+
+def test_changed_data_or_settings_are_never_served_from_the_old_entry(tmp_path):
+    path = udata(tmp_path / "u.data", ROWS)
+    root = tmp_path / "cache"
+    before = D.load(SeqDataConfig(path=str(path), cache=str(root)))
+    old = entries(root)
+    udata(path, [(u, i if u != 1 else 7 - i, t) for u, i, t in ROWS])     # same size, other content
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    after = D.load(SeqDataConfig(path=str(path), cache=str(root)))
+    assert not np.array_equal(after.seqs[0], before.seqs[0])
+    assert np.array_equal(after.seqs[0], D.load(SeqDataConfig(path=str(path), cache="off")).seqs[0])
+    assert entries(root) != old and len(entries(root)) == 1               # the older entry is pruned
+    D.load(SeqDataConfig(path=str(path), cache=str(root), kcore=2))       # another setting: another entry
+    assert len(entries(root)) == 1 and entries(root) != old
+
+
+def test_a_damaged_entry_is_rebuilt(tmp_path):
+    path = udata(tmp_path / "u.data", ROWS)
+    cfg = SeqDataConfig(path=str(path), cache=str(tmp_path / "cache"))
+    D.load(cfg)
+    items = next((tmp_path / "cache").glob("sasrec-*/items.npy"))
+    items.write_bytes(items.read_bytes()[:-16])                           # truncated
+    again = D.load(cfg)
+    assert np.array_equal(again.seqs.flat, D.load(SeqDataConfig(path=str(path), cache="off")).seqs.flat)
+
+
+def test_one_rank_builds_while_the_others_of_its_node_wait(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(cache, "REPORT_S", 0.2)
+    path = udata(tmp_path / "u.data", ROWS)
+    cfg = SeqDataConfig(path=str(path), cache=str(tmp_path / "cache"))
+    caplog.set_level(logging.INFO)
+    got: dict[int, object] = {}
+    waiter = threading.Thread(target=lambda: got.__setitem__(1, D.load(cfg, local_rank=1)))
+    waiter.start()
+    waiter.join(0.6)
+    assert waiter.is_alive() and "waiting for local rank 0" in caplog.text    # nothing built without rank 0
+    got[0] = D.load(cfg, local_rank=0)
+    waiter.join(30)
+    assert np.array_equal(got[0].seqs.flat, got[1].seqs.flat)
+
+
+def test_a_failed_build_stops_the_waiting_ranks_with_its_error(tmp_path):
+    path = tmp_path / "u.data"
+    path.write_text("1\t2\t5\t100\n1\tx\t5\t101\n")
+    cfg = SeqDataConfig(path=str(path), cache=str(tmp_path / "cache"))
+    with pytest.raises(D.DataError, match=r"u.data:2: field 'item': 'x' is not an integer"):
+        D.load(cfg, local_rank=0)
+    with pytest.raises(D.DataError, match=r"build failed on local rank 0: .*u.data:2: field 'item'"):
+        D.load(cfg, local_rank=1)
+
+
+def test_a_large_file_is_parsed_in_a_child_whose_error_names_the_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(D, "CHILD_FROM", 1)
+    path = udata(tmp_path / "u.data", ROWS)
+    cfg = SeqDataConfig(path=str(path), cache=str(tmp_path / "cache"))
+    assert np.array_equal(D.load(cfg).seqs.flat, D.load(SeqDataConfig(path=str(path), cache="off")).seqs.flat)
+    path.write_text(path.read_text() + "7\t-3\t5\t1\n")
+    with pytest.raises(D.DataError, match=r"u.data:31: field 'item': '-3' is a negative id"):
+        D.load(cfg)
+
+
+def test_a_cache_that_cannot_be_created_is_refused_with_the_way_out(tmp_path):
+    path = udata(tmp_path / "u.data", ROWS)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(cache.CacheError, match=r"(?s)cannot create it.*data.cache=off"):
+        D.load(SeqDataConfig(path=str(path), cache=str(tmp_path / "file" / "cache")))
+
+
+def test_the_fingerprint_is_remembered_until_the_file_changes(tmp_path, monkeypatch):
+    path = udata(tmp_path / "u.data", ROWS)
+    memo = tmp_path / "memo"
+    digest = fingerprint.fingerprint(path, memo)
+    reads = []
+    monkeypatch.setattr(fingerprint, "sha256_of", lambda p: reads.append(p) or "rehashed")
+    assert fingerprint.fingerprint(path, memo) == digest and not reads     # warm: the file is not read
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    assert fingerprint.fingerprint(path, memo) == "rehashed" and reads == [path]

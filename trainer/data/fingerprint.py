@@ -1,0 +1,65 @@
+"""What a data file is: the sha256 of its content, remembered under (path, size, mtime, inode) so that a warm start
+does not read the file again. The one fingerprint of the project's caches (the parsed-data cache, trainer/data/
+cache.py).
+
+    fingerprint(Path("ml-20m/ratings.csv"), memo=Path("~/.cache/hpc-trainer/data/fingerprints"))
+    fingerprints([path_a, path_b], memo)        # several files (KGAT's), in the order given
+
+A file that changes keeps its path but not its size or mtime (or, replaced by a rename, its inode): its memo no
+longer matches and its content is hashed again. A memo that cannot be written (a read-only cache) costs only that
+hash at the next start.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+CHUNK = 1 << 22
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _stat_key(path: Path) -> dict:
+    st = path.stat()
+    return dict(path=str(path.resolve()), size=st.st_size, mtime_ns=st.st_mtime_ns, inode=st.st_ino)
+
+
+def fingerprint(path: str | Path, memo: Path | None = None) -> str:
+    """The sha256 of the file's content; from `memo` (a folder) when the file's path, size, mtime and inode
+    are those it was hashed at."""
+    path = Path(path)
+    key = _stat_key(path)
+    entry = memo / (hashlib.sha256(key["path"].encode()).hexdigest()[:24] + ".json") if memo else None
+    if entry is not None:
+        try:
+            known = json.loads(entry.read_text())
+            if {k: known.get(k) for k in key} == key and isinstance(known.get("sha256"), str):
+                return known["sha256"]
+        except (OSError, ValueError):
+            pass
+    digest = sha256_of(path)
+    if entry is not None and _stat_key(path) == key:      # not changed while it was read
+        try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            tmp = entry.with_name(f".{entry.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(dict(key, sha256=digest)))
+            os.replace(tmp, entry)
+        except OSError:
+            pass
+    return digest
+
+
+def fingerprints(paths: list[Path], memo: Path | None = None) -> str:
+    """One fingerprint of several files: the sha256 of their names and fingerprints, in order."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(f"{Path(path).name}\0{fingerprint(path, memo)}\n".encode())
+    return digest.hexdigest()

@@ -1,0 +1,328 @@
+"""Interactions files read at C speed into flat arrays; a row that does not parse is named by file, line and field.
+
+    inter = read_interactions("ml-20m/ratings.csv")          # Interactions(user_ids, item_ids, times, ...)
+    inter = read_interactions("u.data", duplicates="error")
+
+Formats (auto-detected from the first line, or data.format):
+  pairs  `user item` per line, already in time order (SASRec's ml-1m.txt)
+  udata  `user item rating timestamp`, tab/space separated (MovieLens u.data, TiSASRec's ml-1m.txt)
+  dat    `user::item::rating::timestamp` (MovieLens ratings.dat)
+  csv    a header naming user and item columns (and optionally timestamp)
+
+Each file is parsed once by numpy's C parser (trainer/data/text.py: read_columns) and checked with array
+operations (negative ids, non-finite ratings, empty CSV ids). Where that refuses anything, the file is parsed
+again line by line in Python, which names the first bad line and field (or accepts what the C parser does not:
+a timestamp written `1.5e9`, udata lines of 3 and 4 fields mixed). Ids of the integer formats are int64; a CSV's
+ids are names (`1.0` and `1` are two users) unless every one is an integer.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trainer.data.text import finite, line_numbers, read_columns, read_text, text_lines
+
+log = logging.getLogger(__name__)
+FOLDER_FILES = ("u.data", "ratings.dat", "ratings.csv", "interactions.tsv", "interactions.csv", "ratings.tsv")
+USER_COLS = ("user", "user_id", "userid", "uid")
+ITEM_COLS = ("item", "item_id", "itemid", "movie_id", "movieid", "iid")
+TIME_COLS = ("timestamp", "time", "ts", "datetime")
+
+
+class DataError(ValueError):
+    """Malformed input; the message names the file, line and field."""
+
+
+@dataclass
+class Interactions:
+    """Parsed interactions as parallel flat arrays: raw ids (int64, or str where a file names them), times
+    (None: the file's order is the time order). A row's file line is `lines[row]` where the line-by-line parser
+    read it, else found in `source` on demand (line_of)."""
+
+    user_ids: np.ndarray
+    item_ids: np.ndarray
+    times: np.ndarray | None
+    lines: np.ndarray | None = None
+    source: Path | None = None
+    header_lines: int = 0
+
+    def __post_init__(self):
+        self.user_ids, self.item_ids = np.asarray(self.user_ids), np.asarray(self.item_ids)
+        if self.lines is not None:
+            self.lines = np.asarray(self.lines, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.user_ids)
+
+    @property
+    def users(self) -> list[str]:
+        """The user ids as text (for small data and tests; the arrays are what the pipeline reads)."""
+        return [str(u) for u in self.user_ids.tolist()]
+
+    @property
+    def items(self) -> list[str]:
+        return [str(i) for i in self.item_ids.tolist()]
+
+    def line_of(self, rows) -> np.ndarray | None:
+        """The file line of each row (None where the rows were made, not read)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self.lines is not None:
+            return self.lines[rows]
+        if self.source is not None:
+            return line_numbers(self.source, rows, self.header_lines)
+        return None
+
+    def take(self, keep: np.ndarray) -> Interactions:
+        return Interactions(self.user_ids[keep], self.item_ids[keep], None if self.times is None else self.times[keep],
+                            None if self.lines is None else self.lines[keep])
+
+
+def detect(first: str, path: Path) -> str:
+    if path.suffix == ".csv" or ("," in first and "::" not in first):
+        return "csv"
+    if "::" in first:
+        return "dat"
+    n = len(first.split())
+    return {2: "pairs", 3: "udata", 4: "udata"}.get(n, "unknown")
+
+
+def resolve_path(path: str | Path) -> Path:
+    """A file, or the first known interactions file inside a folder."""
+    p = Path(path)
+    if p.is_dir():
+        for name in FOLDER_FILES:
+            if (p / name).is_file():
+                return p / name
+        txt = sorted(p.glob("*.txt"))
+        if len(txt) == 1:
+            return txt[0]
+        raise DataError(f"{p}: no interactions file found (looked for {', '.join(FOLDER_FILES)} or one *.txt)")
+    if not p.is_file():
+        raise DataError(f"data.path {p} does not exist")
+    return p
+
+
+def read_interactions(path: str | Path, fmt: str = "auto", duplicates: str = "drop") -> Interactions:
+    """Parse an interactions file in one of the supported formats; repeated interactions (the same user, item
+    and time) are dropped with a warning, kept, or refused (`duplicates`)."""
+    p = resolve_path(path)
+    first = next((line for _, line in text_lines(p, DataError) if line.strip()), "")
+    if not first:
+        raise DataError(f"{p}: the file is empty")
+    fmt = detect(first, p) if fmt == "auto" else fmt
+    if fmt == "unknown":
+        raise DataError(f"{p}:1: cannot tell the format from {first.strip()[:80]!r}; set data.format")
+    data = (_fast_csv(p) if fmt == "csv" else _fast_delimited(p, fmt, first)) or \
+        (_read_csv(p) if fmt == "csv" else _read_delimited(p, fmt))
+    if not len(data):
+        raise DataError(f"{p}: no interactions")
+    return without_duplicates(data, p, duplicates)
+
+
+# ------------------------------------------------------------------------------ at C speed
+
+def _fast_delimited(path: Path, fmt: str, first: str) -> Interactions | None:
+    """pairs/udata/dat through the C parser, with the checks the line parser makes done on the arrays; None
+    where either refuses (the line parser then names the line)."""
+    fields = len(first.strip().split("::" if fmt == "dat" else None))
+    if fmt == "pairs" and fields != 2 or fmt == "dat" and fields != 4 or fmt == "udata" and fields not in (3, 4):
+        return None
+    # no usecols: the C parser then also checks every row has the first row's field count; `dat`'s empty
+    # fields between the colons are read as zero-length bytes
+    if fmt == "dat":
+        dtype = np.dtype([(n, t) for n, t in zip("uaibrct", ("i8", "S1", "i8", "S1", "i8", "S1", "i8"))])
+        rows = read_columns(path, dtype, ":")
+        if rows is None:                                       # ratings like 4.5
+            rows = read_columns(path, np.dtype([*dtype.descr[:4], ("r", "f8"), *dtype.descr[5:]]), ":")
+        if rows is None or (rows["a"] != b"").any() or (rows["b"] != b"").any() or (rows["c"] != b"").any():
+            return None
+        columns = [rows[n] for n in "uirt"]
+    else:
+        rows = read_columns(path, np.int64)                    # integer ratings: one pass, plain int64
+        if rows is None and fields == 4:                       # ratings like 4.5
+            rows = read_columns(path, np.dtype([("u", "i8"), ("i", "i8"), ("r", "f8"), ("t", "i8")]))
+            columns = None if rows is None else [rows[n] for n in "uirt"]
+        else:
+            columns = None if rows is None else list(rows.T)
+    if rows is None or not len(rows) or (columns[0] < 0).any() or (columns[1] < 0).any():
+        return None
+    if fields == 4 and not np.isfinite(columns[2]).all():
+        return None
+    users, items = np.ascontiguousarray(columns[0]), np.ascontiguousarray(columns[1])
+    times = np.ascontiguousarray(columns[-1]) if fmt != "pairs" else None
+    return Interactions(users, items, times, source=path)
+
+
+def _csv_header(path: Path) -> tuple[list[str], int, int, int | None]:
+    """The header's columns and the indices of the user, item and (optional) time columns."""
+    first = next((line for _, line in text_lines(path, DataError)), "")
+    header = [h.strip().lower() for h in next(csv.reader([first]), [])]
+
+    def col(names, required):
+        found = next((header.index(n) for n in names if n in header), None)
+        if found is None and required:
+            raise DataError(f"{path}:1: header {header} names no {names[0]} column (accepted: {', '.join(names)})")
+        return found
+    return header, col(USER_COLS, True), col(ITEM_COLS, True), col(TIME_COLS, False)
+
+
+def _fast_csv(path: Path) -> Interactions | None:
+    header, u, i, t = _csv_header(path)
+    cols = (u, i) + ((t,) if t is not None else ())
+    numeric = np.dtype([(n, "i8") for n in ("u", "i", "t")[:len(cols)]])
+    rows = read_columns(path, numeric, ",", usecols=cols, skiprows=1, quotechar='"')
+    if rows is not None and len(rows) and ((rows["u"] < 0).any() or (rows["i"] < 0).any()):
+        rows = None                                    # "-3" as a name: the ids are strings then
+    if rows is None:                                   # ids that are names: read them as text
+        ids = read_columns(path, str, ",", usecols=(u, i), skiprows=1, quotechar='"')
+        times = read_columns(path, np.int64, ",", usecols=(t,), skiprows=1, quotechar='"') if t is not None else None
+        if ids is None or (t is not None and times is None):
+            return None
+        ids = ids.reshape(-1, 2)
+        users, items = np.char.strip(ids[:, 0]), np.char.strip(ids[:, 1])
+        if (users == "").any() or (items == "").any():
+            return None
+        return Interactions(users, items, times.reshape(-1) if times is not None else None, source=path,
+                            header_lines=1)
+    return Interactions(rows["u"].copy(), rows["i"].copy(), rows["t"].copy() if t is not None else None,
+                        source=path, header_lines=1)
+
+
+# ------------------------------------------------------------------------------ line by line: naming the error
+
+def _int(value: str, path: Path, line: int, field: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        try:
+            as_float = float(value)
+        except ValueError:
+            as_float = None
+        if as_float is not None and as_float.is_integer():
+            return int(as_float)
+        raise DataError(f"{path}:{line}: field '{field}': {value!r} is not an integer") from None
+
+
+def _id(value: str, path: Path, line: int, field: str) -> int:
+    """An id of a format whose ids are integers, written as one: `1.0` would become a second id beside `1`."""
+    if value.isdigit() and value.isascii():
+        return int(value)
+    what = "a negative id" if value.startswith("-") and value[1:].isdigit() else "not an integer id"
+    raise DataError(f"{path}:{line}: field '{field}': {value!r} is {what} (ids in this format are whole numbers "
+                    f">= 0, written without a decimal point)")
+
+
+def _read_delimited(path: Path, fmt: str) -> Interactions:
+    users, items, times, lines = [], [], [], []
+    sep = "::" if fmt == "dat" else None
+    expected = {"pairs": (2, 2), "udata": (3, 4), "dat": (4, 4)}[fmt]
+    for no, line in text_lines(path, DataError):
+        if not line.strip():
+            continue
+        parts = line.strip().split(sep)
+        if not expected[0] <= len(parts) <= expected[1]:
+            raise DataError(f"{path}:{no}: expected {'-'.join(map(str, sorted(set(expected))))} fields "
+                            f"({fmt} format), got {len(parts)}: {line.strip()[:80]!r}")
+        users.append(_id(parts[0], path, no, "user"))
+        items.append(_id(parts[1], path, no, "item"))
+        lines.append(no)
+        if fmt != "pairs":
+            times.append(_int(parts[-1], path, no, "timestamp"))
+            if len(parts) == 4:
+                try:
+                    rating = float(parts[2])
+                except ValueError:
+                    raise DataError(f"{path}:{no}: field 'rating': {parts[2]!r} is not a number") from None
+                finite(rating, path, no, "rating", DataError)
+    return Interactions(np.asarray(users, dtype=np.int64), np.asarray(items, dtype=np.int64),
+                        np.asarray(times, dtype=np.int64) if fmt != "pairs" else None, lines)
+
+
+def _read_csv(path: Path) -> Interactions:
+    header, u, i, t = _csv_header(path)
+    with io.StringIO(read_text(path, DataError), newline="") as fh:
+        reader = csv.reader(fh)
+        next(reader, None)
+        users, items, times, lines = [], [], [], []
+        for no, row in enumerate(reader, 2):
+            if not row or not any(c.strip() for c in row):
+                continue
+            if len(row) < len(header):
+                raise DataError(f"{path}:{no}: expected {len(header)} fields, got {len(row)}")
+            for idx, name in ((u, "user"), (i, "item")):
+                if not row[idx].strip():
+                    raise DataError(f"{path}:{no}: field '{name}' is empty")
+            users.append(row[u].strip())
+            items.append(row[i].strip())
+            lines.append(no)
+            if t is not None:
+                times.append(_int(row[t].strip(), path, no, "timestamp"))
+    return Interactions(np.asarray(users, dtype=str), np.asarray(items, dtype=str),
+                        np.asarray(times, dtype=np.int64) if t is not None else None, lines)
+
+
+# ------------------------------------------------------------------------------ ids and duplicates, vectorized
+
+def codes(raw: np.ndarray) -> tuple[np.ndarray, int]:
+    """Contiguous codes 0..K-1 in order of the raw ids (numerically when they are all integers). Integer ids
+    that are dense enough go through a lookup table (O(n)); others through np.unique (a sort)."""
+    keys = np.asarray(raw)
+    if keys.dtype.kind not in "iu":
+        try:
+            keys = keys.astype(np.int64)
+        except (ValueError, OverflowError):
+            pass
+    if keys.dtype.kind in "iu" and len(keys):
+        lo, hi = int(keys.min()), int(keys.max())
+        if lo >= 0 and hi < 4 * len(keys) + (1 << 20):        # the table is at most a few times the ids
+            present = np.zeros(hi + 1, dtype=bool)
+            present[keys] = True
+            table = np.cumsum(present, dtype=np.int64) - 1
+            return table[keys], int(table[-1]) + 1
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    return inverse.astype(np.int64).reshape(-1), len(uniq)
+
+
+def stable_order(major: np.ndarray, minor: np.ndarray) -> np.ndarray:
+    """The stable order of rows by (major, minor), major being codes >= 0: one sort of a combined int64 key
+    where it fits (20x faster than np.lexsort here), else np.lexsort."""
+    if not len(major):
+        return np.zeros(0, dtype=np.int64)
+    lo, span = int(minor.min()), int(minor.max()) - int(minor.min()) + 1
+    if (int(major.max()) + 1) * span < 2**63:
+        return np.argsort(major * span + (minor - lo), kind="stable")
+    return np.lexsort((minor, major))
+
+
+def without_duplicates(data: Interactions, path: Path, policy: str) -> Interactions:
+    """Rows repeating an earlier row's user, item and time (user and item where the file has no time): a
+    double export, a concatenation run twice. They would count twice in the sequences and the targets."""
+    if policy == "keep" or len(data) < 2:
+        return data
+    u, _ = codes(data.user_ids)
+    i, n_items = codes(data.item_ids)
+    t = data.times if data.times is not None else np.zeros(len(u), dtype=np.int64)
+    order = stable_order(u * n_items + i, t)           # stable: equal rows stay in file order
+    su, si, st = u[order], i[order], t[order]
+    same = (su[1:] == su[:-1]) & (si[1:] == si[:-1]) & (st[1:] == st[:-1])
+    if not same.any():
+        return data
+    group = np.concatenate([[0], np.cumsum(~same)])     # each sorted row's run of equal rows
+    first_of_group = order[np.flatnonzero(np.concatenate([[True], ~same]))]
+    repeats = np.flatnonzero(same) + 1                  # sorted positions that repeat an earlier row
+    at_sorted = repeats[np.argmin(order[repeats])]      # the repeat earliest in the file
+    k, first = int(order[at_sorted]), int(first_of_group[group[at_sorted]])
+    lines = data.line_of([k, first])
+    at = f"first at line {lines[0]} (repeating line {lines[1]})" if lines is not None else ""
+    what = f"{path}: {len(repeats)} duplicate interaction(s) (the same user, item and time), {at}"
+    if policy == "error":
+        raise DataError(f"{what}.\nHINT: remove them, or set data.duplicates=drop (or keep).")
+    log.warning("%s: dropped (data.duplicates=keep keeps them, =error refuses the file)", what)
+    keep = np.ones(len(u), dtype=bool)
+    keep[order[repeats]] = False
+    return data.take(keep)

@@ -1,0 +1,228 @@
+"""Per-user sequences as flat arrays with offsets (numpy only: a child process builds them without torch):
+ids remapped, k-core, chronological order, TiSASRec's time rescaling; and the synthetic generator.
+
+    data = build_sequences(read_interactions("u.data"), k=5)    # SeqData: data.seqs[u] is a view
+    inter = synthesize(users=943, items=1349, mean_len=104, seed=0)
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trainer.recipes.sasrec.read import DataError, Interactions, codes, read_interactions, stable_order
+
+
+class Ragged:
+    """Rows of one flat array cut at offsets: rows[u] is a view of flat[offsets[u]:offsets[u + 1]]."""
+
+    def __init__(self, flat: np.ndarray, offsets: np.ndarray):
+        self.flat, self.offsets = flat, offsets
+
+    @classmethod
+    def of(cls, rows) -> Ragged:
+        rows = [np.asarray(r, dtype=np.int64) for r in rows]
+        offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+        return cls(np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64), offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, u: int) -> np.ndarray:
+        return self.flat[self.offsets[u]:self.offsets[u + 1]]
+
+    def __iter__(self):
+        return (self[u] for u in range(len(self)))
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __getstate__(self) -> dict:
+        """Memory-mapped arrays travel to loader workers as their file, not as a copy of their bytes."""
+        return {name: (("map", arr.filename) if isinstance(arr, np.memmap) and arr.filename else ("array", arr))
+                for name, arr in (("flat", self.flat), ("offsets", self.offsets))}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, (how, value) in state.items():
+            setattr(self, name, np.load(value, mmap_mode="r") if how == "map" else value)
+
+
+@dataclass
+class SeqData:
+    """Per-user chronological item sequences (items 1..num_items; 0 is padding) and rescaled times, flat."""
+
+    seqs: Ragged
+    times: Ragged
+    num_items: int
+
+    def __post_init__(self):
+        if not isinstance(self.seqs, Ragged):
+            self.seqs = Ragged.of(self.seqs)
+        if not isinstance(self.times, Ragged):
+            self.times = Ragged.of(self.times)
+
+    @property
+    def num_users(self) -> int:
+        return len(self.seqs)
+
+
+def kcore(users: np.ndarray, items: np.ndarray, k: int) -> np.ndarray:
+    """Mask of interactions kept by iterative k-core filtering of users and items."""
+    keep = np.ones(len(users), dtype=bool)
+    while k > 1:
+        uc = np.bincount(users[keep], minlength=users.max() + 1)
+        ic = np.bincount(items[keep], minlength=items.max() + 1)
+        new = keep & (uc[users] >= k) & (ic[items] >= k)
+        if new.sum() == keep.sum():
+            break
+        keep = new
+    return keep
+
+
+def rescale_times(times: np.ndarray) -> np.ndarray:
+    """TiSASRec's per-user time: (t - t_min) / smallest non-zero gap, rounded, + 1 (0 stays padding)."""
+    return rescale_flat(np.asarray(times, dtype=np.int64), np.array([0, len(times)], dtype=np.int64))
+
+
+def rescale_flat(times: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """rescale_times of every user at once: `times` sorted within each user, users cut at `offsets`."""
+    n_users = len(offsets) - 1
+    counts = np.diff(offsets)
+    owner = np.repeat(np.arange(n_users), counts)
+    gaps = np.diff(times)
+    real = (owner[1:] == owner[:-1]) & (gaps != 0) if len(times) else np.zeros(0, dtype=bool)
+    scale = np.full(n_users, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(scale, owner[1:][real], gaps[real])
+    scale[scale == np.iinfo(np.int64).max] = 1
+    start = times[offsets[:-1][counts > 0]]
+    t_min = np.zeros(n_users, dtype=np.int64)
+    t_min[counts > 0] = start
+    return np.round((times - t_min[owner]) / scale[owner]).astype(np.int64) + 1
+
+
+def build_sequences(inter: Interactions, k: int = 0) -> SeqData:
+    """Remap ids, apply k-core, order each user's items by time (stable), rescale times."""
+    u, _ = codes(inter.user_ids)
+    i, _ = codes(inter.item_ids)
+    times = inter.times if inter.times is not None else np.zeros(len(u), dtype=np.int64)
+    if k > 1:
+        keep = kcore(u, i, k)
+        if not keep.any():
+            raise DataError(f"{k}-core filtering removed every interaction")
+        u, i, times = u[keep], i[keep], times[keep]
+        u, _ = codes(u)
+        i, _ = codes(i)
+    num_items = int(i.max()) + 1
+    order = stable_order(u, times)                          # by user, then time, then file order
+    u, i, times = u[order], i[order] + 1, times[order]
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(u))]).astype(np.int64)
+    if inter.times is None:
+        tflat = np.arange(len(u), dtype=np.int64) - np.repeat(offsets[:-1], np.diff(offsets)) + 1
+    else:
+        tflat = rescale_flat(times, offsets)
+    return SeqData(Ragged(i, offsets), Ragged(tflat, offsets), num_items)
+
+
+VECTORIZED_FROM = 1_000_000          # expected interactions from which synthesize draws all users at once
+
+
+def _synthetic_model(items: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ring = rng.permutation(items)                       # the hidden sequential structure
+    where = np.empty(items, dtype=np.int64)
+    where[ring] = np.arange(items)
+    popularity = 1.0 / np.arange(1, items + 1) ** 1.1  # Zipf-like, over a random order of items
+    popularity = popularity[rng.permutation(items)]
+    return ring, where, popularity / popularity.sum()
+
+
+def synthesize(users: int, items: int, mean_len: int, seed: int) -> Interactions:
+    """Sequences with power-law item popularity and learnable order: with probability 0.7 the next item
+    is one of three successors of the current one on a fixed random ring, else a popular item. From
+    VECTORIZED_FROM expected interactions on, every user's next step is drawn at once (the same model, another
+    random stream: 20M interactions in seconds, where a draw per row took minutes)."""
+    if users * mean_len >= VECTORIZED_FROM:
+        return _synthesize_vectorized(users, items, mean_len, seed)
+    rng = np.random.default_rng(seed)
+    ring, where, popularity = _synthetic_model(items, rng)
+    out_u, out_i, out_t = [], [], []
+    for u in range(users):
+        length = max(5, int(rng.poisson(mean_len)))
+        cur = int(rng.choice(items, p=popularity))
+        t = int(rng.integers(8.8e8, 8.9e8))
+        for _ in range(length):
+            out_u.append(u + 1)
+            out_i.append(cur + 1)
+            out_t.append(t)
+            t += int(rng.exponential(3600)) + 1
+            if rng.random() < 0.7:
+                cur = int(ring[(where[cur] + rng.integers(1, 4)) % items])
+            else:
+                cur = int(rng.choice(items, p=popularity))
+    return Interactions(np.asarray(out_u, dtype=np.int64), np.asarray(out_i, dtype=np.int64),
+                        np.asarray(out_t, dtype=np.int64))
+
+
+def _synthesize_vectorized(users: int, items: int, mean_len: int, seed: int) -> Interactions:
+    rng = np.random.default_rng(seed)
+    ring, where, popularity = _synthetic_model(items, rng)
+    lengths = np.maximum(5, rng.poisson(mean_len, users))
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    by_length = np.argsort(-lengths, kind="stable")     # the users still drawing at step j are a prefix
+    out_i = np.empty(offsets[-1], dtype=np.int64)
+    out_t = np.empty(offsets[-1], dtype=np.int64)
+    cur = rng.choice(items, users, p=popularity)[by_length]
+    t = rng.integers(880_000_000, 890_000_000, users)[by_length]
+    sorted_lengths, starts = lengths[by_length], offsets[:-1][by_length]
+    for j in range(int(lengths.max())):
+        n = int(np.searchsorted(-sorted_lengths, -j, side="left"))     # users longer than j
+        cur, t = cur[:n], t[:n]
+        out_i[starts[:n] + j] = cur + 1
+        out_t[starts[:n] + j] = t
+        t = t + rng.exponential(3600, n).astype(np.int64) + 1
+        ring_next = ring[(where[cur] + rng.integers(1, 4, n)) % items]
+        cur = np.where(rng.random(n) < 0.7, ring_next, rng.choice(items, n, p=popularity))
+    return Interactions(np.repeat(np.arange(1, users + 1), lengths), out_i, out_t)
+
+
+def write_udata(inter: Interactions, path: str | Path, chunk: int = 1_000_000) -> Path:
+    """Write interactions as MovieLens u.data (user, item, rating 5, timestamp; tab-separated), in chunks."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    times = inter.times if inter.times is not None else np.arange(len(inter))
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as fh:
+        for at in range(0, len(inter), chunk):
+            part = [inter.user_ids[at:at + chunk], inter.item_ids[at:at + chunk], times[at:at + chunk]]
+            fh.write(("%s\t%s\t5\t%s\n" * len(part[0])) % tuple(np.stack(part, 1).ravel().tolist()))
+    tmp.replace(path)
+    return path
+
+
+class _Warnings(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def build_flat(path: str, fmt: str, duplicates: str, k: int) -> tuple[dict[str, np.ndarray], dict]:
+    """The parsed-data cache's builder (trainer/data/cache.py): the file's sequences as flat arrays (items,
+    times, offsets) and meta (num_items, rows, and the warnings the parse gave, said again at every load)."""
+    caught = _Warnings()
+    logging.getLogger("trainer.recipes.sasrec.read").addHandler(caught)
+    try:
+        inter = read_interactions(path, fmt, duplicates)
+        data = build_sequences(inter, k)
+    finally:
+        logging.getLogger("trainer.recipes.sasrec.read").removeHandler(caught)
+    arrays = dict(items=data.seqs.flat, times=data.times.flat, offsets=data.seqs.offsets)
+    return arrays, dict(num_items=data.num_items, rows=len(inter), warnings=caught.messages)
+
+
+def from_flat(arrays: dict[str, np.ndarray], meta: dict) -> SeqData:
+    return SeqData(Ragged(arrays["items"], arrays["offsets"]), Ragged(arrays["times"], arrays["offsets"]),
+                   int(meta["num_items"]))
