@@ -33,7 +33,7 @@ $(BIN)/python:
 # torch is pinned first: an unpinned torch would pull several GB of CUDA wheels
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/pip install -q -e ".[tensorboard,test,bench,video,submit]"
+	$(BIN)/pip install -q -e ".[tensorboard,test,bench,video,submit,parquet]"
 	$(BIN)/python -m trainer.native build
 	touch $@
 

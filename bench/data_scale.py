@@ -25,33 +25,37 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 USERS_PER_ROW, ITEMS = 138_493 / 20_000_263, 26_744           # MovieLens-20M's shape
 
-# each probe: a fresh process that prints one JSON line {"s": seconds, "rss_mb": peak RSS, ...}
+# each probe: a fresh process that prints one JSON line {"s": seconds of the load (imports apart), "rss_mb": peak
+# RSS of the process (torch's import included, as in training: compare with the tiny dataset's), ...}
 PROBE = r"""
-import json, resource, sys, time
+import json, sys, time
 mode, path, cache = sys.argv[1], sys.argv[2], sys.argv[3]
+def status_mb(field):          # VmHWM: this process's peak RSS (ru_maxrss would carry the parent's over exec)
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return round(int(line.split()[1]) / 1024, 1)
 def pss_mb():
     try:
         for line in open("/proc/self/smaps_rollup"):
             if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024
+                return round(int(line.split()[1]) / 1024, 1)
     except OSError:
         return None
-t0 = time.perf_counter()
 if mode == "pandas":
     import pandas
-    frame = pandas.read_csv(path, sep="\t", header=None)
-    rows = len(frame)
+    t0 = time.perf_counter()
+    rows = len(pandas.read_csv(path, sep="\t", header=None))
 else:
     from trainer.recipes.sasrec.config import SeqDataConfig
-    from trainer.recipes.sasrec.data import load
+    from trainer.recipes.sasrec.data import load          # torch comes with it, as in a training process
+    t0 = time.perf_counter()
     data = load(SeqDataConfig(path=path, cache=cache))
     rows = int(data.seqs.offsets[-1])
     touched = int(data.seqs.flat.sum() + data.times.flat.sum())     # every page read, as an epoch would
-    if mode == "hold":
-        sys.stdout.write(json.dumps(dict(ready=True)) + "\n"); sys.stdout.flush(); sys.stdin.readline()
 seconds = time.perf_counter() - t0
-print(json.dumps(dict(s=round(seconds, 3), rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                      pss_mb=pss_mb(), rows=rows)))
+if mode == "hold":
+    sys.stdout.write(json.dumps(dict(ready=True)) + "\n"); sys.stdout.flush(); sys.stdin.readline()
+print(json.dumps(dict(s=round(seconds, 3), rss_mb=status_mb("VmHWM"), pss_mb=pss_mb(), rows=rows)))
 """
 
 
@@ -89,7 +93,7 @@ def generate(rows: int, folder: Path) -> Path:
         from trainer.recipes.sasrec import sequences
         users = max(10, round(rows * USERS_PER_ROW))
         t0 = time.perf_counter()
-        inter = sequences.synthesize(users, ITEMS, max(5, round(rows / users)), seed=0)
+        inter = sequences.synthesize(users, ITEMS, max(5, round(rows / users)), seed=0, vectorized=True)
         sequences.write_udata(inter, path)
         print(f"generated {len(inter):,} rows in {time.perf_counter() - t0:.1f} s: {path}", flush=True)
     return path

@@ -17,7 +17,12 @@ class SeqDataConfig:
                                               synthetic_mean_len=POSITIVE)
 
     path: str = ""                        # file or folder; "" = synthetic data generated in memory
-    format: Literal["auto", "pairs", "udata", "dat", "csv"] = "auto"
+    format: Literal["auto", "pairs", "udata", "dat", "csv", "parquet", "arrow"] = "auto"
+    # the columns of a CSV, Parquet or Arrow file ("": the first of user/user_id/uid..., item/item_id/movie_id...,
+    # timestamp/time/ts... that the header has)
+    user_column: str = ""
+    item_column: str = ""
+    time_column: str = ""
     duplicates: Literal["drop", "keep", "error"] = "drop"   # rows repeating a user, item and time (drop: warned)
     # the parsed-data cache: "" ~/.cache/hpc-trainer/data (or TRAINER_DATA_CACHE), "off", or a folder; parsed once,
     # memory-mapped by every rank of every later launch (trainer/data/cache.py)

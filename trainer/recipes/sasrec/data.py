@@ -10,12 +10,13 @@ import numpy as np
 import torch
 
 from trainer.data import cache
-from trainer.data.fingerprint import fingerprint
+from trainer.data.fingerprint import fingerprints
 from trainer.recipes.sasrec.config import SeqDataConfig
 from trainer.recipes.sasrec.read import (  # noqa: F401  (the recipe's data API)
     FOLDER_FILES,
     DataError,
     Interactions,
+    data_files,
     read_interactions,
     resolve_path,
     without_duplicates,
@@ -214,18 +215,21 @@ CHILD_FROM = 64 << 20       # files from this size are parsed in a child process
 def load(cfg: SeqDataConfig, local_rank: int = 0) -> SeqData:
     """The configured dataset: a file/folder (parsed once into the data cache, memory-mapped after), or
     synthetic data when data.path is empty."""
+    columns = (cfg.user_column, cfg.item_column, cfg.time_column)
     if not cfg.path:
         data = build_sequences(synthesize(cfg.synthetic_users, cfg.synthetic_items, cfg.synthetic_mean_len,
                                           cfg.synthetic_seed))
     elif (root := cache.root_of(cfg.cache)) is None:
-        data = build_sequences(read_interactions(cfg.path, cfg.format, cfg.duplicates), cfg.kcore)
+        data = build_sequences(read_interactions(cfg.path, cfg.format, cfg.duplicates, columns), cfg.kcore)
     else:
         path = resolve_path(cfg.path).resolve()
-        key = dict(source=str(path), sha256=fingerprint(path, root / "fingerprints"), format=cfg.format,
-                   duplicates=cfg.duplicates, kcore=cfg.kcore, reader=READER)
+        files = data_files(path)
+        key = dict(source=str(path), sha256=fingerprints(files, root / "fingerprints"), format=cfg.format,
+                   duplicates=cfg.duplicates, kcore=cfg.kcore, columns=list(columns), reader=READER)
         arrays, meta = cache.load_or_build(root, "sasrec", key, "trainer.recipes.sasrec.sequences:build_flat",
-                                           (str(path), cfg.format, cfg.duplicates, cfg.kcore), local_rank,
-                                           in_child=path.stat().st_size >= CHILD_FROM, error=DataError)
+                                           (str(path), cfg.format, cfg.duplicates, cfg.kcore, columns), local_rank,
+                                           in_child=sum(f.stat().st_size for f in files) >= CHILD_FROM,
+                                           error=DataError)
         for message in meta.get("warnings", []):
             log.warning("%s (data.cache=off parses again)", message)
         data = from_flat(arrays, meta)

@@ -8,6 +8,10 @@ Formats (auto-detected from the first line, or data.format):
   udata  `user item rating timestamp`, tab/space separated (MovieLens u.data, TiSASRec's ml-1m.txt)
   dat    `user::item::rating::timestamp` (MovieLens ratings.dat)
   csv    a header naming user and item columns (and optionally timestamp)
+  parquet / arrow   a .parquet file or a folder of them, or an Arrow IPC/Feather file (.arrow, .feather): columns
+         by name (pyarrow, the `parquet` extra); only the user, item and time columns are read
+Column names (CSV, Parquet, Arrow): data.user_column, data.item_column, data.time_column, or the first of
+USER_COLS, ITEM_COLS, TIME_COLS the header has (any case).
 
 Each file is parsed once by numpy's C parser (trainer/data/text.py: read_columns) and checked with array
 operations (negative ids, non-finite ratings, empty CSV ids). Where that refuses anything, the file is parsed
@@ -28,6 +32,7 @@ import numpy as np
 from trainer.data.text import finite, line_numbers, read_columns, read_text, text_lines
 
 log = logging.getLogger(__name__)
+ARROW_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
 FOLDER_FILES = ("u.data", "ratings.dat", "ratings.csv", "interactions.tsv", "interactions.csv", "ratings.tsv")
 USER_COLS = ("user", "user_id", "userid", "uid")
 ITEM_COLS = ("item", "item_id", "itemid", "movie_id", "movieid", "iid")
@@ -101,24 +106,41 @@ def resolve_path(path: str | Path) -> Path:
         txt = sorted(p.glob("*.txt"))
         if len(txt) == 1:
             return txt[0]
-        raise DataError(f"{p}: no interactions file found (looked for {', '.join(FOLDER_FILES)} or one *.txt)")
+        if next(p.rglob("*.parquet"), None) is not None:
+            return p                                   # a Parquet dataset: every .parquet file under it
+        raise DataError(f"{p}: no interactions file found (looked for {', '.join(FOLDER_FILES)}, one *.txt or "
+                        f".parquet files)")
     if not p.is_file():
         raise DataError(f"data.path {p} does not exist")
     return p
 
 
-def read_interactions(path: str | Path, fmt: str = "auto", duplicates: str = "drop") -> Interactions:
+def data_files(path: Path) -> list[Path]:
+    """The files a resolved data path stands for (a Parquet folder: its .parquet files, in order)."""
+    return sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
+
+
+def read_interactions(path: str | Path, fmt: str = "auto", duplicates: str = "drop",
+                      columns: tuple[str, str, str] = ("", "", "")) -> Interactions:
     """Parse an interactions file in one of the supported formats; repeated interactions (the same user, item
-    and time) are dropped with a warning, kept, or refused (`duplicates`)."""
+    and time) are dropped with a warning, kept, or refused (`duplicates`). `columns`: the user, item and time
+    column names of a CSV, Parquet or Arrow file ("": found by their usual names)."""
     p = resolve_path(path)
+    arrow = "parquet" if p.is_dir() else ARROW_SUFFIXES.get(p.suffix.lower())
+    if fmt in ("parquet", "arrow") or fmt == "auto" and arrow:
+        from trainer.recipes.sasrec.arrow import read_table
+        data = read_table(p, fmt if fmt != "auto" else arrow, columns, DataError)
+        if not len(data):
+            raise DataError(f"{p}: no interactions")
+        return without_duplicates(data, p, duplicates)
     first = next((line for _, line in text_lines(p, DataError) if line.strip()), "")
     if not first:
         raise DataError(f"{p}: the file is empty")
     fmt = detect(first, p) if fmt == "auto" else fmt
     if fmt == "unknown":
         raise DataError(f"{p}:1: cannot tell the format from {first.strip()[:80]!r}; set data.format")
-    data = (_fast_csv(p) if fmt == "csv" else _fast_delimited(p, fmt, first)) or \
-        (_read_csv(p) if fmt == "csv" else _read_delimited(p, fmt))
+    data = (_fast_csv(p, columns) if fmt == "csv" else _fast_delimited(p, fmt, first)) or \
+        (_read_csv(p, columns) if fmt == "csv" else _read_delimited(p, fmt))
     if not len(data):
         raise DataError(f"{p}: no interactions")
     return without_duplicates(data, p, duplicates)
@@ -158,21 +180,32 @@ def _fast_delimited(path: Path, fmt: str, first: str) -> Interactions | None:
     return Interactions(users, items, times, source=path)
 
 
-def _csv_header(path: Path) -> tuple[list[str], int, int, int | None]:
+def find_columns(header: list[str], columns: tuple[str, str, str], where: str) -> tuple[int, int, int | None]:
+    """The indices of the user, item and (optional) time columns in a header: the configured names
+    (data.user_column ...), else the first usual name present; any case."""
+    lower = [h.strip().lower() for h in header]
+    out = []
+    for (names, required, key), given in zip(((USER_COLS, True, "user_column"), (ITEM_COLS, True, "item_column"),
+                                               (TIME_COLS, False, "time_column")), columns):
+        wanted = (given.lower(),) if given else names
+        found = next((lower.index(n) for n in wanted if n in lower), None)
+        if found is None and (required or given):
+            raise DataError(f"{where}: header {lower} names no {given or names[0]} column "
+                            f"({'data.' + key + '=' + given if given else 'accepted: ' + ', '.join(names)}; "
+                            f"data.{key}=NAME names another)")
+        out.append(found)
+    return out[0], out[1], out[2]
+
+
+def _csv_header(path: Path, columns: tuple[str, str, str]) -> tuple[list[str], int, int, int | None]:
     """The header's columns and the indices of the user, item and (optional) time columns."""
     first = next((line for _, line in text_lines(path, DataError)), "")
     header = [h.strip().lower() for h in next(csv.reader([first]), [])]
-
-    def col(names, required):
-        found = next((header.index(n) for n in names if n in header), None)
-        if found is None and required:
-            raise DataError(f"{path}:1: header {header} names no {names[0]} column (accepted: {', '.join(names)})")
-        return found
-    return header, col(USER_COLS, True), col(ITEM_COLS, True), col(TIME_COLS, False)
+    return (header, *find_columns(header, columns, f"{path}:1"))
 
 
-def _fast_csv(path: Path) -> Interactions | None:
-    header, u, i, t = _csv_header(path)
+def _fast_csv(path: Path, columns: tuple[str, str, str]) -> Interactions | None:
+    header, u, i, t = _csv_header(path, columns)
     cols = (u, i) + ((t,) if t is not None else ())
     numeric = np.dtype([(n, "i8") for n in ("u", "i", "t")[:len(cols)]])
     rows = read_columns(path, numeric, ",", usecols=cols, skiprows=1, quotechar='"')
@@ -243,8 +276,8 @@ def _read_delimited(path: Path, fmt: str) -> Interactions:
                         np.asarray(times, dtype=np.int64) if fmt != "pairs" else None, lines)
 
 
-def _read_csv(path: Path) -> Interactions:
-    header, u, i, t = _csv_header(path)
+def _read_csv(path: Path, columns: tuple[str, str, str]) -> Interactions:
+    header, u, i, t = _csv_header(path, columns)
     with io.StringIO(read_text(path, DataError), newline="") as fh:
         reader = csv.reader(fh)
         next(reader, None)

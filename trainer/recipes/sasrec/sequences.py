@@ -137,12 +137,12 @@ def _synthetic_model(items: int, rng: np.random.Generator) -> tuple[np.ndarray, 
     return ring, where, popularity / popularity.sum()
 
 
-def synthesize(users: int, items: int, mean_len: int, seed: int) -> Interactions:
+def synthesize(users: int, items: int, mean_len: int, seed: int, vectorized: bool | None = None) -> Interactions:
     """Sequences with power-law item popularity and learnable order: with probability 0.7 the next item
     is one of three successors of the current one on a fixed random ring, else a popular item. From
     VECTORIZED_FROM expected interactions on, every user's next step is drawn at once (the same model, another
-    random stream: 20M interactions in seconds, where a draw per row took minutes)."""
-    if users * mean_len >= VECTORIZED_FROM:
+    random stream: 20M interactions in seconds, where a draw per row took minutes); `vectorized` forces either."""
+    if vectorized or vectorized is None and users * mean_len >= VECTORIZED_FROM:
         return _synthesize_vectorized(users, items, mean_len, seed)
     rng = np.random.default_rng(seed)
     ring, where, popularity = _synthetic_model(items, rng)
@@ -209,13 +209,14 @@ class _Warnings(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def build_flat(path: str, fmt: str, duplicates: str, k: int) -> tuple[dict[str, np.ndarray], dict]:
+def build_flat(path: str, fmt: str, duplicates: str, k: int,
+               columns: tuple[str, str, str] = ("", "", "")) -> tuple[dict[str, np.ndarray], dict]:
     """The parsed-data cache's builder (trainer/data/cache.py): the file's sequences as flat arrays (items,
     times, offsets) and meta (num_items, rows, and the warnings the parse gave, said again at every load)."""
     caught = _Warnings()
     logging.getLogger("trainer.recipes.sasrec.read").addHandler(caught)
     try:
-        inter = read_interactions(path, fmt, duplicates)
+        inter = read_interactions(path, fmt, duplicates, columns)
         data = build_sequences(inter, k)
     finally:
         logging.getLogger("trainer.recipes.sasrec.read").removeHandler(caught)

@@ -1,0 +1,23 @@
+"""bench/data_scale.py's plumbing on small files: every probe runs in its own process, the figures are consistent
+(every probe read the same rows; the warm start maps the cache the cold build wrote; two ranks share its pages),
+and the JSON and PNG are written. The figures at 2M and 20M rows are the committed bench/results/data_scale.json."""
+import json
+import subprocess
+import sys
+
+from tests.conftest import REPO, clean_env
+
+
+def test_the_data_scale_bench_runs_through(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bench.data_scale", "--sizes", "150000,300000", "--repeat", "1",
+                           "--data", str(tmp_path / "data"), "--out", str(tmp_path)], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "data_scale.json").read_text())
+    assert set(report["sizes"]) == {"150000", "300000"} and "cold_no_cache" in report["slope_per_million_rows"]
+    for r in report["sizes"].values():
+        assert r["rows"] > 100_000 and r["cache_mb"] > 0 and r["file_mb"] > r["cache_mb"] / 2
+        assert r["warm"]["s"] < r["cold_build"]["s"]                  # mapped, not parsed again
+        assert len(r["two_ranks"]) == 2 and all(t["rows"] == r["rows"] for t in r["two_ranks"])
+        assert ("cold_over_pandas" in r) == report["pandas"]
+    assert (tmp_path / "data_scale.png").stat().st_size > 10_000

@@ -1,0 +1,72 @@
+"""Interactions from Parquet (a file or a folder of them) and Arrow IPC/Feather files, through pyarrow (the
+`parquet` extra): only the user, item and time columns are read, straight into numpy arrays.
+
+    inter = read_table(Path("yambda/likes.parquet"), "parquet", ("uid", "item_id", "timestamp"), DataError)
+
+Parquet has no lines: a bad value is named by its file, column and row (0-based, in the file's order). Integer ids
+must be >= 0 (as in u.data); text ids are names; a null in any read column is refused; timestamps of a timestamp
+type are read as integers of their unit (only their order and gaps are used).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from trainer.extras import require
+from trainer.recipes.sasrec.read import Interactions, find_columns
+
+
+def _table(path: Path, kind: str, names: list[str] | None):
+    """The column names (names None: the schema alone is read) or a table of the named columns."""
+    pa = require("pyarrow", extra="parquet", purpose="reading Parquet and Arrow data (data.path)")
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+        if names is None:
+            return (pq.ParquetDataset(path).schema if path.is_dir() else pq.read_schema(path)).names
+        return pq.read_table(path, columns=names)
+    import pyarrow.feather as feather
+    if names is None:
+        with pa.memory_map(str(path)) as source:
+            return pa.ipc.open_file(source).schema.names
+    return feather.read_table(path, columns=names)
+
+
+def _column(table, name: str, where: str, integer_ids: bool, error: type) -> np.ndarray:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    col = table.column(name)
+    if col.null_count:
+        row = int(pc.index(pc.is_null(col), True).as_py())
+        raise error(f"{where}: column '{name}': row {row} is null")
+    if pa.types.is_timestamp(col.type) or pa.types.is_date(col.type):
+        col = pc.cast(col, pa.int64())
+    values = col.to_numpy()
+    if values.dtype.kind == "f":
+        bad = ~np.isfinite(values) | (values != np.round(values))
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise error(f"{where}: column '{name}': row {row}: {float(values[row])!r} is not "
+                        f"{'an integer id' if integer_ids else 'a whole number'}")
+        values = values.astype(np.int64)
+    if values.dtype.kind in "iu":
+        if integer_ids and (values < 0).any():
+            row = int(np.argmax(values < 0))
+            raise error(f"{where}: column '{name}': row {row}: {int(values[row])} is a negative id")
+        return values.astype(np.int64, copy=False)
+    return np.asarray(values, dtype=str)                     # ids that are names
+
+
+def read_table(path: Path, kind: str, columns: tuple[str, str, str], error: type) -> Interactions:
+    """The interactions of a Parquet file or folder (kind "parquet") or an Arrow IPC/Feather file ("arrow")."""
+    header = list(_table(path, kind, None))
+    u, i, t = find_columns(header, columns, str(path))
+    names = [header[c] for c in (u, i, t) if c is not None]
+    table = _table(path, kind, names)
+    users = _column(table, names[0], str(path), True, error)
+    items = _column(table, names[1], str(path), True, error)
+    times = _column(table, names[2], str(path), False, error) if t is not None else None
+    if times is not None and times.dtype.kind not in "iu":
+        raise error(f"{path}: column '{names[2]}' holds {table.column(names[2]).type}, not times (integers or a "
+                    f"timestamp type)")
+    return Interactions(users, items, times)
