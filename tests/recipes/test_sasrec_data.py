@@ -161,3 +161,35 @@ def test_movielens_100k_real_file():
     assert data.num_users == 943 and data.num_items == 1682 and sum(len(s) for s in data.seqs) == 100000
     five = D.build_sequences(D.read_interactions(SHARED_ML100K), k=5)
     assert all(len(s) >= 5 for s in five.seqs)
+
+
+def _reference(users, items, times):
+    """The per-row semantics the vectorized path keeps: the first of repeated (user, item, time) rows kept, ids
+    coded in sorted order, each user's rows by time then file order, TiSASRec's rescaled times."""
+    first, rows = set(), []
+    for r, key in enumerate(zip(users, items, times)):
+        if key not in first:
+            first.add(key)
+            rows.append(r)
+    ucode = {u: c for c, u in enumerate(sorted({users[r] for r in rows}))}
+    icode = {i: c + 1 for c, i in enumerate(sorted({items[r] for r in rows}))}
+    seqs, rescaled = [], []
+    for u in sorted(ucode, key=ucode.get):
+        mine = sorted((times[r], r) for r in rows if users[r] == u)
+        seqs.append([icode[items[r]] for _, r in mine])
+        t = [time for time, _ in mine]
+        gaps = [b - a for a, b in zip(t, t[1:]) if b != a]
+        scale = min(gaps) if gaps else 1
+        rescaled.append([round((x - t[0]) / scale) + 1 for x in t])
+    return seqs, rescaled, len(icode)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_vectorized_path_equals_the_per_row_reference(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 120))
+    users, items, times = (rng.integers(lo, hi, n) for lo, hi in ((1, 8), (1, 6), (0, 5)))
+    data = D.build_sequences(D.without_duplicates(D.Interactions(users, items, times), "x", "drop"))
+    seqs, rescaled, n_items = _reference(users.tolist(), items.tolist(), times.tolist())
+    assert data.num_items == n_items and [s.tolist() for s in data.seqs] == seqs
+    assert [t.tolist() for t in data.times] == rescaled

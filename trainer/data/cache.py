@@ -93,10 +93,21 @@ def _child(tmp: Path, builder: str, args: tuple, key: dict) -> None:
     """A child process's build; its error is written beside tmp for the parent to raise."""
     try:
         specs, meta, seconds = _build_into(tmp, builder, args)
-        _write_manifest(tmp, key, specs, meta, seconds)
+        _write_manifest(tmp, key, specs, dict(meta, child_peak_rss_mb=_peak_rss_mb()), seconds)
     except Exception as err:                                # noqa: BLE001 - handed to the parent whole
         tmp.with_suffix(".error").write_text(json.dumps(dict(type=type(err).__name__, message=str(err))))
         raise SystemExit(1) from None
+
+
+def _peak_rss_mb() -> float | None:
+    """This process's peak RSS (VmHWM), where /proc has it."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
 
 
 def _write_manifest(folder: Path, key: dict, specs: dict, meta: dict, seconds: float) -> None:

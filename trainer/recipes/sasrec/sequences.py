@@ -87,25 +87,26 @@ def rescale_times(times: np.ndarray) -> np.ndarray:
 
 
 def rescale_flat(times: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """rescale_times of every user at once: `times` sorted within each user, users cut at `offsets`."""
-    n_users = len(offsets) - 1
+    """rescale_times of every user at once: `times` sorted within each user, users cut at `offsets` (every user
+    with at least one time)."""
     counts = np.diff(offsets)
-    owner = np.repeat(np.arange(n_users), counts)
-    gaps = np.diff(times)
-    real = (owner[1:] == owner[:-1]) & (gaps != 0) if len(times) else np.zeros(0, dtype=bool)
-    scale = np.full(n_users, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(scale, owner[1:][real], gaps[real])
-    scale[scale == np.iinfo(np.int64).max] = 1
-    start = times[offsets[:-1][counts > 0]]
-    t_min = np.zeros(n_users, dtype=np.int64)
-    t_min[counts > 0] = start
-    return np.round((times - t_min[owner]) / scale[owner]).astype(np.int64) + 1
+    if not len(times):
+        return np.zeros(0, dtype=np.int64)
+    big = np.iinfo(np.int64).max
+    gaps = np.empty(len(times), dtype=np.int64)          # gaps[j] = times[j + 1] - times[j] within a user, else big
+    np.subtract(times[1:], times[:-1], out=gaps[:-1])
+    gaps[-1] = big
+    gaps[offsets[1:-1] - 1] = big                        # the step from one user's last time to the next's first
+    gaps[gaps == 0] = big
+    scale = np.minimum.reduceat(gaps, offsets[:-1])      # each user's segment: its own gaps (and a big)
+    scale[scale == big] = 1
+    t_min = times[offsets[:-1]]                          # sorted: each user's first time is its smallest
+    return np.round((times - np.repeat(t_min, counts)) / np.repeat(scale, counts)).astype(np.int64) + 1
 
 
 def build_sequences(inter: Interactions, k: int = 0) -> SeqData:
     """Remap ids, apply k-core, order each user's items by time (stable), rescale times."""
-    u, _ = codes(inter.user_ids)
-    i, _ = codes(inter.item_ids)
+    u, _, i, num_items = inter.coded()
     times = inter.times if inter.times is not None else np.zeros(len(u), dtype=np.int64)
     if k > 1:
         keep = kcore(u, i, k)
@@ -113,9 +114,10 @@ def build_sequences(inter: Interactions, k: int = 0) -> SeqData:
             raise DataError(f"{k}-core filtering removed every interaction")
         u, i, times = u[keep], i[keep], times[keep]
         u, _ = codes(u)
-        i, _ = codes(i)
-    num_items = int(i.max()) + 1
-    order = stable_order(u, times)                          # by user, then time, then file order
+        i, num_items = codes(i)
+        order = stable_order(u, times)                      # by user, then time, then file order
+    else:
+        order = inter.chronological()
     u, i, times = u[order], i[order] + 1, times[order]
     offsets = np.concatenate([[0], np.cumsum(np.bincount(u))]).astype(np.int64)
     if inter.times is None:
