@@ -150,3 +150,24 @@ def test_convert_real_movielens_100k(tmp_path):
     build.write(data, tmp_path, lists)
     d = check_converted(tmp_path, 943, 1682, 100000)
     assert d.n_entities == 1682 + 19 + len({e for e in lists["entity"] if e.startswith("year:")})
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_array_parser_of_cf_files_equals_the_line_parser(tmp_path, seed, caplog):
+    """read_cf's array path against its line-by-line one on random files: blank lines, users with no items,
+    repeated items, users out of order, a BOM; the same users, items and duplicate warning."""
+    rng = np.random.default_rng(seed)
+    users = rng.permutation(12)[:int(rng.integers(1, 12))]
+    lines = [" ".join(map(str, [u, *rng.integers(0, 9, int(rng.integers(0, 6)))])) for u in users]
+    lines = [x for line in lines for x in ([line, ""] if rng.random() < 0.2 else [line])]
+    path = tmp_path / "train.txt"
+    path.write_bytes((b"\xef\xbb\xbf" if seed % 5 == 0 else b"") + ("\n".join(lines) + "\n").encode())
+    for policy in ("drop", "keep"):
+        caplog.clear()
+        fast = kd._read_cf_fast(path, policy)
+        fast_log = caplog.text
+        caplog.clear()
+        slow = kd._read_cf_lines(path, policy)
+        assert fast is not None and list(fast) == list(slow)
+        assert all(fast[u].tolist() == slow[u].tolist() for u in slow)
+        assert fast_log.split(": ", 1)[-1] == caplog.text.split(": ", 1)[-1]

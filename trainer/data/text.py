@@ -120,3 +120,33 @@ def line_numbers(path: str | Path, rows: np.ndarray, skip: int = 0, chunk: int =
             carry_blank = not open_has_text and (last_line > 0 or carry_blank)
             lines_before += last_line
     return out
+
+
+_POW10 = 10 ** np.arange(19, dtype=np.int64)
+_ALLOWED = np.zeros(256, dtype=bool)
+_ALLOWED[[9, 10, 13, 32]] = True
+_ALLOWED[48:58] = True
+
+
+def read_int_rows(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A file of whitespace-separated whole numbers >= 0 in lines of any length (KGAT's `user item item ...`),
+    parsed with array operations: (values, offsets of each non-blank line's values, each such line's number).
+    None where anything else is in it (a sign, a point, a letter, a byte that is not ASCII, a number of more than
+    18 digits, no number at all): the caller's line-by-line parser then names the line and field."""
+    raw = Path(path).read_bytes()
+    b = np.frombuffer(raw, dtype=np.uint8)[len(BOM) if raw.startswith(BOM) else 0:]
+    if not len(b) or not _ALLOWED[b].all():
+        return None
+    digit = (b >= 48) & (b <= 57)
+    edge = np.diff(np.concatenate([[False], digit, [False]]).astype(np.int8))
+    starts, ends = np.flatnonzero(edge == 1), np.flatnonzero(edge == -1)   # each number's [start, end)
+    if not len(starts) or (ends - starts).max() > 18:
+        return None
+    at = np.flatnonzero(digit)
+    token = np.repeat(np.arange(len(starts)), ends - starts)
+    place = _POW10[ends[token] - at - 1]
+    values = np.add.reduceat((b[at] - 48).astype(np.int64) * place, np.concatenate([[0], np.cumsum(ends - starts)[:-1]]))
+    line = np.cumsum(b == 10)[starts] + 1                       # the line of each number
+    first = np.flatnonzero(np.concatenate([[True], line[1:] != line[:-1]]))
+    offsets = np.concatenate([first, [len(values)]]).astype(np.int64)
+    return values, offsets, line[first]

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from trainer.data.text import text_lines
+from trainer.data.flat import Ragged, stable_order
+from trainer.data.text import read_int_rows, text_lines
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +32,8 @@ class DataError(ValueError):
 class KGATData:
     """Per-user item sets and the KG triples, with their id ranges."""
 
-    train: list[np.ndarray]        # per user, sorted unique item ids
-    test: list[np.ndarray]
+    train: list[np.ndarray] | Ragged   # per user, sorted unique item ids (read files: flat, a view per user)
+    test: list[np.ndarray] | Ragged
     kg: np.ndarray                 # (N, 3) int64 head, relation, tail
     n_items: int
     n_entities: int
@@ -45,6 +47,8 @@ class KGATData:
     def pairs(self, which: str = "train") -> tuple[np.ndarray, np.ndarray]:
         """(users, items) arrays of one split."""
         sets = getattr(self, which)
+        if isinstance(sets, Ragged):
+            return np.repeat(np.arange(len(sets)), sets.lengths()).astype(np.int64), sets.flat.astype(np.int64)
         users = np.repeat(np.arange(len(sets)), [len(s) for s in sets])
         items = np.concatenate(sets) if sets else np.zeros(0, np.int64)
         return users.astype(np.int64), items.astype(np.int64)
@@ -64,10 +68,77 @@ def _bad_field(path: Path, lineno: int, fields: list[str], names) -> DataError:
     return DataError(f"{path}:{lineno}: malformed line {' '.join(fields)[:80]!r}")
 
 
-def read_cf(path: str | Path, duplicates: str = "drop") -> dict[int, np.ndarray]:
+class UserRows(Mapping):
+    """{user: sorted items} held flat: the users in file order, and their items cut at offsets (a view each)."""
+
+    def __init__(self, users: np.ndarray, offsets: np.ndarray, items: np.ndarray):
+        self.users, self.offsets, self.items = users, offsets, items
+        self._row = {int(u): k for k, u in enumerate(users.tolist())}
+
+    def __getitem__(self, user: int) -> np.ndarray:
+        k = self._row[user]
+        return self.items[self.offsets[k]:self.offsets[k + 1]]
+
+    def __iter__(self):
+        return iter(self._row)
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    def dense(self, n_users: int) -> Ragged:
+        """Every user 0..n_users-1 (no line: no items) as one Ragged."""
+        order = np.argsort(self.users, kind="stable")
+        lengths = np.diff(self.offsets)[order]
+        shift = np.repeat(self.offsets[:-1][order] - (np.cumsum(lengths) - lengths), lengths)
+        counts = np.zeros(n_users, dtype=np.int64)
+        counts[self.users] = np.diff(self.offsets)
+        return Ragged(self.items[np.arange(int(lengths.sum())) + shift],
+                      np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+
+
+def _read_cf_fast(path: Path, duplicates: str) -> UserRows | None:
+    """read_cf with array operations (None where the file needs the line parser's messages)."""
+    parsed = read_int_rows(path)
+    if parsed is None:
+        return None
+    values, offsets, lines = parsed
+    users = values[offsets[:-1]]
+    order = np.argsort(users, kind="stable")
+    again = np.flatnonzero(users[order][1:] == users[order][:-1])
+    if len(again):                                    # a user on two lines: the line parser says which
+        return None
+    counts = np.diff(offsets) - 1
+    row = np.repeat(np.arange(len(users)), counts)
+    is_item = np.ones(len(values), dtype=bool)
+    is_item[offsets[:-1]] = False
+    items = values[is_item]
+    by_item = stable_order(row, items)
+    row, items = row[by_item], items[by_item]
+    repeat = np.concatenate([[False], (row[1:] == row[:-1]) & (items[1:] == items[:-1])])
+    if repeat.any():
+        what = f"{path}: {int(repeat.sum())} duplicate interaction(s) (an item repeated on its user's line), " \
+               f"first at line {int(lines[row[repeat].min()])}"
+        if duplicates == "error":
+            raise DataError(f"{what}.\nHINT: remove them, or set data.duplicates=drop (or keep).")
+        log.warning("%s: %s (data.duplicates=%s)", what, "kept" if duplicates == "keep" else "dropped",
+                    duplicates)
+        if duplicates != "keep":
+            row, items = row[~repeat], items[~repeat]
+    kept = np.bincount(row, minlength=len(users))
+    return UserRows(users, np.concatenate([[0], np.cumsum(kept)]).astype(np.int64), items)
+
+
+def read_cf(path: str | Path, duplicates: str = "drop") -> Mapping[int, np.ndarray]:
     """`user item item ...` lines -> {user: sorted items}. A user may have no items. An item repeated on its
-    user's line is dropped with a warning, kept, or refused (`duplicates`)."""
+    user's line is dropped with a warning, kept, or refused (`duplicates`). Parsed with array operations; a
+    file they refuse is read again line by line, which names the bad line and field."""
     path = Path(path)
+    fast = _read_cf_fast(path, duplicates)
+    return fast if fast is not None else _read_cf_lines(path, duplicates)
+
+
+def _read_cf_lines(path: Path, duplicates: str) -> dict[int, np.ndarray]:
+    """read_cf line by line: slow, and names the bad line and field."""
     out: dict[int, np.ndarray] = {}
     first_line: dict[int, int] = {}
     repeats, first_repeat = 0, 0
@@ -141,12 +212,25 @@ def _count_list(path: Path) -> int | None:
     return max(sum(1 for _, line in text_lines(path, DataError) if line.strip()) - 1, 0)
 
 
-def _check_items(sets: dict[int, np.ndarray], path: Path, limit: int, what: str) -> None:
-    for user, items in sets.items():
-        if items.size and items[-1] >= limit:
-            lineno = _line_of_user(path, user)
-            raise DataError(f"{path}:{lineno}: user {user}: item {int(items[-1])} is outside the {what} "
-                            f"range 0..{limit - 1}")
+def _as_rows(sets: Mapping[int, np.ndarray]) -> UserRows:
+    """read_cf's result as UserRows (the line parser's dict is made flat)."""
+    if isinstance(sets, UserRows):
+        return sets
+    lengths = [len(v) for v in sets.values()]
+    items = np.concatenate(list(sets.values())) if sets else np.zeros(0, np.int64)
+    return UserRows(np.fromiter(sets, dtype=np.int64, count=len(sets)),
+                    np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), items.astype(np.int64))
+
+
+def _check_items(rows: UserRows, path: Path, limit: int, what: str) -> None:
+    """The first user (in file order) with an item outside 0..limit-1, named with its line."""
+    owner = np.repeat(np.arange(len(rows.users)), np.diff(rows.offsets))
+    outside = owner[rows.items >= limit]
+    if len(outside):
+        k = int(outside.min())
+        user = int(rows.users[k])
+        raise DataError(f"{path}:{_line_of_user(path, user)}: user {user}: item {int(rows[user].max())} is "
+                        f"outside the {what} range 0..{limit - 1}")
 
 
 def _line_of_user(path: Path, user: int) -> int:
@@ -162,27 +246,27 @@ def load(folder: str | Path, duplicates: str = "drop") -> KGATData:
     for name in ("train.txt", "test.txt", "kg_final.txt"):
         if not (folder / name).exists():
             raise DataError(f"{folder / name}: missing (a KGAT dataset has train.txt, test.txt, kg_final.txt)")
-    train, test = read_cf(folder / "train.txt", duplicates), read_cf(folder / "test.txt", duplicates)
+    train = _as_rows(read_cf(folder / "train.txt", duplicates))
+    test = _as_rows(read_cf(folder / "test.txt", duplicates))
     kg = read_kg(folder / "kg_final.txt")
-    for user in test:
-        if user not in train:
-            raise DataError(f"{folder / 'test.txt'}:{_line_of_user(folder / 'test.txt', user)}: field 'user': "
-                            f"user {user} has no line in train.txt")
-    max_item = max(int(s[-1]) for s in (*train.values(), *test.values()) if s.size)
+    strangers = test.users[~np.isin(test.users, train.users)]
+    if len(strangers):
+        user = int(strangers[0])
+        raise DataError(f"{folder / 'test.txt'}:{_line_of_user(folder / 'test.txt', user)}: field 'user': "
+                        f"user {user} has no line in train.txt")
+    max_item = int(max(rows.items.max() if len(rows.items) else -1 for rows in (train, test)))
     n_items = _count_list(folder / "item_list.txt") or max_item + 1
     n_entities = _count_list(folder / "entity_list.txt") or max(int(kg[:, [0, 2]].max()) + 1, n_items)
-    for sets, name in ((train, "train.txt"), (test, "test.txt")):
-        _check_items(sets, folder / name, n_items, "item")
-        _check_items(sets, folder / name, n_entities, "entity")
+    for rows, name in ((train, "train.txt"), (test, "test.txt")):
+        _check_items(rows, folder / name, n_items, "item")
+        _check_items(rows, folder / name, n_entities, "entity")
     bad = np.nonzero((kg[:, 0] >= n_entities) | (kg[:, 2] >= n_entities))[0]
     if bad.size:
         h, r, t = kg[bad[0]]
         raise DataError(f"{folder / 'kg_final.txt'}: triple ({h} {r} {t}) #{bad[0] + 1}: entity outside "
                         f"0..{n_entities - 1} (entity_list.txt)")
-    n_users = max(train) + 1
-    empty = np.zeros(0, np.int64)
-    return KGATData(train=[train.get(u, empty) for u in range(n_users)],
-                    test=[test.get(u, empty) for u in range(n_users)], kg=kg, n_items=n_items,
+    n_users = int(train.users.max()) + 1
+    return KGATData(train=train.dense(n_users), test=test.dense(n_users), kg=kg, n_items=n_items,
                     n_entities=n_entities, n_relations=int(kg[:, 1].max()) + 1)
 
 

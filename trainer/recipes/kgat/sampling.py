@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.data.flat import Ragged
 from trainer.recipes.kgat.data import CKG, KGATData
 
 CF, KG = 0, 1
@@ -21,7 +22,9 @@ MAX_REJECTION_ROUNDS = 100
 
 
 def csr(sets: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(indptr, indices) of per-row sorted id arrays."""
+    """(indptr, indices) of per-row sorted id arrays (a Ragged already is one)."""
+    if isinstance(sets, Ragged):
+        return sets.offsets.astype(np.int64), sets.flat.astype(np.int64)
     indptr = np.zeros(len(sets) + 1, np.int64)
     indptr[1:] = np.cumsum([len(s) for s in sets])
     indices = np.concatenate(sets).astype(np.int64) if sets else np.zeros(0, np.int64)

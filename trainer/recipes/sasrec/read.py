@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.data.flat import codes, stable_order
 from trainer.data.text import finite, line_numbers, read_columns, read_text, text_lines
 
 log = logging.getLogger(__name__)
@@ -323,37 +324,6 @@ def _read_csv(path: Path, columns: tuple[str, str, str]) -> Interactions:
 
 
 # ------------------------------------------------------------------------------ ids and duplicates, vectorized
-
-def codes(raw: np.ndarray) -> tuple[np.ndarray, int]:
-    """Contiguous codes 0..K-1 in order of the raw ids (numerically when they are all integers). Integer ids
-    that are dense enough go through a lookup table (O(n)); others through np.unique (a sort)."""
-    keys = np.asarray(raw)
-    if keys.dtype.kind not in "iu":
-        try:
-            keys = keys.astype(np.int64)
-        except (ValueError, OverflowError):
-            pass
-    if keys.dtype.kind in "iu" and len(keys):
-        lo, hi = int(keys.min()), int(keys.max())
-        if lo >= 0 and hi < 4 * len(keys) + (1 << 20):        # the table is at most a few times the ids
-            present = np.zeros(hi + 1, dtype=bool)
-            present[keys] = True
-            table = np.cumsum(present, dtype=np.int64) - 1
-            return table[keys], int(table[-1]) + 1
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    return inverse.astype(np.int64).reshape(-1), len(uniq)
-
-
-def stable_order(major: np.ndarray, minor: np.ndarray) -> np.ndarray:
-    """The stable order of rows by (major, minor), major being codes >= 0: one sort of a combined int64 key
-    where it fits (20x faster than np.lexsort here), else np.lexsort."""
-    if not len(major):
-        return np.zeros(0, dtype=np.int64)
-    lo, span = int(minor.min()), int(minor.max()) - int(minor.min()) + 1
-    if (int(major.max()) + 1) * span < 2**63:
-        return np.argsort(major * span + (minor - lo), kind="stable")
-    return np.lexsort((minor, major))
-
 
 def without_duplicates(data: Interactions, path: Path, policy: str) -> Interactions:
     """Rows repeating an earlier row's user, item and time (user and item where the file has no time): a

@@ -12,41 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.recipes.sasrec.read import DataError, Interactions, codes, read_interactions, stable_order
-
-
-class Ragged:
-    """Rows of one flat array cut at offsets: rows[u] is a view of flat[offsets[u]:offsets[u + 1]]."""
-
-    def __init__(self, flat: np.ndarray, offsets: np.ndarray):
-        self.flat, self.offsets = flat, offsets
-
-    @classmethod
-    def of(cls, rows) -> Ragged:
-        rows = [np.asarray(r, dtype=np.int64) for r in rows]
-        offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
-        return cls(np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64), offsets)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def __getitem__(self, u: int) -> np.ndarray:
-        return self.flat[self.offsets[u]:self.offsets[u + 1]]
-
-    def __iter__(self):
-        return (self[u] for u in range(len(self)))
-
-    def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    def __getstate__(self) -> dict:
-        """Memory-mapped arrays travel to loader workers as their file, not as a copy of their bytes."""
-        return {name: (("map", arr.filename) if isinstance(arr, np.memmap) and arr.filename else ("array", arr))
-                for name, arr in (("flat", self.flat), ("offsets", self.offsets))}
-
-    def __setstate__(self, state: dict) -> None:
-        for name, (how, value) in state.items():
-            setattr(self, name, np.load(value, mmap_mode="r") if how == "map" else value)
+from trainer.data.flat import Ragged, codes, stable_order
+from trainer.recipes.sasrec.read import DataError, Interactions, read_interactions
 
 
 @dataclass

@@ -1,0 +1,74 @@
+"""Flat arrays with offsets, and the array operations every reader shares.
+
+    rows = Ragged(flat, offsets)       # rows[u] is a view; len(rows), iteration, rows.lengths()
+    codes(raw_ids) -> (codes 0..K-1 in the ids' order, K)
+    stable_order(major, minor)         # rows by (major, minor), ties in their original order
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class Ragged:
+    """Rows of one flat array cut at offsets: rows[u] is a view of flat[offsets[u]:offsets[u + 1]]."""
+
+    def __init__(self, flat: np.ndarray, offsets: np.ndarray):
+        self.flat, self.offsets = flat, offsets
+
+    @classmethod
+    def of(cls, rows) -> Ragged:
+        rows = [np.asarray(r, dtype=np.int64) for r in rows]
+        offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+        return cls(np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64), offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, u: int) -> np.ndarray:
+        return self.flat[self.offsets[u]:self.offsets[u + 1]]
+
+    def __iter__(self):
+        return (self[u] for u in range(len(self)))
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __getstate__(self) -> dict:
+        """Memory-mapped arrays travel to loader workers as their file, not as a copy of their bytes."""
+        return {name: (("map", arr.filename) if isinstance(arr, np.memmap) and arr.filename else ("array", arr))
+                for name, arr in (("flat", self.flat), ("offsets", self.offsets))}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, (how, value) in state.items():
+            setattr(self, name, np.load(value, mmap_mode="r") if how == "map" else value)
+
+
+def codes(raw: np.ndarray) -> tuple[np.ndarray, int]:
+    """Contiguous codes 0..K-1 in order of the raw ids (numerically when they are all integers). Integer ids
+    that are dense enough go through a lookup table (O(n)); others through np.unique (a sort)."""
+    keys = np.asarray(raw)
+    if keys.dtype.kind not in "iu":
+        try:
+            keys = keys.astype(np.int64)
+        except (ValueError, OverflowError):
+            pass
+    if keys.dtype.kind in "iu" and len(keys):
+        lo, hi = int(keys.min()), int(keys.max())
+        if lo >= 0 and hi < 4 * len(keys) + (1 << 20):        # the table is at most a few times the ids
+            present = np.zeros(hi + 1, dtype=bool)
+            present[keys] = True
+            table = np.cumsum(present, dtype=np.int64) - 1
+            return table[keys], int(table[-1]) + 1
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    return inverse.astype(np.int64).reshape(-1), len(uniq)
+
+
+def stable_order(major: np.ndarray, minor: np.ndarray) -> np.ndarray:
+    """The stable order of rows by (major, minor), major being codes >= 0: one sort of a combined int64 key
+    where it fits (20x faster than np.lexsort here), else np.lexsort."""
+    if not len(major):
+        return np.zeros(0, dtype=np.int64)
+    lo, span = int(minor.min()), int(minor.max()) - int(minor.min()) + 1
+    if (int(major.max()) + 1) * span < 2**63:
+        return np.argsort(major * span + (minor - lo), kind="stable")
+    return np.lexsort((minor, major))
