@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.data.text import finite, read_text, text_lines
+from trainer.data.text import finite, read_columns, read_text, text_lines
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -56,6 +56,12 @@ def _flag(header: dict[str, str], key: str, path: Path, default: bool) -> bool:
 
 
 def _series(text: str, path: Path, lineno: int, dim: int) -> np.ndarray:
+    try:                                        # the numbers converted in C; a `?` or a bad token: one by one
+        fast = np.array(text.split(","), dtype=np.float64)
+        if np.isfinite(fast).all() and (np.abs(fast) <= FLOAT32_MAX).all():
+            return fast.astype(np.float32)
+    except ValueError:
+        pass
     values = []
     for k, token in enumerate(text.split(","), 1):
         token = token.strip()
@@ -146,17 +152,17 @@ def uci_root(path: str | Path) -> Path | None:
 
 def _matrix(path: Path, width: int) -> np.ndarray:
     """Whitespace-separated numbers, `width` per line, as an [lines, width] array."""
-    try:
-        text = read_text(path, DataError)
-    except FileNotFoundError:
-        raise DataError(f"{path}: missing") from None
+    if not path.exists():
+        raise DataError(f"{path}: missing")
+    rows = read_columns(path, np.float64)                   # C speed; None where a row does not parse
+    if rows is not None:
+        rows = rows.reshape(len(rows), -1) if rows.ndim == 1 else rows
+        raw = path.read_bytes()
+        lines = raw.count(b"\n") + (0 if raw.endswith(b"\n") or not raw else 1)
+        if rows.shape == (lines, width) and np.isfinite(rows.astype(np.float32)).all():
+            return rows
+    text = read_text(path, DataError)
     lines = text.splitlines()
-    try:
-        flat = np.array(text.split(), dtype=np.float64)
-        if flat.size == len(lines) * width and np.isfinite(flat.astype(np.float32)).all():
-            return flat.reshape(len(lines), width)
-    except ValueError:
-        pass
     for lineno, line in enumerate(lines, 1):   # slow path: find the first bad line
         tokens = line.split()
         if len(tokens) != width:
