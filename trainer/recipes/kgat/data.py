@@ -116,12 +116,7 @@ def _read_cf_fast(path: Path, duplicates: str) -> UserRows | None:
     row, items = row[by_item], items[by_item]
     repeat = np.concatenate([[False], (row[1:] == row[:-1]) & (items[1:] == items[:-1])])
     if repeat.any():
-        what = f"{path}: {int(repeat.sum())} duplicate interaction(s) (an item repeated on its user's line), " \
-               f"first at line {int(lines[row[repeat].min()])}"
-        if duplicates == "error":
-            raise DataError(f"{what}.\nHINT: remove them, or set data.duplicates=drop (or keep).")
-        log.warning("%s: %s (data.duplicates=%s)", what, "kept" if duplicates == "keep" else "dropped",
-                    duplicates)
+        _report_repeats(path, int(repeat.sum()), int(lines[row[repeat].min()]), duplicates)
         if duplicates != "keep":
             row, items = row[~repeat], items[~repeat]
     kept = np.bincount(row, minlength=len(users))
@@ -165,13 +160,17 @@ def _read_cf_lines(path: Path, duplicates: str) -> dict[int, np.ndarray]:
     if not out:
         raise DataError(f"{path}: empty file (expected lines 'user item item ...')")
     if repeats:
-        what = f"{path}: {repeats} duplicate interaction(s) (an item repeated on its user's line), first at line " \
-               f"{first_repeat}"
-        if duplicates == "error":
-            raise DataError(f"{what}.\nHINT: remove them, or set data.duplicates=drop (or keep).")
-        log.warning("%s: %s (data.duplicates=%s)", what, "kept" if duplicates == "keep" else "dropped",
-                    duplicates)
+        _report_repeats(path, repeats, first_repeat, duplicates)
     return out
+
+
+def _report_repeats(path: Path, repeats: int, first_line: int, duplicates: str) -> None:
+    """Items repeated on their user's line: refused (duplicates=error), or said once and dropped or kept."""
+    what = f"{path}: {repeats} duplicate interaction(s) (an item repeated on its user's line), first at line " \
+           f"{first_line}"
+    if duplicates == "error":
+        raise DataError(f"{what}.\nHINT: remove them, or set data.duplicates=drop (or keep).")
+    log.warning("%s: %s (data.duplicates=%s)", what, "kept" if duplicates == "keep" else "dropped", duplicates)
 
 
 def read_kg(path: str | Path) -> np.ndarray:
