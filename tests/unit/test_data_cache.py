@@ -121,3 +121,13 @@ def test_the_fingerprint_is_remembered_until_the_file_changes(tmp_path, monkeypa
     assert fingerprint.fingerprint(path, memo) == digest and not reads     # warm: the file is not read
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
     assert fingerprint.fingerprint(path, memo) == "rehashed" and reads == [path]
+
+
+def test_loader_workers_get_the_mapped_file_not_a_copy(tmp_path):
+    import pickle
+    path = udata(tmp_path / "u.data", ROWS * 50)
+    data = D.load(SeqDataConfig(path=str(path), cache=str(tmp_path / "cache"), duplicates="keep"))
+    blob = pickle.dumps(data.seqs)
+    again = pickle.loads(blob)
+    assert len(blob) < data.seqs.flat.nbytes / 4 and isinstance(again.flat, np.memmap)
+    assert np.array_equal(again.flat, data.seqs.flat) and np.array_equal(again.offsets, data.seqs.offsets)
