@@ -7,8 +7,10 @@
 Per size: a bare `pandas.read_csv` of the file (C engine; where pandas is installed), the cold parse and build
 with the cache off (today's reader), the cold build into the cache, the warm start from it, each in its own process
 with its time and peak RSS; and two processes mapping the same cache at once (peak RSS and PSS of each: PSS
-counts a page shared by two processes half to each). Every figure is also given for a tiny dataset (ml-100k's
-size), so that "above a tiny dataset's" is measured, not assumed. Writes bench/results/data_scale.{json,png}.
+counts a page shared by two processes half to each); then one SASRec training epoch from the cache (steps/s) and
+the validation split's evaluation with full ranking (of at most --eval-users users). Every figure is also given
+for a tiny dataset (ml-100k's size), so that "above a tiny dataset's" is measured, not assumed. Writes
+bench/results/data_scale.{json,png}.
 """
 from __future__ import annotations
 
@@ -90,6 +92,28 @@ def two_ranks(path: Path, cache: str) -> list[dict]:
     return out
 
 
+def train_epoch(path: Path, cache: str, run_dir: Path, eval_users: int) -> dict:
+    """One SASRec epoch (maxlen 50, batch 128, SASRec without time or mHC) from the warm cache, then the
+    validation split's evaluation, full ranking included, of at most `eval_users` users: from metrics.jsonl."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--recipe", "sasrec", "--epochs", "1",
+                           f"data.path={path}", f"data.cache={cache}", "data.maxlen=50", "model.time=false",
+                           "model.mhc=false", "--batch-size", "128", f"eval.max_users={eval_users}",
+                           "train.tensorboard=false", "train.progress=off", "--run-dir", str(run_dir)],
+                          env=env, capture_output=True, text=True, timeout=7200)
+    if proc.returncode != 0:
+        raise RuntimeError(f"training on {path}: {proc.stderr[-2000:]}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    epoch = next(r for r in rows if r["split"] == "train" and "epoch_time_s" in r)
+    val = next(r for r in rows if r["split"] == "val")
+    rss = max(r.get("rss_mb", 0) for r in rows if r["split"] == "train")
+    return dict(steps=epoch["step"], epoch_s=epoch["epoch_time_s"],
+                steps_per_s=round(epoch["step"] / epoch["epoch_time_s"], 2), train_rss_mb=rss,
+                eval_users=val["users"], eval_s=val["eval_time_s"],
+                eval_users_per_s=round(val["users"] / val["eval_time_s"], 1), full_ndcg10=round(val["full_ndcg@10"], 4))
+
+
 def generate(rows: int, folder: Path) -> Path:
     """A u.data of about `rows` interactions from the project's generator (vectorized above 1M rows)."""
     path = folder / f"u-{rows}.data"
@@ -108,7 +132,7 @@ def has_pandas() -> bool:
     return subprocess.run([sys.executable, "-c", "import pandas"], capture_output=True).returncode == 0
 
 
-def measure(path: Path, work: Path, repeat: int, pandas: bool) -> dict:
+def measure(path: Path, work: Path, repeat: int, pandas: bool, train: bool = False, eval_users: int = 0) -> dict:
     cache = work / "cache"
     runs: dict[str, list[dict]] = {k: [] for k in ("pandas", "cold_no_cache", "cold_build", "warm")}
     for _ in range(repeat):                               # interleaved: the machine's drift hits all alike
@@ -128,6 +152,8 @@ def measure(path: Path, work: Path, repeat: int, pandas: bool) -> dict:
     out["file_mb"] = round(path.stat().st_size / 2**20, 1)
     out["cache_mb"] = round(sum(f.stat().st_size for f in cache.rglob("*.npy")) / 2**20, 1)
     out["two_ranks"] = two_ranks(path, str(cache))
+    if train:
+        out["train"] = train_epoch(path, str(cache), work / "run", eval_users)
     return out
 
 
@@ -137,6 +163,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="interleaved repeats of each probe (the median counts)")
     ap.add_argument("--data", default=str(REPO / "bench" / "results" / "data"), help="where the files are made")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--no-train", action="store_true", help="leave out the training epoch and evaluation")
+    ap.add_argument("--eval-users", type=int, default=20000, help="users of the evaluation (full ranking included)")
     args = ap.parse_args(argv)
     folder, out = Path(args.data), Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -147,7 +175,8 @@ def main(argv=None) -> int:
     report["tiny"] = measure(tiny, folder / "work-tiny", args.repeat, pandas)
     for rows in (int(s) for s in args.sizes.split(",")):
         path = generate(rows, folder)
-        report["sizes"][str(rows)] = r = measure(path, folder / f"work-{rows}", args.repeat, pandas)
+        report["sizes"][str(rows)] = r = measure(path, folder / f"work-{rows}", args.repeat, pandas,
+                                                 not args.no_train, args.eval_users)
         if pandas:
             r["cold_over_pandas"] = round(r["cold_no_cache"]["s"] / r["pandas"]["s"], 2)
         r["warm_minus_tiny_s"] = round(r["warm"]["s"] - report["tiny"]["warm"]["s"], 3)

@@ -10,8 +10,8 @@ from tests.conftest import REPO, clean_env
 
 def test_the_data_scale_bench_runs_through(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bench.data_scale", "--sizes", "150000,300000", "--repeat", "1",
-                           "--data", str(tmp_path / "data"), "--out", str(tmp_path)], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=600)
+                           "--eval-users", "500", "--data", str(tmp_path / "data"), "--out", str(tmp_path)],
+                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "data_scale.json").read_text())
     assert set(report["sizes"]) == {"150000", "300000"} and "cold_no_cache" in report["slope_per_million_rows"]
@@ -20,4 +20,5 @@ def test_the_data_scale_bench_runs_through(tmp_path):
         assert r["warm"]["s"] < r["cold_build"]["s"]                  # mapped, not parsed again
         assert len(r["two_ranks"]) == 2 and all(t["rows"] == r["rows"] for t in r["two_ranks"])
         assert ("cold_over_pandas" in r) == report["pandas"]
+        assert r["train"]["steps"] > 0 and r["train"]["steps_per_s"] > 0 and 0 < r["train"]["eval_users"] <= 500
     assert (tmp_path / "data_scale.png").stat().st_size > 10_000

@@ -67,8 +67,18 @@ def rescale_flat(times: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     gaps[gaps == 0] = big
     scale = np.minimum.reduceat(gaps, offsets[:-1])      # each user's segment: its own gaps (and a big)
     scale[scale == big] = 1
-    t_min = times[offsets[:-1]]                          # sorted: each user's first time is its smallest
-    return np.round((times - np.repeat(t_min, counts)) / np.repeat(scale, counts)).astype(np.int64) + 1
+    del gaps
+    out = times - np.repeat(times[offsets[:-1]], counts)  # sorted: each user's first time is its smallest
+    spread = np.repeat(scale, counts)
+    if (scale == 1).all():                               # whole seconds apart somewhere: no division to round
+        out += 1
+        return out
+    scaled = np.divide(out, spread, dtype=np.float64)
+    del spread
+    np.round(scaled, out=scaled)
+    out[:] = scaled
+    out += 1
+    return out
 
 
 def build_sequences(inter: Interactions, k: int = 0) -> SeqData:
@@ -85,13 +95,14 @@ def build_sequences(inter: Interactions, k: int = 0) -> SeqData:
         order = stable_order(u, times)                      # by user, then time, then file order
     else:
         order = inter.chronological()
-    u, i, times = u[order], i[order] + 1, times[order]
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(u))]).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(u))]).astype(np.int64)   # users need no sorting
+    items = i[order]
+    items += 1
     if inter.times is None:
         tflat = np.arange(len(u), dtype=np.int64) - np.repeat(offsets[:-1], np.diff(offsets)) + 1
     else:
-        tflat = rescale_flat(times, offsets)
-    return SeqData(Ragged(i, offsets), Ragged(tflat, offsets), num_items)
+        tflat = rescale_flat(times[order], offsets)
+    return SeqData(Ragged(items, offsets), Ragged(tflat, offsets), num_items)
 
 
 VECTORIZED_FROM = 1_000_000          # expected interactions from which synthesize draws all users at once
