@@ -1,6 +1,6 @@
 """What a data file is: the sha256 of its content, remembered under (path, size, mtime, inode) so that a warm start
 does not read the file again. The one fingerprint of the project's caches (the parsed-data cache, trainer/data/
-cache.py).
+cache.py, and the video frame cache's manifest).
 
     fingerprint(Path("ml-20m/ratings.csv"), memo=Path("~/.cache/hpc-trainer/data/fingerprints"))
     fingerprints([path_a, path_b], memo)        # several files (KGAT's), in the order given
@@ -16,15 +16,7 @@ import json
 import os
 from pathlib import Path
 
-CHUNK = 1 << 22
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
+from trainer.data.download import sha256_of
 
 
 def _stat_key(path: Path) -> dict:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.data.download import sha256_of
+from trainer.data.fingerprint import fingerprint
 from trainer.data.text import read_text
 from trainer.extras import require
 
@@ -207,6 +207,9 @@ class CacheSpec:
     gray: bool = True
 
 
+FINGERPRINTS = ".fingerprints"     # in the cache: each video's hash under its path, size, mtime and inode
+
+
 def cache_entry(video: Path, cache: Path, spec: CacheSpec) -> dict:
     """Decode video into cache/<name>.npy (uint8 [N, H, W(, 3)]) and return its manifest entry."""
     cache.mkdir(parents=True, exist_ok=True)
@@ -233,7 +236,8 @@ def cache_entry(video: Path, cache: Path, spec: CacheSpec) -> dict:
     raw.unlink()
     info = video_info(video)
     return dict(file=target.name, frames=n, shape=list(shape), fps=info["fps"], source=str(video),
-                source_size=video.stat().st_size, source_sha256=sha256_of(video), size=spec.size, gray=spec.gray,
+                source_size=video.stat().st_size, source_sha256=fingerprint(video, cache / FINGERPRINTS),
+                size=spec.size, gray=spec.gray,
                 version=CACHE_VERSION)
 
 
@@ -266,7 +270,8 @@ def stale_reason(entry: dict | None, video: Path, cache: Path, spec: CacheSpec, 
         return "cache file missing"
     if cached_shape(cache / entry["file"]) != (entry["frames"], *entry["shape"]):
         return "cache file truncated or corrupt"
-    if video.stat().st_size != entry["source_size"] or (deep and sha256_of(video) != entry["source_sha256"]):
+    if video.stat().st_size != entry["source_size"] or \
+            (deep and fingerprint(video, cache / FINGERPRINTS) != entry["source_sha256"]):
         return "the video changed since it was cached"
     return None
 
