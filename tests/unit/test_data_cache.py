@@ -131,3 +131,25 @@ def test_loader_workers_get_the_mapped_file_not_a_copy(tmp_path):
     again = pickle.loads(blob)
     assert len(blob) < data.seqs.flat.nbytes / 4 and isinstance(again.flat, np.memmap)
     assert np.array_equal(again.flat, data.seqs.flat) and np.array_equal(again.offsets, data.seqs.offsets)
+
+
+def test_kgat_folders_are_cached_too_and_their_warnings_said_again(tmp_path, caplog):
+    from trainer.recipes.kgat import data as KG
+    folder = tmp_path / "kg"
+    folder.mkdir()
+    (folder / "train.txt").write_text("0 1 2 2 3\n1 0 4\n2 3\n")
+    (folder / "test.txt").write_text("0 4\n1 2 3\n")
+    (folder / "kg_final.txt").write_text("0 0 5\n1 1 6\n4 0 5\n")
+    fresh = KG.load(folder)
+    caplog.set_level(logging.INFO)
+    for _ in range(2):                                   # cold, then warm
+        caplog.clear()
+        got = KG.load_cached(folder, cache_setting=str(tmp_path / "cache"))
+        assert "1 duplicate interaction(s)" in caplog.text
+        assert [t.tolist() for t in got.train] == [t.tolist() for t in fresh.train]
+        assert [t.tolist() for t in got.test] == [t.tolist() for t in fresh.test]
+        assert np.array_equal(got.kg, fresh.kg) and (got.n_items, got.n_entities, got.n_relations) == \
+            (fresh.n_items, fresh.n_entities, fresh.n_relations)
+    assert "memory-mapped" in caplog.text and "said when the data was parsed" in caplog.text
+    (folder / "kg_final.txt").write_text("0 0 5\n1 1 6\n4 0 6\n")   # changed: parsed again
+    assert KG.load_cached(folder, cache_setting=str(tmp_path / "cache")).kg[2, 2] == 6

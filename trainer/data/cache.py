@@ -76,11 +76,28 @@ def load(folder: Path, key: dict) -> tuple[dict[str, np.ndarray], dict] | None:
     return arrays, manifest.get("meta", {})
 
 
+class _Warnings(logging.Handler):
+    """The warnings a build logs (dropped duplicates, ...): kept in the manifest, said again at every load."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def _build_into(tmp: Path, builder: str, args: tuple) -> tuple[dict, dict, float]:
     """Run builder(*args) -> (arrays, meta) and write them into tmp (the manifest last: it marks them whole)."""
     module, func = builder.split(":")
     start = time.perf_counter()
-    arrays, meta = getattr(importlib.import_module(module), func)(*args)
+    caught = _Warnings()
+    logging.getLogger("trainer").addHandler(caught)
+    try:
+        arrays, meta = getattr(importlib.import_module(module), func)(*args)
+    finally:
+        logging.getLogger("trainer").removeHandler(caught)
+    meta = dict(meta, warnings=caught.messages)
     tmp.mkdir(parents=True)
     specs = {}
     for name, arr in arrays.items():
@@ -203,6 +220,8 @@ def load_or_build(root: Path, name: str, key: dict[str, Any], builder: str, args
     got = load(root / entry, key)
     if got is not None:
         log.info("data cache: %s memory-mapped in %.2f s", root / entry, time.perf_counter() - start)
+        for message in got[1].get("warnings", []):
+            log.warning("%s (said when the data was parsed into the cache)", message)
         return got
     if local_rank != 0:
         return wait(root, entry, key, timeout_s, error)

@@ -269,6 +269,39 @@ def load(folder: str | Path, duplicates: str = "drop") -> KGATData:
                     n_entities=n_entities, n_relations=int(kg[:, 1].max()) + 1)
 
 
+READER = 1                     # the parse's version: part of the cache key
+FILES = ("train.txt", "test.txt", "kg_final.txt", "item_list.txt", "entity_list.txt")
+
+
+def build_flat(folder: str, duplicates: str) -> tuple[dict[str, np.ndarray], dict]:
+    """The parsed-data cache's builder (trainer/data/cache.py): load()'s result as flat arrays and meta."""
+    data = load(folder, duplicates)
+    arrays = dict(train=data.train.flat, train_offsets=data.train.offsets, test=data.test.flat,
+                  test_offsets=data.test.offsets, kg=data.kg)
+    return arrays, dict(n_items=data.n_items, n_entities=data.n_entities, n_relations=data.n_relations)
+
+
+def load_cached(folder: str | Path, duplicates: str = "drop", cache_setting: str = "", local_rank: int = 0) -> KGATData:
+    """load(), parsed once into the data cache (data.cache) and memory-mapped after; "off": load() itself."""
+    from trainer.data import cache
+    from trainer.data.fingerprint import fingerprints
+    root = cache.root_of(cache_setting)
+    if root is None:
+        return load(folder, duplicates)
+    folder = Path(folder).resolve()
+    if not (folder / "train.txt").exists():
+        return load(folder, duplicates)                        # its message names what is missing
+    files = [folder / name for name in FILES if (folder / name).exists()]
+    key = dict(source=str(folder), sha256=fingerprints(files, root / "fingerprints"),
+               files=[f.name for f in files], duplicates=duplicates, reader=READER)
+    arrays, meta = cache.load_or_build(root, "kgat", key, "trainer.recipes.kgat.data:build_flat",
+                                       (str(folder), duplicates), local_rank, error=DataError,
+                                       in_child=sum(f.stat().st_size for f in files) >= 64 << 20)
+    return KGATData(train=Ragged(arrays["train"], arrays["train_offsets"]),
+                    test=Ragged(arrays["test"], arrays["test_offsets"]), kg=arrays["kg"], n_items=meta["n_items"],
+                    n_entities=meta["n_entities"], n_relations=meta["n_relations"])
+
+
 def hold_out_validation(data: KGATData, fraction: float, seed: int) -> KGATData:
     """Move `fraction` of each user's train items (users with >= 2) to a validation split."""
     if fraction <= 0:

@@ -56,10 +56,11 @@ class Interactions(torch.utils.data.Dataset):
         return int(self.users[i]), int(self.items[i])
 
 
-def load_data(cfg: KGATDataConfig) -> D.KGATData:
-    """The folder at cfg.path (KGAT format), or synthetic data; with the validation hold-out."""
+def load_data(cfg: KGATDataConfig, local_rank: int = 0) -> D.KGATData:
+    """The folder at cfg.path (KGAT format, through the data cache), or synthetic data; with the validation
+    hold-out."""
     if cfg.path:
-        data = D.load(cfg.path, cfg.duplicates)
+        data = D.load_cached(cfg.path, cfg.duplicates, cfg.cache, local_rank)
     else:
         stats = build.Stats(cfg.synthetic_users, cfg.synthetic_items, cfg.synthetic_entities,
                             cfg.synthetic_relations, cfg.synthetic_triples, cfg.synthetic_interactions)
@@ -80,7 +81,7 @@ class KGATRecipe(Recipe):
     average_after_backward = True
 
     def build_datasets(self):
-        self.data = load_data(self.data_cfg)
+        self.data = load_data(self.data_cfg, getattr(self.dist, "local_rank", 0))
         if self.data.val is None:
             log.warning("data.val_fraction=0: the test split is also used for early stopping and best.pt")
         self.ckg = D.build_ckg(self.data, self.data_cfg.laplacian)

@@ -230,8 +230,6 @@ def load(cfg: SeqDataConfig, local_rank: int = 0) -> SeqData:
                                            (str(path), cfg.format, cfg.duplicates, cfg.kcore, columns), local_rank,
                                            in_child=sum(f.stat().st_size for f in files) >= CHILD_FROM,
                                            error=DataError)
-        for message in meta.get("warnings", []):
-            log.warning("%s (data.cache=off parses again)", message)
         data = from_flat(arrays, meta)
     lengths = data.seqs.lengths()
     log.info("sequences: %d users, %d items, %d interactions, mean length %.1f (%s)", data.num_users,

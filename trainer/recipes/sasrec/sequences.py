@@ -6,7 +6,6 @@ ids remapped, k-core, chronological order, TiSASRec's time rescaling; and the sy
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,28 +179,14 @@ def write_udata(inter: Interactions, path: str | Path, chunk: int = 1_000_000) -
     return path
 
 
-class _Warnings(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def build_flat(path: str, fmt: str, duplicates: str, k: int,
                columns: tuple[str, str, str] = ("", "", "")) -> tuple[dict[str, np.ndarray], dict]:
     """The parsed-data cache's builder (trainer/data/cache.py): the file's sequences as flat arrays (items,
-    times, offsets) and meta (num_items, rows, and the warnings the parse gave, said again at every load)."""
-    caught = _Warnings()
-    logging.getLogger("trainer.recipes.sasrec.read").addHandler(caught)
-    try:
-        inter = read_interactions(path, fmt, duplicates, columns)
-        data = build_sequences(inter, k)
-    finally:
-        logging.getLogger("trainer.recipes.sasrec.read").removeHandler(caught)
+    times, offsets) and meta (num_items, rows)."""
+    inter = read_interactions(path, fmt, duplicates, columns)
+    data = build_sequences(inter, k)
     arrays = dict(items=data.seqs.flat, times=data.times.flat, offsets=data.seqs.offsets)
-    return arrays, dict(num_items=data.num_items, rows=len(inter), warnings=caught.messages)
+    return arrays, dict(num_items=data.num_items, rows=len(inter))
 
 
 def from_flat(arrays: dict[str, np.ndarray], meta: dict) -> SeqData:
