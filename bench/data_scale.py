@@ -95,16 +95,10 @@ def two_ranks(path: Path, cache: str) -> list[dict]:
 def train_epoch(path: Path, cache: str, run_dir: Path, eval_users: int) -> dict:
     """One SASRec epoch (maxlen 50, batch 128, SASRec without time or mHC) from the warm cache, then the
     validation split's evaluation, full ranking included, of at most `eval_users` users: from metrics.jsonl."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--recipe", "sasrec", "--epochs", "1",
-                           f"data.path={path}", f"data.cache={cache}", "data.maxlen=50", "model.time=false",
-                           "model.mhc=false", "--batch-size", "128", f"eval.max_users={eval_users}",
-                           "train.tensorboard=false", "train.progress=off", "--run-dir", str(run_dir)],
-                          env=env, capture_output=True, text=True, timeout=7200)
-    if proc.returncode != 0:
-        raise RuntimeError(f"training on {path}: {proc.stderr[-2000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    from bench.common import run_trainer
+    rows, _ = run_trainer(["--recipe", "sasrec", "--epochs", "1", f"data.path={path}", f"data.cache={cache}",
+                           "data.maxlen=50", "model.time=false", "model.mhc=false", "--batch-size", "128",
+                           f"eval.max_users={eval_users}", "train.tensorboard=false", "train.progress=off"], run_dir)
     epoch = next(r for r in rows if r["split"] == "train" and "epoch_time_s" in r)
     val = next(r for r in rows if r["split"] == "val")
     rss = max(r.get("rss_mb", 0) for r in rows if r["split"] == "train")

@@ -22,8 +22,8 @@ def test_the_gpu_bench_runs_through_on_a_cpu(tmp_path):
     assert report["video_bare"] and out.with_suffix(".png").stat().st_size > 1000
     stock = report["stock_sasrec"]                  # ours beside the stock SASRec, on the same device and data
     assert len(stock["epoch_s"]["stock"]) == len(stock["epoch_s"]["ours compile=off"]) == stock["epochs"] >= 2
-    assert stock["ratio_ours_over_stock"]["off"] == round(stock["median_epoch_s"]["ours compile=off"]
-                                                          / stock["median_epoch_s"]["stock"], 3)
+    ratio = stock["median_epoch_s"]["ours compile=off"] / stock["median_epoch_s"]["stock"]   # of rounded medians
+    assert abs(stock["ratio_ours_over_stock"]["off"] - ratio) < 0.01
     assert stock["batches"]["ours"] > 0 and stock["batches"]["stock"] > 0
     out.with_suffix(".png").unlink()                # the PNG drawn again from the JSON alone (a GPU machine's)
     proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--plot", str(out)], cwd=REPO, env=clean_env(),

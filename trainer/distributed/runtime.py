@@ -130,7 +130,10 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
         where = dict(store=store) if store is not None else dict(init_method=env.init_method)
         dist.init_process_group(backend, rank=env.rank, world_size=world, timeout=datetime.timedelta(seconds=timeout),
                                 **where)
-    index = _bind(env, ids, timeout, share=backend == "gloo") if world > 1 and strategy == "ddp" else 0
+    # ranks may share a GPU only where gloo was asked for (dist.backend=gloo): gloo chosen because CUDA is not usable
+    # here must still refuse a layout that NCCL would refuse on the GPU node the user is preparing for
+    share = getattr(dist_cfg, "backend", "auto") == "gloo"
+    index = _bind(env, ids, timeout, share=share) if world > 1 and strategy == "ddp" else 0
     device = f"cuda:{index}" if on_gpu else "cpu"
     dp_devices: tuple[int, ...] = ()
     if strategy == "dp" and on_gpu:

@@ -1,7 +1,7 @@
 """Interactions from Parquet (a file or a folder of them) and Arrow IPC/Feather files, through pyarrow (the
 `parquet` extra): only the user, item and time columns are read, straight into numpy arrays.
 
-    inter = read_table(Path("yambda/likes.parquet"), "parquet", ("uid", "item_id", "timestamp"), DataError)
+    users, items, times = read_table(Path("likes.parquet"), "parquet", pick, DataError)   # pick(header) -> indices
 
 Parquet has no lines: a bad value is named by its file, column and row (0-based, in the file's order). Integer ids
 must be >= 0 (as in u.data); text ids are names; a null in any read column is refused; timestamps of a timestamp
@@ -10,11 +10,11 @@ type are read as integers of their unit (only their order and gaps are used).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from trainer.extras import require
-from trainer.recipes.sasrec.read import Interactions, find_columns
 
 
 def _table(path: Path, kind: str, names: list[str] | None):
@@ -57,10 +57,12 @@ def _column(table, name: str, where: str, integer_ids: bool, error: type) -> np.
     return np.asarray(values, dtype=str)                     # ids that are names
 
 
-def read_table(path: Path, kind: str, columns: tuple[str, str, str], error: type) -> Interactions:
-    """The interactions of a Parquet file or folder (kind "parquet") or an Arrow IPC/Feather file ("arrow")."""
+def read_table(path: Path, kind: str, pick: Callable[[list[str]], tuple[int, int, int | None]],
+               error: type) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(users, items, times or None) of a Parquet file or folder (kind "parquet") or an Arrow IPC/Feather file
+    ("arrow"); `pick` names the indices of the user, item and time columns in the schema's names."""
     header = list(_table(path, kind, None))
-    u, i, t = find_columns(header, columns, str(path))
+    u, i, t = pick(header)
     names = [header[c] for c in (u, i, t) if c is not None]
     table = _table(path, kind, names)
     users = _column(table, names[0], str(path), True, error)
@@ -69,4 +71,4 @@ def read_table(path: Path, kind: str, columns: tuple[str, str, str], error: type
     if times is not None and times.dtype.kind not in "iu":
         raise error(f"{path}: column '{names[2]}' holds {table.column(names[2]).type}, not times (integers or a "
                     f"timestamp type)")
-    return Interactions(users, items, times)
+    return users, items, times

@@ -154,7 +154,8 @@ def read_interactions(path: str | Path, fmt: str = "auto", duplicates: str = "dr
     arrow = "parquet" if p.is_dir() else ARROW_SUFFIXES.get(p.suffix.lower())
     if fmt in ("parquet", "arrow") or fmt == "auto" and arrow:
         from trainer.recipes.sasrec.arrow import read_table
-        data = read_table(p, fmt if fmt != "auto" else arrow, columns, DataError)
+        data = Interactions(*read_table(p, fmt if fmt != "auto" else arrow,
+                                        lambda header: find_columns(header, columns, str(p)), DataError))
         if not len(data):
             raise DataError(f"{p}: no interactions")
         return without_duplicates(data, p, duplicates)
