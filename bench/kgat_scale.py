@@ -81,7 +81,7 @@ def worker(args) -> None:
                         replace(TrainConfig(), batch_size=1024), info, KGATEvalConfig(), seed=args.seed,
                         loss_cfg=KGATLossConfig())
     import trainer.recipes.kgat.recipe as R
-    R.load_data = lambda cfg: data                   # the generated data above, not the config's
+    R.load_data = lambda cfg, *rest: data                  # the generated data above, not the config's
     _, evals = recipe.build_datasets()
     model = recipe.build_model()
     wrapped = wrap_model(model, info, DistConfig(), recipe.find_unused_parameters, recipe.broadcast_buffers,
