@@ -96,7 +96,7 @@ def test_a_failed_build_stops_the_waiting_ranks_with_its_error(tmp_path):
 
 
 def test_a_large_file_is_parsed_in_a_child_whose_error_names_the_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(D, "CHILD_FROM", 1)
+    monkeypatch.setattr(cache, "CHILD_FROM", 1)
     path = udata(tmp_path / "u.data", ROWS)
     cfg = SeqDataConfig(path=str(path), cache=str(tmp_path / "cache"))
     assert np.array_equal(D.load(cfg).seqs.flat, D.load(SeqDataConfig(path=str(path), cache="off")).seqs.flat)

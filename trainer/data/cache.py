@@ -30,9 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from trainer.data.fingerprint import fingerprints
+
 log = logging.getLogger(__name__)
 FORMAT = 1                 # of the cache's layout; part of every key
 POLL_S, REPORT_S = 0.5, 15.0
+CHILD_FROM = 64 << 20      # data files of this many bytes together are parsed in a child process
 
 
 class CacheError(ValueError):
@@ -233,3 +236,13 @@ def load_or_build(root: Path, name: str, key: dict[str, Any], builder: str, args
     prune(root, name, entry, str(key.get("source", "")))
     log.info("data cache: %s built in %.1f s", root / entry, time.perf_counter() - start)
     return got
+
+
+def load_or_build_files(root: Path, name: str, source: Path, files: list[Path], settings: dict[str, Any],
+                        builder: str, args: tuple, local_rank: int = 0, error: type = CacheError):
+    """load_or_build for data read from files: the key is the files' fingerprint (remembered under
+    ROOT/fingerprints) and the parse's settings; files of CHILD_FROM bytes or more together are parsed in a child
+    process."""
+    key = dict(source=str(source), sha256=fingerprints(files, root / "fingerprints"), **settings)
+    return load_or_build(root, name, key, builder, args, local_rank, error=error,
+                         in_child=sum(f.stat().st_size for f in files) >= CHILD_FROM)

@@ -12,6 +12,7 @@ has neither).
 """
 from __future__ import annotations
 
+import io
 import math
 import warnings
 from pathlib import Path
@@ -74,14 +75,15 @@ def finite(value: float, path: Path, lineno: int, field: str, error: type[Except
     return value
 
 
-def read_columns(path: str | Path, dtype, delimiter: str | None = None, usecols=None, skiprows: int = 0,
-                 quotechar: str | None = None) -> np.ndarray | None:
-    """The rows of a delimited text file as one array (a structured dtype: one field per column), parsed in C;
-    a BOM dropped, blank lines skipped, no comment character. None where a row does not parse (a wrong field
-    count, a value that is not of its column's type, text that is not UTF-8): the caller's line-by-line parser
-    then finds and names it."""
+def read_columns(path: str | Path | io.TextIOBase, dtype, delimiter: str | None = None, usecols=None,
+                 skiprows: int = 0, quotechar: str | None = None) -> np.ndarray | None:
+    """The rows of a delimited text file (or of text already read: a text stream) as one array (a structured
+    dtype: one field per column), parsed in C; a BOM dropped, blank lines skipped, no comment character. None
+    where a row does not parse (a wrong field count, a value that is not of its column's type, text that is not
+    UTF-8): the caller's line-by-line parser then finds and names it."""
     try:
-        with open(path, encoding="utf-8-sig") as fh, warnings.catch_warnings():
+        opened = path if isinstance(path, io.TextIOBase) else open(path, encoding="utf-8-sig")
+        with opened as fh, warnings.catch_warnings():
             warnings.simplefilter("ignore")             # "input contained no data": the caller says so
             return np.loadtxt(fh, dtype=dtype, delimiter=delimiter, usecols=usecols, skiprows=skiprows,
                               comments=None, quotechar=quotechar, ndmin=1)
@@ -145,7 +147,8 @@ def read_int_rows(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     at = np.flatnonzero(digit)
     token = np.repeat(np.arange(len(starts)), ends - starts)
     place = _POW10[ends[token] - at - 1]
-    values = np.add.reduceat((b[at] - 48).astype(np.int64) * place, np.concatenate([[0], np.cumsum(ends - starts)[:-1]]))
+    first_digit = np.concatenate([[0], np.cumsum(ends - starts)[:-1]])
+    values = np.add.reduceat((b[at] - 48).astype(np.int64) * place, first_digit)
     line = np.cumsum(b == 10)[starts] + 1                       # the line of each number
     first = np.flatnonzero(np.concatenate([[True], line[1:] != line[:-1]]))
     offsets = np.concatenate([first, [len(values)]]).astype(np.int64)

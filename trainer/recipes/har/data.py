@@ -10,6 +10,7 @@ class label last when `@classLabel true`. Equal and unequal lengths are both rea
 """
 from __future__ import annotations
 
+import io
 import math
 import zipfile
 from dataclasses import dataclass, field
@@ -152,17 +153,16 @@ def uci_root(path: str | Path) -> Path | None:
 
 def _matrix(path: Path, width: int) -> np.ndarray:
     """Whitespace-separated numbers, `width` per line, as an [lines, width] array."""
-    if not path.exists():
-        raise DataError(f"{path}: missing")
-    rows = read_columns(path, np.float64)                   # C speed; None where a row does not parse
+    try:
+        text = read_text(path, DataError)                   # read once: the C parse, the count, the slow path
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing") from None
+    lines = text.splitlines()
+    rows = read_columns(io.StringIO(text), np.float64)      # C speed; None where a row does not parse
     if rows is not None:
         rows = rows.reshape(len(rows), -1) if rows.ndim == 1 else rows
-        raw = path.read_bytes()
-        lines = raw.count(b"\n") + (0 if raw.endswith(b"\n") or not raw else 1)
-        if rows.shape == (lines, width) and np.isfinite(rows.astype(np.float32)).all():
+        if rows.shape == (len(lines), width) and np.isfinite(rows.astype(np.float32)).all():
             return rows
-    text = read_text(path, DataError)
-    lines = text.splitlines()
     for lineno, line in enumerate(lines, 1):   # slow path: find the first bad line
         tokens = line.split()
         if len(tokens) != width:

@@ -9,6 +9,7 @@ every relation gets an inverse: 0 user->item, 1 item->user, 2+r KG relation r, 2
 """
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainer.data import cache
 from trainer.data.flat import Ragged, stable_order
 from trainer.data.text import read_int_rows, text_lines
 
@@ -73,7 +75,11 @@ class UserRows(Mapping):
 
     def __init__(self, users: np.ndarray, offsets: np.ndarray, items: np.ndarray):
         self.users, self.offsets, self.items = users, offsets, items
-        self._row = {int(u): k for k, u in enumerate(users.tolist())}
+
+    @functools.cached_property
+    def _row(self) -> dict[int, int]:
+        """user -> its row: made only where a user is looked up by id (load() reads the arrays)."""
+        return {int(u): k for k, u in enumerate(self.users.tolist())}
 
     def __getitem__(self, user: int) -> np.ndarray:
         k = self._row[user]
@@ -281,22 +287,17 @@ def build_flat(folder: str, duplicates: str) -> tuple[dict[str, np.ndarray], dic
     return arrays, dict(n_items=data.n_items, n_entities=data.n_entities, n_relations=data.n_relations)
 
 
-def load_cached(folder: str | Path, duplicates: str = "drop", cache_setting: str = "", local_rank: int = 0) -> KGATData:
+def load_cached(folder: str | Path, duplicates: str = "drop", cache_setting: str = "",
+                local_rank: int = 0) -> KGATData:
     """load(), parsed once into the data cache (data.cache) and memory-mapped after; "off": load() itself."""
-    from trainer.data import cache
-    from trainer.data.fingerprint import fingerprints
     root = cache.root_of(cache_setting)
-    if root is None:
-        return load(folder, duplicates)
     folder = Path(folder).resolve()
-    if not (folder / "train.txt").exists():
-        return load(folder, duplicates)                        # its message names what is missing
+    if root is None or not (folder / "train.txt").exists():
+        return load(folder, duplicates)                        # (its message names what is missing)
     files = [folder / name for name in FILES if (folder / name).exists()]
-    key = dict(source=str(folder), sha256=fingerprints(files, root / "fingerprints"),
-               files=[f.name for f in files], duplicates=duplicates, reader=READER)
-    arrays, meta = cache.load_or_build(root, "kgat", key, "trainer.recipes.kgat.data:build_flat",
-                                       (str(folder), duplicates), local_rank, error=DataError,
-                                       in_child=sum(f.stat().st_size for f in files) >= 64 << 20)
+    arrays, meta = cache.load_or_build_files(root, "kgat", folder, files, dict(duplicates=duplicates, reader=READER),
+                                             "trainer.recipes.kgat.data:build_flat", (str(folder), duplicates),
+                                             local_rank, error=DataError)
     return KGATData(train=Ragged(arrays["train"], arrays["train_offsets"]),
                     test=Ragged(arrays["test"], arrays["test_offsets"]), kg=arrays["kg"], n_items=meta["n_items"],
                     n_entities=meta["n_entities"], n_relations=meta["n_relations"])

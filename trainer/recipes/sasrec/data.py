@@ -10,7 +10,6 @@ import numpy as np
 import torch
 
 from trainer.data import cache
-from trainer.data.fingerprint import fingerprints
 from trainer.recipes.sasrec.config import SeqDataConfig
 from trainer.recipes.sasrec.read import (  # noqa: F401  (the recipe's data API)
     FOLDER_FILES,
@@ -209,7 +208,6 @@ def collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 
 READER = 1                  # the parse's version: part of the cache key (a change to it rebuilds every entry)
-CHILD_FROM = 64 << 20       # files from this size are parsed in a child process (its temporaries go with it)
 
 
 def load(cfg: SeqDataConfig, local_rank: int = 0) -> SeqData:
@@ -223,13 +221,12 @@ def load(cfg: SeqDataConfig, local_rank: int = 0) -> SeqData:
         data = build_sequences(read_interactions(cfg.path, cfg.format, cfg.duplicates, columns), cfg.kcore)
     else:
         path = resolve_path(cfg.path).resolve()
-        files = data_files(path)
-        key = dict(source=str(path), sha256=fingerprints(files, root / "fingerprints"), format=cfg.format,
-                   duplicates=cfg.duplicates, kcore=cfg.kcore, columns=list(columns), reader=READER)
-        arrays, meta = cache.load_or_build(root, "sasrec", key, "trainer.recipes.sasrec.sequences:build_flat",
-                                           (str(path), cfg.format, cfg.duplicates, cfg.kcore, columns), local_rank,
-                                           in_child=sum(f.stat().st_size for f in files) >= CHILD_FROM,
-                                           error=DataError)
+        settings = dict(format=cfg.format, duplicates=cfg.duplicates, kcore=cfg.kcore, columns=list(columns),
+                        reader=READER)
+        arrays, meta = cache.load_or_build_files(root, "sasrec", path, data_files(path), settings,
+                                                 "trainer.recipes.sasrec.sequences:build_flat",
+                                                 (str(path), cfg.format, cfg.duplicates, cfg.kcore, columns),
+                                                 local_rank, error=DataError)
         data = from_flat(arrays, meta)
     lengths = data.seqs.lengths()
     log.info("sequences: %d users, %d items, %d interactions, mean length %.1f (%s)", data.num_users,

@@ -156,20 +156,23 @@ def read_interactions(path: str | Path, fmt: str = "auto", duplicates: str = "dr
         from trainer.recipes.sasrec.arrow import read_table
         data = Interactions(*read_table(p, fmt if fmt != "auto" else arrow,
                                         lambda header: find_columns(header, columns, str(p)), DataError))
-        if not len(data):
-            raise DataError(f"{p}: no interactions")
-        return without_duplicates(data, p, duplicates)
+    else:
+        data = _read_text(p, fmt, columns)
+    if not len(data):
+        raise DataError(f"{p}: no interactions")
+    return without_duplicates(data, p, duplicates)
+
+
+def _read_text(p: Path, fmt: str, columns: tuple[str, str, str]) -> Interactions:
+    """A text format: at C speed, else line by line (which names the bad line)."""
     first = next((line for _, line in text_lines(p, DataError) if line.strip()), "")
     if not first:
         raise DataError(f"{p}: the file is empty")
     fmt = detect(first, p) if fmt == "auto" else fmt
     if fmt == "unknown":
         raise DataError(f"{p}:1: cannot tell the format from {first.strip()[:80]!r}; set data.format")
-    data = (_fast_csv(p, columns) if fmt == "csv" else _fast_delimited(p, fmt, first)) or \
+    return (_fast_csv(p, columns) if fmt == "csv" else _fast_delimited(p, fmt, first)) or \
         (_read_csv(p, columns) if fmt == "csv" else _read_delimited(p, fmt))
-    if not len(data):
-        raise DataError(f"{p}: no interactions")
-    return without_duplicates(data, p, duplicates)
 
 
 # ------------------------------------------------------------------------------ at C speed
