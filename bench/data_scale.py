@@ -47,6 +47,10 @@ if mode == "pandas":
     import pandas
     t0 = time.perf_counter()
     rows = len(pandas.read_csv(path, sep="\t", header=None))
+elif mode == "arrow":
+    import pyarrow.parquet
+    t0 = time.perf_counter()
+    rows = pyarrow.parquet.read_table(path, columns=["user", "item", "timestamp"]).num_rows
 else:
     from trainer.recipes.sasrec.config import SeqDataConfig
     from trainer.recipes.sasrec.data import load          # torch comes with it, as in a training process
@@ -122,15 +126,38 @@ def generate(rows: int, folder: Path) -> Path:
     return path
 
 
+def generate_parquet(rows: int, folder: Path) -> Path:
+    """A Parquet file (user, item, timestamp: int64) of about `rows` interactions from the same generator."""
+    path = folder / f"u-{rows}.parquet"
+    if not path.exists():
+        sys.path.insert(0, str(REPO))
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from trainer.recipes.sasrec import sequences
+        users = max(10, round(rows * USERS_PER_ROW))
+        t0 = time.perf_counter()
+        inter = sequences.synthesize(users, ITEMS, max(5, round(rows / users)), seed=0, vectorized=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        pq.write_table(pa.table(dict(user=inter.user_ids, item=inter.item_ids, timestamp=inter.times)), tmp,
+                       row_group_size=4_000_000)
+        tmp.replace(path)
+        print(f"generated {len(inter):,} rows in {time.perf_counter() - t0:.1f} s: {path}", flush=True)
+    return path
+
+
 def has_pandas() -> bool:
     return subprocess.run([sys.executable, "-c", "import pandas"], capture_output=True).returncode == 0
 
 
 def measure(path: Path, work: Path, repeat: int, pandas: bool, train: bool = False, eval_users: int = 0) -> dict:
     cache = work / "cache"
-    runs: dict[str, list[dict]] = {k: [] for k in ("pandas", "cold_no_cache", "cold_build", "warm")}
+    parquet = path.suffix == ".parquet"
+    runs: dict[str, list[dict]] = {k: [] for k in ("pandas", "arrow", "cold_no_cache", "cold_build", "warm")}
     for _ in range(repeat):                               # interleaved: the machine's drift hits all alike
-        if pandas:
+        if parquet:                                       # the bare reader of the format: pyarrow's
+            runs["arrow"].append(probe("arrow", path, "off"))
+        elif pandas:
             runs["pandas"].append(probe("pandas", path, "off"))
         runs["cold_no_cache"].append(probe("load", path, "off"))
         shutil.rmtree(cache, ignore_errors=True)
@@ -153,10 +180,11 @@ def measure(path: Path, work: Path, repeat: int, pandas: bool, train: bool = Fal
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="2000000,20000000", help="interactions per file, comma-separated")
+    ap.add_argument("--sizes", default="2000000,20000000,100000000", help="interactions per u.data file (comma list)")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved repeats of each probe (the median counts)")
     ap.add_argument("--data", default=str(REPO / "bench" / "results" / "data"), help="where the files are made")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--parquet-sizes", default="100000000", help="interactions per Parquet file (\"\": none)")
     ap.add_argument("--no-train", action="store_true", help="leave out the training epoch and evaluation")
     ap.add_argument("--eval-users", type=int, default=20000, help="users of the evaluation (full ranking included)")
     args = ap.parse_args(argv)
@@ -167,7 +195,7 @@ def main(argv=None) -> int:
     report = dict(date=time.strftime("%Y-%m-%d %H:%M"), cpus=os.cpu_count(), pandas=pandas, sizes={})
     tiny = generate(100_000, folder)
     report["tiny"] = measure(tiny, folder / "work-tiny", args.repeat, pandas)
-    for rows in (int(s) for s in args.sizes.split(",")):
+    for rows in (int(s) for s in args.sizes.split(",") if s):
         path = generate(rows, folder)
         report["sizes"][str(rows)] = r = measure(path, folder / f"work-{rows}", args.repeat, pandas,
                                                  not args.no_train, args.eval_users)
@@ -177,6 +205,18 @@ def main(argv=None) -> int:
         r["warm_rss_minus_tiny_mb"] = round(r["warm"]["rss_mb"] - report["tiny"]["warm"]["rss_mb"], 1)
         r["cold_rss_minus_tiny_mb"] = round(r["cold_build"]["rss_mb"] - report["tiny"]["cold_build"]["rss_mb"], 1)
         print(json.dumps({rows: r}), flush=True)
+    parquet_sizes = [int(s) for s in args.parquet_sizes.split(",") if s]
+    if parquet_sizes:
+        report["parquet"] = {}
+    for rows in parquet_sizes:
+        path = generate_parquet(rows, folder)
+        report["parquet"][str(rows)] = r = measure(path, folder / f"work-pq-{rows}", args.repeat, pandas,
+                                                   not args.no_train, args.eval_users)
+        r["cold_over_arrow"] = round(r["cold_no_cache"]["s"] / r["arrow"]["s"], 2)
+        r["warm_minus_tiny_s"] = round(r["warm"]["s"] - report["tiny"]["warm"]["s"], 3)
+        r["warm_rss_minus_tiny_mb"] = round(r["warm"]["rss_mb"] - report["tiny"]["warm"]["rss_mb"], 1)
+        r["cold_rss_minus_tiny_mb"] = round(r["cold_build"]["rss_mb"] - report["tiny"]["cold_build"]["rss_mb"], 1)
+        print(json.dumps({f"parquet {rows}": r}), flush=True)
     sizes = sorted(int(k) for k in report["sizes"])
     if len(sizes) >= 2:                   # cost per million rows between the two largest sizes: the slope
         a, b = report["sizes"][str(sizes[-2])], report["sizes"][str(sizes[-1])]
@@ -203,6 +243,14 @@ def plot(report: dict, png: Path) -> None:
         if all(key in report["sizes"][str(s)] for s in sizes):
             left.plot(rows, [report["sizes"][str(s)][key]["s"] for s in sizes], marker="o", label=label)
             right.plot(rows, [report["sizes"][str(s)][key]["rss_mb"] for s in sizes], marker="o", label=label)
+    for key, label, marker in (("arrow", "Parquet: bare pyarrow read", "s"), ("cold_no_cache", "Parquet: cold", "^"),
+                               ("warm", "Parquet: warm", "v")):
+        pq = report.get("parquet", {})
+        if pq:
+            at = [pq[s]["rows"] / 1e6 for s in sorted(pq, key=int)]
+            left.scatter(at, [pq[s][key]["s"] for s in sorted(pq, key=int)], marker=marker, label=label, color="k")
+            right.scatter(at, [pq[s][key]["rss_mb"] for s in sorted(pq, key=int)], marker=marker, label=label,
+                          color="k")
     for ax, what in ((left, "seconds"), (right, "peak RSS of the process (MB)")):
         ax.set_xlabel("interactions (millions)")
         ax.set_ylabel(what)

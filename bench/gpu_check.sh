@@ -25,7 +25,7 @@ site=/tmp/gpu-check-site
 if compgen -G "$CARRY/whl/*.whl" >/dev/null && ! "$PY" -c "import av" 2>/dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --target "$site" "$CARRY"/whl/*.whl >"$OUT/pip.log" 2>&1
 fi
-export PYTHONPATH="$PWD:$site" TRAINER_CPU_KERNELS=0 PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD:$site" TRAINER_CPU_KERNELS=0 TRAINER_DATA_KERNELS=0 PYTHONUNBUFFERED=1
 export CUBLAS_WORKSPACE_CONFIG=:4096:8     # train.deterministic sets it too; here it is in place before any handle
 ml100k=$CARRY/ml-100k
 [ -f "$ml100k/u.data" ] || ml100k=../shared/data/ml-100k

@@ -39,7 +39,8 @@ PORTABLE_ARCH = "x86-64-v3"
 # what -march=x86-64-v3 may use: a CPU without one of these cannot run the portable build
 V3_FLAGS = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave", "abm", "sse4_2", "ssse3", "popcnt"}
 EXTENSIONS: list["Extension"] = []          # every extension of the package, for `python -m trainer.native build`
-EXTENSION_MODULES = ("trainer.distributed.shm", "trainer.recipes.kernels")    # the modules that declare them
+# the modules that declare them
+EXTENSION_MODULES = ("trainer.distributed.shm", "trainer.recipes.kernels", "trainer.data.kernels")
 
 
 def runs_portable() -> bool:

@@ -1,6 +1,7 @@
 """bench/data_scale.py's plumbing on small files: every probe runs in its own process, the figures are consistent
 (every probe read the same rows; the warm start maps the cache the cold build wrote; two ranks share its pages),
 and the JSON and PNG are written. The figures at 2M and 20M rows are the committed bench/results/data_scale.json."""
+import importlib.util
 import json
 import subprocess
 import sys
@@ -9,7 +10,11 @@ from tests.conftest import REPO, clean_env
 
 
 def test_the_data_scale_bench_runs_through(tmp_path):
+    parquet = importlib.util.find_spec("pyarrow") is not None      # the `parquet` extra (make setup installs it)
+    if not parquet:
+        print("pyarrow absent: the Parquet row of the bench is left out of this run")
     proc = subprocess.run([sys.executable, "-m", "bench.data_scale", "--sizes", "150000,300000", "--repeat", "1",
+                           "--parquet-sizes", "150000" if parquet else "",
                            "--eval-users", "500", "--data", str(tmp_path / "data"), "--out", str(tmp_path)],
                           cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -21,4 +26,8 @@ def test_the_data_scale_bench_runs_through(tmp_path):
         assert len(r["two_ranks"]) == 2 and all(t["rows"] == r["rows"] for t in r["two_ranks"])
         assert ("cold_over_pandas" in r) == report["pandas"]
         assert r["train"]["steps"] > 0 and r["train"]["steps_per_s"] > 0 and 0 < r["train"]["eval_users"] <= 500
+    if parquet:                         # the same generator's rows, read from Parquet, against a bare pyarrow read
+        r = report["parquet"]["150000"]
+        assert r["rows"] == report["sizes"]["150000"]["rows"] and r["arrow"]["s"] > 0
+        assert r["cold_over_arrow"] > 0 and r["warm"]["s"] < r["cold_build"]["s"] and r["train"]["steps"] > 0
     assert (tmp_path / "data_scale.png").stat().st_size > 10_000

@@ -168,11 +168,12 @@ def test_the_image_carries_a_portable_kernel_build_that_loads_without_a_compiler
     if not native.runs_portable():
         pytest.skip(f"this CPU lacks {native.PORTABLE_ARCH}'s instructions: the image's portable build cannot load")
     code = ("from trainer.recipes import kernels; from trainer.distributed import shm\n"
-            "print(kernels.load() is not None, shm.EXT.load() is not None)\n"
-            "print(kernels.EXTENSION.cached()); print(shm.EXT.cached())")
+            "from trainer.data import kernels as dk\n"
+            "print(kernels.load() is not None, shm.EXT.load() is not None, dk.EXT.load() is not None)\n"
+            "print(kernels.EXTENSION.cached()); print(shm.EXT.cached()); print(dk.EXT.cached())")
     proc = podman("run", "--rm", image, "python", "-c", code)
     lines = proc.stdout.strip().splitlines()
-    assert lines[0] == "True True", proc.stdout + proc.stderr[-2000:]
-    assert all(line.startswith("/opt/hpc-trainer/extensions/") for line in lines[1:3]), lines
+    assert lines[0] == "True True True", proc.stdout + proc.stderr[-2000:]
+    assert all(line.startswith("/opt/hpc-trainer/extensions/") for line in lines[1:4]), lines
     assert "building" not in proc.stderr and "unavailable" not in proc.stderr, proc.stderr[-2000:]
     assert podman("run", "--rm", image, "sh", "-c", "command -v g++ || echo none").stdout.strip() == "none"

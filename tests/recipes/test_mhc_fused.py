@@ -530,7 +530,7 @@ def test_the_setup_build_command_announces_and_survives_a_missing_compiler(tmp_p
     proc = subprocess.run([sys.executable, "-m", "trainer.native", "build"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for what in ("fused CPU kernels", "the shared-memory all-reduce"):
+    for what in ("fused CPU kernels", "the shared-memory all-reduce", "the C++ data kernels"):
         assert f"building {what} (native), once per CPU type: about a minute" in proc.stderr
         assert f"{what}: cannot build" in proc.stderr
 

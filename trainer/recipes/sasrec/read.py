@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer.data.flat import codes, stable_order
+from trainer.data.kernels import parse_columns
 from trainer.data.text import finite, line_numbers, read_columns, read_text, text_lines
 
 log = logging.getLogger(__name__)
@@ -183,9 +184,13 @@ def _fast_delimited(path: Path, fmt: str, first: str) -> Interactions | None:
     fields = len(first.strip().split("::" if fmt == "dat" else None))
     if fmt == "pairs" and fields != 2 or fmt == "dat" and fields != 4 or fmt == "udata" and fields not in (3, 4):
         return None
-    # no usecols: the C parser then also checks every row has the first row's field count; `dat`'s empty
+    kinds = {"pairs": "ii", "dat": "iifi"}.get(fmt, "iifi" if fields == 4 else "iii")
+    columns = parse_columns(path, kinds, "::" if fmt == "dat" else "")
+    if columns is not None:
+        rows = columns[0]
+    # no usecols: numpy's parser then also checks every row has the first row's field count; `dat`'s empty
     # fields between the colons are read as zero-length bytes
-    if fmt == "dat":
+    elif fmt == "dat":
         dtype = np.dtype([(n, t) for n, t in zip("uaibrct", ("i8", "S1", "i8", "S1", "i8", "S1", "i8"))])
         rows = read_columns(path, dtype, ":")
         if rows is None:                                       # ratings like 4.5
@@ -235,6 +240,11 @@ def _csv_header(path: Path, columns: tuple[str, str, str]) -> tuple[list[str], i
 def _fast_csv(path: Path, columns: tuple[str, str, str]) -> Interactions | None:
     header, u, i, t = _csv_header(path, columns)
     cols = (u, i) + ((t,) if t is not None else ())
+    parsed = parse_columns(path, "".join("i" if c in cols else "-" for c in range(len(header))), ",", skip_lines=1)
+    by_column = dict(zip(sorted(cols), parsed or ()))
+    if parsed is not None and len(parsed[0]) and by_column[u].min() >= 0 and by_column[i].min() >= 0:
+        return Interactions(by_column[u], by_column[i], by_column[t] if t is not None else None, source=path,
+                            header_lines=1)              # else "-3" as a name: the ids are strings then
     numeric = np.dtype([(n, "i8") for n in ("u", "i", "t")[:len(cols)]])
     rows = read_columns(path, numeric, ",", usecols=cols, skiprows=1, quotechar='"')
     if rows is not None and len(rows) and ((rows["u"] < 0).any() or (rows["i"] < 0).any()):

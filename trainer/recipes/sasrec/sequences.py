@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.data import kernels
 from trainer.data.flat import Ragged, codes, stable_order
 from trainer.recipes.sasrec.read import DataError, Interactions, read_interactions
 
@@ -58,6 +59,9 @@ def rescale_flat(times: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     counts = np.diff(offsets)
     if not len(times):
         return np.zeros(0, dtype=np.int64)
+    done = kernels.rescale_times(times, offsets)
+    if done is not None:
+        return done
     big = np.iinfo(np.int64).max
     gaps = np.empty(len(times), dtype=np.int64)          # gaps[j] = times[j + 1] - times[j] within a user, else big
     np.subtract(times[1:], times[:-1], out=gaps[:-1])
