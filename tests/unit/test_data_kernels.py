@@ -26,6 +26,8 @@ def test_parses_what_numpy_parses(tmp_path):
     assert cols[3].tolist() == [100, 200, -7, 9] and cols[0].dtype == np.int64 and cols[2].dtype == np.float64
     assert cols[2][0] == 4.5 and np.isnan(cols[2][2])        # the caller refuses a NaN rating, not the parser
     assert cols[0].flags.c_contiguous
+    assert [c.tolist() for c in kernels.parse_columns(write(tmp_path, "1 10 4.5 100\n2 11 5 200\n"), "iiFi")] == \
+        [[1, 2], [10, 11], [100, 200]]                      # 'F': checked, not kept
 
 
 def test_delimiters_header_and_skipped_fields(tmp_path):
@@ -46,6 +48,8 @@ def test_delimiters_header_and_skipped_fields(tmp_path):
     ("1,,100\n", "iii", ","),
     ("1 1234567890123456789 5 1\n", "iifi", ""),       # more than 18 digits
     ("1 10 5 1\x00\n", "iifi", ""),
+    ("1 10 nan 1\n", "iiFi", ""),                     # a rating that must be finite: the line parser names it
+    ("1 10 -inf 1\n", "iiFi", ""),
 ])
 def test_refuses_what_it_must_leave_to_the_slower_parsers(tmp_path, text, kinds, delimiter):
     assert kernels.parse_columns(write(tmp_path, text), kinds, delimiter) is None

@@ -3,8 +3,8 @@
 //
 // parse_file(path, kinds, delimiter, skip_lines, chunk_bytes) -> (columns, reason)
 //   kinds: one letter per field of every row: 'i' an int64 (optional sign, at most 18 digits), 'f' a double
-//   ('nan' and 'inf' included: the caller checks them), '-' a field read past (any text). columns: one tensor per
-//   'i'/'f' field, in order (int64 / float64). delimiter: "" for runs of blanks (spaces, tabs), else the exact
+//   ('nan' and 'inf' included: the caller checks them), 'F' a finite number, checked and not kept, '-' a field
+//   read past (any text). columns: one tensor per 'i'/'f' field, in order (int64 / float64). delimiter: "" for runs of blanks (spaces, tabs), else the exact
 //   text between fields (",", "::"), blanks around a field ignored. A leading UTF-8 BOM is dropped, blank lines
 //   are skipped, a '\r' before a line's end is ignored. Anything else (another field count, a field that is not
 //   of its kind, a quote, a NUL) refuses the whole file: columns is empty and reason says the first refusal's
@@ -67,6 +67,10 @@ inline bool take(const char* b, const char* e, char kind, int slot, Piece& out) 
   double v;
   auto r = std::from_chars(b, e, v);
   if (r.ec != std::errc() || r.ptr != e) { out.refusal = "a field that is not a number"; return false; }
+  if (kind == 'F') {                          // checked, not kept (u.data's rating: read past, but never a NaN)
+    if (!std::isfinite(v)) { out.refusal = "a number that is not finite"; return false; }
+    return true;
+  }
   out.floats[slot].push_back(v);
   return true;
 }

@@ -2,9 +2,9 @@
 every reader takes next. Each function returns None where the extension is not available (or the input is not one
 it takes): the caller's numpy path then does the same work, slower.
 
-    cols = parse_columns("u.data", "iifi")          # [user, item, rating, time] arrays; None where it refuses
+    cols = parse_columns("u.data", "iiFi")          # [user, item, time]; 'F': a finite number, not kept; None: refused
     cols = parse_columns("ratings.csv", "ii-i", ",", skip_lines=1)   # '-': a field read past
-    cols = parse_columns("ratings.dat", "iifi", "::")
+    cols = parse_columns("ratings.dat", "iiFi", "::")
     dense_codes(keys, hi)           # (codes 0..K-1 in the keys' order, K), keys in [0, hi]
     group_order(major, groups, minor)  # the stable order of the rows by (major code, minor)
     rescale_times(times, offsets)   # TiSASRec's per-user times
@@ -33,8 +33,9 @@ EXT = native.Extension("trainer_data_kernels", Path(__file__).with_name("kernels
 
 
 def parse_columns(path: str | Path, kinds: str, delimiter: str = "", skip_lines: int = 0) -> list[np.ndarray] | None:
-    """One array per 'i' (int64) or 'f' (float64) letter of `kinds` (one letter per field of each row; '-' read
-    past), or None where the parser refuses the file or is not available."""
+    """One array per 'i' (int64) or 'f' (float64) letter of `kinds` (one letter per field of each row; 'F' a
+    finite number, checked and not kept; '-' read past), or None where the parser refuses the file or is not
+    available."""
     ops = EXT.load()
     if ops is None:
         return None

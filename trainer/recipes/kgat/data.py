@@ -21,6 +21,7 @@ import torch
 
 from trainer.data import cache
 from trainer.data.flat import Ragged, stable_order
+from trainer.data.kernels import parse_columns
 from trainer.data.text import read_int_rows, text_lines
 
 log = logging.getLogger(__name__)
@@ -183,6 +184,9 @@ def read_kg(path: str | Path) -> np.ndarray:
     """`head relation tail` lines -> (N, 3) int64 (a fast path, and a slow one that names the bad line)."""
     path = Path(path)
     names = ("head", "relation", "tail")
+    cols = parse_columns(path, "iii")                 # in C++, where the data kernels are built
+    if cols is not None and len(cols[0]) and all((c >= 0).all() for c in cols):
+        return np.stack(cols, axis=1)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")          # an empty file is reported below, with its name

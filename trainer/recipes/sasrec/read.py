@@ -184,13 +184,15 @@ def _fast_delimited(path: Path, fmt: str, first: str) -> Interactions | None:
     fields = len(first.strip().split("::" if fmt == "dat" else None))
     if fmt == "pairs" and fields != 2 or fmt == "dat" and fields != 4 or fmt == "udata" and fields not in (3, 4):
         return None
-    kinds = {"pairs": "ii", "dat": "iifi"}.get(fmt, "iifi" if fields == 4 else "iii")
-    columns = parse_columns(path, kinds, "::" if fmt == "dat" else "")
-    if columns is not None:
-        rows = columns[0]
+    kinds = {"pairs": "ii", "dat": "iiFi"}.get(fmt, "iiFi" if fields == 4 else "iii")    # F: a finite rating
+    parsed = parse_columns(path, kinds, "::" if fmt == "dat" else "")
+    if parsed is not None:
+        if (parsed[0] < 0).any() or (parsed[1] < 0).any():
+            return None
+        return Interactions(parsed[0], parsed[1], parsed[-1] if fmt != "pairs" else None, source=path)
     # no usecols: numpy's parser then also checks every row has the first row's field count; `dat`'s empty
     # fields between the colons are read as zero-length bytes
-    elif fmt == "dat":
+    if fmt == "dat":
         dtype = np.dtype([(n, t) for n, t in zip("uaibrct", ("i8", "S1", "i8", "S1", "i8", "S1", "i8"))])
         rows = read_columns(path, dtype, ":")
         if rows is None:                                       # ratings like 4.5
