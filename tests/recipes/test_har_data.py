@@ -213,3 +213,24 @@ def test_unequal_lengths_and_missing_values_pad_with_lengths_or_resample(tmp_pat
     assert r.lengths.tolist() == [7] * 4
     np.testing.assert_allclose(r.x[0, 0].numpy(), np.linspace(1, 4, 7), rtol=1e-6)
     np.testing.assert_allclose(r.x[1, 0].numpy(), np.full(7, 1.0))               # one observed value
+
+
+def test_flat_series_windows_match_a_case_by_case_reference():
+    """Series keeps a split as one flat array; take() and the pad/truncate windows equal what one array per case
+    gives (unequal lengths, a NaN, a case longer than the window)."""
+    rng = np.random.default_rng(0)
+    cases = [rng.normal(size=(3, n)).astype(np.float32) for n in (5, 9, 2, 7)]
+    cases[1][2, 4] = np.nan
+    s = hd.Series.of(cases, np.array([0, 1, 0, 1]), ["a", "b"], subjects=np.array([1, 2, 3, 4]))
+    assert len(s) == 4 and s.lengths.tolist() == [5, 9, 2, 7] and s.values.shape == (3, 23)
+    part = s.take(np.array([3, 1]))
+    assert np.array_equal(part.samples[0], cases[3]) and np.allclose(part.samples[1], cases[1], equal_nan=True)
+    assert part.subjects.tolist() == [4, 2] and part.labels.tolist() == [1, 1]
+    mean, std = np.array([0.5, -1, 2], np.float32), np.array([2, 1, 4], np.float32)
+    w = to_windows(s, mean, std, 6, "pad")
+    for i, case in enumerate(cases):
+        t = min(case.shape[1], 6)
+        ref = np.zeros((3, 6), np.float32)
+        ref[:, :t] = np.nan_to_num((case[:, :t] - mean[:, None]) / std[:, None], nan=0.0)
+        np.testing.assert_allclose(w.x[i].numpy(), ref, rtol=1e-6)
+        assert int(w.lengths[i]) == t

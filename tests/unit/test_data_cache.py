@@ -153,3 +153,31 @@ def test_kgat_folders_are_cached_too_and_their_warnings_said_again(tmp_path, cap
     assert "memory-mapped" in caplog.text and "said when the data was parsed" in caplog.text
     (folder / "kg_final.txt").write_text("0 0 5\n1 1 6\n4 0 6\n")   # changed: parsed again
     assert KG.load_cached(folder, cache_setting=str(tmp_path / "cache")).kg[2, 2] == 6
+
+
+def test_har_text_formats_are_cached_as_flat_series(tmp_path, caplog):
+    """UCI HAR and .ts splits go through the same cache: the warm start maps the flat values, and the windows equal
+    a fresh parse's; a changed file is parsed again."""
+    from trainer.recipes.har import data as HD
+    from trainer.recipes.har import prepare as HP
+    root = HP.write_synthetic_uci(tmp_path / "uci", 40, 12)
+    caplog.set_level(logging.INFO)
+    fresh = HP.load(HP.HARDataConfig(path=str(root), cache="off"))
+    for _ in range(2):
+        got = HP.load(HP.HARDataConfig(path=str(root), cache=str(tmp_path / "cache")))
+        for split in fresh.splits:
+            assert np.array_equal(got.splits[split].x.numpy(), fresh.splits[split].x.numpy())
+            assert np.array_equal(got.splits[split].subjects.numpy(), fresh.splits[split].subjects.numpy())
+        assert got.class_names == fresh.class_names
+    assert "memory-mapped" in caplog.text and len(list((tmp_path / "cache").glob("har-*"))) == 1
+    splits, _ = HP.read_splits_cached(HP.HARDataConfig(path=str(root), cache=str(tmp_path / "cache")))
+    assert isinstance(splits["train"].values, np.memmap)
+    ts = tmp_path / "ts"
+    ts.mkdir()
+    header = "@problemName toy\n@univariate true\n@equalLength false\n@classLabel true a b\n@data\n"
+    (ts / "toy_TRAIN.ts").write_text(header + "1,2,3:a\n4,5:b\n1,1,1,1:a\n")
+    cfg = HP.HARDataConfig(path=str(ts), cache=str(tmp_path / "cache"), val_fraction=0)
+    assert HP.read_splits_cached(cfg)[0]["train"].lengths.tolist() == [3, 2, 4]
+    (ts / "toy_TRAIN.ts").write_text(header + "1,2,3:a\n4,5,6,7,8:b\n")
+    assert HP.read_splits_cached(cfg)[0]["train"].lengths.tolist() == [3, 5]
+    assert HD.Series is type(splits["train"])

@@ -17,6 +17,8 @@ class HARDataConfig:
 
     path: str = ""                    # UCI HAR folder, UEA folder (*_TRAIN.ts), arrays folder or file; "": synthetic
     format: Literal["auto", "uci-har", "ts", "arrays"] = "auto"
+    cache: str = ""                   # the parsed-data cache of the text formats: "" ~/.cache/hpc-trainer/data, "off",
+    # or a folder (trainer/data/cache.py)
     val_fraction: float = 0.2         # of the training cases, when the dataset has no validation file
     val_split: Literal["auto", "subject", "stratified"] = "auto"   # auto: by subject where subjects are known
     standardize: bool = True          # per channel, statistics of the training split only

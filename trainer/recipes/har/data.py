@@ -6,7 +6,7 @@ Arrays: `.npz` or `.pt` holding `samples` [N, C, T] and `labels` [N] (TS-TCC's t
 optionally `subjects` [N].
 UEA/sktime `.ts` files: `#` comments, `@directive value` header lines up to `@data`, then one case per
 line: the dimensions separated by `:`, each a comma-separated series (`?` = missing, read as NaN), the
-class label last when `@classLabel true`. Equal and unequal lengths are both read (one array per case).
+class label last when `@classLabel true`. Equal and unequal lengths are both read (into one flat array: Series).
 """
 from __future__ import annotations
 
@@ -29,21 +29,57 @@ class DataError(ValueError):
 
 @dataclass
 class Series:
-    """Cases of a multichannel time-series file: samples[i] is (channels, length_i) float32."""
+    """Cases of a multichannel time-series file, flat: every case's values side by side in `values` (channels,
+    total length; float32), case i in columns offsets[i]:offsets[i + 1] (one array for the whole split, not one
+    per case: an equal-length split is a reshape away from its windows)."""
 
-    samples: list[np.ndarray]
+    values: np.ndarray                    # [channels, total length] float32
+    offsets: np.ndarray                   # [cases + 1] int64
     labels: np.ndarray                    # int64 class indices into class_names
     class_names: list[str]
     header: dict[str, str] = field(default_factory=dict)
     subjects: np.ndarray | None = None    # int64 subject id per case, where the format records it
 
+    @classmethod
+    def of(cls, cases: list[np.ndarray], labels, class_names, header=None, subjects=None) -> Series:
+        """From one (channels, length_i) array per case."""
+        lengths = [c.shape[1] for c in cases]
+        values = np.concatenate(cases, axis=1).astype(np.float32, copy=False) if cases else \
+            np.zeros((0, 0), np.float32)
+        return cls(values, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), labels, class_names,
+                   header or {}, subjects)
+
+    @classmethod
+    def stacked(cls, x: np.ndarray, labels, class_names, header=None, subjects=None) -> Series:
+        """From equal-length cases [N, C, T]."""
+        n, c, t = x.shape
+        return cls(np.ascontiguousarray(x.transpose(1, 0, 2).reshape(c, n * t), dtype=np.float32),
+                   np.arange(n + 1, dtype=np.int64) * t, labels, class_names, header or {}, subjects)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def samples(self) -> list[np.ndarray]:
+        """Each case's (channels, length) view (for small data and tests; the pipeline reads the flat arrays)."""
+        return [self.values[:, a:b] for a, b in zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist())]
+
     @property
     def channels(self) -> int:
-        return int(self.samples[0].shape[0]) if self.samples else 0
+        return int(self.values.shape[0]) if len(self) else 0
 
     @property
     def lengths(self) -> np.ndarray:
-        return np.array([s.shape[1] for s in self.samples], dtype=np.int64)
+        return np.diff(self.offsets)
+
+    def take(self, idx: np.ndarray) -> Series:
+        """The cases at `idx`, in that order: one gather of their columns."""
+        idx = np.asarray(idx, dtype=np.int64)
+        lengths = self.lengths[idx]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        columns = np.repeat(self.offsets[idx] - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return Series(self.values[:, columns], offsets, self.labels[idx], self.class_names, self.header,
+                      None if self.subjects is None else self.subjects[idx])
 
 
 def _flag(header: dict[str, str], key: str, path: Path, default: bool) -> bool:
@@ -119,7 +155,7 @@ def read_ts(path: str | Path) -> Series:
         raise DataError(f"{path}: no cases after @data")
     if len({s.shape[0] for s in samples}) != 1:
         raise DataError(f"{path}: cases have different numbers of dimensions")
-    return Series(samples, np.asarray(labels, dtype=np.int64), names if has_labels else [], header)
+    return Series.of(samples, np.asarray(labels, dtype=np.int64), names if has_labels else [], header)
 
 
 def _layout(header: dict[str, str], path: Path) -> tuple[list[str], bool, int | None]:
@@ -219,7 +255,7 @@ def read_uci_har(path: str | Path, split: str) -> Series:
         if n != len(labels):
             raise DataError(f"{f}: {n} lines, but y_{split}.txt has {len(labels)}")
     stacked = np.stack(channels, axis=1)                        # [N, 9, 128]
-    return Series(list(stacked), labels, names, {"problemname": "UCI HAR"}, subjects)
+    return Series.stacked(stacked, labels, names, {"problemname": "UCI HAR"}, subjects)
 
 
 def write_uci_har(root: str | Path, split: str, series: Series) -> Path:
@@ -282,7 +318,7 @@ def read_arrays(path: str | Path, class_names: list[str] | None = None) -> Serie
     names = class_names or [str(i) for i in range(n_classes)]
     if y.size and n_classes > len(names):
         raise DataError(f"{path}: field 'labels' has class {n_classes - 1} but only {len(names)} class names")
-    return Series(list(x), y, names, {"problemname": path.stem},
+    return Series.stacked(x, y, names, {"problemname": path.stem},
                   None if subjects is None else np.asarray(subjects).astype(np.int64))
 
 
@@ -306,5 +342,5 @@ def synthesize(n: int = 600, channels: int = 9, length: int = 128, classes: int 
         np.sin(2 * np.pi * freq[labels][:, :, None] * t + phase[:, :, None])
     x += noise * rng.normal(size=x.shape)
     names = [f"class{k}" for k in range(classes)]
-    return Series(list(x.astype(np.float32)), labels.astype(np.int64), names, {"problemname": "synthetic"},
+    return Series.stacked(x.astype(np.float32), labels.astype(np.int64), names, {"problemname": "synthetic"},
                   subject.astype(np.int64))

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainer.data import cache
 from trainer.recipes.har import data as D
 from trainer.recipes.har.config import HARDataConfig
 from trainer.recipes.har.data import DataError, Series
@@ -72,6 +73,52 @@ def read_splits(cfg: HARDataConfig) -> tuple[dict[str, Series], str]:
     if fmt == "ts":
         return _ts_splits(path), f"UEA .ts ({path})"
     return _array_splits(path), f"arrays ({path})"
+
+
+READER = 1                     # the text parse's version: part of the cache key
+
+
+def _text_files(path: Path, fmt: str) -> list[Path]:
+    """The files a UCI HAR or .ts dataset is read from (what its cache entry is keyed by)."""
+    if fmt == "uci-har":
+        root = D.uci_root(path)
+        return sorted(f for f in root.rglob("*.txt") if f.parent.name in ("train", "test", "Inertial Signals")
+                      or f.name == "activity_labels.txt")
+    found = [path] if path.is_file() else sorted(path.glob("*_TRAIN.ts")) + sorted(path.glob("*_TEST.ts"))
+    return [f for f in found if f.is_file()]
+
+
+def build_flat(path: str, fmt: str) -> tuple[dict[str, np.ndarray], dict]:
+    """The parsed-data cache's builder (trainer/data/cache.py): each split's flat Series as arrays, and meta."""
+    splits, _ = read_splits(HARDataConfig(path=path, format=fmt, cache="off"))
+    arrays, meta = {}, {}
+    for name, s in splits.items():
+        arrays.update({f"{name}_values": s.values, f"{name}_offsets": s.offsets, f"{name}_labels": s.labels})
+        if s.subjects is not None:
+            arrays[f"{name}_subjects"] = s.subjects
+        meta[name] = dict(class_names=s.class_names, header=s.header)
+    return arrays, meta
+
+
+def read_splits_cached(cfg: HARDataConfig, local_rank: int = 0) -> tuple[dict[str, Series], str]:
+    """read_splits, the text formats parsed once into the data cache (data.cache) and memory-mapped after."""
+    root = cache.root_of(cfg.cache)
+    path = Path(cfg.path) if cfg.path else None
+    fmt = cfg.format if cfg.format != "auto" or path is None or not path.exists() else _detect(path)
+    if root is None or path is None or fmt not in ("uci-har", "ts") or not path.exists():
+        return read_splits(cfg)                                 # (its message names what is missing)
+    path = path.resolve()
+    files = _text_files(path, fmt)
+    if not files or fmt == "ts" and path.is_dir() and len(list(path.glob("*_TRAIN.ts"))) != 1:
+        return read_splits(cfg)                                 # (which says what is wrong)
+    arrays, meta = cache.load_or_build_files(root, "har", path, files, dict(format=fmt, reader=READER),
+                                             "trainer.recipes.har.prepare:build_flat", (str(path), fmt), local_rank,
+                                             error=DataError)
+    splits = {name: Series(arrays[f"{name}_values"], arrays[f"{name}_offsets"], arrays[f"{name}_labels"],
+                           m["class_names"], m["header"], arrays.get(f"{name}_subjects")) for name, m in meta.items()
+              if f"{name}_values" in arrays}
+    source = f"UCI HAR ({D.uci_root(path)})" if fmt == "uci-har" else f"UEA .ts ({path})"
+    return splits, source
 
 
 def _detect(path: Path) -> str:
@@ -149,16 +196,14 @@ def _holdout(s: Series, fraction: float, name: str, seed: int, by: str = "auto")
 
 def subset(s: Series, mask: np.ndarray) -> Series:
     """The cases of s where mask is true."""
-    idx = np.flatnonzero(mask)
-    return Series([s.samples[i] for i in idx], s.labels[idx], s.class_names, s.header,
-                  None if s.subjects is None else s.subjects[idx])
+    return s.take(np.flatnonzero(mask))
 
 
 # ------------------------------------------------------------------------------ normalising
 
 def channel_stats(s: Series) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel mean and standard deviation over every observed value (NaN = missing)."""
-    values = np.concatenate([x for x in s.samples], axis=1).astype(np.float64)   # [C, total length]
+    values = s.values.astype(np.float64)                                          # [C, total length]
     mean = np.nanmean(values, axis=1)
     std = np.nanstd(values, axis=1)
     mean = np.where(np.isfinite(mean), mean, 0.0)
@@ -179,46 +224,50 @@ def _resample(x: np.ndarray, length: int) -> np.ndarray:
 
 def to_windows(s: Series, mean: np.ndarray, std: np.ndarray, length: int, mode: str) -> Windows:
     """Standardise with the given statistics, missing -> 0 (the training mean), then pad or resample."""
-    n, c = len(s.samples), s.channels
-    x = np.zeros((n, c, length), dtype=np.float32)
-    lengths = np.empty(n, dtype=np.int64)
-    for i, case in enumerate(s.samples):
-        case = (case - mean[:, None]) / std[:, None]
-        if mode == "resample":
-            x[i], lengths[i] = _resample(case, length), length
-        else:
-            t = min(case.shape[1], length)
-            x[i, :, :t] = np.nan_to_num(case[:, :t], nan=0.0)
-            lengths[i] = t
+    n, c = len(s), s.channels
+    values = (s.values - mean[:, None]) / std[:, None]
+    if mode == "resample":
+        x = np.zeros((n, c, length), dtype=np.float32)
+        for i, case in enumerate(Series(values, s.offsets, s.labels, s.class_names).samples):
+            x[i] = _resample(case, length)
+        lengths = np.full(n, length, dtype=np.int64)
+    else:                                        # pad/truncate: one scatter of every kept value
+        lengths = np.minimum(s.lengths, length)
+        case = np.repeat(np.arange(n), lengths)
+        at = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)   # position in case
+        x = np.zeros((n, length, c), dtype=np.float32)
+        x[case, at] = np.nan_to_num(values[:, s.offsets[case] + at].T, nan=0.0)
+        x = np.ascontiguousarray(x.transpose(0, 2, 1))
     return Windows(torch.from_numpy(x), torch.from_numpy(lengths), torch.from_numpy(s.labels.copy()),
                    None if s.subjects is None else torch.from_numpy(s.subjects.copy()))
 
 
-def load(cfg: HARDataConfig, seed: int = 0) -> HARData:
-    """Read, split, standardise and shape the dataset named by cfg."""
-    raw, source = read_splits(cfg)
+def load(cfg: HARDataConfig, seed: int = 0, local_rank: int = 0) -> HARData:
+    """Read (parsed once into the data cache where the format is text), split, standardise and shape the dataset
+    named by cfg."""
+    raw, source = read_splits_cached(cfg, local_rank)
     if "val" not in raw and cfg.val_fraction > 0:
         raw.update(_holdout(raw["train"], cfg.val_fraction, "val", seed, cfg.val_split))
     train = raw["train"]
-    if not train.samples:
+    if not len(train):
         raise DataError(f"{source}: the training split is empty")
     names = train.class_names
     for split, s in raw.items():
-        if s.samples and s.channels != train.channels:
+        if len(s) and s.channels != train.channels:
             raise DataError(f"{source}: the {split} split has {s.channels} channels, train has {train.channels}")
         if len(s.labels) and s.labels.max() >= len(names):
             raise DataError(f"{source}: the {split} split has class index {s.labels.max()} but there are "
                             f"{len(names)} classes")
     mean, std = channel_stats(train) if cfg.standardize else \
         (np.zeros(train.channels, np.float32), np.ones(train.channels, np.float32))
-    longest = max(int(s.lengths.max()) for s in raw.values() if s.samples)
+    longest = max(int(s.lengths.max()) for s in raw.values() if len(s))
     if cfg.length:
         length = cfg.length
     else:
         length = int(train.lengths.max()) if cfg.length_mode == "resample" else longest
     if cfg.length_mode == "pad" and length < longest:
         log.warning("data.length=%d is shorter than the longest case (%d): cases are truncated", length, longest)
-    splits = {k: to_windows(s, mean, std, length, cfg.length_mode) for k, s in raw.items() if s.samples}
+    splits = {k: to_windows(s, mean, std, length, cfg.length_mode) for k, s in raw.items() if len(s)}
     return HARData(splits, names, mean, std, source)
 
 

@@ -24,7 +24,7 @@ class HARRecipe(ClassifierRecipe):
 
 
     def build_datasets(self):
-        self.data = d = load(self.data_cfg, self.seed)
+        self.data = d = load(self.data_cfg, self.seed, getattr(self.dist, "local_rank", 0))
         self.class_names = d.class_names
         sizes = ", ".join(f"{k} {len(v)}" for k, v in d.splits.items())
         log.info("HAR data: %s; %d channels x %d samples, %d classes; %s", d.source, d.channels, d.length,
