@@ -51,6 +51,12 @@ elif mode == "arrow":
     import pyarrow.parquet
     t0 = time.perf_counter()
     rows = pyarrow.parquet.read_table(path, columns=["user", "item", "timestamp"]).num_rows
+elif mode.startswith("kgat"):                # a KGAT folder: train.txt, test.txt, kg_final.txt
+    from trainer.recipes.kgat import data as KG
+    t0 = time.perf_counter()
+    data = KG.load_cached(path, cache_setting=cache)
+    rows = int(data.train.offsets[-1] + data.test.offsets[-1] + len(data.kg))
+    touched = int(data.train.flat.sum() + data.test.flat.sum() + data.kg.sum())
 else:
     from trainer.recipes.sasrec.config import SeqDataConfig
     from trainer.recipes.sasrec.data import load          # torch comes with it, as in a training process
@@ -59,11 +65,11 @@ else:
     rows = int(data.seqs.offsets[-1])
     touched = int(data.seqs.flat.sum() + data.times.flat.sum())     # every page read, as an epoch would
 seconds = time.perf_counter() - t0
-if mode != "pandas" and cache != "off":     # a build in a child process: its peak is the parse's
+if mode not in ("pandas", "arrow") and cache != "off":     # a build in a child process: its peak is the parse's
     import glob
-    for manifest in glob.glob(cache + "/sasrec-*/manifest.json"):
+    for manifest in glob.glob(cache + "/*-*/manifest.json"):
         child = json.load(open(manifest))["meta"].get("child_peak_rss_mb")
-if mode == "hold":
+if mode.endswith("hold"):
     sys.stdout.write(json.dumps(dict(ready=True)) + "\n"); sys.stdout.flush(); sys.stdin.readline()
 print(json.dumps(dict(s=round(seconds, 3), rss_mb=status_mb("VmHWM"), pss_mb=pss_mb(), rows=rows,
                       child_rss_mb=locals().get("child"))))
@@ -82,7 +88,8 @@ def probe(mode: str, path: Path, cache: str) -> dict:
 def two_ranks(path: Path, cache: str) -> list[dict]:
     """Two processes that map the same warm cache and read every page, alive at once: each one's RSS and PSS."""
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, "-c", PROBE, "hold", str(path), cache], env=env, text=True,
+    hold = "kgat-hold" if (path / "train.txt").exists() else "hold"
+    procs = [subprocess.Popen([sys.executable, "-c", PROBE, hold, str(path), cache], env=env, text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(2)]
     for p in procs:
         assert json.loads(p.stdout.readline())["ready"]
@@ -146,6 +153,26 @@ def generate_parquet(rows: int, folder: Path) -> Path:
     return path
 
 
+def generate_kgat(scale: float, folder: Path) -> Path:
+    """A KGAT folder of amazon-book's statistics (the KGAT paper's) times `scale` (relations stay; 0: the tiny
+    preset), from the project's generator: train.txt, test.txt, kg_final.txt."""
+    out = folder / (f"kgat-amazon-book-x{scale:g}" if scale else "kgat-tiny")
+    if not (out / "kg_final.txt").exists():
+        sys.path.insert(0, str(REPO))
+        from trainer.recipes.kgat import build
+        preset = dict(build.PRESETS["amazon-book"] if scale else build.PRESETS["tiny"])
+        stats = build.Stats(**{k: (round(v * (scale or 1)) if k != "relations" else v) for k, v in preset.items()})
+        t0 = time.perf_counter()
+        tmp = out.with_name(f".{out.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        build.write(build.synthesize(stats, seed=0), tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        print(f"generated KGAT x{scale:g} ({stats.interactions:,} interactions, {stats.triples:,} triples) in "
+              f"{time.perf_counter() - t0:.1f} s: {out}", flush=True)
+    return out
+
+
 def has_pandas() -> bool:
     return subprocess.run([sys.executable, "-c", "import pandas"], capture_output=True).returncode == 0
 
@@ -153,16 +180,17 @@ def has_pandas() -> bool:
 def measure(path: Path, work: Path, repeat: int, pandas: bool, train: bool = False, eval_users: int = 0) -> dict:
     cache = work / "cache"
     parquet = path.suffix == ".parquet"
+    load = "kgat-load" if (path / "train.txt").exists() else "load"
     runs: dict[str, list[dict]] = {k: [] for k in ("pandas", "arrow", "cold_no_cache", "cold_build", "warm")}
     for _ in range(repeat):                               # interleaved: the machine's drift hits all alike
         if parquet:                                       # the bare reader of the format: pyarrow's
             runs["arrow"].append(probe("arrow", path, "off"))
         elif pandas:
             runs["pandas"].append(probe("pandas", path, "off"))
-        runs["cold_no_cache"].append(probe("load", path, "off"))
+        runs["cold_no_cache"].append(probe(load, path, "off"))
         shutil.rmtree(cache, ignore_errors=True)
-        runs["cold_build"].append(probe("load", path, str(cache)))
-        runs["warm"].append(probe("load", path, str(cache)))
+        runs["cold_build"].append(probe(load, path, str(cache)))
+        runs["warm"].append(probe(load, path, str(cache)))
     out = {k: dict(s=statistics.median(r["s"] for r in v), rss_mb=statistics.median(r["rss_mb"] for r in v),
                    all_s=[r["s"] for r in v]) for k, v in runs.items() if v}
     child = [r["child_rss_mb"] for r in runs["cold_build"] if r.get("child_rss_mb")]
@@ -185,7 +213,10 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=str(REPO / "bench" / "results" / "data"), help="where the files are made")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--parquet-sizes", default="100000000", help="interactions per Parquet file (\"\": none)")
+    ap.add_argument("--kgat-scales", default="1,4", help="KGAT folders of amazon-book's size times these (\"\": none)")
     ap.add_argument("--no-train", action="store_true", help="leave out the training epoch and evaluation")
+    ap.add_argument("--update", action="store_true", help="keep the sections of an earlier report this run leaves "
+                    "out (e.g. --sizes '' --parquet-sizes '' --kgat-scales 1,4 adds the KGAT rows)")
     ap.add_argument("--eval-users", type=int, default=20000, help="users of the evaluation (full ranking included)")
     args = ap.parse_args(argv)
     folder, out = Path(args.data), Path(args.out)
@@ -193,8 +224,13 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     pandas = has_pandas()
     report = dict(date=time.strftime("%Y-%m-%d %H:%M"), cpus=os.cpu_count(), pandas=pandas, sizes={})
-    tiny = generate(100_000, folder)
-    report["tiny"] = measure(tiny, folder / "work-tiny", args.repeat, pandas)
+    earlier = json.loads((out / "data_scale.json").read_text()) if args.update and (out / "data_scale.json").exists() \
+        else {}
+    kgat_scales = [float(s) for s in args.kgat_scales.split(",") if s]
+    kept = ("sizes", "tiny", "parquet", "slope_per_million_rows") if not (args.sizes or args.parquet_sizes) else ()
+    report.update({k: earlier[k] for k in kept + (() if kgat_scales else ("kgat",)) if k in earlier})
+    if args.sizes or args.parquet_sizes:
+        report["tiny"] = measure(generate(100_000, folder), folder / "work-tiny", args.repeat, pandas)
     for rows in (int(s) for s in args.sizes.split(",") if s):
         path = generate(rows, folder)
         report["sizes"][str(rows)] = r = measure(path, folder / f"work-{rows}", args.repeat, pandas,
@@ -217,8 +253,18 @@ def main(argv=None) -> int:
         r["warm_rss_minus_tiny_mb"] = round(r["warm"]["rss_mb"] - report["tiny"]["warm"]["rss_mb"], 1)
         r["cold_rss_minus_tiny_mb"] = round(r["cold_build"]["rss_mb"] - report["tiny"]["cold_build"]["rss_mb"], 1)
         print(json.dumps({f"parquet {rows}": r}), flush=True)
+    if kgat_scales:                  # reading, cache and RSS (an epoch at 4x is out of reach on 2 cores)
+        report["kgat"] = {"tiny": measure(generate_kgat(0, folder), folder / "work-kgat-tiny", args.repeat, False)}
+    for scale in kgat_scales:
+        r = report["kgat"][f"x{scale:g}"] = measure(generate_kgat(scale, folder), folder / f"work-kgat-x{scale:g}",
+                                                    args.repeat, False)
+        r["warm_minus_tiny_s"] = round(r["warm"]["s"] - report["kgat"]["tiny"]["warm"]["s"], 3)
+        r["warm_rss_minus_tiny_mb"] = round(r["warm"]["rss_mb"] - report["kgat"]["tiny"]["warm"]["rss_mb"], 1)
+        r["cold_rss_minus_tiny_mb"] = round(r["cold_build"]["rss_mb"] - report["kgat"]["tiny"]["cold_build"]["rss_mb"],
+                                            1)
+        print(json.dumps({f"kgat x{scale:g}": r}), flush=True)
     sizes = sorted(int(k) for k in report["sizes"])
-    if len(sizes) >= 2:                   # cost per million rows between the two largest sizes: the slope
+    if len(sizes) >= 2 and args.sizes:    # cost per million rows between the two largest sizes: the slope
         a, b = report["sizes"][str(sizes[-2])], report["sizes"][str(sizes[-1])]
         per_m = (b["rows"] - a["rows"]) / 1e6
         report["slope_per_million_rows"] = {k: round((b[k]["s"] - a[k]["s"]) / per_m, 3)
@@ -251,8 +297,15 @@ def plot(report: dict, png: Path) -> None:
             left.scatter(at, [pq[s][key]["s"] for s in sorted(pq, key=int)], marker=marker, label=label, color="k")
             right.scatter(at, [pq[s][key]["rss_mb"] for s in sorted(pq, key=int)], marker=marker, label=label,
                           color="k")
+    kg = {k: v for k, v in report.get("kgat", {}).items() if k != "tiny"}
+    for key, label, marker in (("cold_no_cache", "KGAT (amazon-book x1, x4): cold", "x"),
+                               ("warm", "KGAT: warm", "+")):
+        if kg:
+            at = [v["rows"] / 1e6 for v in kg.values()]
+            left.scatter(at, [v[key]["s"] for v in kg.values()], marker=marker, label=label, color="tab:red")
+            right.scatter(at, [v[key]["rss_mb"] for v in kg.values()], marker=marker, label=label, color="tab:red")
     for ax, what in ((left, "seconds"), (right, "peak RSS of the process (MB)")):
-        ax.set_xlabel("interactions (millions)")
+        ax.set_xlabel("rows: interactions (KGAT: + triples), millions")
         ax.set_ylabel(what)
         ax.set_xscale("log")
         ax.set_yscale("log")

@@ -23,6 +23,9 @@ M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4          # glibc's malloc.h
 NEVER_TRIM = 2**31 - 1                         # mallopt takes an int: 2 GiB of free heap top before a trim
 
 
+_process = {"keeps_freed": False}               # this process's malloc, once told (a process fact, not a rank's)
+
+
 def reuse_freed_memory() -> bool:
     """Tell glibc's malloc to keep freed memory for reuse (no mmap, no trimming below 2 GiB). False, with
     nothing changed, off glibc or where the user tuned malloc already (MALLOC_* or GLIBC_TUNABLES set)."""
@@ -32,4 +35,12 @@ def reuse_freed_memory() -> bool:
         log.info("malloc left as set in the environment (MALLOC_*/GLIBC_TUNABLES)")
         return False
     libc = ctypes.CDLL("libc.so.6")
-    return libc.mallopt(M_MMAP_MAX, 0) == 1 and libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM) == 1
+    done = libc.mallopt(M_MMAP_MAX, 0) == 1 and libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM) == 1
+    _process["keeps_freed"] |= done
+    return done
+
+
+def keeps_freed_memory() -> bool:
+    """Whether this process's malloc keeps what is freed (reuse_freed_memory ran): a large parse's temporaries
+    would then stay resident, so the data cache builds in a child process instead."""
+    return _process["keeps_freed"]

@@ -14,7 +14,7 @@ def test_the_data_scale_bench_runs_through(tmp_path):
     if not parquet:
         print("pyarrow absent: the Parquet row of the bench is left out of this run")
     proc = subprocess.run([sys.executable, "-m", "bench.data_scale", "--sizes", "150000,300000", "--repeat", "1",
-                           "--parquet-sizes", "150000" if parquet else "",
+                           "--parquet-sizes", "150000" if parquet else "", "--kgat-scales", "0.01",
                            "--eval-users", "500", "--data", str(tmp_path / "data"), "--out", str(tmp_path)],
                           cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -30,4 +30,15 @@ def test_the_data_scale_bench_runs_through(tmp_path):
         r = report["parquet"]["150000"]
         assert r["rows"] == report["sizes"]["150000"]["rows"] and r["arrow"]["s"] > 0
         assert r["cold_over_arrow"] > 0 and r["warm"]["s"] < r["cold_build"]["s"] and r["train"]["steps"] > 0
+    kgat = report["kgat"]["x0.01"]                # amazon-book's statistics x 0.01: read, cached, mapped
+    assert kgat["rows"] > report["kgat"]["tiny"]["rows"] and kgat["warm"]["s"] < kgat["cold_build"]["s"]
+    assert len(kgat["two_ranks"]) == 2 and kgat["cache_mb"] > 0
     assert (tmp_path / "data_scale.png").stat().st_size > 10_000
+    # --update: a KGAT-only run keeps the SASRec sections of the report it updates
+    proc = subprocess.run([sys.executable, "-m", "bench.data_scale", "--sizes", "", "--parquet-sizes", "",
+                           "--kgat-scales", "0.02", "--repeat", "1", "--update", "--data", str(tmp_path / "data"),
+                           "--out", str(tmp_path)], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    updated = json.loads((tmp_path / "data_scale.json").read_text())
+    assert updated["sizes"] == report["sizes"] and set(updated["kgat"]) == {"tiny", "x0.02"}

@@ -96,13 +96,28 @@ def test_a_failed_build_stops_the_waiting_ranks_with_its_error(tmp_path):
 
 
 def test_a_large_file_is_parsed_in_a_child_whose_error_names_the_line(tmp_path, monkeypatch):
+    """Where this process's malloc keeps freed memory (reuse_freed_memory ran: a second run in one process)."""
     monkeypatch.setattr(cache, "CHILD_FROM", 1)
+    monkeypatch.setattr(cache.memory, "keeps_freed_memory", lambda: True)
+    spawned = []
+    real = cache.multiprocessing.get_context
+    monkeypatch.setattr(cache.multiprocessing, "get_context", lambda how: spawned.append(how) or real(how))
     path = udata(tmp_path / "u.data", ROWS)
     cfg = SeqDataConfig(path=str(path), cache=str(tmp_path / "cache"))
     assert np.array_equal(D.load(cfg).seqs.flat, D.load(SeqDataConfig(path=str(path), cache="off")).seqs.flat)
     path.write_text(path.read_text() + "7\t-3\t5\t1\n")
     with pytest.raises(D.DataError, match=r"u.data:31: field 'item': '-3' is a negative id"):
         D.load(cfg)
+    assert spawned == ["spawn", "spawn"]
+
+
+def test_a_large_file_is_parsed_in_process_before_malloc_keeps_freed_memory(tmp_path, monkeypatch):
+    """The engine builds the data before reuse_freed_memory: no child process to start then."""
+    monkeypatch.setattr(cache, "CHILD_FROM", 1)
+    monkeypatch.setattr(cache.memory, "keeps_freed_memory", lambda: False)
+    monkeypatch.setattr(cache.multiprocessing, "get_context", lambda how: pytest.fail("a child was started"))
+    path = udata(tmp_path / "u.data", ROWS)
+    assert D.load(SeqDataConfig(path=str(path), cache=str(tmp_path / "cache"))).num_users == 6
 
 
 def test_a_cache_that_cannot_be_created_is_refused_with_the_way_out(tmp_path):

@@ -11,8 +11,9 @@ the builder's meta, when it was built and in how many seconds). The key names th
 entry and an entry is never reused for data it was not built from; entries of the same source with an older
 key are removed once the new one is in place. An entry is built in a temporary folder and renamed into place
 (no file locks: they are unreliable on NFS and Lustre home directories); a node that loses the race keeps the
-winner's. A build runs in a child process when the data is large (`in_child`), so the parse's temporaries never
-stay resident in the training process.
+winner's. The engine builds the data before it tells malloc to keep freed memory (trainer/memory.py), so a parse's
+temporaries go back to the system; in a process whose malloc keeps them already (a second run in one process, a
+bench), a large build runs in a child process instead, so they never stay resident in the training process.
 """
 from __future__ import annotations
 
@@ -30,12 +31,13 @@ from typing import Any
 
 import numpy as np
 
+from trainer import memory
 from trainer.data.fingerprint import fingerprints
 
 log = logging.getLogger(__name__)
 FORMAT = 1                 # of the cache's layout; part of every key
 POLL_S, REPORT_S = 0.5, 15.0
-CHILD_FROM = 64 << 20      # data files of this many bytes together are parsed in a child process
+CHILD_FROM = 64 << 20      # data files of this many bytes together: parsed in a child where malloc keeps freed memory
 
 
 class CacheError(ValueError):
@@ -242,7 +244,7 @@ def load_or_build_files(root: Path, name: str, source: Path, files: list[Path], 
                         builder: str, args: tuple, local_rank: int = 0, error: type = CacheError):
     """load_or_build for data read from files: the key is the files' fingerprint (remembered under
     ROOT/fingerprints) and the parse's settings; files of CHILD_FROM bytes or more together are parsed in a child
-    process."""
+    process where this process's malloc keeps freed memory."""
     key = dict(source=str(source), sha256=fingerprints(files, root / "fingerprints"), **settings)
     return load_or_build(root, name, key, builder, args, local_rank, error=error,
-                         in_child=sum(f.stat().st_size for f in files) >= CHILD_FROM)
+                         in_child=sum(f.stat().st_size for f in files) >= CHILD_FROM and memory.keeps_freed_memory())
