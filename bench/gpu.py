@@ -31,8 +31,8 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
+from bench.opcount import epoch_loop_for, step_counts  # noqa: E402
 from trainer.engine.metrics import Throughput  # noqa: E402
-from trainer.engine.opcount import step_counts, trainer_for  # noqa: E402
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0}  # dense
 TARGETS = {"sasrec-ml100k": ("step_ms", 2.0, "<="), "har": ("step_ms", 1.0, "<="), "kgat": ("step_ms", 3.0, "<="),
@@ -56,7 +56,7 @@ def sync(device: str) -> None:
 
 def time_steps(recipe: str, overrides: list[str], device: str, steps: int, warmup: int) -> dict:
     """Optimizer steps of a fresh EpochLoop: warm-up (compile included) timed apart, then `steps` timed."""
-    tr, _ = trainer_for(recipe, overrides, device)
+    tr, _ = epoch_loop_for(recipe, overrides, device)
     feed, dev = endless(tr), torch.device(device)
     t0 = time.perf_counter()
     done = 0
@@ -140,7 +140,7 @@ def epoch_seconds(ml100k: Path, device: str, gpu_path: str) -> float | None:
     """One SASRec epoch on ml-100k (maxlen 200, batch 128, the README's settings) on a device and path."""
     if not (ml100k / "u.data").exists():
         return None
-    tr, _ = trainer_for("sasrec", [f"data.path={ml100k}", "data.maxlen=200", "train.batch_size=128",
+    tr, _ = epoch_loop_for("sasrec", [f"data.path={ml100k}", "data.maxlen=200", "train.batch_size=128",
                                    "model.time=false", "model.mhc=false", f"train.gpu_path={gpu_path}"], device)
     our_epoch(tr, 0, device)         # the first epoch warms up; the second is timed
     return round(our_epoch(tr, 1, device), 3)
@@ -175,7 +175,7 @@ def stock_sasrec(args, device: str) -> dict:
             f"model.width={s['width']}", f"model.depth={s['depth']}", f"model.heads={s['heads']}",
             f"model.dropout={s['dropout']}", "train.amp=bf16", "train.gpu_path=on"]
     modes = ("off", "reduce-overhead") if device.startswith("cuda") else ("off",)   # inductor: a GPU's row
-    ours = {m: trainer_for("sasrec", [*base, f"train.compile={m}"], device)[0] for m in modes}
+    ours = {m: epoch_loop_for("sasrec", [*base, f"train.compile={m}"], device)[0] for m in modes}
     split = ours["off"].run.recipe.split
     torch.manual_seed(0)
     model = stock.StockSASRec(split.data.num_items, maxlen, s["width"], s["depth"], s["heads"], s["dropout"])

@@ -1,5 +1,5 @@
 """ATen ops and host syncs per optimizer step of every recipe, on the CPU-shaped and the GPU-shaped path, counted
-with a dispatch mode on this CPU (trainer/engine/opcount.py): what a GPU step would launch and wait for, which
+with a dispatch mode on this CPU (bench/opcount.py): what a GPU step would launch and wait for, which
 times on a shared CPU cannot show. Writes bench/results/steps.json and prints the table.
 
     python -m bench.steps                 # every row (about a minute; the C++ kernels built first)
@@ -26,7 +26,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from trainer.engine.opcount import step_counts  # noqa: E402
+from bench.opcount import step_counts  # noqa: E402
 
 SAS, BIG = ["model.time=false", "model.mhc=false"], ["data.maxlen=200", "train.batch_size=128"]
 VIDEO = ["model.arch=light", "data.size=32", "data.clip_len=9", "data.synthetic_videos=4", "data.synthetic_frames=30",

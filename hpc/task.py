@@ -42,9 +42,9 @@ class TrainTask:
         return f"TrainTask({self.argv!r})"
 
     def __call__(self) -> dict[str, Any]:
-        from trainer.__main__ import run_train
         from trainer.cli import get_parser, parse_args
         from trainer.distributed.environment import select_environment
+        from trainer.engine.session import run_train
         _bind_threads()
         logging.getLogger("submitit").propagate = False   # it has its own handler: no doubled lines
         args = parse_args(get_parser(), ["train", *self.argv])

@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
+from bench.opcount import epoch_loop_for
 from tests.conftest import REPO, clean_env, free_port, trainer
 from trainer.engine.logging import read_metrics
-from trainer.engine.opcount import trainer_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device here (torch.cuda.is_available() is False): the GPU "
@@ -27,7 +27,7 @@ VARIANTS = [("sasrec", ["model.time=false", "model.mhc=false"]), ("sasrec", ["mo
 @pytest.mark.parametrize("recipe,extra", VARIANTS)
 @pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
 def test_steps_never_sync_with_the_host(recipe, extra, amp):
-    tr, batches = trainer_for(recipe, SMALL[recipe] + extra + [f"train.amp={amp}"], "cuda:0")
+    tr, batches = epoch_loop_for(recipe, SMALL[recipe] + extra + [f"train.amp={amp}"], "cuda:0")
     assert tr.run.recipe.gpu_shaped                       # auto: the GPU path on a CUDA device
     for micro in range(3):                                # the first steps make the optimizer's state
         tr.step(next(batches), micro)

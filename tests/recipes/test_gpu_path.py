@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
+from bench.opcount import OpCount, epoch_loop_for, step_counts
 from tests.conftest import trainer
 from trainer.engine.logging import MetricsWriter, read_metrics
-from trainer.engine.opcount import OpCount, step_counts, trainer_for
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.config import SeqDataConfig, SeqRecConfig
 from trainer.recipes.sasrec.device import DeviceSequences, mix64_t, unsigned_mod
@@ -65,7 +65,7 @@ def test_the_cpu_path_reads_the_host_where_the_gpu_path_does_not():
 
 def test_one_read_per_logging_window(tmp_path):
     """Steps read nothing; the logging window reads its losses once (one all-reduce and one host copy)."""
-    tr, batches = trainer_for("har", GPU + ["train.log_every_steps=3", "train.batch_size=4"])
+    tr, batches = epoch_loop_for("har", GPU + ["train.log_every_steps=3", "train.batch_size=4"])
     tr.writer = MetricsWriter(tmp_path, tr.info, False)
     per_step, per_window = [], []
     for micro in range(6):
@@ -147,7 +147,7 @@ COMPILED = [("sasrec", SAS), ("sasrec", ["model.time=true", "model.mhc=false"]),
 
 @pytest.mark.parametrize("recipe,overrides", COMPILED, ids=[f"{r}-{' '.join(o)}" for r, o in COMPILED])
 def test_the_training_step_compiles_as_one_graph(recipe, overrides):
-    tr, batches = trainer_for(recipe, GPU + ["data.maxlen=30", "train.batch_size=8"] + overrides
+    tr, batches = epoch_loop_for(recipe, GPU + ["data.maxlen=30", "train.batch_size=8"] + overrides
                               if recipe == "sasrec" else GPU + overrides)
     run, batch = tr.run, next(batches)
     step = functools.partial(run.recipe.training_step, run.wrapped)
@@ -167,7 +167,7 @@ def test_kgat_breaks_the_graph_at_its_sparse_products_and_still_syncs_nothing():
     """KGAT's propagation is a product with CSR matrices built per call (torch.sparse_csr_tensor in a custom
     autograd function, under a warnings filter): dynamo does not trace it, so its step runs eager (or
     train.compile compiles around it, fullgraph=False) - with no host sync either way (the table above)."""
-    tr, batches = trainer_for("kgat", GPU)
+    tr, batches = epoch_loop_for("kgat", GPU)
     step = functools.partial(tr.run.recipe.training_step, tr.run.wrapped)
     batch = next(batches)
     tr.run.recipe.before_step(batch)
@@ -199,7 +199,7 @@ def test_kgat_batches_drawn_on_the_device_keep_the_host_plans_rules():
     """The device plan (the GPU path's): real interactions and edges as positives, negatives outside them,
     distinct users and heads where the pool allows, and any batch rebuilt alone from (seed, rank, epoch, k)."""
     from trainer.recipes.kgat.device import DeviceTables
-    tr, _ = trainer_for("kgat", GPU + ["train.batch_size=64"])
+    tr, _ = epoch_loop_for("kgat", GPU + ["train.batch_size=64"])
     recipe = tr.run.recipe
     plan = recipe.epoch_batches(1)
     assert isinstance(plan.sampler, DeviceTables) and len(plan) == len(recipe.epoch_batches(0))

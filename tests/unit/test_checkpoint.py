@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainer.engine import ckpt_io as ck
-from trainer.engine.checkpointer import TrainState, where
+from trainer.engine.state import TrainState, where
 
 
 def _ckpt(step, recipe="toy", model=None):
@@ -23,7 +23,7 @@ def test_an_unversioned_checkpoint_is_format_1_and_loads(tmp_path):
 
 
 def test_a_newer_format_is_refused_with_both_numbers_and_left_in_place(tmp_path):
-    m = ck.CheckpointManager(tmp_path, keep_last=5)
+    m = ck.CheckpointFolder(tmp_path, keep_last=5)
     m.save(_ckpt(2), "periodic")
     m.save(dict(_ckpt(4), format=ck.FORMAT_VERSION + 1), "periodic")
     with pytest.raises(ck.NewerCheckpointError, match=f"format {ck.FORMAT_VERSION + 1}; this trainer reads "
@@ -33,7 +33,7 @@ def test_a_newer_format_is_refused_with_both_numbers_and_left_in_place(tmp_path)
 
 
 def test_a_checkpoint_missing_keys_of_its_format_is_set_aside_and_the_previous_one_resumed(tmp_path, caplog):
-    m = ck.CheckpointManager(tmp_path, keep_last=5)
+    m = ck.CheckpointFolder(tmp_path, keep_last=5)
     m.save(_ckpt(2), "periodic")
     m.save({k: v for k, v in _ckpt(4).items() if k != "world_size"}, "periodic")
     path, state = m.newest_valid()
@@ -43,7 +43,7 @@ def test_a_checkpoint_missing_keys_of_its_format_is_set_aside_and_the_previous_o
 
 
 def test_atomic_save_and_weights_only_load(tmp_path):
-    m = ck.CheckpointManager(tmp_path)
+    m = ck.CheckpointFolder(tmp_path)
     path = m.save(_ckpt(5), "periodic")
     assert path.name == "step-00000005.pt"
     assert not list(path.parent.glob(".*tmp*"))             # no temporary left behind
@@ -52,7 +52,7 @@ def test_atomic_save_and_weights_only_load(tmp_path):
 
 
 def test_newest_valid_skips_truncated(tmp_path, caplog):
-    m = ck.CheckpointManager(tmp_path, keep_last=5)
+    m = ck.CheckpointFolder(tmp_path, keep_last=5)
     for step in (2, 4, 6):
         m.save(_ckpt(step), "periodic")
     newest = m.periodic_path(6)
@@ -63,7 +63,7 @@ def test_newest_valid_skips_truncated(tmp_path, caplog):
 
 
 def test_final_preferred_and_garbage_refused(tmp_path):
-    m = ck.CheckpointManager(tmp_path)
+    m = ck.CheckpointFolder(tmp_path)
     m.save(_ckpt(3), "periodic")
     m.save(_ckpt(9), "final")
     assert m.newest_valid()[0].name == "final.pt"
@@ -94,7 +94,7 @@ def test_foreign_recipe_and_shape_mismatch_refused():
 
 
 def test_keep_last_prunes_periodic_only(tmp_path):
-    m = ck.CheckpointManager(tmp_path, keep_last=2)
+    m = ck.CheckpointFolder(tmp_path, keep_last=2)
     m.save(_ckpt(1), "best")
     for step in range(1, 6):
         m.save(_ckpt(step), "periodic")

@@ -17,7 +17,7 @@ def _names(m):
 
 def test_pruning_keeps_the_new_checkpoint_next_to_higher_numbered_stale_ones(tmp_path):
     """Seen on main: stale step-800/900 made every new periodic checkpoint vanish right after its write."""
-    m = ck.CheckpointManager(tmp_path, keep_last=2)
+    m = ck.CheckpointFolder(tmp_path, keep_last=2)
     for step in (800, 900):
         m.save(_ckpt(step), "periodic")
     m.save(_ckpt(8), "periodic")
@@ -28,14 +28,14 @@ def test_pruning_keeps_the_new_checkpoint_next_to_higher_numbered_stale_ones(tmp
 
 
 def test_keep_last_zero_keeps_every_periodic_checkpoint(tmp_path):
-    m = ck.CheckpointManager(tmp_path, keep_last=0)
+    m = ck.CheckpointFolder(tmp_path, keep_last=0)
     for step in range(1, 6):
         m.save(_ckpt(step), "periodic")
     assert len(m.periodic()) == 5
 
 
 def test_unloadable_checkpoints_are_moved_aside_not_deleted(tmp_path, caplog):
-    m = ck.CheckpointManager(tmp_path, keep_last=3)
+    m = ck.CheckpointFolder(tmp_path, keep_last=3)
     m.save(_ckpt(4), "periodic")
     for step in (800, 900):
         m.periodic_path(step).write_bytes(b"garbage" * 10)
@@ -51,7 +51,7 @@ def test_unloadable_checkpoints_are_moved_aside_not_deleted(tmp_path, caplog):
 
 
 def test_checkpoints_of_a_later_step_are_set_aside_after_resuming_an_earlier_one(tmp_path):
-    m = ck.CheckpointManager(tmp_path, keep_last=5)
+    m = ck.CheckpointFolder(tmp_path, keep_last=5)
     for step in (8, 16, 24):
         m.save(_ckpt(step), "periodic")
     m.save(_ckpt(24), "final")
@@ -62,7 +62,7 @@ def test_checkpoints_of_a_later_step_are_set_aside_after_resuming_an_earlier_one
 
 
 def test_interrupted_save_temporaries_are_removed(tmp_path):
-    m = ck.CheckpointManager(tmp_path)
+    m = ck.CheckpointFolder(tmp_path)
     m.save(_ckpt(1), "periodic")
     tmp = m.dir / ".step-00000002.pt.tmp.4242"
     tmp.write_bytes(b"half")
@@ -74,7 +74,7 @@ def test_interrupted_save_temporaries_are_removed(tmp_path):
 
 def test_fresh_run_into_a_directory_with_checkpoints_is_refused(tmp_path):
     ck.refuse_fresh_run(tmp_path)                       # nothing there: fine
-    ck.CheckpointManager(tmp_path).save(_ckpt(3), "best")
+    ck.CheckpointFolder(tmp_path).save(_ckpt(3), "best")
     try:
         ck.refuse_fresh_run(tmp_path)
     except ck.CheckpointError as err:

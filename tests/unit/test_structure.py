@@ -122,7 +122,18 @@ def test_the_loop_is_split_by_job():
     assert {s.name for s in loop.Stop} == {"EPOCH_DONE", "SIGNAL", "MAX_STEPS"}
     assert hasattr(build, "build_run") and hasattr(build, "build_for_eval")
     assert hasattr(checkpointer.Checkpointer, "resume") and hasattr(evaluation, "evaluate_split")
-    assert "import loop" not in (REPO / "trainer/__main__.py").read_text().split("def cmd_eval")[1].split("def ")[0]
+    assert "import loop" not in (REPO / "trainer/commands.py").read_text().split("def cmd_eval")[1].split("def ")[0]
+
+
+def test_the_entry_parses_and_dispatches_and_nothing_imports_it():
+    """`python -m trainer` is an entry, not a library: the run's assembly lives in engine/session.py, the commands
+    in commands.py; no module of the package, hpc/ or bench/ imports __main__ (issue 56)."""
+    entry = (REPO / "trainer/__main__.py").read_text()
+    assert "def " not in entry and "from trainer.commands import main" in entry
+    importers = [str(p.relative_to(REPO)) for d in ("trainer", "hpc", "bench") for p in (REPO / d).rglob("*.py")
+                 if "trainer.__main__" in p.read_text()]
+    assert importers == []
+    assert not (REPO / "trainer/engine/opcount.py").exists() and (REPO / "bench/opcount.py").exists()
 
 
 def test_read_metrics_is_the_one_metrics_jsonl_reader_and_bench_scripts_share_one_runner():

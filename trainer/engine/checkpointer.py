@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -16,33 +16,9 @@ from trainer.config import to_dict
 from trainer.distributed import runtime
 from trainer.engine import ckpt_io, resume
 from trainer.engine.build import Run
+from trainer.engine.state import TrainState, where
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainState:
-    """Where training stands; saved in every checkpoint."""
-
-    epoch: int = 0
-    batch_in_epoch: int = 0       # micro-batches this rank consumed in `epoch` (under `layout`)
-    sample_in_epoch: int = 0      # samples of the epoch's permutation done, over all ranks (where a resume goes on)
-    batches_in_epoch: int = 0     # micro-batches the epoch has under `layout` (a recipe's own plan: its length)
-    layout: list[int] = field(default_factory=list)   # [world size, per-rank batch, accumulation] that wrote it
-    global_step: int = 0          # optimizer steps
-    best: float | None = None     # best value of the primary validation metric
-    best_tie: float | None = None  # the recipe's tie-break metric at that evaluation
-    bad_epochs: int = 0           # evaluations without improvement (early stopping)
-
-
-def where(state: TrainState) -> str:
-    """Where a checkpoint stands, in the evaluation lines' terms: "after epoch 3" at an epoch's end (state.epoch
-    is then the next one, where a resume starts), else "epoch 4, batch 2"."""
-    if state.batch_in_epoch == 0 and state.sample_in_epoch == 0 and state.epoch > 0:
-        return f"after epoch {state.epoch - 1}"
-    if state.batch_in_epoch == 0 and state.sample_in_epoch:      # a resume in another layout: its samples
-        return f"epoch {state.epoch}, sample {state.sample_in_epoch}"
-    return f"epoch {state.epoch}, batch {state.batch_in_epoch}"
 
 
 class Checkpointer:
@@ -51,7 +27,7 @@ class Checkpointer:
     def __init__(self, run: Run, run_dir: Path, planned: resume.Planned | None = None):
         self.run, self.info, self.cfg = run, run.info, run.cfg
         self.planned = planned           # the checkpoint check_resume_config chose (and rank 0 already read)
-        self.files = ckpt_io.CheckpointManager(run_dir, run.cfg.ckpt.keep_last)
+        self.files = ckpt_io.CheckpointFolder(run_dir, run.cfg.ckpt.keep_last)
         self.notes: list[str] = []       # what a resume under another layout or lr changed (metrics.jsonl)
 
     @property

@@ -204,7 +204,7 @@ def set_aside(path: Path, suffix: str) -> Path:
     return target
 
 
-class CheckpointManager:
+class CheckpointFolder:
     """Names, writes, prunes and finds the checkpoints of one run directory (rank 0 writes)."""
 
     def __init__(self, run_dir: str | Path, keep_last: int = 3):
@@ -292,7 +292,7 @@ class CheckpointManager:
 def refuse_fresh_run(run_dir: str | Path) -> None:
     """A run without --resume must not start in a run directory that already holds checkpoints: its
     periodic files would interleave with the old ones and best/final would be overwritten."""
-    found = CheckpointManager(run_dir).existing()
+    found = CheckpointFolder(run_dir).existing()
     if found:
         names = ", ".join(p.name for p in found[:4]) + (", ..." if len(found) > 4 else "")
         raise CheckpointError(f"run directory {run_dir} already holds checkpoints ({names}) and this run "

@@ -27,7 +27,7 @@ from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import ckpt_io
 from trainer.engine.build import Run, build_run, rank_seed
-from trainer.engine.checkpointer import Checkpointer, TrainState
+from trainer.engine.checkpointer import Checkpointer
 from trainer.engine.data import device_batches, make_loader
 from trainer.engine.evaluation import evaluate_split
 from trainer.engine.logging import MetricsWriter, progress_bar
@@ -43,6 +43,7 @@ from trainer.engine.preemption import (
 from trainer.engine.profile import StepProfiler
 from trainer.engine.recipe import Recipe, move_to
 from trainer.engine.resume import Planned, write_resume_record
+from trainer.engine.state import TrainState
 from trainer.engine.window import LossWindow, NonFiniteLossError, Reading
 from trainer.exitcodes import PREEMPTED_MARKER
 
@@ -196,7 +197,7 @@ class EpochLoop:
     def train_epoch(self, epoch: int, preempt: PreemptionHandler) -> Stop:
         """Run (the rest of) one epoch."""
         start, run = self.state.batch_in_epoch, self.run
-        loader = self._batches(epoch, start)
+        loader = self.batches(epoch, start)
         run.wrapped.train()
         t0 = t_step = time.perf_counter()
         bar = epoch_bar(self.info, self.tc.progress, self.end, epoch, start)
@@ -235,7 +236,7 @@ class EpochLoop:
             done = (micro - first) * run.batch_size * self.info.world_size
             state.sample_in_epoch = min(sample + done, run.sampler.size)
 
-    def _batches(self, epoch: int, start: int):
+    def batches(self, epoch: int, start: int):
         """This rank's batches of the epoch from micro-batch `start` (sample `state.sample_in_epoch`) on: the
         recipe's plan or the sampler's. Sets where the epoch ends (self.end)."""
         run = self.run
@@ -299,46 +300,46 @@ class EpochLoop:
                               dict(epoch_loss=loss_sum / count, epoch_time_s=round(seconds, 4)))
 
 
-def evaluate_and_log(trainer: EpochLoop, split: str, epoch: int, **tags: Any) -> dict[str, Any]:
+def evaluate_and_log(epoch_loop: EpochLoop, split: str, epoch: int, **tags: Any) -> dict[str, Any]:
     """Evaluate a split, then metrics.jsonl/TensorBoard/console on rank 0 (epoch: the one just trained)."""
     t0 = time.perf_counter()
-    if trainer.run.recipe.buffers_before_eval and isinstance(trainer.run.wrapped, DDP):
-        for buf in trainer.run.model.buffers():
-            runtime.broadcast(buf, trainer.info)
-    metrics = trainer.last_metrics[split] = evaluate_split(trainer.run, split)
-    trainer.last_records[split] = dict(metrics, eval_time_s=round(time.perf_counter() - t0, 4), **tags)
-    trainer.writer.write(split, epoch, trainer.state.global_step, trainer.last_records[split])
-    if trainer.info.is_main:
+    if epoch_loop.run.recipe.buffers_before_eval and isinstance(epoch_loop.run.wrapped, DDP):
+        for buf in epoch_loop.run.model.buffers():
+            runtime.broadcast(buf, epoch_loop.info)
+    metrics = epoch_loop.last_metrics[split] = evaluate_split(epoch_loop.run, split)
+    epoch_loop.last_records[split] = dict(metrics, eval_time_s=round(time.perf_counter() - t0, 4), **tags)
+    epoch_loop.writer.write(split, epoch, epoch_loop.state.global_step, epoch_loop.last_records[split])
+    if epoch_loop.info.is_main:
         shown = {k: round(v, 5) for k, v in metrics.items() if isinstance(v, float) and "/" not in k}
         which = f" ({tags['checkpoint']} checkpoint)" if "checkpoint" in tags else ""
         log.info("%s%s after epoch %d: %s", split, which, epoch, shown)
-        for png in trainer.run.recipe.after_evaluation(split, metrics, str(trainer.cfg.run_dir), epoch) or ():
-            trainer.writer.image(f"{split}/{Path(png).stem}", png, trainer.state.global_step)
+        for png in epoch_loop.run.recipe.after_evaluation(split, metrics, str(epoch_loop.cfg.run_dir), epoch) or ():
+            epoch_loop.writer.image(f"{split}/{Path(png).stem}", png, epoch_loop.state.global_step)
     return metrics
 
 
 class FitLoop:
     """Epochs, evaluation, best/periodic/final checkpoints, early stopping and preemption."""
 
-    def __init__(self, trainer: EpochLoop):
-        self.trainer, self.cfg, self.info = trainer, trainer.cfg, trainer.info
+    def __init__(self, epoch_loop: EpochLoop):
+        self.epoch_loop, self.cfg, self.info = epoch_loop, epoch_loop.cfg, epoch_loop.info
         self.run_dir = Path(self.cfg.run_dir)
-        self.metric, self.mode = trainer.run.recipe.primary_metric
+        self.metric, self.mode = epoch_loop.run.recipe.primary_metric
 
     @property
     def state(self) -> TrainState:
-        return self.trainer.state
+        return self.epoch_loop.state
 
     def run(self, preempt: PreemptionHandler) -> FitResult:
-        trainer, state, recipe = self.trainer, self.trainer.state, self.trainer.run.recipe
+        epoch_loop, state, recipe = self.epoch_loop, self.epoch_loop.state, self.epoch_loop.run.recipe
         status = "completed"
         while state.epoch < self.cfg.train.epochs:
             epoch = state.epoch
-            recipe.on_epoch_start(epoch, trainer.run.model)
-            stop = trainer.train_epoch(epoch, preempt)
+            recipe.on_epoch_start(epoch, epoch_loop.run.model)
+            stop = epoch_loop.train_epoch(epoch, preempt)
             if stop is Stop.SIGNAL:
-                return self.preempted(trainer.signal, preempt.received_at)
-            if stop is Stop.MAX_STEPS and state.batch_in_epoch < trainer.end:
+                return self.preempted(epoch_loop.signal, preempt.received_at)
+            if stop is Stop.MAX_STEPS and state.batch_in_epoch < epoch_loop.end:
                 break
             if self.end_epoch(epoch):
                 status = "early_stopped"
@@ -349,20 +350,20 @@ class FitLoop:
 
     def end_epoch(self, epoch: int) -> bool:
         """Evaluate, track the best, checkpoint; True when early stopping triggers."""
-        trainer, state, tc, recipe = self.trainer, self.state, self.cfg.train, self.trainer.run.recipe
-        recipe.on_epoch_end(epoch, trainer.run.model)
+        epoch_loop, state, tc, recipe = self.epoch_loop, self.state, self.cfg.train, self.epoch_loop.run.recipe
+        recipe.on_epoch_end(epoch, epoch_loop.run.model)
         extra = recipe.epoch_metrics()
         if extra:
-            trainer.writer.write("train", epoch, state.global_step, extra)
+            epoch_loop.writer.write("train", epoch, state.global_step, extra)
         state.epoch, state.batch_in_epoch, state.sample_in_epoch = epoch + 1, 0, 0
         last = state.epoch >= tc.epochs
-        if "val" in trainer.run.eval_sets and (state.epoch % max(tc.eval_every_epochs, 1) == 0 or last):
-            self._track_best(evaluate_and_log(trainer, "val", epoch))
+        if "val" in epoch_loop.run.eval_sets and (state.epoch % max(tc.eval_every_epochs, 1) == 0 or last):
+            self._track_best(evaluate_and_log(epoch_loop, "val", epoch))
         ck = self.cfg.ckpt
         due = (ck.every_epochs > 0 and state.epoch % ck.every_epochs == 0) or \
             (ck.every_steps > 0 and state.global_step % ck.every_steps == 0)
         if due and not last:  # the final checkpoint follows the last epoch
-            trainer.save("periodic")
+            epoch_loop.save("periodic")
         patience = tc.early_stop_patience
         if patience > 0 and state.bad_epochs >= patience:
             log.info("early stopping: %s did not improve for %d evaluations", self.metric, patience)
@@ -375,10 +376,10 @@ class FitLoop:
             state.bad_epochs += 1
             return
         state.best, state.bad_epochs = float(metrics[self.metric]), 0
-        tie = self.trainer.run.recipe.tie_break_metric
+        tie = self.epoch_loop.run.recipe.tie_break_metric
         state.best_tie = float(metrics[tie[0]]) if tie and tie[0] in metrics else None
         if self.cfg.ckpt.save_best:
-            self.trainer.save("best")
+            self.epoch_loop.save("best")
 
     def improved(self, metrics: dict[str, Any]) -> bool:
         """True when the primary metric beats the best so far."""
@@ -390,16 +391,16 @@ class FitLoop:
             return True
         if value != best:
             return better(value, best, self.mode)
-        tie, best_tie = self.trainer.run.recipe.tie_break_metric, self.state.best_tie
+        tie, best_tie = self.epoch_loop.run.recipe.tie_break_metric, self.state.best_tie
         return bool(tie) and tie[0] in metrics and best_tie is not None and \
             better(float(metrics[tie[0]]), best_tie, tie[1])
 
     def preempted(self, signum: int, received_at: float | None = None) -> FitResult:
         """Checkpoint where we are; rank 0 requeues under Slurm for the requeue signals."""
-        trainer, state = self.trainer, self.state
+        epoch_loop, state = self.epoch_loop, self.state
         name = signals.Signals(signum).name
         log.warning("received %s: checkpointing at epoch %d step %d", name, state.epoch, state.global_step)
-        trainer.save("periodic")
+        epoch_loop.save("periodic")
         if received_at is not None and self.info.agent_shutdown_s is not None:
             log.info("checkpoint written %.1f s after %s reached this rank (torchrun kills its workers %.0f s "
                      "after forwarding a signal)", time.monotonic() - received_at, name, self.info.agent_shutdown_s)
@@ -412,41 +413,41 @@ class FitLoop:
                 and self.info.requeue_id:
             requeued = requeue_slurm_job(self.info.requeue_id)
         requeued = bool(runtime.broadcast_object(requeued, self.info))
-        return FitResult("preempted", signum, requeued, state.global_step, trainer.last_metrics)
+        return FitResult("preempted", signum, requeued, state.global_step, epoch_loop.last_metrics)
 
     def finish(self, status: str) -> FitResult:
         """Final checkpoint, then the test split with the final and (if any) the best weights."""
-        trainer, state = self.trainer, self.state
-        trainer.save("final")
+        epoch_loop, state = self.epoch_loop, self.state
+        epoch_loop.save("final")
         epoch = max(state.epoch - 1, 0)
-        if "test" in trainer.run.eval_sets:
-            evaluate_and_log(trainer, "test", epoch, checkpoint="final")
-            best = trainer.ckpts.dir / "best.pt"
+        if "test" in epoch_loop.run.eval_sets:
+            evaluate_and_log(epoch_loop, "test", epoch, checkpoint="final")
+            best = epoch_loop.ckpts.dir / "best.pt"
             if self.cfg.ckpt.save_best and best.exists():
-                trainer.last_metrics["test_best"] = self._test_best(best, epoch)
+                epoch_loop.last_metrics["test_best"] = self._test_best(best, epoch)
         log.info("training %s after %d steps", status, state.global_step)
         if self.info.is_main:
             self.where_it_is()
-        return FitResult(status, 0, False, state.global_step, trainer.last_metrics)
+        return FitResult(status, 0, False, state.global_step, epoch_loop.last_metrics)
 
     def where_it_is(self) -> None:
         """The run's last lines: its directory, checkpoint files and the TensorBoard command."""
-        ckpts = sorted(p.name for p in self.trainer.ckpts.dir.glob("*.pt"))
+        ckpts = sorted(p.name for p in self.epoch_loop.ckpts.dir.glob("*.pt"))
         log.info("run directory: %s", self.run_dir)
-        log.info("checkpoints: %s (in %s)", ", ".join(ckpts) or "none", self.trainer.ckpts.dir)
+        log.info("checkpoints: %s (in %s)", ", ".join(ckpts) or "none", self.epoch_loop.ckpts.dir)
         if self.cfg.train.tensorboard:
             log.info("TensorBoard: tensorboard --logdir %s", self.run_dir / "tb")
 
     def _test_best(self, best: Path, epoch: int) -> dict[str, Any]:
-        trainer = self.trainer
+        epoch_loop = self.epoch_loop
         ckpt = ckpt_io.load(best)
         if ckpt["global_step"] == self.state.global_step:   # the final weights are the best
             log.info("test (best checkpoint): the final checkpoint (step %d), the same metrics", ckpt["global_step"])
-            trainer.writer.write("test", epoch, self.state.global_step,
-                                 dict(trainer.last_records["test"], checkpoint="best"))
-            return dict(trainer.last_metrics["test"])
-        trainer.run.model.load_state_dict(ckpt["model"])
-        return evaluate_and_log(trainer, "test", epoch, checkpoint="best")
+            epoch_loop.writer.write("test", epoch, self.state.global_step,
+                                 dict(epoch_loop.last_records["test"], checkpoint="best"))
+            return dict(epoch_loop.last_metrics["test"])
+        epoch_loop.run.model.load_state_dict(ckpt["model"])
+        return evaluate_and_log(epoch_loop, "test", epoch, checkpoint="best")
 
 
 def fit(recipe: Recipe, info: DistInfo, cfg: Config, planned: Planned | None = None) -> FitResult:
@@ -470,7 +471,7 @@ def fit(recipe: Recipe, info: DistInfo, cfg: Config, planned: Planned | None = N
                                purge_step=state.global_step + 1 if resumed else None)
         if resumed:
             write_resume_record(writer, state, list(planned.changes) if planned else [], ckpts.notes)
-        trainer = EpochLoop(run, ckpts, writer, state, metrics)
+        epoch_loop = EpochLoop(run, ckpts, writer, state, metrics)
         trapped = trapped_signals(cfg.ckpt.requeue_signals, info.preempt_signal)
         lost = unforwarded_signals(info, trapped)
         if lost and info.is_main:
@@ -479,10 +480,10 @@ def fit(recipe: Recipe, info: DistInfo, cfg: Config, planned: Planned | None = N
                         ",".join(info.agent_signals or ()), ",".join(lost), FORWARD_HINT)
         preempt = PreemptionHandler(trapped).install()
         try:
-            return FitLoop(trainer).run(preempt)
+            return FitLoop(epoch_loop).run(preempt)
         finally:
             preempt.restore()
-            trainer.profiler.close()
+            epoch_loop.profiler.close()
     finally:
         if writer is not None:
             writer.close()

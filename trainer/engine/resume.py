@@ -80,7 +80,7 @@ def resume_checkpoint(cfg: Config) -> tuple[Path, dict] | None:
     if not spec:
         return None
     if spec == "auto":
-        return ckpt_io.CheckpointManager(cfg.run_dir, cfg.ckpt.keep_last).newest_valid()
+        return ckpt_io.CheckpointFolder(cfg.run_dir, cfg.ckpt.keep_last).newest_valid()
     return Path(spec), ckpt_io.load(spec)
 
 

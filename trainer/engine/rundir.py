@@ -151,7 +151,7 @@ def claim_run_dir(run_dir: str | Path, resume: str, info: DistInfo) -> RunDirLoc
             lock = RunDirLock(run_dir)
             if not resume:
                 ckpt_io.refuse_fresh_run(run_dir)
-            ckpt_io.CheckpointManager(run_dir).remove_temporaries()
+            ckpt_io.CheckpointFolder(run_dir).remove_temporaries()
             lock.mark(holder_text(info))
             mark_as_run(Path(run_dir), holder_text(info))
         except ckpt_io.CheckpointError as err:

@@ -3,7 +3,7 @@ is a kernel launch, or a view) and host syncs (ops whose result the host must wa
 while it does). Times on a shared CPU are noise; these counts are not.
 
     with OpCount() as count:
-        trainer.step(batch, micro)
+        epoch_loop.step(batch, micro)
     count.ops, count.syncs, count.sync_names      # totals, and which ops synced
 
     counts = step_counts("sasrec", ["model.time=false", "model.mhc=false", "train.gpu_path=on"])
@@ -99,28 +99,28 @@ class StepCounts:
     steps: int = 0
 
 
-def trainer_for(recipe: str, overrides: list[str], device: str = "cpu"):
+def epoch_loop_for(recipe: str, overrides: list[str], device: str = "cpu"):
     """A single-process EpochLoop of a recipe, built as `python -m trainer train` builds it (no run directory:
     nothing is written); returns (trainer, an iterator over its first epoch's batches)."""
-    from trainer.__main__ import build_recipe
     from trainer.config import build_config
     from trainer.distributed.runtime import DistInfo
     from trainer.engine.build import build_run
-    from trainer.engine.checkpointer import TrainState
     from trainer.engine.loop import EpochLoop
+    from trainer.engine.session import build_recipe
+    from trainer.engine.state import TrainState
     cfg = build_config(recipe, None, {}, ["train.tensorboard=false", "train.progress=off", *overrides])
     info = DistInfo(device=device)
     run = build_run(build_recipe(cfg, info), info, cfg)
-    trainer = EpochLoop(run, ckpts=None, writer=None, state=TrainState(), last_metrics={})
+    epoch_loop = EpochLoop(run, ckpts=None, writer=None, state=TrainState(), last_metrics={})
     run.recipe.on_epoch_start(0, run.model)
     run.wrapped.train()
-    return trainer, iter(trainer._batches(0, 0))
+    return epoch_loop, iter(epoch_loop.batches(0, 0))
 
 
 def step_counts(recipe: str, overrides: list[str], warmup: int = 2, steps: int = 2, device: str = "cpu") -> StepCounts:
     """Ops and syncs of one optimizer step of `recipe` under `overrides` (after `warmup` steps: lazy state
     such as the optimizer's is made then), the median of `steps` counted steps."""
-    trainer, batches = trainer_for(recipe, overrides, device)
+    epoch_loop, batches = epoch_loop_for(recipe, overrides, device)
     micro, counted = 0, []
 
     def one_step(data: OpCount | None, step: OpCount | None) -> None:
@@ -130,7 +130,7 @@ def step_counts(recipe: str, overrides: list[str], warmup: int = 2, steps: int =
                 batch = next(batches)
             micro += 1
             with step or contextlib.nullcontext():
-                if trainer.step(batch, micro - 1):
+                if epoch_loop.step(batch, micro - 1):
                     return
     for _ in range(warmup):
         one_step(None, None)

@@ -1,0 +1,132 @@
+"""The commands of `python -m trainer`: train, eval, doctor, data; main() parses and dispatches.
+
+    python -m trainer train --recipe toy --epochs 2 --run-dir runs/demo     # TRAINER_PLUGINS=tests.toy_recipe
+    main(["eval", "--checkpoint", "runs/demo"])
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from trainer.cli import flags_from_args, get_parser, parse_args
+from trainer.config import build_config, from_dict, parse_override, set_key
+from trainer.distributed import runtime
+from trainer.distributed.environment import select_environment
+from trainer.engine.session import USAGE_ERRORS, build_recipe, exit_code_of, no_deterministic_kernel, run_train
+from trainer.exitcodes import NON_FINITE, USAGE
+
+log = logging.getLogger("trainer")
+
+
+def cmd_train(args) -> int:
+    if args.print_config:        # nothing is started, created or checked on disk: only the config is resolved
+        import yaml
+
+        from trainer.config import to_dict
+        cfg = build_config(args.recipe, args.config, flags_from_args(args), args.overrides)
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        return 0
+    result, _ = run_train(args)
+    return exit_code_of(result)
+
+
+def eval_checkpoint(path: str, overrides: list[str]) -> Path:
+    """--checkpoint: a checkpoint file, or a run directory (its best.pt, else final.pt). Paths among the
+    overrides mean a shell glob matched several: refused by name rather than taken for the first."""
+    from trainer.engine import ckpt_io
+    globbed = [o for o in overrides if "=" not in o and Path(o).exists()]
+    if globbed:
+        raise ckpt_io.CheckpointError(f"--checkpoint matched {len(globbed) + 1} paths ({', '.join([path, *globbed])}): "
+                                      f"a glob of the shell, most likely.\nHINT: name one run directory or file.")
+    given = Path(path)
+    if not given.is_dir():
+        return given
+    folder = given / "checkpoints" if (given / "checkpoints").is_dir() else given
+    for name in ("best.pt", "final.pt"):
+        if (folder / name).is_file():
+            return folder / name
+    return given        # ckpt_io.load says what the directory holds
+
+
+def cmd_eval(args) -> int:
+    from trainer.engine import ckpt_io
+    from trainer.engine.build import build_for_eval
+    from trainer.engine.evaluation import evaluate_split, metrics_table
+    from trainer.engine.logging import setup_logging
+    path = eval_checkpoint(args.checkpoint, args.overrides)
+    ckpt = ckpt_io.load(path)
+    cfg = from_dict(ckpt["config"])
+    for text in args.overrides:
+        set_key(cfg, *parse_override(text), f"override {text!r}")
+    info = runtime.init(select_environment(), cfg.dist)
+    ok = False
+    try:
+        setup_logging(info)
+        if info.is_main:
+            log.info("evaluating %s (%s checkpoint, step %d)", path, ckpt.get("kind", "?"), ckpt["global_step"])
+        run = build_for_eval(build_recipe(cfg, info), info, cfg)
+        ckpt_io.check_compatible(ckpt, cfg.recipe, run.model, path)
+        run.model.load_state_dict(ckpt["model"])
+        splits = [s for s in args.splits.split(",") if s in run.eval_sets]
+        results = {split: evaluate_split(run, split) for split in splits}
+        ok = True
+    finally:
+        runtime.teardown(info, clean=ok)
+    if info.is_main:
+        report = dict(checkpoint=str(path), kind=ckpt.get("kind"), step=ckpt["global_step"], **results)
+        print(f"{path} ({ckpt.get('kind', '?')} checkpoint, step {ckpt['global_step']})")
+        print(metrics_table(results))
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+            print(f"every metric: {args.out}")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from trainer.doctor import run_doctor
+    return run_doctor(args)
+
+
+def cmd_data(args) -> int:
+    from trainer.data.cli import run
+    return run(args)
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "doctor": cmd_doctor, "data": cmd_data}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(get_parser(), argv)
+    try:
+        return COMMANDS[args.command](args)
+    except USAGE_ERRORS as err:
+        record_for_agent(err)
+        print(f"error: {err}", file=sys.stderr)
+        return USAGE
+    except ArithmeticError as err:
+        from trainer.engine.loop import NonFiniteLossError
+        record_for_agent(err)
+        if not isinstance(err, NonFiniteLossError):      # a bug, not a diverged run: keep the traceback
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return NON_FINITE
+    except Exception as err:
+        record_for_agent(err)
+        if not no_deterministic_kernel(err):
+            raise
+        print(f"error: train.deterministic=true: {str(err).split(', but you set')[0]}.\n"
+              f"HINT: train.deterministic=false trains with it (a resume is then not bitwise on CUDA: docs/gpu.md)",
+              file=sys.stderr)
+        return USAGE
+
+
+def record_for_agent(err: BaseException) -> None:
+    """Under torchrun, write the error where its agent looks (TORCHELASTIC_ERROR_FILE, as the elastic
+    `record` decorator does), so its failure summary names the root cause and not only an exit code.
+    Call it inside the `except` block: the traceback is taken from there."""
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+        get_error_handler().record_exception(err)

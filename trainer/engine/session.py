@@ -1,0 +1,108 @@
+"""One training run below the command line: its directory, its recipe, the process group around fit(), and the
+exit code of how it ended. The entry (trainer/commands.py) parses; hpc/task.py (submitit) calls run_train too.
+
+    result, cfg = run_train(args)          # args: the parsed `train` arguments (trainer/cli.py)
+    exit_code_of(result); exit_code_of_error(err)
+    recipe = build_recipe(cfg, info)       # the recipe object, given its own config sections
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from trainer.cli import flags_from_args
+from trainer.config import ConfigError, build_config, save_config
+from trainer.data.download import DownloadError, check_data_path
+from trainer.distributed import runtime
+from trainer.distributed.environment import LaunchError, select_environment
+from trainer.engine.ckpt_io import CheckpointError
+from trainer.exitcodes import DONE, NON_FINITE, USAGE, record_exit, record_start
+from trainer.extras import MissingExtraError
+from trainer.registry import RecipeSpec, get_spec
+
+log = logging.getLogger("trainer")
+USAGE_ERRORS = (ConfigError, LaunchError, CheckpointError, DownloadError, ValueError, FileNotFoundError,
+                MissingExtraError)
+
+
+def resolve_run_dir(cfg, info) -> str:
+    """--run-dir, else runs/<recipe>-<Slurm job id> (stable across requeues; srun steps after the first get
+    .<step>, so concurrent steps of one allocation differ), else a timestamp."""
+    if cfg.run_dir:
+        return cfg.run_dir
+    job, step = info.job_id, info.step_id
+    suffix = f".{step}" if step not in (None, "0") else ""
+    name = f"{cfg.recipe}-{job}{suffix}" if job else f"{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return str(Path("runs") / runtime.broadcast_object(name, info))
+
+
+def build_recipe(cfg, info, spec: RecipeSpec | None = None):
+    """The recipe object, given only its own config sections (`spec`: the recipe's, where the caller has it)."""
+    spec = spec or get_spec(cfg.recipe)
+    return spec.recipe_class()(cfg.data, cfg.model, cfg.train, info, eval_cfg=cfg.eval, seed=cfg.seed,
+                               loss_cfg=cfg.loss)
+
+
+def run_train(args):
+    """Train from parsed `train` arguments; returns (FitResult, resolved Config)."""
+    from trainer.engine.logging import setup_logging
+    from trainer.engine.loop import fit
+    from trainer.engine.resume import check_resume_config, describe
+    from trainer.engine.rundir import claim_run_dir, make_private
+    cfg = build_config(args.recipe, args.config, flags_from_args(args), args.overrides)
+    check_data_path(str(getattr(cfg.data, "path", "")))
+    if cfg.private:
+        make_private()          # before anything is created: logs, checkpoints, TensorBoard, caches
+    info = runtime.init(select_environment(), cfg.dist)
+    ok, lock = False, None
+    try:
+        cfg.run_dir = resolve_run_dir(cfg, info)
+        lock = claim_run_dir(cfg.run_dir, cfg.ckpt.resume, info)
+        planned = check_resume_config(cfg, info)        # refused before a log line or config.yaml is written
+        if cfg.private and info.is_main:
+            make_private(cfg.run_dir)
+        setup_logging(info, cfg.run_dir, per_rank=cfg.train.log_per_rank)
+        if planned.changes:
+            log.warning("changed on resume: %s", describe(planned.changes))
+        if info.is_main:
+            save_config(cfg, Path(cfg.run_dir) / "config.yaml")
+            if hasattr(cfg.data, "path") and not cfg.data.path:
+                log.warning("data.path is empty: training on the recipe's generated data (set data.path=DIR, or "
+                            "use a configs/<recipe>/<dataset>.yaml, for a real dataset)")
+        recipe = build_recipe(cfg, info, get_spec(cfg.recipe))
+        record_start(cfg.run_dir, info.rank)
+        try:
+            result = fit(recipe, info, cfg, planned)
+        except BaseException as err:
+            record_exit(cfg.run_dir, info.rank, exit_code_of_error(err), f"{type(err).__name__}: {err}"[:2000])
+            raise
+        record_exit(cfg.run_dir, info.rank, exit_code_of(result), result.status, result.status == "preempted")
+        ok = True
+    finally:
+        runtime.teardown(info, clean=ok)
+        if lock is not None:
+            lock.release()
+    return result, cfg
+
+
+def exit_code_of(result) -> int:
+    """A finished fit's exit code (trainer/exitcodes.py): 0, or 128 + the signal of a checkpointed stop that was
+    not requeued."""
+    return 128 + result.signal if result.status == "preempted" and not result.requeued else DONE
+
+
+def exit_code_of_error(err: BaseException) -> int:
+    """The exit code main() gives an error: usage/configuration 2, a non-finite loss 3, anything else 1."""
+    from trainer.engine.loop import NonFiniteLossError
+    if isinstance(err, NonFiniteLossError):
+        return NON_FINITE
+    if isinstance(err, USAGE_ERRORS) or no_deterministic_kernel(err):
+        return USAGE
+    return 1
+
+
+def no_deterministic_kernel(err: BaseException) -> bool:
+    """torch's refusal, under train.deterministic=true, of an op with no deterministic kernel: a setting that
+    fails the same at every relaunch, so a usage error."""
+    return isinstance(err, RuntimeError) and "does not have a deterministic implementation" in str(err)
