@@ -86,7 +86,7 @@ bench-recipes: setup
 faults-report: setup slurm-install
 	rm -f bench/results/faults.jsonl
 	FAULT_FIGURES=$(CURDIR)/bench/results/faults.jsonl $(BIN)/python -m pytest -q tests/faults \
-		tests/distributed/test_resume_and_faults.py tests/unit/test_submit.py tests/slurm/test_restarts.py \
+		tests/distributed/test_resume_and_faults.py tests/unit/test_submit_offline.py tests/slurm/test_restart_loop.py \
 		tests/distributed/test_torchrun_restart.py $(PYTEST_ARGS)
 	$(BIN)/python -m bench.faults bench/results/faults.jsonl
 

@@ -56,8 +56,8 @@ def worker(args) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from trainer.config import DistConfig, TrainConfig
+    from trainer.distributed import gradsync
     from trainer.distributed.runtime import DistInfo, all_reduce, attach_local, teardown
-    from trainer.engine import syncwait
     from trainer.engine.build import wrap_model
     from trainer.recipes.kgat import build
     from trainer.recipes.kgat import data as D
@@ -86,9 +86,9 @@ def worker(args) -> None:
     model = recipe.build_model()
     wrapped = wrap_model(model, info, DistConfig(), recipe.find_unused_parameters, recipe.broadcast_buffers,
                          not recipe.average_after_backward)          # as the engine wraps it (KGAT: no DDP)
-    sync = syncwait.after_backward(list(model.parameters()), info, None) if wrapped is model else None
+    sync = gradsync.after_backward(list(model.parameters()), info, None) if wrapped is model else None
     if comm is not None and isinstance(wrapped, DDP):
-        syncwait.attach(wrapped, comm, timed=False)
+        gradsync.attach(wrapped, comm, timed=False)
     optimizer = recipe.build_optimizer(wrapped, 1e-4)
     setup_s = time.perf_counter() - t0
     plan = recipe.epoch_batches(0)

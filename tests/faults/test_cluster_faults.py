@@ -103,7 +103,7 @@ def test_start_refuses_a_directory_it_did_not_make(slurm_cluster, tmp_path, kind
 def test_a_rank_that_dies_ends_the_submitit_job_at_once(slurm_cluster, tmp_path):
     """Seen on main: submitit's srun line had no --kill-on-bad-exit, so when one rank died before the
     rendezvous, the others waited in it for dist.timeout_s (1800 s). Now the step ends when that rank does."""
-    from tests.slurm.test_submit import job_id, submit_py
+    from tests.slurm.test_submit_on_cluster import job_id, submit_py
     t0 = time.monotonic()
     proc = submit_py(slurm_cluster, "--recipe", "toy", "--tasks-per-node", "3", "--time", "00:10:00",
                      "--folder", str(tmp_path / "sub"), "--run-dir", str(tmp_path / "run"), "--follow",

@@ -201,8 +201,8 @@ def two_rank_check() -> None:
     import torch.distributed as dist
 
     from trainer.config import DistConfig
+    from trainer.distributed import gradsync
     from trainer.distributed.runtime import DistInfo, attach_local, teardown
-    from trainer.engine import syncwait
     from trainer.engine.build import wrap_model
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -218,8 +218,8 @@ def two_rank_check() -> None:
     assert wrapped is model                     # KGAT averages after the backward, outside DDP
     comm = attach_local(info)                   # as runtime.init does: shared memory for the dense grads and rows
     assert comm is not None
-    timer = syncwait.GradSyncTimer(comm)        # as train.measure_sync wires it
-    sync = syncwait.after_backward(list(model.parameters()), info, timer)
+    timer = gradsync.GradSyncTimer(comm)        # as train.measure_sync wires it
+    sync = gradsync.after_backward(list(model.parameters()), info, timer)
     opt = recipe.build_optimizer(wrapped, 0.01)
     plan = recipe.epoch_batches(0)
     for batch in (plan[0], plan[plan.n_cf_steps]):

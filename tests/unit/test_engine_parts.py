@@ -230,7 +230,7 @@ def test_sync_timer_counts_own_collectives_and_the_buckets_wait_after_them(tmp_p
 
     import torch.distributed as dist
 
-    from trainer.engine.syncwait import GradSyncTimer
+    from trainer.distributed.gradsync import GradSyncTimer
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         timer = GradSyncTimer()

@@ -20,9 +20,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import memory
 from trainer.config import Config
-from trainer.distributed import runtime
+from trainer.distributed import gradsync, runtime
 from trainer.distributed.runtime import DistInfo
-from trainer.engine import syncwait
 from trainer.engine.data import ResumableSampler, per_rank_batch_size
 from trainer.engine.optim import build_optimizer, build_scheduler, scaled_lr
 from trainer.engine.recipe import Recipe
@@ -152,11 +151,11 @@ def _sync_gradients(run: Run, comm) -> None:
         else f"{info.backend} (no shared memory: {runtime.shm.attach.why})"
     if isinstance(run.wrapped, DDP):
         log.info("DDP's gradient all-reduce: %s", how)
-        timer = syncwait.attach(run.wrapped, comm, timed=measure) if measure or comm is not None else None
+        timer = gradsync.attach(run.wrapped, comm, timed=measure) if measure or comm is not None else None
     else:
         log.info("gradients averaged after the backward in one all-reduce: %s", how)
-        timer = syncwait.GradSyncTimer(comm) if measure else None
-        run.grad_sync = syncwait.after_backward(list(run.model.parameters()), info, timer)
+        timer = gradsync.GradSyncTimer(comm) if measure else None
+        run.grad_sync = gradsync.after_backward(list(run.model.parameters()), info, timer)
     if measure:
         run.sync_timer = run.recipe.sync_timer = timer
 
