@@ -33,9 +33,10 @@ def cmd_train(args) -> int:
     return exit_code_of(result)
 
 
-def eval_checkpoint(path: str, overrides: list[str]) -> Path:
-    """--checkpoint: a checkpoint file, or a run directory (its best.pt, else final.pt). Paths among the
-    overrides mean a shell glob matched several: refused by name rather than taken for the first."""
+def eval_checkpoint(path: str, overrides: list[str]) -> tuple[Path, dict]:
+    """--checkpoint: a checkpoint file, or a run directory (its best.pt, else final.pt; a best.pt that cannot
+    be read falls back to final.pt with a warning naming both), loaded. Paths among the overrides mean a shell
+    glob matched several: refused by name rather than taken for the first."""
     from trainer.engine import ckpt_io
     globbed = [o for o in overrides if "=" not in o and Path(o).exists()]
     if globbed:
@@ -43,21 +44,30 @@ def eval_checkpoint(path: str, overrides: list[str]) -> Path:
                                       f"a glob of the shell, most likely.\nHINT: name one run directory or file.")
     given = Path(path)
     if not given.is_dir():
-        return given
+        return given, ckpt_io.load(given)
     folder = given / "checkpoints" if (given / "checkpoints").is_dir() else given
-    for name in ("best.pt", "final.pt"):
-        if (folder / name).is_file():
-            return folder / name
-    return given        # ckpt_io.load says what the directory holds
+    found = [folder / name for name in ("best.pt", "final.pt") if (folder / name).is_file()]
+    for k, candidate in enumerate(found):
+        try:
+            return candidate, ckpt_io.load(candidate)
+        except ckpt_io.NewerCheckpointError:
+            raise
+        except ckpt_io.CheckpointError as err:
+            if k + 1 == len(found):
+                raise
+            print(f"warning: {err}; evaluating {found[k + 1]} instead", file=sys.stderr)
+    return given, ckpt_io.load(given)        # which says what the directory holds
 
 
 def cmd_eval(args) -> int:
+    import numpy as np
+    import torch
+
     from trainer.engine import ckpt_io
     from trainer.engine.build import build_for_eval
     from trainer.engine.evaluation import evaluate_split, metrics_table
     from trainer.engine.logging import setup_logging
-    path = eval_checkpoint(args.checkpoint, args.overrides)
-    ckpt = ckpt_io.load(path)
+    path, ckpt = eval_checkpoint(args.checkpoint, args.overrides)
     cfg = from_dict(ckpt["config"])
     for text in args.overrides:
         set_key(cfg, *parse_override(text), f"override {text!r}")
@@ -69,6 +79,8 @@ def cmd_eval(args) -> int:
             log.info("evaluating %s (%s checkpoint, step %d)", path, ckpt.get("kind", "?"), ckpt["global_step"])
         run = build_for_eval(build_recipe(cfg, info), info, cfg)
         ckpt_io.check_compatible(ckpt, cfg.recipe, run.model, path)
+        ckpt_io.check_id_maps(ckpt, {k: torch.as_tensor(np.asarray(v)) for k, v in run.recipe.id_maps().items()},
+                              path)
         run.model.load_state_dict(ckpt["model"])
         splits = [s for s in args.splits.split(",") if s in run.eval_sets]
         results = {split: evaluate_split(run, split) for split in splits}

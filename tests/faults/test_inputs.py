@@ -156,6 +156,9 @@ def test_the_issues_tracebacks_are_one_line_errors(tmp_path):
     err = cli_error("train", "--recipe", "video", "data.merge={a: b", "--print-config")
     assert "data.merge: '{a: b' is not valid YAML" in err and len(err.strip().splitlines()) == 1
     (tmp_path / "ckdir").mkdir()
+    assert f"checkpoint {tmp_path / 'ckdir'}: no checkpoint in it" in cli_error("eval", "--checkpoint",
+                                                                                 str(tmp_path / "ckdir"))
+    (tmp_path / "ckdir" / "notes.pt").write_bytes(b"x")      # a folder of .pt files, not a run directory
     assert f"checkpoint {tmp_path / 'ckdir'} is a directory" in cli_error("eval", "--checkpoint",
                                                                               str(tmp_path / "ckdir"))
 

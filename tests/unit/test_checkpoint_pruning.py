@@ -61,6 +61,17 @@ def test_checkpoints_of_a_later_step_are_set_aside_after_resuming_an_earlier_one
     assert [p.name for p in m.candidates()] == ["step-00000008.pt"]
 
 
+def test_another_recipes_checkpoint_is_named_as_such_not_as_a_later_step(tmp_path, caplog):
+    """Issue 57: a checkpoint of another recipe met after a resume is named by its recipe and set aside."""
+    m = ck.CheckpointFolder(tmp_path, keep_last=5)
+    m.save(_ckpt(8), "periodic")
+    m.save(dict(_ckpt(4), recipe="kgat"), "final")            # older, of another recipe
+    with caplog.at_level(logging.WARNING):
+        moved = m.set_aside_newer(8, m.periodic_path(8), recipe=_ckpt(8)["recipe"])
+    assert [p.name for p in moved] == ["final.pt.other-recipe"]
+    assert "is a checkpoint of recipe 'kgat', not of this run's" in caplog.text and "later step" not in caplog.text
+
+
 def test_interrupted_save_temporaries_are_removed(tmp_path):
     m = ck.CheckpointFolder(tmp_path)
     m.save(_ckpt(1), "periodic")

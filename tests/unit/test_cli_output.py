@@ -85,6 +85,27 @@ def test_eval_of_a_run_directory_names_its_file_prints_a_table_and_writes_the_js
     assert f"evaluating {run_dir / 'checkpoints' / 'best.pt'}" in out.stderr
 
 
+def test_eval_of_a_run_directory_with_a_damaged_best_falls_back_to_final_naming_both(toy_run, tmp_path):
+    """Issue 57: a zero-byte best.pt does not fail `eval RUN_DIR` while final.pt is there."""
+    import shutil
+    run_dir, _ = toy_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir / "checkpoints", copy / "checkpoints")
+    (copy / "checkpoints" / "best.pt").write_bytes(b"")
+    out = trainer("eval", "--checkpoint", str(copy))
+    best, final = copy / "checkpoints" / "best.pt", copy / "checkpoints" / "final.pt"
+    assert f"warning: checkpoint {best} is truncated, corrupt or unsafe" in out.stderr
+    assert f"evaluating {final} instead" in out.stderr
+    assert out.stdout.splitlines()[0].startswith(f"{final} (final checkpoint, step ")
+
+
+def test_epochs_zero_says_no_training_ran(tmp_path):
+    """Issue 57: --epochs 0 ends with an untrained final.pt evaluated; the log says so."""
+    out = trainer("train", *TOY[:-1], "--epochs", "0", "--run-dir", str(tmp_path / "run"))
+    assert "no training ran: the run is at epoch 0 and --epochs is 0 (step 0)" in out.stderr
+    assert "of untrained weights" in out.stderr
+
+
 def test_a_glob_matching_several_checkpoints_is_refused_by_name(toy_run):
     run_dir, _ = toy_run
     files = sorted(str(p) for p in (run_dir / "checkpoints").glob("*.pt"))

@@ -109,3 +109,12 @@ def test_sequences_the_same_with_the_kernels_off(tmp_path, name, text):
         assert np.array_equal(getattr(on, part).flat, getattr(off, part).flat), part
         assert np.array_equal(getattr(on, part).offsets, getattr(off, part).offsets), part
     assert on.num_items == off.num_items
+
+
+def test_tied_neighbours_match_numpy():
+    rng = np.random.default_rng(2)
+    a, b = rng.integers(0, 5, 3000), rng.integers(0, 4, 3000)
+    order = np.lexsort((b, a))
+    assert np.array_equal(kernels.tied_neighbours(a, b, order),
+                          (a[order][1:] == a[order][:-1]) & (b[order][1:] == b[order][:-1]))
+    assert kernels.tied_neighbours(a[:1], b[:1], order[:1]).shape == (0,)

@@ -1,6 +1,7 @@
 """Every flag of the seed scripts: accepted with the seed's meaning, or refused naming the exact replacement."""
 import pytest
 
+from tests.conftest import REPO
 from trainer.cli import flags_from_args, get_parser, parse_args
 from trainer.config import build_config
 from trainer.legacy import flags as legacy_flags
@@ -38,6 +39,7 @@ def test_every_alias_is_in_the_table():
 
 REFUSED = [
     (["--use_amp"], "--use_amp is a flag of the seed scripts; here use --amp bf16"),
+    (["--fp16"], "--fp16 is a flag of the seed scripts; here use --amp fp16"),
     (["--batch_size", "512"], "--batch_size 512 is a flag of the seed scripts; here use --global-batch-size 512"),
     (["--batch_size=512"], "here use --global-batch-size 512"),
     (["--num_gpus", "4"], "here use torchrun --nproc-per-node 4"),
@@ -62,6 +64,14 @@ def test_legacy_flags_with_another_meaning_are_refused_naming_the_replacement(ar
 def test_every_refused_flag_is_tested():
     tested = {argv[0].split("=")[0] for argv, _ in REFUSED}
     assert tested == set(legacy_flags.REPLACEMENTS) | {"--dataset"}
+
+
+def test_the_seed_page_names_the_flags_of_the_guides_troubleshooting():
+    """Issue 57: --fp16 (seed 000), --num_workers and --warmup_steps (seeds 000/001) are on the seed page, with
+    what they are here."""
+    page = (REPO / "docs" / "coming-from-the-seed-scripts.md").read_text()
+    for flag in ("--fp16", "--num_workers", "--warmup_steps"):
+        assert f"`{flag}" in page, flag
 
 
 def test_hpc_submit_takes_the_legacy_flags_too(capsys):

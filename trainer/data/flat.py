@@ -3,6 +3,7 @@
     rows = Ragged(flat, offsets)       # rows[u] is a view; len(rows), iteration, rows.lengths()
     codes(raw_ids) -> (codes 0..K-1 in the ids' order, K)
     stable_order(major, minor)         # rows by (major, minor), ties in their original order
+    check_dense("entity", used, table, largest, "kg_final.txt:7", DataError)   # ids that size a table, bounded
 """
 from __future__ import annotations
 
@@ -82,3 +83,25 @@ def stable_order(major: np.ndarray, minor: np.ndarray) -> np.ndarray:
     if groups * span < 2**63:
         return np.argsort(major * span + (minor - lo), kind="stable")
     return np.lexsort((minor, major))
+
+
+# Ids that index a table directly (KGAT's user, item, entity and relation ids; class indices of array files): one
+# stray large id would size the table by itself (one `0 7 999999` triple: 64M parameters, 8.9 GB, 13 s a step).
+# A table of TABLE_FLOOR rows or more with more than MAX_UNUSED of its rows unused is refused before the model is
+# built; smaller tables always pass (fixtures, small datasets).
+TABLE_FLOOR = 10_000
+CLASS_FLOOR = 100          # class indices: a classifier's output layer (labels 0, 1, 999: 1,000 outputs, 3 used)
+MAX_UNUSED = 0.5
+
+
+def check_dense(kind: str, used: int, table: int, largest: int, where: str, error: type[Exception],
+                remap: str = "data.remap_ids=true", floor: int = TABLE_FLOOR) -> None:
+    """Refuse a table sized by sparse ids: `used` of its `table` rows are used, `largest` is the id that sized
+    it, found at `where` (file:line). `remap`: what compacts them; `floor`: the smallest table refused."""
+    if table >= floor and used < (1 - MAX_UNUSED) * table:
+        raise error(f"{where}: {kind} id {largest:,} makes the {kind} table {table:,} rows, of which {used:,} "
+                    f"({100 * used / table:.2g}%) are used: ids of this format index the table directly, so the "
+                    f"model would carry {table - used:,} rows no data touches (more than {MAX_UNUSED:.0%} unused "
+                    f"in a table of {floor:,}+ rows is refused).\nHINT: correct the id, or "
+                    + (f"set {remap} to compact the ids (the mapping is saved in the run directory and every "
+                       f"checkpoint)" if remap.startswith("data.") else remap))

@@ -295,7 +295,22 @@ torch::Tensor rescale_times(torch::Tensor times, torch::Tensor offsets) {
   return out;
 }
 
+// tied[j]: rows order[j] and order[j + 1] share their key (a, b): one pass, without gathering two sorted copies.
+torch::Tensor tied_neighbours(torch::Tensor a, torch::Tensor b, torch::Tensor order) {
+  const int64_t n = order.numel();
+  const int64_t* x = a.data_ptr<int64_t>();
+  const int64_t* y = b.data_ptr<int64_t>();
+  const int64_t* o = order.data_ptr<int64_t>();
+  auto out = torch::empty({std::max<int64_t>(n - 1, 0)}, torch::kBool);
+  bool* t = out.data_ptr<bool>();
+  at::parallel_for(0, n - 1, 1 << 16, [&](int64_t lo, int64_t up) {
+    for (int64_t j = lo; j < up; ++j) t[j] = x[o[j]] == x[o[j + 1]] && y[o[j]] == y[o[j + 1]];
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("tied_neighbours", &tied_neighbours, "whether each row of an order shares its key with the next");
   m.def("dense_codes", &dense_codes, "the rank of each key among the distinct keys (keys in [0, hi])");
   m.def("group_order", &group_order, "a stable order of the rows by (major code, minor)");
   m.def("rescale_times", &rescale_times, "TiSASRec's rescaled times of every user");

@@ -12,6 +12,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 from trainer.config import to_dict
 from trainer.distributed import runtime
 from trainer.engine import ckpt_io, resume
@@ -29,6 +32,9 @@ class Checkpointer:
         self.planned = planned           # the checkpoint check_resume_config chose (and rank 0 already read)
         self.files = ckpt_io.CheckpointFolder(run_dir, run.cfg.ckpt.keep_last)
         self.notes: list[str] = []       # what a resume under another layout or lr changed (metrics.jsonl)
+        self.id_maps = {k: torch.as_tensor(np.asarray(v)) for k, v in run.recipe.id_maps().items()}
+        if self.id_maps and self.info.is_main:          # data.remap_ids: the maps beside the checkpoints too
+            np.savez(Path(run_dir) / "ids.npz", **{k: v.numpy() for k, v in self.id_maps.items()})
 
     @property
     def dir(self) -> Path:
@@ -41,7 +47,7 @@ class Checkpointer:
                     optimizer=run.optimizer.state_dict(), scheduler=run.scheduler.state_dict(),
                     scaler=run.scaler.state_dict(), state=asdict(state), world_size=self.info.world_size,
                     global_step=state.global_step, rng=rngs, config=to_dict(self.cfg),
-                    metrics=metrics, versions=ckpt_io.versions())
+                    metrics=metrics, versions=ckpt_io.versions(), **({"id_maps": self.id_maps} if self.id_maps else {}))
 
     def save(self, kind: str, state: TrainState, metrics: dict) -> None:
         """Every rank contributes its RNG state; rank 0 writes atomically."""
@@ -92,6 +98,7 @@ class Checkpointer:
         run.optimizer.load_state_dict(ckpt["optimizer"])
         run.scheduler.load_state_dict(ckpt["scheduler"])
         run.scaler.load_state_dict(ckpt["scaler"])
+        ckpt_io.check_id_maps(ckpt, self.id_maps, path)
         state = TrainState(**ckpt["state"])
         if ckpt["world_size"] == self.info.world_size:
             ckpt_io.restore_rng(ckpt["rng"][self.info.rank])
@@ -103,7 +110,7 @@ class Checkpointer:
             log.warning("%s", note)
         log.info("resumed from %s: %s, step %d", path, where(state), state.global_step)
         if self.info.is_main:
-            self.files.set_aside_newer(state.global_step, path)
+            self.files.set_aside_newer(state.global_step, path, self.cfg.recipe)
         return state, ckpt.get("metrics", {})
 
     def last_good(self) -> str:

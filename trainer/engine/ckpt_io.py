@@ -133,7 +133,10 @@ def load(path: str | Path, map_location: str = "cpu") -> dict[str, Any]:
     if path.is_dir():
         where = path / "checkpoints" if (path / "checkpoints").is_dir() else path
         inside = sorted(p.name for p in where.glob("*.pt"))
-        hint = f" (there: {', '.join(str(where / n) for n in inside[:4])})" if inside else ""
+        if not inside:
+            raise CheckpointError(f"checkpoint {path}: no checkpoint in it (no *.pt in {where}); a run directory "
+                                  f"holds them in checkpoints/ once its first checkpoint is saved")
+        hint = f" (there: {', '.join(str(where / n) for n in inside[:4])})"
         raise CheckpointError(f"checkpoint {path} is a directory; give a checkpoint file{hint}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -184,9 +187,17 @@ def check_compatible(ckpt: dict[str, Any], recipe: str, model: torch.nn.Module, 
                               f"(see the checkpoint's config).")
 
 
-def _global_step(path: Path) -> int:
-    """global_step of a checkpoint without reading its tensors (they stay memory-mapped)."""
-    return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+def check_id_maps(ckpt: dict[str, Any], maps: dict[str, torch.Tensor], path: Any) -> None:
+    """The checkpoint's id maps (data.remap_ids) are the data's: else its rows would mean other users, items
+    or entities."""
+    saved = ckpt.get("id_maps") or {}
+    differ = sorted(k for k in set(saved) | set(maps)
+                    if k not in saved or k not in maps or not torch.equal(saved[k].cpu(), maps[k].cpu()))
+    if differ:
+        raise CheckpointError(f"{path}: its id maps (data.remap_ids) differ from this data's for "
+                              f"{', '.join(differ)}: its weights' rows would mean other ids.\nHINT: use the data "
+                              f"the checkpoint was trained on (its ids are in RUN_DIR/ids.npz), and the same "
+                              f"data.remap_ids")
 
 
 def step_of(path: Path) -> int:
@@ -248,18 +259,25 @@ class CheckpointFolder:
             log.warning("removed %s, the temporary of a checkpoint save that was interrupted", tmp)
         return found
 
-    def set_aside_newer(self, step: int, resumed: str | Path) -> list[Path]:
+    def set_aside_newer(self, step: int, resumed: str | Path, recipe: str | None = None) -> list[Path]:
         """After resuming `resumed` at `step`: periodic/final files of a later step belong to an abandoned
-        history; rename them *.superseded so that neither pruning nor a later `--resume auto` picks them."""
+        history; rename them *.superseded so that neither pruning nor a later `--resume auto` picks them. A
+        checkpoint of another recipe is named as such (and set aside as *.other-recipe)."""
         moved = []
         for path in self.candidates():
             if path.resolve() == Path(resumed).resolve():
                 continue
             try:
-                later = (step_of(path) if PERIODIC.match(path.name) else _global_step(path)) > step
+                header = torch.load(path, map_location="cpu", weights_only=True, mmap=True)   # tensors not read
+                other = recipe is not None and header.get("recipe") not in (None, recipe)
+                later = (step_of(path) if PERIODIC.match(path.name) else int(header["global_step"])) > step
             except Exception:  # unreadable: newest_valid sets it aside when it meets it
                 continue
-            if later:
+            if other:
+                moved.append(set_aside(path, ".other-recipe"))
+                log.warning("%s is a checkpoint of recipe %r, not of this run's %r: kept as %s", path,
+                            header.get("recipe"), recipe, moved[-1].name)
+            elif later:
                 moved.append(set_aside(path, ".superseded"))
                 log.warning("%s is from a later step than the resumed one (%d): kept as %s", path, step,
                             moved[-1].name)

@@ -333,6 +333,10 @@ class FitLoop:
     def run(self, preempt: PreemptionHandler) -> FitResult:
         epoch_loop, state, recipe = self.epoch_loop, self.epoch_loop.state, self.epoch_loop.run.recipe
         status = "completed"
+        if state.epoch >= self.cfg.train.epochs:       # --epochs 0, or a resume of a run already done
+            log.warning("no training ran: the run is at epoch %d and --epochs is %d (step %d); the final "
+                        "checkpoint and test below are of %s", state.epoch, self.cfg.train.epochs, state.global_step,
+                        "the resumed weights" if state.global_step else "untrained weights")
         while state.epoch < self.cfg.train.epochs:
             epoch = state.epoch
             recipe.on_epoch_start(epoch, epoch_loop.run.model)

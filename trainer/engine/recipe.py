@@ -113,6 +113,11 @@ class Recipe:
     def on_evaluation_end(self) -> None:
         """Every rank, after an evaluation (release what on_evaluation_start cached)."""
 
+    def id_maps(self) -> dict[str, Any]:
+        """The original id of each id, per kind, where the recipe compacted sparse ids (data.remap_ids): saved
+        in RUN_DIR/ids.npz and every checkpoint, and checked against the data on resume and eval."""
+        return {}
+
     def after_evaluation(self, split: str, metrics: dict[str, Any], run_dir: str, epoch: int) -> Sequence[Any]:
         """Rank 0 only: write plots or tables for the metrics of a split; returns the PNG files written (the
         engine also shows them in TensorBoard)."""

@@ -33,6 +33,7 @@ ALIASES: dict[str, tuple[str, str | None]] = {
 # seed flag -> what to write instead (the meaning differs here, or the job is done elsewhere)
 REPLACEMENTS: dict[str, str] = {
     "--use_amp": "--amp bf16 (or --amp fp16 on GPUs without bf16; --amp auto picks)",
+    "--fp16": "--amp fp16 (seed 000's troubleshooting: half precision; --amp bf16 where the GPU has it)",
     "--batch_size": "--global-batch-size {value}: seed 001's --batch_size is the total over all GPUs "
                     "(--batch-size here is per GPU)",
     "--num_gpus": "torchrun --nproc-per-node {value} (one process per GPU), or --gpus-per-node {value} with "
@@ -63,7 +64,7 @@ def dataset_replacement(name: str | None, recipe: str | None) -> str:
 
 def _takes_value(name: str) -> bool:
     return name == "--dataset" or (name in ALIASES and ALIASES[name][1] is None) \
-        or name in REPLACEMENTS and name not in ("--use_amp", "--inference_only")
+        or name in REPLACEMENTS and name not in ("--use_amp", "--fp16", "--inference_only")
 
 
 def translate(argv: list[str]) -> list[str]:

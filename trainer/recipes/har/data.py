@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.data.flat import CLASS_FLOOR, check_dense
 from trainer.data.text import finite, read_columns, read_text, text_lines
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -315,6 +316,10 @@ def read_arrays(path: str | Path, class_names: list[str] | None = None) -> Serie
     if subjects is not None and np.asarray(subjects).shape != y.shape:
         raise DataError(f"{path}: field 'subjects' has shape {np.asarray(subjects).shape}, expected {y.shape}")
     n_classes = int(y.max()) + 1 if y.size else 0
+    if y.size:
+        check_dense("class", len(np.unique(y)), n_classes, n_classes - 1,
+                    f"{path}: field 'labels'[{int(np.argmax(y))}]", DataError,
+                    remap="relabel the classes 0..K-1 in the file", floor=CLASS_FLOOR)
     names = class_names or [str(i) for i in range(n_classes)]
     if y.size and n_classes > len(names):
         raise DataError(f"{path}: field 'labels' has class {n_classes - 1} but only {len(names)} class names")

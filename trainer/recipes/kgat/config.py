@@ -22,6 +22,7 @@ class KGATDataConfig:
     path: str = ""                 # folder in the KGAT format; "" = synthetic data generated in memory
     duplicates: Literal["drop", "keep", "error"] = "drop"   # an item repeated on a user's line (drop: warned)
     cache: str = ""                # the parsed-data cache: "" ~/.cache/hpc-trainer/data, "off", or a folder
+    remap_ids: bool = False        # compact sparse ids (refused otherwise); the maps go to RUN_DIR/ids.npz
     val_fraction: float = 0.1      # of each user's train items, held out for early stopping (0: use test)
     split_seed: int = 2019
     laplacian: Literal["random-walk", "symmetric"] = "random-walk"

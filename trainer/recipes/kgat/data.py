@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from trainer.data import cache
-from trainer.data.flat import Ragged, stable_order
+from trainer.data.flat import Ragged, check_dense, stable_order
 from trainer.data.kernels import parse_columns
-from trainer.data.text import read_int_rows, text_lines
+from trainer.data.text import line_numbers, read_int_rows, text_lines
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ class KGATData:
     n_entities: int
     n_relations: int               # KG relations, without inverses
     val: list[np.ndarray] | None = None
+    id_maps: dict[str, np.ndarray] | None = None   # data.remap_ids: the original id of each id, per kind
 
     @property
     def n_users(self) -> int:
@@ -249,8 +250,9 @@ def _line_of_user(path: Path, user: int) -> int:
     return 0
 
 
-def load(folder: str | Path, duplicates: str = "drop") -> KGATData:
-    """Read and validate a KGAT-format folder."""
+def load(folder: str | Path, duplicates: str = "drop", remap_ids: bool = False) -> KGATData:
+    """Read and validate a KGAT-format folder; `remap_ids` compacts sparse ids (compact_ids) where their tables
+    would otherwise be refused (_check_tables)."""
     folder = Path(folder)
     for name in ("train.txt", "test.txt", "kg_final.txt"):
         if not (folder / name).exists():
@@ -274,37 +276,102 @@ def load(folder: str | Path, duplicates: str = "drop") -> KGATData:
         h, r, t = kg[bad[0]]
         raise DataError(f"{folder / 'kg_final.txt'}: triple ({h} {r} {t}) #{bad[0] + 1}: entity outside "
                         f"0..{n_entities - 1} (entity_list.txt)")
+    maps = None
+    if remap_ids:                                       # data.remap_ids=true: sparse ids compacted, the maps kept
+        train, test, kg, n_items, n_entities, maps = compact_ids(train, test, kg, n_items)
+    _check_tables(folder, train, test, kg, n_items, n_entities)
     n_users = int(train.users.max()) + 1
     return KGATData(train=train.dense(n_users), test=test.dense(n_users), kg=kg, n_items=n_items,
-                    n_entities=n_entities, n_relations=int(kg[:, 1].max()) + 1)
+                    n_entities=n_entities, n_relations=int(kg[:, 1].max()) + 1, id_maps=maps)
 
 
-READER = 1                     # the parse's version: part of the cache key
+def compact_ids(train: UserRows, test: UserRows, kg: np.ndarray, n_items: int):
+    """Every id kind made dense in its original order: users, items (entities below n_items are items, so the
+    items used anywhere come first among the entities), the other entities, relations. Returns the new rows,
+    triples and counts, and maps {kind: original id of each new id}."""
+    ents = kg[:, [0, 2]].reshape(-1)
+    item_ids = np.unique(np.concatenate([train.items, test.items, ents[ents < n_items]]))
+    other_ids = np.unique(ents[ents >= n_items])
+    user_ids = np.unique(train.users)
+    relation_ids = np.unique(kg[:, 1])
+
+    def entity(x):
+        return np.where(x < n_items, np.searchsorted(item_ids, x), len(item_ids) + np.searchsorted(other_ids, x))
+
+    def rows(r: UserRows) -> UserRows:
+        return UserRows(np.searchsorted(user_ids, r.users), r.offsets, np.searchsorted(item_ids, r.items))
+    new_kg = np.stack([entity(kg[:, 0]), np.searchsorted(relation_ids, kg[:, 1]), entity(kg[:, 2])], axis=1)
+    maps = dict(user=user_ids, item=item_ids, entity=np.concatenate([item_ids, other_ids]), relation=relation_ids)
+    return rows(train), rows(test), new_kg.astype(np.int64), len(item_ids), len(maps["entity"]), maps
+
+
+def _line_of_item(folder: Path, rows: dict[str, UserRows], item: int) -> str:
+    """file:line of the first user line (train, then test) holding `item`."""
+    for name, r in rows.items():
+        at = np.flatnonzero(r.items == item)
+        if len(at):
+            user = int(r.users[np.searchsorted(r.offsets, at[0], side="right") - 1])
+            return f"{folder / name}:{_line_of_user(folder / name, user)}"
+    return str(folder / "train.txt")
+
+
+def _check_tables(folder: Path, train: UserRows, test: UserRows, kg: np.ndarray, n_items: int,
+                  n_entities: int) -> None:
+    """Every id kind that sizes a table of the model (users, items, entities, relations) is dense enough
+    (trainer/data/flat.py: check_dense), with or without item_list.txt / entity_list.txt."""
+    kg_file = folder / "kg_final.txt"
+    top_user = int(train.users.max())
+    check_dense("user", len(train.users), top_user + 1, top_user,
+                f"{folder / 'train.txt'}:{_line_of_user(folder / 'train.txt', top_user)}", DataError)
+    items = np.unique(np.concatenate([train.items, test.items]))
+    listed = (folder / "item_list.txt").exists()
+    top_item = n_items - 1 if listed else int(items[-1])
+    check_dense("item", len(items), n_items, top_item, f"{folder / 'item_list.txt'} (its {n_items:,} ids)" if listed
+                else _line_of_item(folder, {"train.txt": train, "test.txt": test}, top_item), DataError)
+    entities = np.union1d(np.unique(kg[:, [0, 2]]), items)
+    ends = kg[:, [0, 2]].max(axis=1)
+    if (folder / "entity_list.txt").exists():
+        where = f"{folder / 'entity_list.txt'} (its {n_entities:,} ids)"
+    elif len(kg) and int(ends.max()) == n_entities - 1:
+        where = f"{kg_file}:{int(line_numbers(kg_file, [int(np.argmax(ends))])[0])}"
+    else:                                               # the largest entity is an item of the CF files
+        where = _line_of_item(folder, {"train.txt": train, "test.txt": test}, n_entities - 1)
+    check_dense("entity", len(entities), n_entities, n_entities - 1, where, DataError)
+    if len(kg):
+        row = int(np.argmax(kg[:, 1]))
+        check_dense("relation", len(np.unique(kg[:, 1])), int(kg[row, 1]) + 1, int(kg[row, 1]),
+                    f"{kg_file}:{int(line_numbers(kg_file, [row])[0])}", DataError)
+
+
+READER = 2                     # the parse's version: part of the cache key
 FILES = ("train.txt", "test.txt", "kg_final.txt", "item_list.txt", "entity_list.txt")
 
 
-def build_flat(folder: str, duplicates: str) -> tuple[dict[str, np.ndarray], dict]:
+def build_flat(folder: str, duplicates: str, remap_ids: bool = False) -> tuple[dict[str, np.ndarray], dict]:
     """The parsed-data cache's builder (trainer/data/cache.py): load()'s result as flat arrays and meta."""
-    data = load(folder, duplicates)
+    data = load(folder, duplicates, remap_ids)
     arrays = dict(train=data.train.flat, train_offsets=data.train.offsets, test=data.test.flat,
                   test_offsets=data.test.offsets, kg=data.kg)
+    arrays.update({f"ids_{kind}": ids for kind, ids in (data.id_maps or {}).items()})
     return arrays, dict(n_items=data.n_items, n_entities=data.n_entities, n_relations=data.n_relations)
 
 
 def load_cached(folder: str | Path, duplicates: str = "drop", cache_setting: str = "",
-                local_rank: int = 0) -> KGATData:
+                local_rank: int = 0, remap_ids: bool = False) -> KGATData:
     """load(), parsed once into the data cache (data.cache) and memory-mapped after; "off": load() itself."""
     root = cache.root_of(cache_setting)
     folder = Path(folder).resolve()
     if root is None or not (folder / "train.txt").exists():
-        return load(folder, duplicates)                        # (its message names what is missing)
+        return load(folder, duplicates, remap_ids)             # (its message names what is missing)
     files = [folder / name for name in FILES if (folder / name).exists()]
-    arrays, meta = cache.load_or_build_files(root, "kgat", folder, files, dict(duplicates=duplicates, reader=READER),
-                                             "trainer.recipes.kgat.data:build_flat", (str(folder), duplicates),
-                                             local_rank, error=DataError)
+    settings = dict(duplicates=duplicates, reader=READER, remap_ids=remap_ids)
+    arrays, meta = cache.load_or_build_files(root, "kgat", folder, files, settings,
+                                             "trainer.recipes.kgat.data:build_flat",
+                                             (str(folder), duplicates, remap_ids), local_rank, error=DataError)
+    maps = {k[4:]: v for k, v in arrays.items() if k.startswith("ids_")} or None
     return KGATData(train=Ragged(arrays["train"], arrays["train_offsets"]),
                     test=Ragged(arrays["test"], arrays["test_offsets"]), kg=arrays["kg"], n_items=meta["n_items"],
-                    n_entities=meta["n_entities"], n_relations=meta["n_relations"])
+                    n_entities=meta["n_entities"], n_relations=meta["n_relations"], id_maps=maps)
 
 
 def hold_out_validation(data: KGATData, fraction: float, seed: int) -> KGATData:

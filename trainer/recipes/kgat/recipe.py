@@ -60,7 +60,7 @@ def load_data(cfg: KGATDataConfig, local_rank: int = 0) -> D.KGATData:
     """The folder at cfg.path (KGAT format, through the data cache), or synthetic data; with the validation
     hold-out."""
     if cfg.path:
-        data = D.load_cached(cfg.path, cfg.duplicates, cfg.cache, local_rank)
+        data = D.load_cached(cfg.path, cfg.duplicates, cfg.cache, local_rank, cfg.remap_ids)
     else:
         stats = build.Stats(cfg.synthetic_users, cfg.synthetic_items, cfg.synthetic_entities,
                             cfg.synthetic_relations, cfg.synthetic_triples, cfg.synthetic_interactions)
@@ -79,6 +79,9 @@ class KGATRecipe(Recipe):
     # (no DDP, so no buffer broadcast either: the graph's buffers are built alike on every rank, and the ranks
     # refresh the attention together once per epoch, below)
     average_after_backward = True
+
+    def id_maps(self):
+        return dict(self.data.id_maps or {})
 
     def build_datasets(self):
         self.data = load_data(self.data_cfg, getattr(self.dist, "local_rank", 0))

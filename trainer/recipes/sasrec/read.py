@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.data import kernels
 from trainer.data.flat import codes, stable_order
-from trainer.data.kernels import parse_columns
 from trainer.data.text import finite, line_numbers, read_columns, read_text, text_lines
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,7 @@ def _fast_delimited(path: Path, fmt: str, first: str) -> Interactions | None:
     if fmt == "pairs" and fields != 2 or fmt == "dat" and fields != 4 or fmt == "udata" and fields not in (3, 4):
         return None
     kinds = {"pairs": "ii", "dat": "iiFi"}.get(fmt, "iiFi" if fields == 4 else "iii")    # F: a finite rating
-    parsed = parse_columns(path, kinds, "::" if fmt == "dat" else "")
+    parsed = kernels.parse_columns(path, kinds, "::" if fmt == "dat" else "")
     if parsed is not None:
         if (parsed[0] < 0).any() or (parsed[1] < 0).any():
             return None
@@ -242,7 +242,8 @@ def _csv_header(path: Path, columns: tuple[str, str, str]) -> tuple[list[str], i
 def _fast_csv(path: Path, columns: tuple[str, str, str]) -> Interactions | None:
     header, u, i, t = _csv_header(path, columns)
     cols = (u, i) + ((t,) if t is not None else ())
-    parsed = parse_columns(path, "".join("i" if c in cols else "-" for c in range(len(header))), ",", skip_lines=1)
+    kinds = "".join("i" if c in cols else "-" for c in range(len(header)))     # '-': a column read past
+    parsed = kernels.parse_columns(path, kinds, ",", skip_lines=1)
     by_column = dict(zip(sorted(cols), parsed or ()))
     if parsed is not None and len(parsed[0]) and by_column[u].min() >= 0 and by_column[i].min() >= 0:
         return Interactions(by_column[u], by_column[i], by_column[t] if t is not None else None, source=path,
@@ -351,9 +352,11 @@ def without_duplicates(data: Interactions, path: Path, policy: str) -> Interacti
     u, _, i, _ = data.coded()
     t = data.times if data.times is not None else np.zeros(len(u), dtype=np.int64)
     order = data.chronological()
-    su, st = u[order], t[order]
-    tied = (su[1:] == su[:-1]) & (st[1:] == st[:-1])   # the same user and time as the row before
-    del su, st
+    tied = kernels.tied_neighbours(u, t, order)         # the same user and time as the row before
+    if tied is None:
+        su, st = u[order], t[order]
+        tied = (su[1:] == su[:-1]) & (st[1:] == st[:-1])
+        del su, st
     if not tied.any():
         return data
     in_run = np.zeros(len(order), dtype=bool)
