@@ -6,9 +6,12 @@ accuracy / macro-F1 / per-class F1, and the confusion-matrix PNG of each evaluat
 """
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -16,6 +19,8 @@ from trainer.distributed import runtime
 from trainer.engine.metrics import classification_metrics, confusion_matrix
 from trainer.engine.plots import confusion_png
 from trainer.engine.recipe import Recipe
+
+log = logging.getLogger(__name__)
 
 
 class ClassifierRecipe(Recipe):
@@ -30,6 +35,21 @@ class ClassifierRecipe(Recipe):
     primary_metric = ("macro_f1", "max")
     tie_break_metric = ("loss", "min")    # small validation sets saturate macro-F1 at 1.0
     class_names: list[str] = []
+
+    train_counts: list[int] = []          # training cases per class (note_training_classes)
+
+    def note_training_classes(self, labels: np.ndarray, require_all: bool) -> None:
+        """Every rank, in build_datasets: the training cases per class; a class declared but never trained on
+        is named (its F1 is 0 and pulls macro-F1 down), or refused with data.require_all_classes=true."""
+        self.train_counts = np.bincount(np.asarray(labels), minlength=len(self.class_names)).tolist()
+        missing = [n for n, c in zip(self.class_names, self.train_counts) if c == 0]
+        if missing and require_all:
+            raise ValueError(f"class(es) with no training case: {', '.join(missing)} (of {len(self.class_names)} "
+                             f"declared).\nHINT: add cases of them, drop them from the data, or set "
+                             f"data.require_all_classes=false to train anyway")
+        if missing and self.dist.is_main:
+            log.warning("class(es) with no training case: %s: the model cannot learn them, and their F1 of 0 "
+                        "pulls macro-F1 down (data.require_all_classes=true refuses this)", ", ".join(missing))
 
     def logits(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         """[B, classes] scores of a batch."""
@@ -68,9 +88,15 @@ class ClassifierRecipe(Recipe):
         n = float(cm.sum())
         out: dict[str, Any] = classification_metrics(cm, self.class_names)
         out.update(loss=float(totals["loss_sum"]) / max(n, 1.0), cases=int(n), confusion_matrix=cm.long().tolist())
+        if self.train_counts and 0 in self.train_counts:       # the per-class table says which were never trained
+            out["no_training_case"] = [n for n, c in zip(self.class_names, self.train_counts) if c == 0]
         return out
 
     def after_evaluation(self, split, metrics, run_dir, epoch):
+        record = Path(run_dir) / "data.json"                   # the classes' training counts, once per run dir
+        if self.train_counts and not record.exists():
+            record.write_text(json.dumps(dict(classes=self.class_names, train_cases=self.train_counts,
+                                              no_training_case=metrics.get("no_training_case", [])), indent=1) + "\n")
         png = confusion_png(metrics["confusion_matrix"], self.class_names, Path(run_dir) / f"confusion_{split}.png",
                             f"{split} after epoch {epoch}: accuracy {metrics['accuracy']:.4f}, "
                             f"macro-F1 {metrics['macro_f1']:.4f}")

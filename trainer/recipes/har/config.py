@@ -21,6 +21,7 @@ class HARDataConfig:
     # or a folder (trainer/data/cache.py)
     val_fraction: float = 0.2         # of the training cases, when the dataset has no validation file
     val_split: Literal["auto", "subject", "stratified"] = "auto"   # auto: by subject where subjects are known
+    require_all_classes: bool = False   # a class with no training case: refused (else named in a warning)
     standardize: bool = True          # per channel, statistics of the training split only
     length_mode: Literal["pad", "resample"] = "pad"
     length: int = 0                   # target length (0: the longest case; resample: the longest training case)

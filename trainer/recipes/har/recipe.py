@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import torch.nn.functional as F
 
 from trainer.engine.data import TensorBatches, fits_on_device
@@ -29,8 +28,9 @@ class HARRecipe(ClassifierRecipe):
         sizes = ", ".join(f"{k} {len(v)}" for k, v in d.splits.items())
         log.info("HAR data: %s; %d channels x %d samples, %d classes; %s", d.source, d.channels, d.length,
                  len(d.class_names), sizes)
-        counts = np.bincount(d.splits["train"].y.numpy(), minlength=len(d.class_names))
-        log.info("training cases per class: %s", ", ".join(f"{n}={c}" for n, c in zip(d.class_names, counts)))
+        self.note_training_classes(d.splits["train"].y.numpy(), self.data_cfg.require_all_classes)
+        log.info("training cases per class: %s", ", ".join(f"{n}={c}" for n, c in zip(d.class_names,
+                                                                                    self.train_counts)))
         return d.splits["train"], {k: v for k, v in d.splits.items() if k in ("val", "test")}
 
     def device_dataset(self):

@@ -19,6 +19,7 @@ class VideoDataConfig:
     path: str = ""                    # videos + Annotations/ or labels.csv; "": synthetic videos in the cache folder
     annotations: str = "auto"         # auto | upstream | csv (a labels.csv path may be given instead)
     merge: dict = field(default_factory=dict)   # upstream action merges, e.g. {paw_guard: paw_withdraw}
+    require_all_classes: bool = False   # a class with no training case: refused (else named in a warning)
     cache: str = ""                   # frame cache folder ("": <path>/.frame-cache)
     size: int = 128                   # frames resized to size x size (0: as decoded)
     gray: bool = True

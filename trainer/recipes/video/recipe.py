@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -29,6 +30,7 @@ class VideoRecipe(ClassifierRecipe):
         self.data = d = prepare(self.data_cfg, self.seed, is_main=info.is_main,
                                 share=lambda obj: runtime.broadcast_object(obj, info))
         self.class_names = d.class_names
+        self.note_training_classes(np.asarray(d.splits["train"].labels), self.data_cfg.require_all_classes)
         if info.is_main:
             log.info("videos per split: %s", {k: len(v) for k, v in d.videos.items()})
             log.info("\n%s", weights_table(d.class_names, d.splits["train"].labels, d.weights))
