@@ -198,7 +198,8 @@ def measure(path: Path, work: Path, repeat: int, pandas: bool, train: bool = Fal
         out["cold_build"]["child_rss_mb"] = statistics.median(child)
         out["cold_build"]["rss_mb"] = max(out["cold_build"]["rss_mb"], out["cold_build"]["child_rss_mb"])
     out["rows"] = runs["warm"][0]["rows"]
-    out["file_mb"] = round(path.stat().st_size / 2**20, 1)
+    files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
+    out["file_mb"] = round(sum(f.stat().st_size for f in files) / 2**20, 1)
     out["cache_mb"] = round(sum(f.stat().st_size for f in cache.rglob("*.npy")) / 2**20, 1)
     out["two_ranks"] = two_ranks(path, str(cache))
     if train:
@@ -227,8 +228,9 @@ def main(argv=None) -> int:
     earlier = json.loads((out / "data_scale.json").read_text()) if args.update and (out / "data_scale.json").exists() \
         else {}
     kgat_scales = [float(s) for s in args.kgat_scales.split(",") if s]
-    kept = ("sizes", "tiny", "parquet", "slope_per_million_rows") if not (args.sizes or args.parquet_sizes) else ()
-    report.update({k: earlier[k] for k in kept + (() if kgat_scales else ("kgat",)) if k in earlier})
+    kept = (() if args.sizes else ("sizes", "slope_per_million_rows")) + (() if args.parquet_sizes else ("parquet",)) \
+        + (() if kgat_scales else ("kgat",)) + (() if args.sizes or args.parquet_sizes else ("tiny",))
+    report.update({k: earlier[k] for k in kept if k in earlier})
     if args.sizes or args.parquet_sizes:
         report["tiny"] = measure(generate(100_000, folder), folder / "work-tiny", args.repeat, pandas)
     for rows in (int(s) for s in args.sizes.split(",") if s):
@@ -310,7 +312,8 @@ def plot(report: dict, png: Path) -> None:
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.legend(fontsize=7)
-    fig.suptitle(f"SASRec data at scale, {report['cpus']} CPUs, {report['date']}", fontsize=10)
+    fig.suptitle(f"Data at scale: SASRec (text, Parquet) and KGAT folders, {report['cpus']} CPUs, {report['date']}",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
