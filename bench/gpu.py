@@ -44,7 +44,7 @@ def endless(tr):
     epoch = 0
     while True:
         tr.run.recipe.on_epoch_start(epoch, tr.run.model)
-        for micro, batch in enumerate(tr._batches(epoch, 0)):
+        for micro, batch in enumerate(tr.batches(epoch, 0)):
             yield batch, micro
         epoch += 1
 
@@ -151,7 +151,7 @@ def our_epoch(tr, epoch: int, device: str) -> float:
     tr.run.recipe.on_epoch_start(epoch, tr.run.model)
     sync(device)
     t0 = time.perf_counter()
-    for micro, batch in enumerate(tr._batches(epoch, 0)):
+    for micro, batch in enumerate(tr.batches(epoch, 0)):
         tr.step(batch, micro)
     tr.settle()
     sync(device)
