@@ -23,6 +23,8 @@ class KGATDataConfig:
     duplicates: Literal["drop", "keep", "error"] = "drop"   # an item repeated on a user's line (drop: warned)
     cache: str = ""                # the parsed-data cache: "" ~/.cache/hpc-trainer/data, "off", or a folder
     remap_ids: bool = False        # compact sparse ids (refused otherwise); the maps go to RUN_DIR/ids.npz
+    user_column: str = ""          # train/test.parquet: the user and item columns ("": `user`, `item`)
+    item_column: str = ""
     val_fraction: float = 0.1      # of each user's train items, held out for early stopping (0: use test)
     split_seed: int = 2019
     laplacian: Literal["random-walk", "symmetric"] = "random-walk"

@@ -172,10 +172,51 @@ def _read_cf_lines(path: Path, duplicates: str) -> dict[int, np.ndarray]:
     return out
 
 
-def _report_repeats(path: Path, repeats: int, first_line: int, duplicates: str) -> None:
-    """Items repeated on their user's line: refused (duplicates=error), or said once and dropped or kept."""
-    what = f"{path}: {repeats} duplicate interaction(s) (an item repeated on its user's line), first at line " \
-           f"{first_line}"
+def cf_file(folder: Path, name: str) -> Path:
+    """train/test: NAME.txt, else NAME.parquet (one row per interaction)."""
+    txt = folder / f"{name}.txt"
+    return txt if txt.exists() or not (folder / f"{name}.parquet").exists() else folder / f"{name}.parquet"
+
+
+def read_cf_any(path: Path, duplicates: str, columns: tuple[str, str] = ("", "")):
+    """read_cf of a text file, read_cf_table of a Parquet file."""
+    return read_cf_table(path, duplicates, columns) if path.suffix == ".parquet" else read_cf(path, duplicates)
+
+
+def read_cf_table(path: Path, duplicates: str, columns: tuple[str, str] = ("", "")) -> UserRows:
+    """A Parquet file of interactions, one (user, item) per row (data.user_column / data.item_column, default
+    `user` and `item`; the `parquet` extra): the same rows as a `user item item ...` file, items sorted per user."""
+    from trainer.data.arrow import read_table
+
+    def pick(header: list[str]) -> tuple[int, int, None]:
+        lower = [h.lower() for h in header]
+        found = []
+        for given, default in zip(columns, ("user", "item")):
+            if (given or default).lower() not in lower:
+                raise DataError(f"{path}: no column {(given or default)!r} (it has {', '.join(header)}); "
+                                f"data.{default}_column=NAME names another")
+            found.append(lower.index((given or default).lower()))
+        return found[0], found[1], None
+    users, items, _ = read_table(path, "parquet", pick, DataError)
+    if users.dtype.kind not in "iu" or items.dtype.kind not in "iu":
+        raise DataError(f"{path}: user and item ids must be integers >= 0 here (they index the model's tables); "
+                        f"ids that are names: convert them to SASRec's formats, or number them")
+    order = np.lexsort((items, users))
+    u, it = users[order], items[order]
+    repeat = np.concatenate([[False], (u[1:] == u[:-1]) & (it[1:] == it[:-1])]) if len(u) else np.zeros(0, bool)
+    if repeat.any():
+        _report_repeats(path, int(repeat.sum()), f"row {int(order[repeat].min())}", duplicates)
+        if duplicates != "keep":
+            u, it = u[~repeat], it[~repeat]
+    starts = np.flatnonzero(np.concatenate([[True], u[1:] != u[:-1]])) if len(u) else np.zeros(0, np.int64)
+    return UserRows(u[starts], np.concatenate([starts, [len(u)]]).astype(np.int64), it)
+
+
+def _report_repeats(path: Path, repeats: int, first: int | str, duplicates: str) -> None:
+    """Items repeated on their user's line: refused (duplicates=error), or said once and dropped or kept. `first`:
+    the line of the first (a Parquet file's: "row N")."""
+    what = f"{path}: {repeats} duplicate interaction(s) (an item repeated on its user's line), first at " \
+           f"{first if isinstance(first, str) else f'line {first}'}"
     if duplicates == "error":
         raise DataError(f"{what}.\nHINT: remove them, or set data.duplicates=drop (or keep).")
     log.warning("%s: %s (data.duplicates=%s)", what, "kept" if duplicates == "keep" else "dropped", duplicates)
@@ -239,8 +280,15 @@ def _check_items(rows: UserRows, path: Path, limit: int, what: str) -> None:
     if len(outside):
         k = int(outside.min())
         user = int(rows.users[k])
-        raise DataError(f"{path}:{_line_of_user(path, user)}: user {user}: item {int(rows[user].max())} is "
+        raise DataError(f"{_where_user(path, user)}: user {user}: item {int(rows[user].max())} is "
                         f"outside the {what} range 0..{limit - 1}")
+
+
+def _where_user(path: Path, user: int) -> str:
+    """file:line of a user's line (a Parquet file: the file and the user, whose rows may be anywhere)."""
+    if path.suffix == ".parquet":
+        return f"{path} (the rows of user {user})"
+    return f"{path}:{_line_of_user(path, user)}"
 
 
 def _line_of_user(path: Path, user: int) -> int:
@@ -250,27 +298,29 @@ def _line_of_user(path: Path, user: int) -> int:
     return 0
 
 
-def load(folder: str | Path, duplicates: str = "drop", remap_ids: bool = False) -> KGATData:
+def load(folder: str | Path, duplicates: str = "drop", remap_ids: bool = False,
+         columns: tuple[str, str] = ("", "")) -> KGATData:
     """Read and validate a KGAT-format folder; `remap_ids` compacts sparse ids (compact_ids) where their tables
     would otherwise be refused (_check_tables)."""
     folder = Path(folder)
-    for name in ("train.txt", "test.txt", "kg_final.txt"):
-        if not (folder / name).exists():
-            raise DataError(f"{folder / name}: missing (a KGAT dataset has train.txt, test.txt, kg_final.txt)")
-    train = _as_rows(read_cf(folder / "train.txt", duplicates))
-    test = _as_rows(read_cf(folder / "test.txt", duplicates))
+    for name in ("train", "test", "kg_final"):
+        if not (folder / f"{name}.txt").exists() and (name == "kg_final" or not (folder / f"{name}.parquet").exists()):
+            raise DataError(f"{folder / name}.txt: missing (a KGAT dataset has train.txt, test.txt, kg_final.txt; "
+                            f"train.parquet and test.parquet may stand for the first two)")
+    train = _as_rows(read_cf_any(cf_file(folder, "train"), duplicates, columns))
+    test = _as_rows(read_cf_any(cf_file(folder, "test"), duplicates, columns))
     kg = read_kg(folder / "kg_final.txt")
     strangers = test.users[~np.isin(test.users, train.users)]
     if len(strangers):
         user = int(strangers[0])
-        raise DataError(f"{folder / 'test.txt'}:{_line_of_user(folder / 'test.txt', user)}: field 'user': "
+        raise DataError(f"{_where_user(cf_file(folder, 'test'), user)}: field 'user': "
                         f"user {user} has no line in train.txt")
     max_item = int(max(rows.items.max() if len(rows.items) else -1 for rows in (train, test)))
     n_items = _count_list(folder / "item_list.txt") or max_item + 1
     n_entities = _count_list(folder / "entity_list.txt") or max(int(kg[:, [0, 2]].max()) + 1, n_items)
     for rows, name in ((train, "train.txt"), (test, "test.txt")):
-        _check_items(rows, folder / name, n_items, "item")
-        _check_items(rows, folder / name, n_entities, "entity")
+        _check_items(rows, cf_file(folder, name[:-4]), n_items, "item")
+        _check_items(rows, cf_file(folder, name[:-4]), n_entities, "entity")
     bad = np.nonzero((kg[:, 0] >= n_entities) | (kg[:, 2] >= n_entities))[0]
     if bad.size:
         h, r, t = kg[bad[0]]
@@ -311,7 +361,7 @@ def _line_of_item(folder: Path, rows: dict[str, UserRows], item: int) -> str:
         at = np.flatnonzero(r.items == item)
         if len(at):
             user = int(r.users[np.searchsorted(r.offsets, at[0], side="right") - 1])
-            return f"{folder / name}:{_line_of_user(folder / name, user)}"
+            return _where_user(cf_file(folder, name[:-4]), user)
     return str(folder / "train.txt")
 
 
@@ -322,7 +372,7 @@ def _check_tables(folder: Path, train: UserRows, test: UserRows, kg: np.ndarray,
     kg_file = folder / "kg_final.txt"
     top_user = int(train.users.max())
     check_dense("user", len(train.users), top_user + 1, top_user,
-                f"{folder / 'train.txt'}:{_line_of_user(folder / 'train.txt', top_user)}", DataError)
+                _where_user(cf_file(folder, "train"), top_user), DataError)
     items = np.unique(np.concatenate([train.items, test.items]))
     listed = (folder / "item_list.txt").exists()
     top_item = n_items - 1 if listed else int(items[-1])
@@ -344,12 +394,13 @@ def _check_tables(folder: Path, train: UserRows, test: UserRows, kg: np.ndarray,
 
 
 READER = 2                     # the parse's version: part of the cache key
-FILES = ("train.txt", "test.txt", "kg_final.txt", "item_list.txt", "entity_list.txt")
+FILES = ("train.txt", "test.txt", "train.parquet", "test.parquet", "kg_final.txt", "item_list.txt", "entity_list.txt")
 
 
-def build_flat(folder: str, duplicates: str, remap_ids: bool = False) -> tuple[dict[str, np.ndarray], dict]:
+def build_flat(folder: str, duplicates: str, remap_ids: bool = False,
+               columns: tuple[str, str] = ("", "")) -> tuple[dict[str, np.ndarray], dict]:
     """The parsed-data cache's builder (trainer/data/cache.py): load()'s result as flat arrays and meta."""
-    data = load(folder, duplicates, remap_ids)
+    data = load(folder, duplicates, remap_ids, tuple(columns))
     arrays = dict(train=data.train.flat, train_offsets=data.train.offsets, test=data.test.flat,
                   test_offsets=data.test.offsets, kg=data.kg)
     arrays.update({f"ids_{kind}": ids for kind, ids in (data.id_maps or {}).items()})
@@ -357,17 +408,18 @@ def build_flat(folder: str, duplicates: str, remap_ids: bool = False) -> tuple[d
 
 
 def load_cached(folder: str | Path, duplicates: str = "drop", cache_setting: str = "",
-                local_rank: int = 0, remap_ids: bool = False) -> KGATData:
+                local_rank: int = 0, remap_ids: bool = False, columns: tuple[str, str] = ("", "")) -> KGATData:
     """load(), parsed once into the data cache (data.cache) and memory-mapped after; "off": load() itself."""
     root = cache.root_of(cache_setting)
     folder = Path(folder).resolve()
-    if root is None or not (folder / "train.txt").exists():
-        return load(folder, duplicates, remap_ids)             # (its message names what is missing)
+    if root is None or not cf_file(folder, "train").exists():
+        return load(folder, duplicates, remap_ids, columns)    # (its message names what is missing)
     files = [folder / name for name in FILES if (folder / name).exists()]
-    settings = dict(duplicates=duplicates, reader=READER, remap_ids=remap_ids)
+    settings = dict(duplicates=duplicates, reader=READER, remap_ids=remap_ids, columns=list(columns))
     arrays, meta = cache.load_or_build_files(root, "kgat", folder, files, settings,
                                              "trainer.recipes.kgat.data:build_flat",
-                                             (str(folder), duplicates, remap_ids), local_rank, error=DataError)
+                                             (str(folder), duplicates, remap_ids, list(columns)), local_rank,
+                                             error=DataError)
     maps = {k[4:]: v for k, v in arrays.items() if k.startswith("ids_")} or None
     return KGATData(train=Ragged(arrays["train"], arrays["train_offsets"]),
                     test=Ragged(arrays["test"], arrays["test_offsets"]), kg=arrays["kg"], n_items=meta["n_items"],

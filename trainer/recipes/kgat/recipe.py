@@ -60,7 +60,8 @@ def load_data(cfg: KGATDataConfig, local_rank: int = 0) -> D.KGATData:
     """The folder at cfg.path (KGAT format, through the data cache), or synthetic data; with the validation
     hold-out."""
     if cfg.path:
-        data = D.load_cached(cfg.path, cfg.duplicates, cfg.cache, local_rank, cfg.remap_ids)
+        data = D.load_cached(cfg.path, cfg.duplicates, cfg.cache, local_rank, cfg.remap_ids,
+                             (cfg.user_column, cfg.item_column))
     else:
         stats = build.Stats(cfg.synthetic_users, cfg.synthetic_items, cfg.synthetic_entities,
                             cfg.synthetic_relations, cfg.synthetic_triples, cfg.synthetic_interactions)

@@ -154,7 +154,7 @@ def read_interactions(path: str | Path, fmt: str = "auto", duplicates: str = "dr
     p = resolve_path(path)
     arrow = "parquet" if p.is_dir() else ARROW_SUFFIXES.get(p.suffix.lower())
     if fmt in ("parquet", "arrow") or fmt == "auto" and arrow:
-        from trainer.recipes.sasrec.arrow import read_table
+        from trainer.data.arrow import read_table
         data = Interactions(*read_table(p, fmt if fmt != "auto" else arrow,
                                         lambda header: find_columns(header, columns, str(p)), DataError))
     else:

@@ -1,5 +1,6 @@
 """Interactions from Parquet (a file or a folder of them) and Arrow IPC/Feather files, through pyarrow (the
-`parquet` extra): only the user, item and time columns are read, straight into numpy arrays.
+`parquet` extra): only the user, item and time columns are read, straight into numpy arrays (SASRec's
+interactions, KGAT's train/test pairs).
 
     users, items, times = read_table(Path("likes.parquet"), "parquet", pick, DataError)   # pick(header) -> indices
 
