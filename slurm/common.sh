@@ -143,8 +143,8 @@ wait_forwarding() {
 # retryable failure (trainer/exitcodes.py), up to MAX_RESTARTS times per allocation (a Slurm requeue starts the
 # count again), into the same run directory from the newest agreed checkpoint (the command has --resume auto),
 # with a fresh port (a new step id). trainer/restarts.py decides from each rank's exit record and writes
-# RUN_DIR/restarts.jsonl; never relaunched: a usage/configuration error, a non-finite loss, a checkpointed
-# preemption (Slurm requeues that), less time left than the last attempt needed to reach a checkpoint. A host
+# RUN_DIR/restarts.jsonl; never relaunched: a usage/configuration error, a non-finite loss, a run directory that
+# cannot be written (exit 4: a full disk, a quota), a checkpointed preemption (Slurm requeues that), less time left than the last attempt needed to reach a checkpoint. A host
 # that failed twice is left out when the others can go on (a recipe that resumes exactly on a smaller world).
 run_training() {
   local attempt=0 rc start end stop verdict summary nodes tasks_per_node job_log exclude=() excluded=""

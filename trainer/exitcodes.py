@@ -5,24 +5,59 @@
 | 0         | done (or preempted, checkpointed and requeued by rank 0)     | nothing                          |
 | 2         | usage or configuration error (bad flag, key, data file)      | never retried: it fails the same |
 | 3         | non-finite loss                                              | never retried: it fails the same |
+| 4         | resource: the run directory cannot be written (disk full,    | never retried: a relaunch meets  |
+|           | quota, read-only file system, permission)                    | the same disk                    |
 | 128 + N   | stopped by signal N after an agreed checkpoint (.preempted)  | requeue, not relaunch            |
 | any other | a crash, an uncaught error, a signal without a checkpoint    | retryable                        |
 
     record_start(run_dir, rank)                 # RUN_DIR/exits/rank-<N>.json says "running" until the exit
     record_exit(run_dir, rank, code, cause)     # ... and then the exit; a rank killed by a signal leaves "running"
-    kind_of(code, preempted=...)                # "done" | "usage" | "non-finite" | "preempted" | "retryable"
+    kind_of(code, preempted=...)                # "done" | "usage" | "non-finite" | "resource" | "preempted" | ...
+    raise disk_error(path, err, "checkpoint")   # DiskError: one line naming the path, the error, the free space
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
 
-DONE, USAGE, NON_FINITE = 0, 2, 3
+DONE, USAGE, NON_FINITE, RESOURCE = 0, 2, 3, 4
 RUNNING = "running"       # the kind of a record whose process has not exited (or was killed without a word)
-NEVER_RETRIED = {USAGE: "usage", NON_FINITE: "non-finite"}
+NEVER_RETRIED = {USAGE: "usage", NON_FINITE: "non-finite", RESOURCE: "resource"}
+# errors of writing that a relaunch on the same file system meets again
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+
+
+class DiskError(RuntimeError):
+    """The run directory (or a file in it) cannot be written: exit RESOURCE, never relaunched."""
+
+
+def is_disk_error(err: BaseException) -> bool:
+    return isinstance(err, DiskError) or isinstance(err, OSError) and err.errno in DISK_ERRNOS
+
+
+def free_space(path: str | Path) -> str:
+    """The free space of the file system holding path (its nearest existing parent), for messages."""
+    target = Path(path)
+    while not target.exists() and target.parent != target:
+        target = target.parent
+    try:
+        free = shutil.disk_usage(target).free
+    except OSError:
+        return "free space unknown"
+    return f"{free / 2**30:.1f} GiB free" if free >= 2**30 else f"{free / 2**20:.1f} MiB free"
+
+
+def disk_error(path: str | Path, err: BaseException, what: str = "", hint: str = "") -> DiskError:
+    """A DiskError whose first line names what could not be written, the error and the free space there."""
+    why = f"{os.strerror(err.errno)} (errno {errno.errorcode.get(err.errno, err.errno)})" \
+        if isinstance(err, OSError) and err.errno else (str(err).splitlines()[0] if str(err) else type(err).__name__)
+    text = f"could not write {what + ' ' if what else ''}{path}: {why}; {free_space(path)} there"
+    return DiskError(text + (f".\nHINT: {hint}" if hint else ""))
 EXITS_DIR = "exits"
 PREEMPTED_MARKER = ".preempted"   # in the run directory while the last stop was a signal checkpoint (engine/loop.py)
 

@@ -111,7 +111,7 @@ def test_a_run_directory_the_container_user_cannot_write_is_a_clear_error(image,
     locked.mkdir(mode=0o755)
     proc = podman("run", "--rm", "-v", f"{locked}:/runs", image, "python", "-m", "trainer", *HAR, "--epochs", "1",
                   "--run-dir", "/runs/x", check=False)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 4 and "Traceback" not in proc.stderr, proc.stderr[-2000:]    # resource
     assert "run directory /runs/x is not writable by this user (uid 1000): /runs belongs to uid 0, mode 755" \
         in proc.stderr and "chown 1000" in proc.stderr
 

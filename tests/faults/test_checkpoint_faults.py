@@ -1,5 +1,6 @@
 """Run directories that are not clean: stale and corrupt checkpoints, a fresh run into an old directory,
 killed saves, and a disk that fills up during a checkpoint write. Nothing already saved may be lost."""
+import re
 import resource
 import signal
 import subprocess
@@ -72,6 +73,23 @@ def _file_size_limit(limit: int):
     return apply
 
 
+def test_a_full_disk_before_the_first_checkpoint_is_one_line_and_final(tmp_path):
+    """Issue 57: the run directory's lock/marker write fails (RLIMIT_FSIZE 0: every write past byte 0 fails as a
+    full disk would): one line naming the path, the error and the free space, exit 4, which the restart loop never
+    relaunches (was: a traceback and exit 1, retryable)."""
+    t0 = time.monotonic()
+    proc = subprocess.run([PY, "-m", "trainer", "train", *RUN, "--epochs", "1", "--run-dir", str(tmp_path / "run")],
+                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=180,
+                          preexec_fn=_file_size_limit(0))
+    assert proc.returncode == 4 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and re.search(r"could not write run directory .*run.*: File too large \(errno EFBIG\); "
+                                         r"[\d.]+ [GM]iB free there", error[0]), proc.stderr[-2000:]
+    record_fault("a full disk before the first checkpoint (the run directory's lock)", steps_lost=0,
+                 exit_s=round(time.monotonic() - t0, 2), outcome="exit 4 (resource, never relaunched), one line "
+                 "naming the path, the error and the free space (was: a traceback, exit 1, retryable)")
+
+
 def test_a_full_disk_during_a_checkpoint_write_is_an_error_naming_the_file(tmp_path):
     """RLIMIT_FSIZE makes the write fail as a full disk or quota would; the earlier checkpoint survives."""
     run_dir = tmp_path / "run"
@@ -83,13 +101,15 @@ def test_a_full_disk_during_a_checkpoint_write_is_an_error_naming_the_file(tmp_p
     proc = subprocess.run([PY, "-m", "trainer", "train", *RUN, *big, "--epochs", "3", "--run-dir", str(run_dir),
                            "--resume", "auto"], cwd=REPO, env=clean_env(), capture_output=True, text=True,
                           timeout=180, preexec_fn=_file_size_limit(100_000))
-    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.returncode == 4, proc.stderr[-3000:]          # resource: never relaunched (exitcodes.py)
     assert "Traceback" not in proc.stderr
     # the first write after the resume: the improved validation metric's best.pt
-    assert f"could not write checkpoint {run_dir}/checkpoints/best.pt: File too large" in proc.stderr
+    assert re.search(rf"could not write checkpoint {re.escape(str(run_dir))}/checkpoints/best.pt: File too large "
+                     rf"\(errno EFBIG\); [\d.]+ [GM]iB free there", proc.stderr)
     assert {p: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()} == saved
     assert torch.load(run_dir / "checkpoints" / "final.pt", weights_only=True)["global_step"] == 8
     record_fault("disk full / file too large while writing a checkpoint", exit_s=round(time.monotonic() - t0, 2),
-                 steps_lost=8, outcome="exit 2 naming the file; earlier checkpoints intact (steps since the "
+                 steps_lost=8, outcome="exit 4 (resource) naming the file and the free space; earlier checkpoints "
+                 "intact (steps since the "
                  "last written checkpoint are lost)")
     assert not list((run_dir / "checkpoints").glob(".*tmp*"))

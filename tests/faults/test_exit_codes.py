@@ -16,6 +16,7 @@ def records(run_dir):
 
 
 def test_the_table():
+    assert kind_of(4) == "resource"
     assert [kind_of(c) for c in (0, 2, 3, 1, 139, 143)] == ["done", "usage", "non-finite", "retryable", "retryable",
                                                             "retryable"]
     assert kind_of(143, preempted=True) == "preempted" and kind_of(1, preempted=True) == "retryable"

@@ -39,7 +39,7 @@ def test_a_file_and_an_unwritable_place_get_one_line_errors(tmp_path):
     out = trainer(*RUN, "--run-dir", str(afile), check=False)
     assert out.returncode == 2 and f"--run-dir {afile} is a file, not a directory" in out.stderr
     out = trainer(*RUN, "--run-dir", "/proc/no-such-run", check=False)
-    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.returncode == 4 and "Traceback" not in out.stderr          # resource: never relaunched
     assert "cannot create or write run directory /proc/no-such-run" in out.stderr
 
 

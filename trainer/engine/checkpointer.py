@@ -20,6 +20,7 @@ from trainer.distributed import runtime
 from trainer.engine import ckpt_io, resume
 from trainer.engine.build import Run
 from trainer.engine.state import TrainState, where
+from trainer.exitcodes import DiskError
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +53,17 @@ class Checkpointer:
     def save(self, kind: str, state: TrainState, metrics: dict) -> None:
         """Every rank contributes its RNG state; rank 0 writes atomically."""
         snap = self.snapshot(kind, state, metrics)
+        failed = None
         if self.info.is_main:
-            path = self.files.save(snap, kind)
-            log.info("saved %s checkpoint %s (%s, step %d)", kind, path, where(state), state.global_step)
-        runtime.barrier(self.info)
+            try:
+                path = self.files.save(snap, kind)
+                log.info("saved %s checkpoint %s (%s, step %d)", kind, path, where(state), state.global_step)
+            except DiskError as err:
+                failed = str(err)
+        # every rank learns of a failed write (and stops with it) here, where it waited at a barrier before
+        failed = runtime.broadcast_object(failed, self.info)
+        if failed:
+            raise DiskError(failed)
 
     def resume(self) -> tuple[TrainState, dict] | None:
         """Restore from --resume PATH or the newest valid checkpoint of the run directory; a run that starts

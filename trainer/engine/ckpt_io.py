@@ -1,7 +1,6 @@
 """Atomic, validated checkpoints: write to a temp file, fsync, rename; load with weights_only=True."""
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import platform
@@ -12,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from trainer.exitcodes import disk_error
 
 log = logging.getLogger(__name__)
 PERIODIC = re.compile(r"^step-(\d+)\.pt$")
@@ -77,7 +78,7 @@ def restore_rng(state: dict[str, Any]) -> None:
 def atomic_save(obj: Any, path: Path) -> None:
     """torch.save to a temporary file in the same folder, fsync, then rename over path.
 
-    A failed write (disk full, file too large, quota) raises CheckpointError naming the file; the
+    A failed write (disk full, file too large, quota) raises DiskError naming the file (exit RESOURCE); the
     temporary is removed and the previous file at `path` is untouched."""
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     sink = None
@@ -91,9 +92,8 @@ def atomic_save(obj: Any, path: Path) -> None:
         os.replace(tmp, path)
     except (OSError, RuntimeError) as err:  # torch.save turns a failed write into a RuntimeError
         cause = sink.error if sink is not None and sink.error is not None else err
-        raise CheckpointError(f"could not write checkpoint {path}: {_why(cause)}.\n"
-                              f"HINT: free space or raise the quota of {path.parent}; the checkpoints "
-                              f"already there are intact.") from None
+        raise disk_error(path, cause, "checkpoint", f"free space or raise the quota of {path.parent}; the "
+                                                    f"checkpoints already there are intact") from None
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -119,12 +119,6 @@ class _Sink:
 
     def flush(self) -> None:
         self.fh.flush()
-
-
-def _why(err: BaseException) -> str:
-    if isinstance(err, OSError) and err.errno is not None:
-        return f"{os.strerror(err.errno)} (errno {errno.errorcode.get(err.errno, err.errno)})"
-    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 def load(path: str | Path, map_location: str = "cpu") -> dict[str, Any]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import ckpt_io
+from trainer.exitcodes import DiskError, disk_error, free_space
 
 log = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
@@ -122,15 +123,16 @@ def check_writable(run_dir: Path) -> None:
         probe.unlink()
     except OSError as err:
         if not isinstance(err, PermissionError):
-            raise ckpt_io.CheckpointError(f"cannot create or write run directory {run_dir}: {err.strerror} "
-                                          f"({err.filename}).\nHINT: pick a --run-dir on a writable file "
-                                          f"system.") from None
+            raise DiskError(f"cannot create or write run directory {run_dir}: {err.strerror} ({err.filename}); "
+                            f"{free_space(target)} there.\nHINT: pick a --run-dir on a writable file system with "
+                            f"free space.") from None
         st = target.stat()
-        raise ckpt_io.CheckpointError(
+        raise DiskError(
             f"run directory {run_dir} is not writable by this user (uid {os.getuid()}): {target} belongs to "
-            f"uid {st.st_uid}, mode {st.st_mode & 0o777:o}.\nHINT: in a container the image's user is uid 1000: "
-            f"mount a directory it can write (chown 1000 DIR), run as yourself (docker/podman --user "
-            f"$(id -u):$(id -g), apptainer does so already), or pick another --run-dir.") from None
+            f"uid {st.st_uid}, mode {st.st_mode & 0o777:o}; {free_space(target)} there.\nHINT: in a container the "
+            f"image's user is uid 1000: mount a directory it can write (chown 1000 DIR), run as yourself "
+            f"(docker/podman --user $(id -u):$(id -g), apptainer does so already), or pick another --run-dir.") \
+            from None
 
 
 def holder_text(info: DistInfo) -> str:
@@ -155,12 +157,17 @@ def claim_run_dir(run_dir: str | Path, resume: str, info: DistInfo) -> RunDirLoc
             lock.mark(holder_text(info))
             mark_as_run(Path(run_dir), holder_text(info))
         except ckpt_io.CheckpointError as err:
-            problem = str(err)
+            problem = ("usage", str(err))
+        except DiskError as err:                        # check_writable's
+            problem = ("disk", str(err))
+        except OSError as err:                          # the lock or the marker: a full or read-only disk
+            problem = ("disk", str(disk_error(err.filename or run_dir, err, "run directory",
+                                              "free space on it, or pick another --run-dir")))
     problem = runtime.broadcast_object(problem, info)
     if problem:
         if lock is not None:
             lock.release(refused=True)
-        raise ckpt_io.CheckpointError(problem)
+        raise (DiskError if problem[0] == "disk" else ckpt_io.CheckpointError)(problem[1])
     return lock
 
 
