@@ -119,36 +119,25 @@ def train_epoch(path: Path, cache: str, run_dir: Path, eval_users: int) -> dict:
                 eval_users_per_s=round(val["users"] / val["eval_time_s"], 1), full_ndcg10=round(val["full_ndcg@10"], 4))
 
 
-def generate(rows: int, folder: Path) -> Path:
-    """A u.data of about `rows` interactions from the project's generator (vectorized above 1M rows)."""
-    path = folder / f"u-{rows}.data"
+def generate(rows: int, folder: Path, kind: str = "udata") -> Path:
+    """A u.data (kind "udata") or Parquet file (user, item, timestamp: int64) of about `rows` interactions from
+    the project's generator (vectorized above 1M rows)."""
+    path = folder / f"u-{rows}.{'data' if kind == 'udata' else 'parquet'}"
     if not path.exists():
         sys.path.insert(0, str(REPO))
         from trainer.recipes.sasrec import sequences
         users = max(10, round(rows * USERS_PER_ROW))
         t0 = time.perf_counter()
         inter = sequences.synthesize(users, ITEMS, max(5, round(rows / users)), seed=0, vectorized=True)
-        sequences.write_udata(inter, path)
-        print(f"generated {len(inter):,} rows in {time.perf_counter() - t0:.1f} s: {path}", flush=True)
-    return path
-
-
-def generate_parquet(rows: int, folder: Path) -> Path:
-    """A Parquet file (user, item, timestamp: int64) of about `rows` interactions from the same generator."""
-    path = folder / f"u-{rows}.parquet"
-    if not path.exists():
-        sys.path.insert(0, str(REPO))
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        from trainer.recipes.sasrec import sequences
-        users = max(10, round(rows * USERS_PER_ROW))
-        t0 = time.perf_counter()
-        inter = sequences.synthesize(users, ITEMS, max(5, round(rows / users)), seed=0, vectorized=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        pq.write_table(pa.table(dict(user=inter.user_ids, item=inter.item_ids, timestamp=inter.times)), tmp,
-                       row_group_size=4_000_000)
-        tmp.replace(path)
+        if kind == "udata":
+            sequences.write_udata(inter, path)
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+            tmp = path.with_name(f".{path.name}.tmp")
+            pq.write_table(pa.table(dict(user=inter.user_ids, item=inter.item_ids, timestamp=inter.times)), tmp,
+                           row_group_size=4_000_000)
+            tmp.replace(path)
         print(f"generated {len(inter):,} rows in {time.perf_counter() - t0:.1f} s: {path}", flush=True)
     return path
 
@@ -247,7 +236,7 @@ def main(argv=None) -> int:
     if parquet_sizes:
         report["parquet"] = {}
     for rows in parquet_sizes:
-        path = generate_parquet(rows, folder)
+        path = generate(rows, folder, "parquet")
         report["parquet"][str(rows)] = r = measure(path, folder / f"work-pq-{rows}", args.repeat, pandas,
                                                    not args.no_train, args.eval_users)
         r["cold_over_arrow"] = round(r["cold_no_cache"]["s"] / r["arrow"]["s"], 2)
