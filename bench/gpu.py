@@ -54,8 +54,10 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_steps(recipe: str, overrides: list[str], device: str, steps: int, warmup: int) -> dict:
-    """Optimizer steps of a fresh EpochLoop: warm-up (compile included) timed apart, then `steps` timed."""
+def time_steps(recipe: str, overrides: list[str], device: str, steps: int, warmup: int,
+               profile: bool = False) -> dict:
+    """Optimizer steps of a fresh EpochLoop: warm-up (compile included) timed apart, then `steps` timed; with
+    `profile`, then the top ops of a few more steps."""
     tr, _ = epoch_loop_for(recipe, overrides, device)
     feed, dev = endless(tr), torch.device(device)
     t0 = time.perf_counter()
@@ -81,7 +83,34 @@ def time_steps(recipe: str, overrides: list[str], device: str, steps: int, warmu
                data_wait_frac=rates["data_wait_frac"], warmup_s=round(warm, 2), steps=steps)
     if dev.type == "cuda":
         out["peak_mem_mb"] = round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)
+    if profile:
+        out["top_ops"] = top_ops(tr, feed, device)
     return out
+
+
+def top_ops(tr, feed, device: str, steps: int = 5, keep: int = 8) -> list[dict]:
+    """The ops that take the step's time, from torch.profiler over a few steps: on a GPU the device's own time
+    per op (what a missed target is made of), on a CPU the host's; ms per step and share of the profiled total."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = device.startswith("cuda")
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        done = 0
+        while done < steps:
+            batch, micro = next(feed)
+            done += tr.step(batch, micro)
+        tr.settle()
+        sync(device)
+
+    def self_us(e) -> float:
+        if cuda:
+            return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0))
+        return float(e.self_cpu_time_total)
+    events = [e for e in prof.key_averages() if self_us(e) > 0]
+    total = sum(self_us(e) for e in events) or 1.0
+    events.sort(key=self_us, reverse=True)
+    return [dict(op=e.key[:80], ms_per_step=round(self_us(e) / 1e3 / done, 4), share=round(self_us(e) / total, 3),
+                 calls_per_step=round(e.count / done, 1)) for e in events[:keep]]
 
 
 def rows(args) -> list[tuple[str, str, list[str]]]:
@@ -249,7 +278,8 @@ def main(argv=None) -> int:
             key = f"{row} {'fp32' if amp == 'off' else amp}"
             cfg = [*overrides, f"train.amp={'bf16' if amp == 'compiled' else amp}", "train.gpu_path=on",
                    "train.tensorboard=false"] + (["train.compile=reduce-overhead"] if amp == "compiled" else [])
-            report["rows"][key] = r = time_steps(recipe, cfg, args.device, args.steps, 10 if not args.tiny else 2)
+            report["rows"][key] = r = time_steps(recipe, cfg, args.device, args.steps, 10 if not args.tiny else 2,
+                                                 profile=amp == "bf16" and row in TARGETS)
             counts = step_counts(recipe, cfg, device=args.device)
             r.update(ops=counts.ops, syncs=counts.syncs, batch_ops=counts.data_ops)
             if row in TARGETS and amp != "off":
@@ -257,6 +287,7 @@ def main(argv=None) -> int:
                 r["target"] = f"{metric} {how} {bound}"
                 r["met"] = r[metric] <= bound if how == "<=" else r[metric] >= bound
             print(f"{key:28s} {json.dumps(r)}", flush=True)
+            save(report, out)         # row by row: a step stopped at its cap keeps the rows it measured
     if time.perf_counter() - start < args.budget_s and not args.stock_only:
         report["video_bare"] = bare = video_sweep(args, args.device)
         print("video bare step:", json.dumps(bare), flush=True)
@@ -271,8 +302,7 @@ def main(argv=None) -> int:
         report["sasrec_ml100k_epoch_s"] = dict(gpu=epoch_seconds(Path(args.ml100k), args.device, "on"),
                                                cpu=epoch_seconds(Path(args.ml100k), "cpu", "off"))
     report["stock_seconds" if args.stock_only else "seconds"] = seconds = round(time.perf_counter() - start, 1)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    save(report, out)
     try:
         plot(report, out.with_suffix(".png"))
         print(f"wrote {out} and {out.with_suffix('.png')} in {seconds} s")
@@ -280,6 +310,13 @@ def main(argv=None) -> int:
         print(f"wrote {out} in {seconds} s; no matplotlib here: `python -m bench.gpu --plot {out.name}` draws the "
               f"PNG where there is one")
     return 0
+
+
+def save(report: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.replace(out)
 
 
 def plot(report: dict, png: Path) -> None:

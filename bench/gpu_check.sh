@@ -6,12 +6,13 @@
 #   OUT=/tmp/gpu bash bench/gpu_check.sh        # on the device machine (the run tool: carry .gpu-carry)
 #   GPU_CHECK_ON_CPU=1 OUT=/tmp/gpu-cpu bash bench/gpu_check.sh   # the same steps on a CPU: a plumbing check
 #
-# Steps (caps in seconds, overridable as CAP_<N>=...; about 7.5 minutes in all, leaving time for one rerun
+# Steps (caps in seconds, overridable as CAP_<N>=...; about 9 minutes at most, leaving time for one rerun
 # of a failing step: STEPS="3 4" runs only those):
-#   1 bench.gpu --quick (150), then the tests marked gpu but those of steps 3-4 (90)
+#   1 bench.gpu --quick (180; its own budget 130 s, rows saved one by one), then the tests marked gpu but those
+#     of steps 3-4 (120)
 #   2 our SASRec ml-100k epoch beside the stock PyTorch SASRec, added to step 1's JSON (60)
 #   3 two ranks on the one GPU over gloo: train and resume, bitwise equal to an uninterrupted run (60)
-#   4 SIGTERM and resume, bitwise, train.deterministic=true, every recipe (60)
+#   4 SIGTERM and resume, bitwise, train.deterministic=true, every recipe (100)
 # Everything lands in $OUT: each step's log, summary.txt (step, exit code, seconds), versions.txt, the JSON.
 # Draw the PNG afterwards where matplotlib is: python -m bench.gpu --plot $OUT/gpu-<device>.json
 set -u
@@ -65,8 +66,9 @@ step() {   # step NAME CAP COMMAND...: run it under its cap, log to $OUT/NAME.lo
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
 if wants 1; then
-    step 1-bench "${CAP_1:-150}" "$PY" -m bench.gpu --quick --no-stock --ml100k "$ml100k" --out "$json" "${bench[@]}"
-    step 1-tests "${CAP_1T:-90}" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_cuda.py -rs "${xdist[@]}"
+    step 1-bench "${CAP_1:-180}" "$PY" -m bench.gpu --quick --budget-s "${BUDGET_1:-130}" --no-stock \
+        --ml100k "$ml100k" --out "$json" "${bench[@]}"
+    step 1-tests "${CAP_1T:-120}" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_cuda.py -rs "${xdist[@]}"
 fi
 if wants 2; then
     step 2-stock "${CAP_2:-60}" "$PY" -m bench.gpu --stock-only --ml100k "$ml100k" --out "$json" "${bench[@]}"
@@ -77,7 +79,7 @@ if wants 3; then
         -k two_ranks_share
 fi
 if wants 4; then
-    step 4-bitwise "${CAP_4:-60}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_cuda_resume.py \
+    step 4-bitwise "${CAP_4:-100}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_cuda_resume.py \
         -k resume_after_sigterm "${xdist[@]}"
 fi
 cat "$OUT/summary.txt"
