@@ -31,22 +31,12 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from bench.opcount import epoch_loop_for, step_counts  # noqa: E402
+from bench.opcount import endless, epoch_loop_for, step_counts  # noqa: E402
 from trainer.engine.metrics import Throughput  # noqa: E402
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0}  # dense
 TARGETS = {"sasrec-ml100k": ("step_ms", 2.0, "<="), "har": ("step_ms", 1.0, "<="), "kgat": ("step_ms", 3.0, "<="),
            "video": ("samples_per_s", 2000.0, ">=")}
-
-
-def endless(tr):
-    """(batch, micro) over epoch after epoch of an EpochLoop's own batches."""
-    epoch = 0
-    while True:
-        tr.run.recipe.on_epoch_start(epoch, tr.run.model)
-        for micro, batch in enumerate(tr.batches(epoch, 0)):
-            yield batch, micro
-        epoch += 1
 
 
 def sync(device: str) -> None:
@@ -247,6 +237,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stock-only", action="store_true", help="only the stock-SASRec row (issue 54 step 2)")
     ap.add_argument("--no-stock", action="store_true", help="leave out the stock-SASRec row")
     ap.add_argument("--stock-epochs", type=int, default=5, help="interleaved epochs of each in the stock row")
+    ap.add_argument("--only", default="", help="these rows only (comma-separated names, e.g. har,kgat,video), "
+                    "joined to the report already at --out")
     ap.add_argument("--out", default="")
     ap.add_argument("--plot", metavar="JSON", default="", help="only draw JSON's PNG beside it (e.g. on a machine "
                     "with matplotlib, from a GPU machine's JSON)")
@@ -265,12 +257,13 @@ def main(argv=None) -> int:
     out = Path(args.out or REPO / "bench" / "results" / f"gpu-{name}.json")
     start, report = time.perf_counter(), dict(device=name, torch=torch.__version__, date=time.strftime("%Y-%m-%d"),
                                               cuda=torch.version.cuda, rows={}, skipped=[])
-    if args.stock_only and out.exists():          # the stock row joins the report of an earlier run
+    if (args.stock_only or args.only) and out.exists():     # these rows join the report of an earlier run
         report = {**json.loads(out.read_text()), **{k: report[k] for k in ("device", "torch", "cuda")}}
     if args.device.startswith("cuda"):
         report["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     compiled = args.device.startswith("cuda") and not args.tiny     # inductor on a GPU: a row of its own
-    for row, recipe, overrides in [] if args.stock_only else rows(args):
+    only = set(filter(None, args.only.split(",")))
+    for row, recipe, overrides in [] if args.stock_only else [r for r in rows(args) if not only or r[0] in only]:
         for amp in ("off", "bf16", "compiled") if compiled and row != "kgat" else ("off", "bf16"):
             if time.perf_counter() - start > args.budget_s:
                 report["skipped"].append(f"{row} {amp}: over --budget-s")
@@ -288,17 +281,18 @@ def main(argv=None) -> int:
                 r["met"] = r[metric] <= bound if how == "<=" else r[metric] >= bound
             print(f"{key:28s} {json.dumps(r)}", flush=True)
             save(report, out)         # row by row: a step stopped at its cap keeps the rows it measured
-    if time.perf_counter() - start < args.budget_s and not args.stock_only:
+    if time.perf_counter() - start < args.budget_s and not args.stock_only and (not only or "video" in only):
         report["video_bare"] = bare = video_sweep(args, args.device)
         print("video bare step:", json.dumps(bare), flush=True)
         loop = report["rows"].get("video compiled") or report["rows"].get("video bf16")
         same = next((b for b in bare if b["batch"] == (4 if args.tiny else 16)), None)
         if loop and same:     # the loop (loader, engine) against the bare step at the loop's batch
             report["video_loop_loss"] = round(1 - loop["samples_per_s"] / same["clips_per_s"], 4)
-    if time.perf_counter() - start < args.budget_s and not args.no_stock:
+    if time.perf_counter() - start < args.budget_s and not args.no_stock and not only:
         report["stock_sasrec"] = row = stock_sasrec(args, args.device)
         print("stock SASRec:", json.dumps(row), flush=True)
-    if time.perf_counter() - start < args.budget_s and not (args.tiny or args.stock_only):
+    if time.perf_counter() - start < args.budget_s and not (args.tiny or args.stock_only) and \
+            (not only or only & {"sasrec-ml100k", "epoch"}):
         report["sasrec_ml100k_epoch_s"] = dict(gpu=epoch_seconds(Path(args.ml100k), args.device, "on"),
                                                cpu=epoch_seconds(Path(args.ml100k), "cpu", "off"))
     report["stock_seconds" if args.stock_only else "seconds"] = seconds = round(time.perf_counter() - start, 1)

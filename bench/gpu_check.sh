@@ -8,11 +8,12 @@
 #
 # Steps (caps in seconds, overridable as CAP_<N>=...; about 9 minutes at most, leaving time for one rerun
 # of a failing step: STEPS="3 4" runs only those):
-#   1 bench.gpu --quick (180; its own budget 130 s, rows saved one by one), then the tests marked gpu but those
-#     of steps 3-4 (120)
+#   1 bench.gpu --quick (180; its own budget 130 s, rows saved one by one; ONLY=har,kgat: those rows, joined to
+#     the JSON already in $OUT), then the tests marked gpu but those of steps 3-4 (120); 1b or 1t: one of the two
+#     (PARALLEL=1: the tests of steps 1, 3 and 4 side by side, after the timings)
 #   2 our SASRec ml-100k epoch beside the stock PyTorch SASRec, added to step 1's JSON (60)
 #   3 two ranks on the one GPU over gloo: train and resume, bitwise equal to an uninterrupted run (60)
-#   4 SIGTERM and resume, bitwise, train.deterministic=true, every recipe (100)
+#   4 SIGTERM and resume, bitwise, train.deterministic=true, every recipe; the same run twice, bitwise (100)
 # Everything lands in $OUT: each step's log, summary.txt (step, exit code, seconds), versions.txt, the JSON.
 # Draw the PNG afterwards where matplotlib is: python -m bench.gpu --plot $OUT/gpu-<device>.json
 set -u
@@ -65,21 +66,27 @@ step() {   # step NAME CAP COMMAND...: run it under its cap, log to $OUT/NAME.lo
 }
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
-if wants 1; then
+if wants 1 || wants 1b; then
     step 1-bench "${CAP_1:-180}" "$PY" -m bench.gpu --quick --budget-s "${BUDGET_1:-130}" --no-stock \
-        --ml100k "$ml100k" --out "$json" "${bench[@]}"
-    step 1-tests "${CAP_1T:-120}" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_cuda.py -rs "${xdist[@]}"
+        --ml100k "$ml100k" --out "$json" ${ONLY:+--only "$ONLY"} "${bench[@]}"
 fi
 if wants 2; then
     step 2-stock "${CAP_2:-60}" "$PY" -m bench.gpu --stock-only --ml100k "$ml100k" --out "$json" "${bench[@]}"
 fi
 wait "$shm_build"
+# the checks of correctness: one after another, or side by side with PARALLEL=1 (the timings are steps 1 and 2)
+pids=()
+later() { if [ "${PARALLEL:-0}" = 1 ]; then step "$@" & pids+=($!); else step "$@"; fi; }
+if wants 1 || wants 1t; then
+    later 1-tests "${CAP_1T:-120}" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_cuda.py -rs "${xdist[@]}"
+fi
 if wants 3; then
-    step 3-shared-gpu "${CAP_3:-60}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_cuda_resume.py \
+    later 3-shared-gpu "${CAP_3:-60}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_cuda_resume.py \
         -k two_ranks_share
 fi
 if wants 4; then
-    step 4-bitwise "${CAP_4:-100}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_cuda_resume.py \
-        -k resume_after_sigterm "${xdist[@]}"
+    later 4-bitwise "${CAP_4:-100}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_cuda_resume.py \
+        -k "resume_after_sigterm or same_bits" "${xdist[@]}"
 fi
+for pid in "${pids[@]}"; do wait "$pid"; done
 cat "$OUT/summary.txt"

@@ -117,6 +117,17 @@ def epoch_loop_for(recipe: str, overrides: list[str], device: str = "cpu"):
     return epoch_loop, iter(epoch_loop.batches(0, 0))
 
 
+def endless(tr):
+    """(batch, micro) over epoch after epoch of an EpochLoop's own batches (a small dataset's epoch may hold
+    fewer batches than a measurement needs)."""
+    epoch = 0
+    while True:
+        tr.run.recipe.on_epoch_start(epoch, tr.run.model)
+        for micro, batch in enumerate(tr.batches(epoch, 0)):
+            yield batch, micro
+        epoch += 1
+
+
 def step_counts(recipe: str, overrides: list[str], warmup: int = 2, steps: int = 2, device: str = "cpu") -> StepCounts:
     """Ops and syncs of one optimizer step of `recipe` under `overrides` (after `warmup` steps: lazy state
     such as the optimizer's is made then), the median of `steps` counted steps."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import math
 import random
@@ -34,6 +35,12 @@ def rank_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
+# torch 2.13 names DDP's buffer broadcast forward_sync_buffers (broadcast_buffers warns there); the torch of a GPU
+# node's own image may be older (2.11 knows only broadcast_buffers)
+DDP_SYNC_BUFFERS = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters \
+    else "broadcast_buffers"
+
+
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch (CPU and CUDA) generators."""
     random.seed(seed)
@@ -53,7 +60,7 @@ def wrap_model(model: torch.nn.Module, info: DistInfo, dist_cfg, find_unused: bo
             return model
         ids = [info.torch_device.index] if info.device.startswith("cuda") else None
         return DDP(model, device_ids=ids, find_unused_parameters=dist_cfg.find_unused_parameters or find_unused,
-                   forward_sync_buffers=broadcast_buffers)
+                   **{DDP_SYNC_BUFFERS: broadcast_buffers})
     if dist_cfg.strategy == "dp":
         if len(info.dp_devices) < 2:
             log.warning("--strategy dp needs two or more CUDA devices (%s): using one device (%s)",

@@ -170,6 +170,7 @@ class EpochLoop:
         with sync:
             with run.autocast():
                 loss = run.train_step(batch)
+            run.recipe.after_step()
             t1 = time.perf_counter()
             run.scaler.scale(loss / self._window_len(micro)).backward()
             if last and run.grad_sync is not None:

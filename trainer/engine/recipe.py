@@ -52,6 +52,10 @@ class Recipe:
         """Host-side work of a micro-batch before its training_step (which train.compile traces: a clock read
         or an optimizer's phase switch there would break its graph)."""
 
+    def after_step(self) -> None:
+        """After training_step returned, outside train.compile's graph: a CUDA-graph replay's outputs that the
+        recipe keeps are read here, before the next replay writes over them."""
+
     def training_step(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         """Mean loss of the batch; call model(...) so DDP hooks run."""
         raise NotImplementedError

@@ -56,13 +56,22 @@ class ClassifierRecipe(Recipe):
         raise NotImplementedError
 
     def counted(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """logits, after adding the batch to the epoch's training accuracy (the seeds log it): the hits are
-        summed on the device and read once, at the epoch's end (a read per step made the host wait for it)."""
-        hits = (logits.detach().argmax(1) == y).sum()
-        last = getattr(self, "_train_hits", None)
-        self._train_hits = hits if last is None else last + hits
-        self._train_cases = getattr(self, "_train_cases", 0) + len(y)
+        """logits, after noting the batch's hits for the epoch's training accuracy (the seeds log it): they are
+        summed on the device (after_step) and read once, at the epoch's end (a read per step made the host wait)."""
+        self._step_hits = (logits.detach().argmax(1) == y).sum()
+        self._step_cases = len(y)
         return logits
+
+    def after_step(self) -> None:
+        # out here, not in counted: under train.compile=reduce-overhead the hits are a CUDA graph's output, which
+        # the next replay overwrites, so the running sum must not be carried into the graph
+        hits = getattr(self, "_step_hits", None)
+        if hits is None:
+            return
+        last = getattr(self, "_train_hits", None)
+        self._train_hits = hits.clone() if last is None else last + hits
+        self._train_cases = getattr(self, "_train_cases", 0) + self._step_cases
+        self._step_hits = None
 
     def on_epoch_start(self, epoch: int, model: torch.nn.Module) -> None:
         self._train_hits, self._train_cases = None, 0

@@ -88,6 +88,23 @@ def assemble_panels(values: torch.Tensor, layout: tuple, panel_cols: int, n: int
     return out
 
 
+def propagate(adj: tuple, x: torch.Tensor) -> torch.Tensor:
+    """A @ x for adj = (A, A^T): SpMM, or edgewise_mm for a CUDA tensor under torch.use_deterministic_algorithms
+    (train.deterministic): cuSPARSE's CSR product may add a row's terms in another order at every run, which
+    torch does not refuse, and a resume was then not bitwise on a GPU."""
+    if x.is_cuda and torch.are_deterministic_algorithms_enabled() and isinstance(adj[0], torch.Tensor):
+        return edgewise_mm(adj[0], x)
+    return SpMM.apply(adj[0], adj[1], x)
+
+
+def edgewise_mm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A @ x for a CSR A as a gather of x's rows and an index_add_ over the edges: both have deterministic CUDA
+    kernels (forward and backward) under torch.use_deterministic_algorithms; an edge-sized buffer is the cost."""
+    cols = a.col_indices().long()
+    rows = torch._convert_indices_from_csr_to_coo(a.crow_indices(), cols)[0]
+    return x.new_zeros(a.shape[0], x.shape[1]).index_add_(0, rows, x[cols] * a.values().unsqueeze(1))
+
+
 class SpMM(torch.autograd.Function):
     """A @ x for a constant A (CSR or column panels) whose transpose is given too: the backward is A^T @ grad
     as one more product (torch's own backward for CSR transposes A on every call)."""
@@ -140,7 +157,7 @@ class Aggregator(nn.Module):
     def forward(self, ego: torch.Tensor, adj: tuple) -> torch.Tensor:
         """adj: (A, A^T), each a CSR matrix or its column panels (KGAT.products)."""
         with torch.autocast(ego.device.type, enabled=False):    # sparse kernels are fp32 only (no bf16 CSR mm)
-            side = SpMM.apply(adj[0], adj[1], ego.float())
+            side = propagate(adj, ego.float())
         if self.kind == "gcn":
             out = F.leaky_relu(self.w1(ego + side))
         elif self.kind == "graphsage":

@@ -20,7 +20,33 @@ WIDTHS = {"mouse3d": ((32, 64, 128, 256), (512, 256)), "light": ((16, 32, 64, 12
 
 def block(c_in: int, c_out: int, pool: tuple[int, int, int]) -> nn.Sequential:
     return nn.Sequential(nn.Conv3d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm3d(c_out),
-                         nn.ReLU(inplace=True), nn.MaxPool3d(pool, ceil_mode=True))
+                         nn.ReLU(inplace=True), WindowMaxPool3d(pool, ceil_mode=True))
+
+
+class WindowMaxPool3d(nn.MaxPool3d):
+    """nn.MaxPool3d over windows that do not overlap (kernel = stride, no padding), whose CUDA backward has no
+    deterministic kernel: under torch.use_deterministic_algorithms on a CUDA tensor (train.deterministic) the
+    same maxima come from window_max, whose backward is elementwise. Saved and loaded as nn.MaxPool3d (no state)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and torch.are_deterministic_algorithms_enabled() and self.stride == self.kernel_size \
+                and not self.padding and self.dilation == 1:
+            return window_max(x, self.kernel_size, self.ceil_mode)
+        return super().forward(x)
+
+
+def window_max(x: torch.Tensor, kernel: tuple[int, int, int], ceil_mode: bool) -> torch.Tensor:
+    """max_pool3d(x, kernel) for stride = kernel as a reshape and amax. A tie splits its gradient among the tied
+    inputs where max_pool3d gives it to one; behind a ReLU the tied ones are zeros, whose gradient the ReLU drops."""
+    k = (kernel,) * 3 if isinstance(kernel, int) else tuple(kernel)
+    size = x.shape[2:]
+    if ceil_mode:       # the last window may run past the edge: -inf never wins a max
+        x = torch.nn.functional.pad(x, (0, -size[2] % k[2], 0, -size[1] % k[1], 0, -size[0] % k[0]),
+                                    value=float("-inf"))
+    else:
+        x = x[:, :, :size[0] // k[0] * k[0], :size[1] // k[1] * k[1], :size[2] // k[2] * k[2]]
+    b, c, t, h, w = x.shape
+    return x.reshape(b, c, t // k[0], k[0], h // k[1], k[1], w // k[2], k[2]).amax(dim=(3, 5, 7))
 
 
 class Video3DCNN(nn.Module):

@@ -49,7 +49,14 @@ class VideoRecipe(ClassifierRecipe):
     def logits(self, model, batch):
         return model(self.inputs(batch[0]))
 
+    def loss_weight(self, device: torch.device) -> torch.Tensor:
+        """The class weights on the batch's device, copied there once (a copy per step made a CUDA step wait)."""
+        held = getattr(self, "_loss_weight", None)
+        if held is None or held.device != device:
+            self._loss_weight = held = self.data.weights.to(device)
+        return held
+
     def training_step(self, model, batch):
-        weight = self.data.weights.to(batch[1].device)
+        weight = self.loss_weight(batch[1].device)
         return F.cross_entropy(self.counted(self.logits(model, batch).float(), batch[1]), batch[1], weight=weight,
                                label_smoothing=self.loss_cfg.label_smoothing)
