@@ -23,6 +23,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,9 +79,11 @@ def time_steps(recipe: str, overrides: list[str], device: str, steps: int, warmu
     return out
 
 
-def top_ops(tr, feed, device: str, steps: int = 5, keep: int = 8) -> list[dict]:
-    """The ops that take the step's time, from torch.profiler over a few steps: on a GPU the device's own time
-    per op (what a missed target is made of), on a CPU the host's; ms per step and share of the profiled total."""
+def top_ops(tr, feed, device: str, steps: int = 5, keep: int = 8) -> dict:
+    """What the step's time is made of, from torch.profiler over a few steps: on a GPU its kernels (device time;
+    their sum per step against the step's time says whether the GPU or the host that feeds it sets the pace), on
+    a CPU the host's ops. {busy_ms_per_step, top: [{op, ms_per_step, share of busy, calls_per_step}]}."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     cuda = device.startswith("cuda")
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -96,11 +99,14 @@ def top_ops(tr, feed, device: str, steps: int = 5, keep: int = 8) -> list[dict]:
         if cuda:
             return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0))
         return float(e.self_cpu_time_total)
-    events = [e for e in prof.key_averages() if self_us(e) > 0]
+    # a kernel's time is also an aten op's device time: count the kernels alone, once
+    events = [e for e in prof.key_averages() if self_us(e) > 0 and (not cuda or e.device_type == DeviceType.CUDA)]
     total = sum(self_us(e) for e in events) or 1.0
     events.sort(key=self_us, reverse=True)
-    return [dict(op=e.key[:80], ms_per_step=round(self_us(e) / 1e3 / done, 4), share=round(self_us(e) / total, 3),
-                 calls_per_step=round(e.count / done, 1)) for e in events[:keep]]
+    return dict(busy_ms_per_step=round(total / 1e3 / done, 4),
+                top=[dict(op=e.key[:80], ms_per_step=round(self_us(e) / 1e3 / done, 4),
+                          share=round(self_us(e) / total, 3), calls_per_step=round(e.count / done, 1))
+                     for e in events[:keep]])
 
 
 def rows(args) -> list[tuple[str, str, list[str]]]:
@@ -271,9 +277,18 @@ def main(argv=None) -> int:
             key = f"{row} {'fp32' if amp == 'off' else amp}"
             cfg = [*overrides, f"train.amp={'bf16' if amp == 'compiled' else amp}", "train.gpu_path=on",
                    "train.tensorboard=false"] + (["train.compile=reduce-overhead"] if amp == "compiled" else [])
-            report["rows"][key] = r = time_steps(recipe, cfg, args.device, args.steps, 10 if not args.tiny else 2,
-                                                 profile=amp == "bf16" and row in TARGETS)
-            counts = step_counts(recipe, cfg, device=args.device)
+            try:
+                r = time_steps(recipe, cfg, args.device, args.steps, 10 if not args.tiny else 2,
+                               profile=amp == "bf16" and row in TARGETS)
+                counts = step_counts(recipe, cfg, device=args.device)
+            except Exception as err:  # noqa: BLE001 - one row's defect is a finding; the other rows still run
+                report["rows"][key] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+                print(f"{key:28s} FAILED {report['rows'][key]['error']}", flush=True)
+                traceback.print_exc()
+                torch._dynamo.reset()
+                save(report, out)
+                continue
+            report["rows"][key] = r
             r.update(ops=counts.ops, syncs=counts.syncs, batch_ops=counts.data_ops)
             if row in TARGETS and amp != "off":
                 metric, bound, how = TARGETS[row]

@@ -4,7 +4,8 @@ can be: on this CPU, through the same code the CUDA path takes.
 - HAR/video under train.compile=reduce-overhead: the running sum of training hits was carried into the compiled
   step, so the next CUDA-graph replay overwrote an output still in use; now the step only notes its hits and
   the recipe sums them after it (Recipe.after_step).
-- video: the class weights were copied to the device at every step (a host sync under sync-debug mode).
+- video: the class weights were copied to the device at every step (a host sync under sync-debug mode); then,
+  copied once inside the compiled step, they were a CUDA graph's output (the second run): now in before_step.
 - train.deterministic on CUDA: MaxPool3d's backward has no deterministic CUDA kernel (the run stopped) and
   KGAT's cuSPARSE product added in a different order per run (a resume differed in the last bits); both take
   paths whose CUDA kernels are deterministic there (window_max, edgewise_mm), equal to the usual ones.
@@ -37,12 +38,14 @@ def test_training_hits_are_summed_after_the_step_not_inside_it():
 
 
 def test_the_video_loss_weights_are_copied_once():
-    tr, _ = epoch_loop_for("video", ["model.arch=light", "data.size=32", "data.clip_len=9",
+    tr, batches = epoch_loop_for("video", ["model.arch=light", "data.size=32", "data.clip_len=9",
                                      "data.synthetic_videos=4", "data.synthetic_frames=30", "train.num_workers=0"])
-    recipe = tr.run.recipe
-    first = recipe.loss_weight(torch.device("cpu"))
-    assert recipe.loss_weight(torch.device("cpu")) is first
+    recipe, batch = tr.run.recipe, next(batches)
+    recipe.before_step(batch)                   # the loop calls it outside the (compiled) training step
+    first = recipe._loss_weight
     assert torch.equal(first, recipe.data.weights)
+    recipe.training_step(tr.run.model, batch)
+    assert recipe._loss_weight is first         # the step made nothing (a CUDA graph's output would be overwritten)
 
 
 def test_window_max_is_max_pool3d_forward_and_backward():

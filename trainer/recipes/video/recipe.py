@@ -49,8 +49,13 @@ class VideoRecipe(ClassifierRecipe):
     def logits(self, model, batch):
         return model(self.inputs(batch[0]))
 
+    def before_step(self, batch) -> None:
+        self.loss_weight(batch[1].device)       # here, outside train.compile's graph (see loss_weight)
+
     def loss_weight(self, device: torch.device) -> torch.Tensor:
-        """The class weights on the batch's device, copied there once (a copy per step made a CUDA step wait)."""
+        """The class weights on the batch's device, copied there once (a copy per step made a CUDA step wait), in
+        before_step: made inside a step compiled with CUDA graphs, they were a graph's output, which the next
+        replay overwrote."""
         held = getattr(self, "_loss_weight", None)
         if held is None or held.device != device:
             self._loss_weight = held = self.data.weights.to(device)
