@@ -16,7 +16,7 @@ from trainer.config import build_config, from_dict, parse_override, set_key
 from trainer.distributed import runtime
 from trainer.distributed.environment import select_environment
 from trainer.engine.session import USAGE_ERRORS, build_recipe, exit_code_of, no_deterministic_kernel, run_train
-from trainer.exitcodes import NON_FINITE, RESOURCE, USAGE, DiskError, disk_error, is_disk_error
+from trainer.exitcodes import NON_FINITE, RESOURCE, USAGE, ResourceError, disk_error, is_disk_error
 
 log = logging.getLogger("trainer")
 
@@ -114,14 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(get_parser(), argv)
     try:
         return COMMANDS[args.command](args)
-    except (DiskError, OSError) as err:
+    except (ResourceError, OSError) as err:
         record_for_agent(err)
-        if not is_disk_error(err):
+        if not (isinstance(err, ResourceError) or is_disk_error(err)):
             if isinstance(err, USAGE_ERRORS):            # FileNotFoundError
                 print(f"error: {err}", file=sys.stderr)
                 return USAGE
             raise
-        print(f"error: {err if isinstance(err, DiskError) else disk_error(err.filename or '?', err)}",
+        print(f"error: {err if isinstance(err, ResourceError) else disk_error(err.filename or '?', err)}",
               file=sys.stderr)
         return RESOURCE
     except USAGE_ERRORS as err:

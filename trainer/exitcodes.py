@@ -6,7 +6,8 @@
 | 2         | usage or configuration error (bad flag, key, data file)      | never retried: it fails the same |
 | 3         | non-finite loss                                              | never retried: it fails the same |
 | 4         | resource: the run directory cannot be written (disk full,    | never retried: a relaunch meets  |
-|           | quota, read-only file system, permission)                    | the same disk                    |
+|           | quota, read-only file system, permission), or the model,     | the same disk and memory         |
+|           | its gradients and optimizer state exceed the free memory     |                                  |
 | 128 + N   | stopped by signal N after an agreed checkpoint (.preempted)  | requeue, not relaunch            |
 | any other | a crash, an uncaught error, a signal without a checkpoint    | retryable                        |
 
@@ -32,12 +33,20 @@ NEVER_RETRIED = {USAGE: "usage", NON_FINITE: "non-finite", RESOURCE: "resource"}
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 
 
-class DiskError(RuntimeError):
-    """The run directory (or a file in it) cannot be written: exit RESOURCE, never relaunched."""
+class ResourceError(RuntimeError):
+    """What the run needs is not there (a disk to write, memory for the model): exit RESOURCE, never relaunched."""
+
+
+class DiskError(ResourceError):
+    """The run directory (or a file in it) cannot be written."""
 
 
 def is_disk_error(err: BaseException) -> bool:
     return isinstance(err, DiskError) or isinstance(err, OSError) and err.errno in DISK_ERRNOS
+
+
+def is_resource_error(err: BaseException) -> bool:
+    return isinstance(err, ResourceError) or is_disk_error(err)
 
 
 def free_space(path: str | Path) -> str:

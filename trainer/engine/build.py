@@ -23,6 +23,7 @@ from trainer import memory
 from trainer.config import Config
 from trainer.distributed import gradsync, runtime
 from trainer.distributed.runtime import DistInfo
+from trainer.engine import footprint
 from trainer.engine.data import ResumableSampler, per_rank_batch_size
 from trainer.engine.optim import build_optimizer, build_scheduler, scaled_lr
 from trainer.engine.recipe import Recipe
@@ -124,7 +125,7 @@ class Run:
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
 
-def _data_and_model(recipe: Recipe, info: DistInfo, cfg: Config, wrap: bool) -> Run:
+def _data_and_model(recipe: Recipe, info: DistInfo, cfg: Config, wrap: bool, training: bool = False) -> Run:
     if cfg.train.deterministic:
         runtime.deterministic_kernels()
     seed_everything(cfg.seed)  # same data and initial weights on every rank
@@ -136,6 +137,8 @@ def _data_and_model(recipe: Recipe, info: DistInfo, cfg: Config, wrap: bool) -> 
     # stay resident for the whole run; 20M u.data rows parsed here: no child process to start, 2 s saved)
     if recipe.reuse_freed_memory and memory.reuse_freed_memory():
         log.info("malloc keeps freed memory for reuse (no mmap): large tensors fault no pages after step one")
+    if training:                # before a byte of it is taken: a model that cannot fit stops here (exit 4)
+        footprint.check_before_build(recipe, info)
     model = recipe.build_model().to(info.torch_device)
     seed_everything(rank_seed(cfg.seed, info.rank))  # per-rank dropout/sampling streams
     wrapped = wrap_model(model, info, cfg.dist, recipe.find_unused_parameters, recipe.broadcast_buffers,
@@ -182,7 +185,7 @@ def compiled_step(recipe: Recipe, wrapped: torch.nn.Module, mode: str):
 def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
     """Everything training needs, built in a fixed order (the RNG streams of a resumed run depend on it)."""
     tc = cfg.train
-    run = _data_and_model(recipe, info, cfg, wrap=True)
+    run = _data_and_model(recipe, info, cfg, wrap=True, training=True)
     run.accum = max(tc.grad_accum_steps, 1)
     if info.distributed:
         _sync_gradients(run, runtime.local_comm())

@@ -48,6 +48,21 @@ class Recipe:
         """DataLoader collate function (None: torch's default)."""
         return None
 
+    def model_for_estimate(self) -> torch.nn.Module:
+        """The model with its shapes and no storage (the meta device), for the memory estimate made before the
+        model is built (trainer/engine/footprint.py); a recipe whose build_model reads tensor values overrides it."""
+        with torch.device("meta"):
+            return self.build_model()
+
+    def optimizer_states(self) -> int:
+        """How many copies of the weights the optimizer keeps (Adam/AdamW: 2; SGD: its momentum, if any)."""
+        tc = self.train_cfg
+        return 2 if tc.optimizer in ("adam", "adamw") else int(bool(getattr(tc, "momentum", 0)))
+
+    def memory_drivers(self) -> str:
+        """The settings and data sizes that set the model's size, for the message of a model that cannot fit."""
+        return "the model.* settings"
+
     def before_step(self, batch: Any) -> None:
         """Host-side work of a micro-batch before its training_step (which train.compile traces: a clock read
         or an optimizer's phase switch there would break its graph)."""

@@ -125,6 +125,18 @@ class KGATRecipe(Recipe):
             model.load_pretrained(m.pretrain, self.data.n_items)
         return model
 
+    def model_for_estimate(self):
+        with torch.device("meta"):          # the graph's buffers are sized here too; set_graph fills them
+            return KGAT(self.model_cfg, self.data.n_entities, self.data.n_users, self.ckg.n_relations,
+                        len(self.ckg.heads), loss=self.loss_cfg, native_dropout=self.gpu_shaped)
+
+    def optimizer_states(self) -> int:
+        return super().optimizer_states() * (1 if self.model_cfg.phase_optimizers == "shared" else 2)
+
+    def memory_drivers(self) -> str:
+        return (f"the node count ({self.data.n_entities + self.data.n_users:,} entities and users: the data's "
+                f"largest ids + 1; data.remap_ids=true compacts sparse ids) x model.width={self.model_cfg.width}")
+
     def build_optimizer(self, model, lr):
         cls, kwargs = optimizer_spec(self.train_cfg, lr)
         if self.model_cfg.kg_update == "sparse":

@@ -38,6 +38,10 @@ class SASRecRecipe(Recipe):
     def build_model(self):
         return SeqRec(self.model_cfg, self.data.num_items, self.data_cfg.maxlen, fixed_shapes=self.gpu_shaped)
 
+    def memory_drivers(self) -> str:
+        return (f"the item count ({self.data.num_items:,}, data) x model.width={self.model_cfg.width}, and "
+                f"model.depth={self.model_cfg.depth}")
+
     def device_dataset(self):
         """The GPU-shaped step's training set: padded rows and histories on the device, negatives drawn there
         (device.py) by the same stream as the DataLoader path's."""
