@@ -18,6 +18,7 @@ FLAG_KEYS = {
     "lr": "train.lr", "weight_decay": "train.weight_decay", "warmup_steps": "train.warmup_steps",
     "warmup_epochs": "train.warmup_epochs", "amp": "train.amp", "strategy": "dist.strategy",
     "gpu_ids": "dist.gpu_ids", "resume": "ckpt.resume", "init_from": "ckpt.init_from", "run_dir": "run_dir",
+    "allow_data_change": "ckpt.allow_data_change",
     "seed": "seed", "private": "private",
 }
 
@@ -108,6 +109,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--init-from", metavar="CKPT",
                    help="a fresh run starts from this checkpoint's weights (not its optimizer or step); "
                         "ignored when --resume finds a checkpoint")
+    g.add_argument("--allow-data-change", action="store_const", const=True,
+                   help="--resume may go on with data other than the checkpoint's (its files or counts differ); "
+                        "logged as changed on resume")
     g.add_argument("--run-dir", metavar="DIR", help="output folder (default runs/<recipe>-<job id|time>)")
     g.add_argument("--seed", type=int, help="base seed (per-rank seeds are derived from it)")
     g.add_argument("--private", action="store_const", const=True,

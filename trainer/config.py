@@ -85,6 +85,7 @@ class CheckpointConfig:
     save_best: bool = True
     resume: str = ""                      # "" (fresh), "auto" (newest valid in run_dir), or a path
     init_from: str = ""                   # a fresh start takes its weights (only) from this checkpoint
+    allow_data_change: bool = False       # a resume may go on with data other than the checkpoint's (logged)
     requeue_signals: list[str] = field(default_factory=lambda: ["SIGUSR1", "SIGUSR2"])
 
 

@@ -180,10 +180,48 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
+def data_report(run_dir: Path) -> str:
+    """The data the run's newest checkpoint trained on (its fingerprint) against the files at data.path now."""
+    from trainer.data import cache
+    from trainer.data.fingerprint import fingerprint
+    from trainer.engine.ckpt_io import CheckpointError, CheckpointFolder, load
+    lines = []
+    for path in CheckpointFolder(run_dir).candidates():
+        try:
+            ckpt = load(path)
+            break
+        except CheckpointError:         # a damaged one: the next one says it
+            continue
+    else:
+        return "  data: no readable checkpoint"
+    data = ckpt.get("data")
+    if not data:
+        return f"  data: {path.name} has no data fingerprint (written before fingerprints)"
+    counts = ", ".join(f"{k} {v:,}" for k, v in data.get("counts", {}).items()) or "no counts"
+    source = (ckpt.get("config", {}).get("data") or {}).get("path", "")
+    lines.append(f"  data ({path.name}, step {ckpt.get('global_step')}): {counts}; "
+                 f"{len(data.get('files', {}))} file(s) under {source or 'generated data'}")
+    root, memo = Path(source) if source else None, None
+    if (where := cache.root_of((ckpt.get("config", {}).get("data") or {}).get("cache", ""))) is not None:
+        memo = where / "fingerprints"
+    for name, f in sorted(data.get("files", {}).items()):
+        now = (root / name if root.is_dir() else root) if root is not None else None
+        if now is None or not now.is_file():
+            state = "missing now"
+        elif now.stat().st_size != f["size"]:
+            state = f"changed: {f['size']:,} -> {now.stat().st_size:,} bytes"
+        else:
+            state = "unchanged" if fingerprint(now, memo) == f["sha256"] else "changed: same size, other content"
+        lines.append(f"    {name}: {f['size']:,} bytes, sha256 {f['sha256'][:12]}: {state}")
+    return "\n".join(lines)
+
+
 def run_doctor(args) -> int:
     if args.run:
         from trainer.restarts import run_report
         print(run_report(Path(args.run)))
+        if Path(args.run).is_dir():
+            print(data_report(Path(args.run)))
         return 0
     env = select_environment()
     try:

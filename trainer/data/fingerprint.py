@@ -55,3 +55,55 @@ def fingerprints(paths: list[Path], memo: Path | None = None) -> str:
     for path in paths:
         digest.update(f"{Path(path).name}\0{fingerprint(path, memo)}\n".encode())
     return digest.hexdigest()
+
+
+def files_under(path: str | Path) -> list[Path]:
+    """The data files of data.path: the file itself, or every file below the folder but hidden ones and those in
+    hidden folders (a recipe's caches: video's .frame-cache), in a stable order."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        return []
+    return sorted(p for p in path.rglob("*") if p.is_file()
+                  and not any(part.startswith(".") for part in p.relative_to(path).parts))
+
+
+def data_fingerprint(files: list[Path], counts: dict, base: str | Path | None, memo: Path | None) -> dict:
+    """What a run trains on: per file (named relative to `base`, data.path, so a moved copy is the same data)
+    its size and content hash, and the recipe's counts (users, items, interactions, classes...)."""
+    base = Path(base) if base else None
+
+    def name(p: Path) -> str:
+        if base is not None and base.is_dir():
+            try:
+                return str(p.relative_to(base))
+            except ValueError:
+                pass
+        return p.name
+    return dict(files={name(Path(p)): dict(size=Path(p).stat().st_size, sha256=fingerprint(p, memo))
+                       for p in files},
+                counts={k: int(v) for k, v in counts.items()})
+
+
+def data_changes(saved: dict | None, now: dict) -> list[str]:
+    """What differs between two data_fingerprint()s, one phrase per file or count; [] when they agree (or the
+    checkpoint predates fingerprints: saved None)."""
+    if not saved:
+        return []
+    out = []
+    old, new = saved.get("files", {}), now.get("files", {})
+    for f in sorted(set(old) | set(new)):
+        if f not in new:
+            out.append(f"{f}: gone")
+        elif f not in old:
+            out.append(f"{f}: new")
+        elif old[f]["size"] != new[f]["size"]:
+            out.append(f"{f}: {old[f]['size']:,} -> {new[f]['size']:,} bytes")
+        elif old[f]["sha256"] != new[f]["sha256"]:
+            out.append(f"{f}: same size, other content (sha256 {old[f]['sha256'][:12]} -> {new[f]['sha256'][:12]})")
+    old, new = saved.get("counts", {}), now.get("counts", {})
+    out += [f"{k} {old.get(k, '-'):,} -> {new.get(k, '-'):,}" if isinstance(old.get(k), int) and
+            isinstance(new.get(k), int) else f"{k} {old.get(k, '-')} -> {new.get(k, '-')}"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return out

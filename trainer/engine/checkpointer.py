@@ -16,6 +16,8 @@ import numpy as np
 import torch
 
 from trainer.config import to_dict
+from trainer.data import cache
+from trainer.data.fingerprint import data_changes, data_fingerprint
 from trainer.distributed import runtime
 from trainer.engine import ckpt_io, resume
 from trainer.engine.build import Run
@@ -23,6 +25,15 @@ from trainer.engine.state import TrainState, where
 from trainer.exitcodes import DiskError
 
 log = logging.getLogger(__name__)
+
+
+def data_of(run: Run) -> dict:
+    """The fingerprint of the run's data (trainer/data/fingerprint.py): its files' sizes and hashes, remembered
+    in the data cache so that a warm start reads no file again, and the recipe's counts."""
+    data_cfg = run.cfg.data
+    root = cache.root_of(getattr(data_cfg, "cache", ""))
+    return data_fingerprint(run.recipe.data_files(), run.recipe.data_counts(), getattr(data_cfg, "path", ""),
+                            root / "fingerprints" if root is not None else None)
 
 
 class Checkpointer:
@@ -34,6 +45,7 @@ class Checkpointer:
         self.files = ckpt_io.CheckpointFolder(run_dir, run.cfg.ckpt.keep_last)
         self.notes: list[str] = []       # what a resume under another layout or lr changed (metrics.jsonl)
         self.id_maps = {k: torch.as_tensor(np.asarray(v)) for k, v in run.recipe.id_maps().items()}
+        self.data = data_of(run)         # the data's fingerprint: in every checkpoint, checked on resume
         if self.id_maps and self.info.is_main:          # data.remap_ids: the maps beside the checkpoints too
             np.savez(Path(run_dir) / "ids.npz", **{k: v.numpy() for k, v in self.id_maps.items()})
 
@@ -48,7 +60,8 @@ class Checkpointer:
                     optimizer=run.optimizer.state_dict(), scheduler=run.scheduler.state_dict(),
                     scaler=run.scaler.state_dict(), state=asdict(state), world_size=self.info.world_size,
                     global_step=state.global_step, rng=rngs, config=to_dict(self.cfg),
-                    metrics=metrics, versions=ckpt_io.versions(), **({"id_maps": self.id_maps} if self.id_maps else {}))
+                    metrics=metrics, versions=ckpt_io.versions(), data=self.data,
+                    **({"id_maps": self.id_maps} if self.id_maps else {}))
 
     def save(self, kind: str, state: TrainState, metrics: dict) -> None:
         """Every rank contributes its RNG state; rank 0 writes atomically."""
@@ -100,6 +113,7 @@ class Checkpointer:
             return None
         run = self.run
         ckpt = (self.planned.take(path) if self.planned is not None else None) or ckpt_io.load(path)
+        data_note = self._data_changed(ckpt, path)      # first: other data is the likelier cause of other shapes
         ckpt_io.check_compatible(ckpt, self.cfg.recipe, run.model, path)
         fresh = [group["initial_lr"] for group in run.optimizer.param_groups]     # this run's (scaled) lr
         run.model.load_state_dict(ckpt["model"])
@@ -110,7 +124,7 @@ class Checkpointer:
         state = TrainState(**ckpt["state"])
         if ckpt["world_size"] == self.info.world_size:
             ckpt_io.restore_rng(ckpt["rng"][self.info.rank])
-        self.notes = resume.continue_at(state, ckpt, run)
+        self.notes = resume.continue_at(state, ckpt, run) + data_note
         old_lr = list(run.scheduler.base_lrs)
         if resume.apply_lr(run.scheduler, fresh):
             self.notes.append(f"peak lr {old_lr[0]:g} -> {fresh[0]:g} from step {state.global_step + 1}")
@@ -120,6 +134,19 @@ class Checkpointer:
         if self.info.is_main:
             self.files.set_aside_newer(state.global_step, path, self.cfg.recipe)
         return state, ckpt.get("metrics", {})
+
+    def _data_changed(self, ckpt: dict, path: str) -> list[str]:
+        """Refuse a resume on data other than the checkpoint's (CheckpointError, exit 2) unless
+        ckpt.allow_data_change (--allow-data-change): then a note "data changed on resume: ..." (metrics.jsonl)."""
+        changes = data_changes(ckpt.get("data"), self.data)
+        if not changes:
+            return []
+        what = "; ".join(changes)
+        if not self.cfg.ckpt.allow_data_change:
+            raise ckpt_io.CheckpointError(
+                f"--resume from {path}: the data differs from the data it trained on: {what}.\nHINT: resume on "
+                f"that data, or add --allow-data-change to go on with this data (logged as changed on resume)")
+        return [f"data changed on resume: {what}"]
 
     def last_good(self) -> str:
         """Rank 0: the newest checkpoint on disk, for error messages."""

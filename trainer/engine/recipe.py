@@ -48,6 +48,17 @@ class Recipe:
         """DataLoader collate function (None: torch's default)."""
         return None
 
+    def data_files(self) -> list:
+        """The files this run's data was read from (its fingerprint, in every checkpoint): by default those of
+        data.path (trainer/data/fingerprint.py files_under); none for generated data."""
+        from trainer.data.fingerprint import files_under
+        path = getattr(self.data_cfg, "path", "")
+        return files_under(path) if path else []
+
+    def data_counts(self) -> dict[str, int]:
+        """The data's sizes that the checkpoint records beside its files (users, items, interactions, classes)."""
+        return {}
+
     def model_for_estimate(self) -> torch.nn.Module:
         """The model with its shapes and no storage (the meta device), for the memory estimate made before the
         model is built (trainer/engine/footprint.py); a recipe whose build_model reads tensor values overrides it."""

@@ -36,6 +36,7 @@ CHANGEABLE_ON_RESUME = (
     "train.log_every_steps", "train.progress", "train.log_per_rank", "train.tensorboard", "train.measure_sync",
     "train.gpu_path", "train.compile", "train.profile",
     "ckpt.*", "dist.*", "data.cache",
+    "data.path",        # a moved copy of the same data; other data is refused by the checkpoint's data fingerprint
 )
 QUIET = ("ckpt.resume", "run_dir")     # differ on every resume or move: not worth a line
 

@@ -51,6 +51,9 @@ class ClassifierRecipe(Recipe):
             log.warning("class(es) with no training case: %s: the model cannot learn them, and their F1 of 0 "
                         "pulls macro-F1 down (data.require_all_classes=true refuses this)", ", ".join(missing))
 
+    def data_counts(self) -> dict[str, int]:
+        return dict(classes=len(self.class_names), training_cases=sum(getattr(self, "train_counts", [])))
+
     def logits(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         """[B, classes] scores of a batch."""
         raise NotImplementedError

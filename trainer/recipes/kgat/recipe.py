@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -124,6 +125,16 @@ class KGATRecipe(Recipe):
         if m.pretrain:
             model.load_pretrained(m.pretrain, self.data.n_items)
         return model
+
+    def data_files(self):
+        folder = Path(self.data_cfg.path) if self.data_cfg.path else None
+        return [folder / name for name in D.FILES if (folder / name).exists()] if folder else []
+
+    def data_counts(self):
+        d = self.data
+        return dict(users=d.n_users, items=d.n_items, entities=d.n_entities, relations=d.n_relations,
+                    interactions=int(sum(len(x) for x in d.train)) if isinstance(d.train, list) else len(d.train.flat),
+                    triples=len(d.kg))
 
     def model_for_estimate(self):
         with torch.device("meta"):          # the graph's buffers are sized here too; set_graph fills them

@@ -38,6 +38,14 @@ class SASRecRecipe(Recipe):
     def build_model(self):
         return SeqRec(self.model_cfg, self.data.num_items, self.data_cfg.maxlen, fixed_shapes=self.gpu_shaped)
 
+    def data_files(self):
+        from trainer.recipes.sasrec.read import data_files, resolve_path
+        return data_files(resolve_path(self.data_cfg.path).resolve()) if self.data_cfg.path else []
+
+    def data_counts(self):
+        lengths = self.data.seqs.lengths()
+        return dict(users=len(lengths), items=self.data.num_items, interactions=int(lengths.sum()))
+
     def memory_drivers(self) -> str:
         return (f"the item count ({self.data.num_items:,}, data) x model.width={self.model_cfg.width}, and "
                 f"model.depth={self.model_cfg.depth}")
