@@ -46,8 +46,11 @@ class Checkpointer:
         self.notes: list[str] = []       # what a resume under another layout or lr changed (metrics.jsonl)
         self.id_maps = {k: torch.as_tensor(np.asarray(v)) for k, v in run.recipe.id_maps().items()}
         self.data = data_of(run)         # the data's fingerprint: in every checkpoint, checked on resume
-        if self.id_maps and self.info.is_main:          # data.remap_ids: the maps beside the checkpoints too
-            np.savez(Path(run_dir) / "ids.npz", **{k: v.numpy() for k, v in self.id_maps.items()})
+
+    def write_id_maps(self) -> None:
+        """data.remap_ids: the maps beside the checkpoints too (RUN_DIR/ids.npz), once the run was not refused."""
+        if self.id_maps and self.info.is_main:
+            np.savez(self.files.dir.parent / "ids.npz", **{k: v.numpy() for k, v in self.id_maps.items()})
 
     @property
     def dir(self) -> Path:

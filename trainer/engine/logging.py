@@ -76,6 +76,42 @@ def setup_logging(info: DistInfo, run_dir: str | Path | None = None, level: int 
     root.setLevel(level)
 
 
+class HeldRecords(logging.Handler):
+    """Log records held until the run directory may be written (a refusal writes nothing there), then replayed
+    into train.log by attach_run_log; the console shows them at once."""
+
+    def __init__(self, limit: int = 20000):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self.limit = limit
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.records) < self.limit:
+            self.records.append(record)
+
+
+def hold_logging(info: DistInfo, level: int = logging.INFO) -> HeldRecords:
+    """The console at once; the run directory's logs later (attach_run_log), with what was logged until then."""
+    setup_logging(info, None, level)
+    held = HeldRecords()
+    held._trainer = True
+    held.addFilter(_RankFilter(info.rank))
+    logging.getLogger().addHandler(held)
+    return held
+
+
+def attach_run_log(info: DistInfo, run_dir: str | Path, held: HeldRecords | None, per_rank: bool = False,
+                   level: int = logging.INFO) -> None:
+    """setup_logging with run_dir's files, which begin with the records held since the start."""
+    setup_logging(info, run_dir, level, per_rank)
+    files = [h for h in logging.getLogger().handlers
+             if getattr(h, "_trainer", False) and isinstance(h, logging.FileHandler)]
+    for record in held.records if held is not None else ():
+        for handler in files:
+            if record.levelno >= handler.level:
+                handler.handle(record)
+
+
 def _plain(value: Any) -> Any:
     """JSON-safe value (tensors and numpy scalars to Python numbers, NaN to None)."""
     if hasattr(value, "tolist"):

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -455,10 +455,12 @@ class FitLoop:
         return evaluate_and_log(epoch_loop, "test", epoch, checkpoint="best")
 
 
-def fit(recipe: Recipe, info: DistInfo, cfg: Config, planned: Planned | None = None) -> FitResult:
+def fit(recipe: Recipe, info: DistInfo, cfg: Config, planned: Planned | None = None,
+        commit: Callable[[], None] | None = None) -> FitResult:
     """Train recipe under the given process layout; checkpoints and logs go to cfg.run_dir. planned: what
     trainer.engine.resume.check_resume_config found (the settings a resume changes, recorded in metrics.jsonl, and
-    the checkpoint to load); None: the Checkpointer looks for it itself."""
+    the checkpoint to load); None: the Checkpointer looks for it itself. commit: the run directory's first
+    writes (run_train's), called once the data, the model and the checkpoint passed every check."""
     if info.restart_count:
         log.info("restart %d of job %s (launcher %s)", info.restart_count, info.job_id, info.launcher)
     run_dir = Path(cfg.run_dir)
@@ -466,9 +468,12 @@ def fit(recipe: Recipe, info: DistInfo, cfg: Config, planned: Planned | None = N
     try:
         run = build_run(recipe, info, cfg)
         ckpts = Checkpointer(run, run_dir, planned)
+        resumed = ckpts.resume()            # the last check that can refuse the run: nothing written before it
+        if commit is not None:
+            commit()
+        ckpts.write_id_maps()
         if info.is_main:
             (run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
-        resumed = ckpts.resume()
         state, metrics = resumed or (TrainState(), {})
         # a resumed run logs again from the step after its checkpoint: TensorBoard drops what an earlier
         # attempt logged from there on (a crash after the checkpoint leaves such steps behind)

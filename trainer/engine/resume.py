@@ -94,6 +94,7 @@ class Planned:
     changes: list[tuple[str, Any, Any]]
     path: str | None = None
     ckpt: dict | None = None
+    keep_previous: int | None = None    # rank 0: keep config.yaml as config.<this step>.yaml once nothing refuses
 
     def take(self, path: str) -> dict | None:
         """The checkpoint read for the check if it is `path` (once: the memory is released after)."""
@@ -103,9 +104,10 @@ class Planned:
 
 def check_resume_config(cfg: Config, info: DistInfo) -> Planned:
     """Before anything is written: refuse a resume that changes a setting outside CHANGEABLE_ON_RESUME (all
-    ranks raise ConfigError); else keep the previous config.yaml as config.<step>.yaml when this run's
-    settings differ, and return the changes (logged once logging is set up) with the checkpoint to load."""
-    problem, changes, path, ckpt = None, [], None, None
+    ranks raise ConfigError); else return the changes (logged once the run directory may be written) with the
+    checkpoint to load, and the step at which the previous config.yaml is to be kept (keep_previous_config,
+    once the other checks passed too)."""
+    problem, changes, path, ckpt, keep = None, [], None, None, None
     if info.is_main:
         try:
             found = resume_checkpoint(cfg)
@@ -123,13 +125,13 @@ def check_resume_config(cfg: Config, info: DistInfo) -> Planned:
                                f"start a new run with --run-dir NEW --init-from {path} (its weights only). "
                                f"Settings that may change: {', '.join(allowed)}.")
                 elif changes:
-                    keep_previous_config(Path(cfg.run_dir), ckpt["global_step"])
+                    keep = ckpt["global_step"]
         except ckpt_io.CheckpointError as err:
             problem = str(err)
     problem, changes, path = runtime.broadcast_object((problem, changes, path), info)
     if problem:
         raise ConfigError(problem)
-    return Planned([c for c in changes if c[0] not in QUIET], path, ckpt)
+    return Planned([c for c in changes if c[0] not in QUIET], path, ckpt, keep)
 
 
 def keep_previous_config(run_dir: Path, step: int) -> None:

@@ -45,37 +45,49 @@ def build_recipe(cfg, info, spec: RecipeSpec | None = None):
 
 
 def run_train(args):
-    """Train from parsed `train` arguments; returns (FitResult, resolved Config)."""
-    from trainer.engine.logging import setup_logging
+    """Train from parsed `train` arguments; returns (FitResult, resolved Config). Every check that can refuse the
+    run (settings, recipe, checkpoint format, data, weights' shapes, memory) comes before the first write into
+    the run directory (its lock aside): commit() below, which fit() calls once the checkpoint is loaded."""
+    from trainer.engine.logging import attach_run_log, hold_logging
     from trainer.engine.loop import fit
-    from trainer.engine.resume import check_resume_config, describe
+    from trainer.engine.resume import check_resume_config, describe, keep_previous_config
     from trainer.engine.rundir import claim_run_dir, make_private
     cfg = build_config(args.recipe, args.config, flags_from_args(args), args.overrides)
     check_data_path(str(getattr(cfg.data, "path", "")))
     if cfg.private:
         make_private()          # before anything is created: logs, checkpoints, TensorBoard, caches
     info = runtime.init(select_environment(), cfg.dist)
-    ok, lock = False, None
+    ok, lock, started = False, None, False
     try:
         cfg.run_dir = resolve_run_dir(cfg, info)
         lock = claim_run_dir(cfg.run_dir, cfg.ckpt.resume, info)
         planned = check_resume_config(cfg, info)        # refused before a log line or config.yaml is written
-        if cfg.private and info.is_main:
-            make_private(cfg.run_dir)
-        setup_logging(info, cfg.run_dir, per_rank=cfg.train.log_per_rank)
-        if planned.changes:
-            log.warning("changed on resume: %s", describe(planned.changes))
-        if info.is_main:
-            save_config(cfg, Path(cfg.run_dir) / "config.yaml")
-            if hasattr(cfg.data, "path") and not cfg.data.path:
-                log.warning("data.path is empty: training on the recipe's generated data (set data.path=DIR, or "
-                            "use a configs/<recipe>/<dataset>.yaml, for a real dataset)")
+        held = hold_logging(info)                       # the console now; train.log from commit() on
+
+        def commit() -> None:
+            """The run directory's first writes, now that nothing refused the run."""
+            nonlocal started
+            if cfg.private and info.is_main:
+                make_private(cfg.run_dir)
+            attach_run_log(info, cfg.run_dir, held, per_rank=cfg.train.log_per_rank)
+            if planned.changes:
+                log.warning("changed on resume: %s", describe(planned.changes))
+            if info.is_main:
+                if planned.keep_previous is not None:
+                    keep_previous_config(Path(cfg.run_dir), planned.keep_previous)
+                save_config(cfg, Path(cfg.run_dir) / "config.yaml")
+            record_start(cfg.run_dir, info.rank)
+            started = True
+
+        if info.is_main and hasattr(cfg.data, "path") and not cfg.data.path:
+            log.warning("data.path is empty: training on the recipe's generated data (set data.path=DIR, or "
+                        "use a configs/<recipe>/<dataset>.yaml, for a real dataset)")
         recipe = build_recipe(cfg, info, get_spec(cfg.recipe))
-        record_start(cfg.run_dir, info.rank)
         try:
-            result = fit(recipe, info, cfg, planned)
+            result = fit(recipe, info, cfg, planned, commit)
         except BaseException as err:
-            record_exit(cfg.run_dir, info.rank, exit_code_of_error(err), f"{type(err).__name__}: {err}"[:2000])
+            if started:             # a refusal before commit() leaves the run directory as it was
+                record_exit(cfg.run_dir, info.rank, exit_code_of_error(err), f"{type(err).__name__}: {err}"[:2000])
             raise
         record_exit(cfg.run_dir, info.rank, exit_code_of(result), result.status, result.status == "preempted")
         ok = True

@@ -1,0 +1,94 @@
+"""Issue 57 item 4: a refusal writes nothing. Every check that can refuse a resume or a start (settings, recipe,
+checkpoint format, data, weights' shapes, memory) runs before any file of the run directory is written: the
+directory's bytes (its lock file aside) are the same before and after each refusal."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from tests.conftest import trainer
+from tests.faults.test_data_change import write_udata
+
+ARGS = ("--recipe", "sasrec", "data.maxlen=20", "model.width=16", "--batch-size", "32", "train.tensorboard=false")
+
+
+def contents(run_dir):
+    """Every file's bytes (and every folder) under run_dir but the lock's."""
+    return {str(p.relative_to(run_dir)): (p.read_bytes() if p.is_file() else None)
+            for p in sorted(run_dir.rglob("*")) if p.name != ".lock"}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("refusals")
+    write_udata(root / "data" / "u.data")
+    trainer("train", *ARGS, f"data.path={root / 'data'}", "--epochs", "1", "--run-dir", str(root / "run"))
+    return root
+
+
+def other_rows(data):
+    write_udata(data / "u.data", per_user=20)                   # fewer rows, every user and item kept
+
+
+def other_items(data):
+    write_udata(data / "u.data", items=70)
+
+
+def future_format(run):
+    path = run / "checkpoints" / "final.pt"
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["format"] = 99
+    torch.save(ckpt, path)
+
+
+CASES = {   # name: (what to change before the resume (on data or run), the resume's extra words, the refusal)
+    "a setting that cannot change": (None, ["model.width=24"], "cannot change on resume"),
+    "another recipe": (None, ["--recipe", "har"], "was written by recipe 'sasrec'"),    # (its flags replace)
+    "a checkpoint format": ("run", future_format, "format"),
+    "other data": ("data", other_rows, "the data differs from the data it trained on"),
+    "other shapes": ("data", other_items, "does not fit this model"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_refused_resume_leaves_the_run_directory_as_it_was(trained, tmp_path, case):
+    where, change, said = CASES[case]
+    shutil.copytree(trained / "run", tmp_path / "run")
+    shutil.copytree(trained / "data", tmp_path / "data")
+    extra = []
+    if where == "data":
+        change(tmp_path / "data")
+        extra = ["--allow-data-change"] if case == "other shapes" else []
+    elif where == "run":
+        change(tmp_path / "run")
+    else:
+        extra = change
+    before = contents(tmp_path / "run")
+    base = ARGS if case != "another recipe" else ("train.tensorboard=false",)
+    args = [*base, *(extra if where is None else []), f"data.path={tmp_path / 'data'}", "--epochs", "2",
+            "--run-dir", str(tmp_path / "run"), "--resume", "auto", *(extra if where == "data" else [])]
+    proc = trainer("train", *args, check=False)
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr[-2000:]
+    after = contents(tmp_path / "run")
+    assert after == before, sorted(set(after.items()) ^ set(before.items()), key=str)[:6]
+
+
+def test_a_refused_start_leaves_only_the_claim(tmp_path):
+    proc = trainer("train", *ARGS, "model.width=65536", "--epochs", "1", "--run-dir", str(tmp_path / "run"),
+                   check=False)
+    assert proc.returncode == 4 and "the model needs" in proc.stderr
+    assert list(contents(tmp_path / "run")) == [".trainer-run"]      # the lock and the claim's marker alone
+
+
+def test_a_resume_that_passes_writes_the_log_from_the_start(trained, tmp_path):
+    shutil.copytree(trained / "run", tmp_path / "run")
+    trainer("train", *ARGS, f"data.path={trained / 'data'}", "--epochs", "2", "--run-dir", str(tmp_path / "run"),
+            "--resume", "auto")
+    log = (tmp_path / "run" / "train.log").read_text()
+    # the lines logged before the run directory could be written (the data, the model's estimate) are in it
+    second = log[log.rindex("sequences: "):]
+    assert "model: " in second and "resumed from" in second
+    assert len(list((tmp_path / "run").glob("config.*.yaml"))) == 1     # epochs 1 -> 2: the old one kept
+    assert (tmp_path / "run" / "exits" / "rank-0.json").exists()
