@@ -153,6 +153,9 @@ def get_parser() -> argparse.ArgumentParser:
     doc.add_argument("--json", action="store_true", help="print one JSON report (rank 0)")
     doc.add_argument("--bandwidth-mb", type=float, default=16.0, help="all_reduce size for the bandwidth test")
     doc.add_argument("--timeout", type=float, default=120.0, help="process-group timeout in seconds")
+    doc.add_argument("--preflight", action="store_true", help="the training run's pre-flight checks alone (each "
+                     "rank's matmul, memory, allocation; the all-reduce within hosts and across them); under srun: "
+                     "a whole allocation; exit 5 names an unfit host")
     doc.add_argument("--run", metavar="RUN_DIR", help="instead: how a finished or failed run went (each rank's exit, "
                      "its relaunches and why, steps recomputed, seconds lost); starts no process group")
     from trainer.data.cli import add_data_parser

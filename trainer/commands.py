@@ -16,7 +16,16 @@ from trainer.config import build_config, from_dict, parse_override, set_key
 from trainer.distributed import runtime
 from trainer.distributed.environment import select_environment
 from trainer.engine.session import USAGE_ERRORS, build_recipe, exit_code_of, no_deterministic_kernel, run_train
-from trainer.exitcodes import NON_FINITE, RESOURCE, USAGE, ResourceError, disk_error, is_disk_error
+from trainer.exitcodes import (
+    NON_FINITE,
+    RESOURCE,
+    UNFIT_HOST,
+    USAGE,
+    ResourceError,
+    UnfitHostError,
+    disk_error,
+    is_disk_error,
+)
 
 log = logging.getLogger("trainer")
 
@@ -107,6 +116,10 @@ def cmd_data(args) -> int:
     return run(args)
 
 
+UNFIT_HINT = ("the restart loop (slurm/*.sbatch, MAX_RESTARTS) relaunches without the host; by hand: sbatch/srun "
+              "--exclude=HOST, or train.preflight=off to train on it anyway (RUN_DIR/preflight.json has the figures)")
+
+
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "doctor": cmd_doctor, "data": cmd_data}
 
 
@@ -128,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         record_for_agent(err)
         print(f"error: {err}", file=sys.stderr)
         return USAGE
+    except UnfitHostError as err:
+        record_for_agent(err)
+        print(f"error: {err}\nHINT: {UNFIT_HINT}", file=sys.stderr)
+        return UNFIT_HOST
     except ArithmeticError as err:
         from trainer.engine.loop import NonFiniteLossError
         record_for_agent(err)

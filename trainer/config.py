@@ -70,6 +70,8 @@ class TrainConfig:
     # CUDA, at a cost (docs/gpu.md); an op with no deterministic kernel stops the run naming it
     deterministic: bool = False
     profile: str = ""                     # START:STOP: torch.profiler trace of those optimizer steps (RUN_DIR/profile)
+    # device and link checks before the first step (trainer/distributed/preflight.py; auto: several ranks or a GPU)
+    preflight: Literal["auto", "on", "off"] = "auto"
 
 
 @dataclass

@@ -216,11 +216,38 @@ def data_report(run_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def preflight_only(info) -> int:
+    """`trainer doctor --preflight` (under srun: a whole allocation): the training run's pre-flight checks alone,
+    every rank's figures; exit 5 where a host is unfit, as a training run would."""
+    from trainer.distributed import preflight
+    from trainer.exitcodes import UNFIT_HOST
+    try:
+        verdict = preflight.run_checks(info, 0, torch.float32)
+    finally:
+        runtime.teardown(info)
+    if info.is_main:
+        print(preflight.render(verdict), flush=True)
+    return UNFIT_HOST if verdict.unfit else 0
+
+
+def preflight_report(run_dir: Path) -> str:
+    """RUN_DIR/preflight.json (the last launch's pre-flight) as `doctor --run` shows it."""
+    from trainer.distributed import preflight
+    path = run_dir / preflight.REPORT
+    if not path.is_file():
+        return "  pre-flight: none recorded (a run of one CPU rank, or train.preflight=off)"
+    try:
+        return "  " + preflight.render(preflight.read_report(path)).replace("\n", "\n  ")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"  pre-flight: {path} unreadable ({err})"
+
+
 def run_doctor(args) -> int:
     if args.run:
         from trainer.restarts import run_report
         print(run_report(Path(args.run)))
         if Path(args.run).is_dir():
+            print(preflight_report(Path(args.run)))
             print(data_report(Path(args.run)))
         return 0
     env = select_environment()
@@ -233,6 +260,8 @@ def run_doctor(args) -> int:
     except LaunchError as err:
         print(f"doctor: launch environment is inconsistent:\n{err}")
         return 2
+    if args.preflight:
+        return preflight_only(info)
     try:
         facts = runtime.all_gather_object(rank_facts(env, info), info)
         ar = allreduce_check(info, args.bandwidth_mb)

@@ -8,6 +8,8 @@
 | 4         | resource: the run directory cannot be written (disk full,    | never retried: a relaunch meets  |
 |           | quota, read-only file system, permission), or the model,     | the same disk and memory         |
 |           | its gradients and optimizer state exceed the free memory     |                                  |
+| 5         | unfit host: the pre-flight found a host slow or failing its  | relaunch without that host, at   |
+|           | checks (named in the cause: "unfit host(s) [h1,h2]")          | once; stop where none is left    |
 | 128 + N   | stopped by signal N after an agreed checkpoint (.preempted)  | requeue, not relaunch            |
 | any other | a crash, an uncaught error, a signal without a checkpoint    | retryable                        |
 
@@ -21,12 +23,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import socket
 import time
 from pathlib import Path
 
-DONE, USAGE, NON_FINITE, RESOURCE = 0, 2, 3, 4
+DONE, USAGE, NON_FINITE, RESOURCE, UNFIT_HOST = 0, 2, 3, 4, 5
 RUNNING = "running"       # the kind of a record whose process has not exited (or was killed without a word)
 NEVER_RETRIED = {USAGE: "usage", NON_FINITE: "non-finite", RESOURCE: "resource"}
 # errors of writing that a relaunch on the same file system meets again
@@ -35,6 +38,22 @@ DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPER
 
 class ResourceError(RuntimeError):
     """What the run needs is not there (a disk to write, memory for the model): exit RESOURCE, never relaunched."""
+
+
+class UnfitHostError(RuntimeError):
+    """The pre-flight found hosts slow or failing (trainer/distributed/preflight.py): exit UNFIT_HOST; the restart
+    loop relaunches without them. The cause names them as "unfit host(s) [h1,h2]" (unfit_hosts reads it back)."""
+
+    def __init__(self, hosts: dict[str, str]):
+        self.hosts = hosts
+        super().__init__(f"pre-flight: unfit host(s) [{','.join(sorted(hosts))}]: "
+                         + "; ".join(f"{h}: {why}" for h, why in sorted(hosts.items())))
+
+
+def unfit_hosts(cause: str) -> list[str]:
+    """The hosts an UnfitHostError's message names."""
+    found = re.search(r"unfit host\(s\) \[([^\]]*)\]", cause or "")
+    return [h for h in found.group(1).split(",") if h] if found else []
 
 
 class DiskError(ResourceError):
@@ -77,6 +96,8 @@ def kind_of(code: int, preempted: bool = False) -> str:
         return "done"
     if code in NEVER_RETRIED:
         return NEVER_RETRIED[code]
+    if code == UNFIT_HOST:
+        return "unfit-host"
     if code > 128 and preempted:
         return "preempted"
     return "retryable"

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.exitcodes import EXITS_DIR, NEVER_RETRIED, PREEMPTED_MARKER, RUNNING
+from trainer.exitcodes import EXITS_DIR, NEVER_RETRIED, PREEMPTED_MARKER, RUNNING, unfit_hosts
 
 RESTARTS = "restarts.jsonl"
 PERIODIC = re.compile(r"^step-(\d+)\.pt$")
@@ -223,22 +223,26 @@ def why_stop(a: Attempt, f: Failure, done: int, now: float, need: float) -> str:
 
 
 def hosts_to_leave_out(a: Attempt, f: Failure, done: list[dict]) -> list[str] | str:
-    """Hosts that failed HOST_FAILURES times in this allocation (counting this failure); a str when one must be
-    left out and the run cannot go on without it."""
+    """Hosts that failed HOST_FAILURES times in this allocation (counting this failure), or at once those the
+    pre-flight found unfit (exit 5, named in the cause); a str when one must be left out and the run cannot go
+    on without it. A pre-flight failure blames the hosts it names, not every rank's."""
+    unfit = sorted(h for h in set(unfit_hosts(f.cause)) if h not in a.excluded)
     counts: dict[str, int] = {}
-    for hosts in [r.get("hosts", []) for r in done] + [f.hosts]:
-        for host in set(hosts):
+    for r in [*done, dict(hosts=f.hosts, cause=f.cause)]:
+        for host in set(unfit_hosts(r.get("cause", "")) or r.get("hosts", [])):
             counts[host] = counts.get(host, 0) + 1
-    bad = sorted(h for h, n in counts.items() if n >= HOST_FAILURES and h not in a.excluded)
+    bad = unfit or sorted(h for h, n in counts.items() if n >= HOST_FAILURES and h not in a.excluded)
+    why = "failed the pre-flight" if unfit else f"failed {HOST_FAILURES} times"
     if not bad:
         return []
     left = [n for n in a.nodes if n not in a.excluded and n not in bad]
     if not left:
-        return f"host {', '.join(bad)} failed {HOST_FAILURES} times and the allocation has no other node"
-    plan = own_batch_plan(a.run_dir)
+        return f"host {', '.join(bad)} {why} and the allocation has no other node"
+    # before the first checkpoint any recipe may start on fewer ranks; after it, only one that resumes exactly
+    plan = own_batch_plan(a.run_dir) if checkpoint_steps(a.run_dir) or not unfit else False
     if plan is not False:
-        return (f"host {', '.join(bad)} failed {HOST_FAILURES} times; without it the world shrinks, and this "
-                f"run's recipe does not resume exactly on a smaller world (its own batch plan)")
+        return (f"host {', '.join(bad)} {why}; without it the world shrinks, and this run's recipe does not "
+                f"resume exactly on a smaller world (its own batch plan)")
     return bad
 
 

@@ -15,6 +15,7 @@ from tests.conftest import record_fault, trainer
 from trainer.data.fingerprint import data_changes, data_fingerprint, files_under
 from trainer.engine.checkpointer import data_of
 from trainer.engine.ckpt_io import load
+from trainer.engine.logging import read_metrics
 from trainer.exitcodes import USAGE
 
 ARGS = ("--recipe", "sasrec", "data.maxlen=20", "model.width=16", "--batch-size", "32", "train.tensorboard=false")
@@ -73,9 +74,7 @@ def test_a_resume_on_other_data_of_the_same_counts_is_refused_and_allowed_with_t
     proc = trainer("train", *ARGS, f"data.path={tmp_path / 'data'}", "--epochs", "2", "--run-dir",
                    str(tmp_path / "run"), "--resume", "auto", "--allow-data-change")
     assert "data changed on resume: u.data: same size, other content" in proc.stderr
-    resumed = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-               if '"resume"' in x]
-    assert any("data changed on resume" in json.dumps(r) for r in resumed)
+    assert any("data changed on resume" in json.dumps(r) for r in read_metrics(tmp_path / "run", "resume"))
     report = trainer("doctor", "--run", str(tmp_path / "run")).stdout
     assert "u.data" in report and "unchanged" in report           # the new checkpoints record the new data
 

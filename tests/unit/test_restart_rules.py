@@ -122,6 +122,35 @@ def test_a_host_that_failed_twice_in_a_one_node_allocation_stops_the_job(tmp_pat
     assert verdict == "stop" and rec["reason"] == "host node1 failed 2 times and the allocation has no other node"
 
 
+UNFIT = "UnfitHostError: pre-flight: unfit host(s) [node2]: node2: matmul 9.42 GFLOP/s, 0.23x the other hosts' median"
+
+
+@pytest.mark.parametrize("recipe, checkpointed, leaves_out", [("kgat", False, True), ("sasrec", True, True),
+                                                              ("kgat", True, False)])
+def test_a_host_the_preflight_found_unfit_is_left_out_at_once(tmp_path, recipe, checkpointed, leaves_out):
+    """At the first failure, not the second; every rank exits 5 but only the host named is left out. Before the
+    first checkpoint any recipe starts on fewer ranks; after it, only one that resumes exactly on a smaller world."""
+    configured(tmp_path, recipe)
+    if checkpointed:
+        checkpoint(tmp_path, 10, T0 - 50)
+    for rank, host in enumerate(("node1", "node1", "node2", "node2")):
+        record(tmp_path, rank, "unfit-host", T0 + 1, host=host, code=5, cause=UNFIT)
+    verdict, exclude, rec = decide(attempt(tmp_path, rc=5), now=T0 + 2)
+    if leaves_out:
+        assert (verdict, exclude) == ("relaunch", ["node2"]) and rec["restart"] == 1    # it counts as a relaunch
+    else:
+        assert verdict == "stop" and rec["reason"].startswith("host node2 failed the pre-flight; without it")
+
+
+def test_an_unfit_host_in_a_one_node_allocation_stops_the_job(tmp_path):
+    configured(tmp_path, "sasrec")
+    record(tmp_path, 0, "unfit-host", T0, host="node1", code=5,
+           cause="UnfitHostError: pre-flight: unfit host(s) [node1]: node1: rank 0: a 64 MiB allocation failed")
+    verdict, _, rec = decide(attempt(tmp_path, rc=5, nodes=("node1",)), now=T0 + 1)
+    assert verdict == "stop"
+    assert rec["reason"] == "host node1 failed the pre-flight and the allocation has no other node"
+
+
 def test_summary_and_the_shell_line(tmp_path, capsys):
     record(tmp_path, 1, "running", T0, host="node2")
     checkpoint(tmp_path, 8, T0 - 5)

@@ -50,6 +50,7 @@ class DistInfo:
     agent_shutdown_s: float | None = None  # and how long after forwarding one it SIGKILLs the rank
     gpu: str | None = None            # the allocated GPU this rank drives, as CUDA_VISIBLE_DEVICES names it
                                       # (set for fake gres too, where CUDA is absent and device is the CPU)
+    join_s: float = 0.0               # this rank's time in init_process_group (the pre-flight reports it)
 
     @property
     def is_main(self) -> bool:
@@ -121,15 +122,17 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
         log.warning("%d GPU(s) allocated (CUDA_VISIBLE_DEVICES=%s) but CUDA is not usable here: "
                     "running on CPU with gloo", len(ids), env.env.get("CUDA_VISIBLE_DEVICES"))
     on_gpu = cuda and bool(ids)
-    world, backend = env.world_size, "none"
+    world, backend, join_s = env.world_size, "none", 0.0
     timeout = float(getattr(dist_cfg, "timeout_s", 1800))
     if world > 1:
         backend = choose_backend(getattr(dist_cfg, "backend", "auto"), "cuda" if on_gpu else "cpu")
         log.debug("init_process_group(%s, %s, rank=%d, world=%d)", backend, env.init_method, env.rank, world)
         store = attempt_store(env.env, world, timeout)
         where = dict(store=store) if store is not None else dict(init_method=env.init_method)
+        joining = time.perf_counter()
         dist.init_process_group(backend, rank=env.rank, world_size=world, timeout=datetime.timedelta(seconds=timeout),
                                 **where)
+        join_s = time.perf_counter() - joining
     # ranks may share a GPU only where gloo was asked for (dist.backend=gloo): gloo chosen because CUDA is not usable
     # here must still refuse a layout that NCCL would refuse on the GPU node the user is preparing for
     share = getattr(dist_cfg, "backend", "auto") == "gloo"
@@ -150,7 +153,7 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
                     restart_count=env.restart_count, can_requeue=env.can_requeue,
                     preempt_signal=env.preempt_signal, agent_signals=env.agent_signals,
                     agent_shutdown_s=env.agent_shutdown_s, gpu=ids[index] if index < len(ids) else None,
-                    dp_devices=dp_devices)
+                    dp_devices=dp_devices, join_s=join_s)
     if world > 1 and backend != "gloo":
         _local["host_group"] = host_group(timeout)
     try:

@@ -104,6 +104,7 @@ class Run:
     grad_sync: Any = None             # Recipe.average_after_backward: averages the gradients after the backward
     device_data: Any = None           # Recipe.device_dataset: the training set on the device (no DataLoader)
     train_step: Any = None            # batch -> loss: the recipe's training_step on `wrapped`, compiled or not
+    footprint: Any = None             # the model's memory estimate (trainer/engine/footprint.py), None if none
 
     @property
     def device(self) -> torch.device:
@@ -137,15 +138,18 @@ def _data_and_model(recipe: Recipe, info: DistInfo, cfg: Config, wrap: bool, tra
     # stay resident for the whole run; 20M u.data rows parsed here: no child process to start, 2 s saved)
     if recipe.reuse_freed_memory and memory.reuse_freed_memory():
         log.info("malloc keeps freed memory for reuse (no mmap): large tensors fault no pages after step one")
+    fp = None
     if training:                # before a byte of it is taken: a model that cannot fit stops here (exit 4)
-        footprint.check_before_build(recipe, info)
+        fp = footprint.check_before_build(recipe, info)
     model = recipe.build_model().to(info.torch_device)
     seed_everything(rank_seed(cfg.seed, info.rank))  # per-rank dropout/sampling streams
     wrapped = wrap_model(model, info, cfg.dist, recipe.find_unused_parameters, recipe.broadcast_buffers,
                          not recipe.average_after_backward) if wrap else model
-    return Run(recipe, info, cfg, train_set, eval_sets, model, wrapped,
-               per_rank_batch_size(cfg.train, info.world_size, info.replicas),
-               amp_dtype(cfg.train.amp, info.torch_device))
+    run = Run(recipe, info, cfg, train_set, eval_sets, model, wrapped,
+              per_rank_batch_size(cfg.train, info.world_size, info.replicas),
+              amp_dtype(cfg.train.amp, info.torch_device))
+    run.footprint = fp
+    return run
 
 
 def build_for_eval(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:

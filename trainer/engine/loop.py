@@ -23,7 +23,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer.config import Config
-from trainer.distributed import runtime
+from trainer.distributed import preflight, runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import ckpt_io
 from trainer.engine.build import Run, build_run, rank_seed
@@ -45,7 +45,7 @@ from trainer.engine.recipe import Recipe, move_to
 from trainer.engine.resume import Planned, write_resume_record
 from trainer.engine.state import TrainState
 from trainer.engine.window import LossWindow, NonFiniteLossError, Reading
-from trainer.exitcodes import PREEMPTED_MARKER
+from trainer.exitcodes import PREEMPTED_MARKER, UnfitHostError
 
 __all__ = ["fit", "FitResult", "NonFiniteLossError", "Stop", "EpochLoop", "FitLoop"]
 
@@ -455,6 +455,18 @@ class FitLoop:
         return evaluate_and_log(epoch_loop, "test", epoch, checkpoint="best")
 
 
+def check_hosts(run: Run, run_dir: Path) -> None:
+    """The pre-flight (trainer/distributed/preflight.py): RUN_DIR/preflight.json and a summary line; unfit hosts
+    stop the run (UnfitHostError, exit 5), which the restart loop relaunches without them."""
+    need = run.footprint.total if run.footprint is not None else 0
+    verdict = preflight.run_checks(run.info, need, run.amp_dtype or torch.float32)
+    if run.info.is_main:
+        preflight.write_report(run_dir, verdict)
+        (log.warning if verdict.unfit else log.info)("%s", verdict.summary())
+    if verdict.unfit:
+        raise UnfitHostError(verdict.unfit)
+
+
 def fit(recipe: Recipe, info: DistInfo, cfg: Config, planned: Planned | None = None,
         commit: Callable[[], None] | None = None) -> FitResult:
     """Train recipe under the given process layout; checkpoints and logs go to cfg.run_dir. planned: what
@@ -474,6 +486,8 @@ def fit(recipe: Recipe, info: DistInfo, cfg: Config, planned: Planned | None = N
         ckpts.write_id_maps()
         if info.is_main:
             (run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
+        if preflight.wanted(cfg.train.preflight, info):
+            check_hosts(run, run_dir)
         state, metrics = resumed or (TrainState(), {})
         # a resumed run logs again from the step after its checkpoint: TensorBoard drops what an earlier
         # attempt logged from there on (a crash after the checkpoint leaves such steps behind)

@@ -17,7 +17,17 @@ from trainer.data.download import DownloadError, check_data_path
 from trainer.distributed import runtime
 from trainer.distributed.environment import LaunchError, select_environment
 from trainer.engine.ckpt_io import CheckpointError
-from trainer.exitcodes import DONE, NON_FINITE, RESOURCE, USAGE, is_resource_error, record_exit, record_start
+from trainer.exitcodes import (
+    DONE,
+    NON_FINITE,
+    RESOURCE,
+    UNFIT_HOST,
+    USAGE,
+    UnfitHostError,
+    is_resource_error,
+    record_exit,
+    record_start,
+)
 from trainer.extras import MissingExtraError
 from trainer.registry import RecipeSpec, get_spec
 
@@ -106,12 +116,14 @@ def exit_code_of(result) -> int:
 
 def exit_code_of_error(err: BaseException) -> int:
     """The exit code main() gives an error: usage/configuration 2, a non-finite loss 3, a disk that cannot be
-    written or a model that cannot fit 4, anything else 1."""
+    written or a model that cannot fit 4, a host the pre-flight found unfit 5, anything else 1."""
     from trainer.engine.loop import NonFiniteLossError
     if isinstance(err, NonFiniteLossError):
         return NON_FINITE
     if is_resource_error(err):
         return RESOURCE
+    if isinstance(err, UnfitHostError):
+        return UNFIT_HOST
     if isinstance(err, USAGE_ERRORS) or no_deterministic_kernel(err):
         return USAGE
     return 1

@@ -1,0 +1,239 @@
+"""Pre-flight: before the first step, each rank checks its device and the group checks its links, so that a
+slow or broken host is named before it costs a run (train.preflight=auto|on|off; auto: a world of more than one
+rank, or a GPU).
+
+    verdict = run_checks(info, need_bytes=fp.total, dtype=torch.bfloat16)   # every rank, collectively
+    verdict.summary()            # one line; verdict.unfit: the hosts below the rule, with why
+    write_report(run_dir, verdict)                                           # RUN_DIR/preflight.json
+
+Per rank: a matmul at the training dtype (GFLOP/s, the best of REPEATS), the free memory against the model's
+estimate (trainer/engine/footprint.py), a small allocation written and read back. Per host and for the group:
+an all-reduce of a fixed buffer, timed to bus bandwidth (2 (n-1)/n x bytes / time: the ring's traffic per rank),
+among the ranks of each host and across all of them; each rank's time to join the process group. A host whose
+matmul or host-local all-reduce falls below SLOW_FRACTION of the other hosts' median, or that fails a check, is
+unfit: the run stops with exit 5 (trainer/exitcodes.py) naming it, and the restart loop leaves it out at once.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainer.distributed import runtime
+from trainer.distributed.runtime import DistInfo
+
+log = logging.getLogger(__name__)
+
+SLOW_FRACTION = 0.5        # a host below half the others' median is slow (this machine's noise: 1.2-1.5x)
+REPEATS = 5                # timed all-reduces; the best counts (the least disturbed)
+WINDOWS, WINDOW_S = 3, 0.1     # the matmul's: the median of 3 windows of 0.1 s
+CONFIRM = 2                # a host found slow is measured again this many times (all ranks); its best round counts
+MATMUL_N = {"cuda": 4096, "cpu": 256}
+BUFFER_BYTES = 8 * 2**20   # the all-reduce's buffer
+ALLOC_BYTES = 64 * 2**20   # the small allocation
+REPORT = "preflight.json"
+
+
+def host_name() -> str:
+    """The node as Slurm names it (what srun --exclude takes), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+@dataclass
+class RankFigures:
+    rank: int
+    host: str
+    device: str
+    join_s: float = 0.0                 # init_process_group's time on this rank
+    gflops: float = 0.0                 # the matmul's rate at the training dtype
+    free_bytes: int = 0
+    need_bytes: int = 0
+    host_busbw_gbs: float | None = None  # the all-reduce among this host's ranks (None: alone on its host)
+    failed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Verdict:
+    ranks: list[RankFigures]
+    group_busbw_gbs: float | None
+    seconds: float
+    unfit: dict[str, str]               # host -> why
+
+    def summary(self) -> str:
+        hosts = sorted({r.host for r in self.ranks})
+        rates = [r.gflops for r in self.ranks]
+        bw = f"; all-reduce {self.group_busbw_gbs:.2f} GB/s bus across the group" if self.group_busbw_gbs else ""
+        verdict = "; UNFIT: " + "; ".join(f"{h}: {why}" for h, why in self.unfit.items()) if self.unfit else "; ok"
+        return (f"pre-flight: {len(self.ranks)} rank(s) on {len(hosts)} host(s) in {self.seconds:.1f} s; matmul "
+                f"{min(rates):.1f}-{max(rates):.1f} GFLOP/s per rank{bw}{verdict}")
+
+
+def matmul_gflops(device: torch.device, dtype: torch.dtype) -> float:
+    """Sustained square-matmul rate on the device: the median of WINDOWS windows of WINDOW_S seconds each (after a
+    warm-up), each counting the products it finished. Sustained, not the best single product: a product takes
+    under a millisecond, less than a scheduler's time slice, so the best one would not see a host whose cores
+    are shared (or a GPU that throttles as it warms)."""
+    n = MATMUL_N["cuda" if device.type == "cuda" else "cpu"]
+    if device.type == "cpu" and dtype not in (torch.float32, torch.float64):
+        dtype = torch.float32            # the CPU path trains fp32 where bf16 autocast is off
+    # its own generator: the run's random streams (restored from a checkpoint just before) stay untouched
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    torch.mm(a, b, out=out)
+    rates = []
+    for _ in range(WINDOWS):
+        done, t0 = 0, time.perf_counter()
+        while True:
+            for _ in range(4):
+                torch.mm(a, b, out=out)
+            done += 4
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            took = time.perf_counter() - t0
+            if took >= WINDOW_S:
+                break
+        rates.append(2 * n ** 3 * done / took / 1e9)
+    return statistics.median(rates)
+
+
+def allocation_ok(device: torch.device) -> str | None:
+    """None, or why a small allocation written and read back failed."""
+    try:
+        x = torch.full((ALLOC_BYTES // 4,), 3.0, device=device)
+        if float(x.sum()) != 3.0 * x.numel():
+            return "a 64 MiB buffer read back other values"
+    except RuntimeError as err:
+        return f"a 64 MiB allocation failed: {str(err).splitlines()[0][:200]}"
+    return None
+
+
+def busbw_gbs(info: DistInfo, group, size: int) -> float:
+    """Bus bandwidth of an all-reduce of BUFFER_BYTES over `group` (size ranks): the best of REPEATS."""
+    device = runtime.comm_device(info)
+    buf = torch.ones(BUFFER_BYTES // 4, device=device)
+    best = float("inf")
+    for k in range(REPEATS + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        dist.all_reduce(buf, group=group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if k:
+            best = min(best, time.perf_counter() - t0)
+    return 2 * (size - 1) / size * BUFFER_BYTES / best / 1e9
+
+
+def run_checks(info: DistInfo, need_bytes: int, dtype: torch.dtype, free_bytes: int | None = None) -> Verdict:
+    """Every rank: its own checks, then the links' (collective: every rank must call it)."""
+    from trainer.engine.footprint import free_memory
+    t0 = time.perf_counter()
+    device = info.torch_device
+    me = RankFigures(rank=info.rank, host=host_name(), device=str(device), join_s=round(info.join_s, 3),
+                     need_bytes=int(need_bytes))
+    if info.distributed:
+        dist.barrier()                  # every rank measures at the same time: they share the hosts' cores
+    try:
+        me.gflops = round(matmul_gflops(device, dtype), 2)
+    except RuntimeError as err:
+        me.failed.append(f"matmul failed: {str(err).splitlines()[0][:200]}")
+    free, _, sharing = free_memory(info)
+    me.free_bytes = int(free if free_bytes is None else free_bytes)
+    if need_bytes * sharing > me.free_bytes:
+        me.failed.append(f"{need_bytes * sharing / 2**30:.1f} GiB needed, {me.free_bytes / 2**30:.1f} GiB free")
+    if (why := allocation_ok(device)) is not None:
+        me.failed.append(why)
+    group_bw = None
+    if info.distributed:
+        hosts = runtime.all_gather_object(me.host, info)
+        by_host: dict[str, list[int]] = {}
+        for rank, host in enumerate(hosts):
+            by_host.setdefault(host, []).append(rank)
+        # every rank takes part in making every host's group (new_group is collective)
+        groups = {h: dist.new_group(ranks) for h, ranks in sorted(by_host.items())}
+        mine = by_host[me.host]
+        if len(mine) > 1:
+            me.host_busbw_gbs = round(busbw_gbs(info, groups[me.host], len(mine)), 3)
+        dist.barrier()
+        group_bw = round(busbw_gbs(info, None, info.world_size), 3)
+    ranks = [RankFigures(**r) for r in runtime.all_gather_object(asdict(me), info)]
+    unfit = judge(ranks)
+    for _ in range(CONFIRM):            # a slow matmul is measured again: a load spike passes, a slow host stays
+        slow = {h for h, why in unfit.items() if why.startswith("matmul")}
+        if not slow:
+            break
+        if info.distributed:
+            dist.barrier()
+        again = round(matmul_gflops(device, dtype), 2)
+        rates = runtime.all_gather_object(again, info)
+        for r in ranks:                 # each rank keeps its best round
+            r.gflops = max(r.gflops, rates[r.rank])
+        unfit = judge(ranks)
+    return Verdict(ranks, group_bw, round(time.perf_counter() - t0, 2), unfit)
+
+
+def judge(ranks: list[RankFigures]) -> dict[str, str]:
+    """The unfit hosts: a failed check, or a host's matmul (its slowest rank) or host-local all-reduce below
+    SLOW_FRACTION of the other hosts' median (with at least two hosts to compare)."""
+    unfit: dict[str, str] = {}
+    for r in ranks:
+        if r.failed:
+            unfit.setdefault(r.host, f"rank {r.rank}: {'; '.join(r.failed)}")
+    hosts = sorted({r.host for r in ranks})
+    if len(hosts) < 2:
+        return unfit
+    for name, value in (("matmul", lambda rs: min(r.gflops for r in rs)),
+                        ("all-reduce among its ranks", lambda rs: min((r.host_busbw_gbs for r in rs
+                                                                      if r.host_busbw_gbs), default=None))):
+        per_host = {h: value([r for r in ranks if r.host == h]) for h in hosts}
+        if sum(1 for v in per_host.values() if v) < 2:
+            continue
+        for h, v in per_host.items():
+            others = [w for g, w in per_host.items() if g != h and w]
+            median = statistics.median(others) if others else None
+            if v and median and v < SLOW_FRACTION * median and h not in unfit:
+                unit = "GFLOP/s" if name == "matmul" else "GB/s"
+                unfit[h] = f"{name} {v:.2f} {unit}, {v / median:.2f}x the other hosts' median {median:.2f}"
+    return unfit
+
+
+def write_report(run_dir: str | Path, verdict: Verdict) -> Path:
+    path = Path(run_dir) / REPORT
+    body = dict(time=round(time.time(), 3), seconds=verdict.seconds, slow_fraction=SLOW_FRACTION,
+                group_busbw_gbs=verdict.group_busbw_gbs, unfit=verdict.unfit, ranks=[asdict(r) for r in verdict.ranks])
+    tmp = path.with_name(f".{REPORT}.{os.getpid()}")
+    tmp.write_text(json.dumps(body, indent=1) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def wanted(setting: str, info: DistInfo) -> bool:
+    """train.preflight: on, off, or auto (a world of more than one rank, or a GPU)."""
+    return setting == "on" or setting == "auto" and (info.distributed or info.device.startswith("cuda"))
+
+
+def read_report(path: Path) -> Verdict:
+    body = json.loads(Path(path).read_text())
+    return Verdict([RankFigures(**r) for r in body["ranks"]], body.get("group_busbw_gbs"), body.get("seconds", 0.0),
+                   body.get("unfit", {}))
+
+
+def render(verdict: Verdict) -> str:
+    """The summary line, then one line per rank."""
+    lines = [verdict.summary()]
+    for r in verdict.ranks:
+        bw = f", host all-reduce {r.host_busbw_gbs:.2f} GB/s" if r.host_busbw_gbs else ""
+        lines.append(f"  rank {r.rank} on {r.host} ({r.device}): matmul {r.gflops:.1f} GFLOP/s, joined in "
+                     f"{r.join_s:.2f} s, {r.free_bytes / 2**30:.1f} GiB free for {r.need_bytes / 2**20:.1f} MiB"
+                     f"{bw}" + (f"; FAILED: {'; '.join(r.failed)}" if r.failed else ""))
+    return "\n".join(lines)
