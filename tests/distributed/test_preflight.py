@@ -4,7 +4,7 @@ the group, each rank's time to join); RUN_DIR/preflight.json, one log line, `doc
 A host below SLOW_FRACTION of the hosts' median, or failing a check, stops the run with exit 5 naming it; the
 restart loop leaves such a host out at once.
 
-The slowed host is slowed for real: its rank is pinned to one core beside seven busy loops (this machine has two
+The slowed host is slowed for real: its rank is pinned to one core beside fifteen busy loops (this machine has two
 cores), the other rank has the other core; nothing is injected into the trainer."""
 from __future__ import annotations
 
@@ -68,13 +68,13 @@ def test_two_healthy_ranks_write_the_report_and_train(tmp_path):
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
 def test_a_host_slowed_three_times_is_named_and_the_run_exits_5(tmp_path):
     cores = sorted(os.sched_getaffinity(0))[:2]
-    busy = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(7)]
+    busy = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(15)]
     try:
         for p in busy:
             os.sched_setaffinity(p.pid, {cores[1]})
         procs = launch(2, tmp_path / "run", ["nodeA", "nodeB"])
         os.sched_setaffinity(procs[0].pid, {cores[0]})
-        os.sched_setaffinity(procs[1].pid, {cores[1]})          # nodeB's rank: an eighth of a core
+        os.sched_setaffinity(procs[1].pid, {cores[1]})          # nodeB's rank: a sixteenth of a core
         start = time.monotonic()
         results = wait_all(procs, timeout=240)
     finally:
@@ -90,7 +90,7 @@ def test_a_host_slowed_three_times_is_named_and_the_run_exits_5(tmp_path):
     assert list(report["unfit"]) == ["nodeB"] and b["gflops"] < SLOW_FRACTION * a["gflops"]
     exits = [json.loads((tmp_path / "run" / "exits" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert [e["kind"] for e in exits] == ["unfit-host", "unfit-host"]
-    record_fault("a slowed host (its rank on an eighth of a core), 2 ranks",
+    record_fault("a slowed host (its rank on a sixteenth of a core), 2 ranks",
                  exit_s=round(time.monotonic() - start, 2), steps_lost=0,
                  outcome=f"exit 5 naming it (matmul {b['gflops']:.0f} against {a['gflops']:.0f} GFLOP/s); the "
                  f"restart loop relaunches without it")

@@ -1,4 +1,4 @@
-"""The layout DESIGN.md's Direction asks for, checked on the source: no import circles in trainer/ and hpc/,
+"""The layout docs/architecture.md describes, checked on the source: no import circles in trainer/ and hpc/,
 a submitter that never imports torch, launch facts only through DistInfo, and small functions and classes."""
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 SLOW_FRACTION = 0.5        # a host below half the others' median is slow (this machine's noise: 1.2-1.5x)
 REPEATS = 5                # timed all-reduces; the best counts (the least disturbed)
 WINDOWS, WINDOW_S = 3, 0.1     # the matmul's: the median of 3 windows of 0.1 s
-CONFIRM = 2                # a host found slow is measured again this many times (all ranks); its best round counts
+CONFIRM = 2                # a host found slow is measured again (matmul and host all-reduce, every rank), best counts
 MATMUL_N = {"cuda": 4096, "cpu": 256}
 BUFFER_BYTES = 8 * 2**20   # the all-reduce's buffer
 ALLOC_BYTES = 64 * 2**20   # the small allocation
@@ -143,17 +143,16 @@ def run_checks(info: DistInfo, need_bytes: int, dtype: torch.dtype, free_bytes: 
                      need_bytes=int(need_bytes))
     if info.distributed:
         dist.barrier()                  # every rank measures at the same time: they share the hosts' cores
-    try:
-        me.gflops = round(matmul_gflops(device, dtype), 2)
-    except RuntimeError as err:
-        me.failed.append(f"matmul failed: {str(err).splitlines()[0][:200]}")
+    me.gflops, why = _matmul(device, dtype)
+    if why:
+        me.failed.append(why)
     free, _, sharing = free_memory(info)
     me.free_bytes = int(free if free_bytes is None else free_bytes)
     if need_bytes * sharing > me.free_bytes:
         me.failed.append(f"{need_bytes * sharing / 2**30:.1f} GiB needed, {me.free_bytes / 2**30:.1f} GiB free")
     if (why := allocation_ok(device)) is not None:
         me.failed.append(why)
-    group_bw = None
+    group_bw, host_bw = None, (lambda: None)
     if info.distributed:
         hosts = runtime.all_gather_object(me.host, info)
         by_host: dict[str, list[int]] = {}
@@ -162,24 +161,37 @@ def run_checks(info: DistInfo, need_bytes: int, dtype: torch.dtype, free_bytes: 
         # every rank takes part in making every host's group (new_group is collective)
         groups = {h: dist.new_group(ranks) for h, ranks in sorted(by_host.items())}
         mine = by_host[me.host]
-        if len(mine) > 1:
-            me.host_busbw_gbs = round(busbw_gbs(info, groups[me.host], len(mine)), 3)
+
+        def host_bw() -> float | None:
+            return round(busbw_gbs(info, groups[me.host], len(mine)), 3) if len(mine) > 1 else None
+        me.host_busbw_gbs = host_bw()
         dist.barrier()
         group_bw = round(busbw_gbs(info, None, info.world_size), 3)
     ranks = [RankFigures(**r) for r in runtime.all_gather_object(asdict(me), info)]
     unfit = judge(ranks)
-    for _ in range(CONFIRM):            # a slow matmul is measured again: a load spike passes, a slow host stays
-        slow = {h for h, why in unfit.items() if why.startswith("matmul")}
-        if not slow:
+    for _ in range(CONFIRM):
+        # a host found slow is measured again, both figures on every rank, and each rank keeps its best round:
+        # a load spike on a shared machine passes, a slow host stays slow (a failed check is not measured again)
+        if all(why.startswith("rank ") for why in unfit.values()):
             break
         if info.distributed:
             dist.barrier()
-        again = round(matmul_gflops(device, dtype), 2)
-        rates = runtime.all_gather_object(again, info)
-        for r in ranks:                 # each rank keeps its best round
-            r.gflops = max(r.gflops, rates[r.rank])
+        again = runtime.all_gather_object((_matmul(device, dtype)[0], host_bw()), info)
+        for r in ranks:
+            rate, bw = again[r.rank]
+            r.gflops = max(r.gflops, rate)
+            if bw is not None:
+                r.host_busbw_gbs = max(r.host_busbw_gbs or 0.0, bw)
         unfit = judge(ranks)
     return Verdict(ranks, group_bw, round(time.perf_counter() - t0, 2), unfit)
+
+
+def _matmul(device: torch.device, dtype: torch.dtype) -> tuple[float, str | None]:
+    """(GFLOP/s, None), or (0, why) where the product failed (every rank goes on to the collectives)."""
+    try:
+        return round(matmul_gflops(device, dtype), 2), None
+    except RuntimeError as err:
+        return 0.0, f"matmul failed: {str(err).splitlines()[0][:200]}"
 
 
 def judge(ranks: list[RankFigures]) -> dict[str, str]:
