@@ -45,6 +45,17 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def advance(tr, feed, steps: int, device: str) -> int:
+    """`steps` optimizer steps of feed's batches, until the device is done; returns the steps taken."""
+    done = 0
+    while done < steps:
+        batch, micro = next(feed)
+        done += tr.step(batch, micro)
+    tr.settle()
+    sync(device)
+    return done
+
+
 def time_steps(recipe: str, overrides: list[str], device: str, steps: int, warmup: int,
                profile: bool = False) -> dict:
     """Optimizer steps of a fresh EpochLoop: warm-up (compile included) timed apart, then `steps` timed; with
@@ -52,12 +63,7 @@ def time_steps(recipe: str, overrides: list[str], device: str, steps: int, warmu
     tr, _ = epoch_loop_for(recipe, overrides, device)
     feed, dev = endless(tr), torch.device(device)
     t0 = time.perf_counter()
-    done = 0
-    while done < warmup:
-        batch, micro = next(feed)
-        done += tr.step(batch, micro)
-    tr.settle()
-    sync(device)
+    advance(tr, feed, warmup, device)
     warm = time.perf_counter() - t0
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -88,12 +94,7 @@ def top_ops(tr, feed, device: str, steps: int = 5, keep: int = 8) -> dict:
     cuda = device.startswith("cuda")
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=acts) as prof:
-        done = 0
-        while done < steps:
-            batch, micro = next(feed)
-            done += tr.step(batch, micro)
-        tr.settle()
-        sync(device)
+        done = advance(tr, feed, steps, device)
 
     def self_us(e) -> float:
         if cuda:

@@ -7,39 +7,14 @@ from __future__ import annotations
 import json
 import time
 
-import numpy as np
-import pytest
-
 from bench.opcount import epoch_loop_for
 from tests.conftest import record_fault, trainer
+from tests.faults.conftest import ARGS, write_udata
 from trainer.data.fingerprint import data_changes, data_fingerprint, files_under
 from trainer.engine.checkpointer import data_of
 from trainer.engine.ckpt_io import load
 from trainer.engine.logging import read_metrics
 from trainer.exitcodes import USAGE
-
-ARGS = ("--recipe", "sasrec", "data.maxlen=20", "model.width=16", "--batch-size", "32", "train.tensorboard=false")
-
-
-def write_udata(path, seed=0, users=60, items=80, per_user=25):
-    """A small MovieLens-format u.data (user, item, rating, time; tab-separated): every user and item present."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for u in range(1, users + 1):
-        picked = rng.choice(np.arange(1, items + 1), per_user, replace=False)
-        rows += [(u, i, int(rng.integers(1, 5)), 880000000 + 1000 * u + k) for k, i in enumerate(picked)]
-    seen = {i for _, i, _, _ in rows}
-    rows += [(1, i, 3, 889000000 + i) for i in range(1, items + 1) if i not in seen]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data-change")
-    write_udata(root / "data" / "u.data")
-    trainer("train", *ARGS, f"data.path={root / 'data'}", "--epochs", "1", "--run-dir", str(root / "run"))
-    return root
 
 
 def test_every_checkpoint_records_the_datas_fingerprint(trained):

@@ -9,23 +9,13 @@ import pytest
 import torch
 
 from tests.conftest import trainer
-from tests.faults.test_data_change import write_udata
-
-ARGS = ("--recipe", "sasrec", "data.maxlen=20", "model.width=16", "--batch-size", "32", "train.tensorboard=false")
+from tests.faults.conftest import ARGS, write_udata
 
 
 def contents(run_dir):
     """Every file's bytes (and every folder) under run_dir but the lock's."""
     return {str(p.relative_to(run_dir)): (p.read_bytes() if p.is_file() else None)
             for p in sorted(run_dir.rglob("*")) if p.name != ".lock"}
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("refusals")
-    write_udata(root / "data" / "u.data")
-    trainer("train", *ARGS, f"data.path={root / 'data'}", "--epochs", "1", "--run-dir", str(root / "run"))
-    return root
 
 
 def other_rows(data):

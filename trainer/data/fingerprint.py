@@ -103,7 +103,10 @@ def data_changes(saved: dict | None, now: dict) -> list[str]:
         elif old[f]["sha256"] != new[f]["sha256"]:
             out.append(f"{f}: same size, other content (sha256 {old[f]['sha256'][:12]} -> {new[f]['sha256'][:12]})")
     old, new = saved.get("counts", {}), now.get("counts", {})
-    out += [f"{k} {old.get(k, '-'):,} -> {new.get(k, '-'):,}" if isinstance(old.get(k), int) and
-            isinstance(new.get(k), int) else f"{k} {old.get(k, '-')} -> {new.get(k, '-')}"
-            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    out += [f"{k} {_count(old.get(k))} -> {_count(new.get(k))}" for k in sorted(set(old) | set(new))
+            if old.get(k) != new.get(k)]
     return out
+
+
+def _count(value) -> str:
+    return "-" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
