@@ -22,6 +22,7 @@ from trainer.exitcodes import (
     UNFIT_HOST,
     USAGE,
     ResourceError,
+    StragglerError,
     UnfitHostError,
     disk_error,
     is_disk_error,
@@ -116,8 +117,15 @@ def cmd_data(args) -> int:
     return run(args)
 
 
-UNFIT_HINT = ("the restart loop (slurm/*.sbatch, MAX_RESTARTS) relaunches without the host; by hand: sbatch/srun "
-              "--exclude=HOST, or train.preflight=off to train on it anyway (RUN_DIR/preflight.json has the figures)")
+def unfit_hint(err: UnfitHostError) -> str:
+    """How to go on without the hosts an UnfitHostError names (one line)."""
+    hosts = ",".join(sorted(err.hosts))
+    if isinstance(err, StragglerError):
+        return (f"the restart loop (slurm/*.sbatch, MAX_RESTARTS) relaunches without it; by hand: sbatch/srun "
+                f"--exclude={hosts} ... --resume auto (its checkpoint is written), or train.straggler_action=warn to "
+                f"go on with it")
+    return (f"the restart loop (slurm/*.sbatch, MAX_RESTARTS) relaunches without the host; by hand: sbatch/srun "
+            f"--exclude={hosts}, or train.preflight=off to train on it anyway (RUN_DIR/preflight.json has the figures)")
 
 
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "doctor": cmd_doctor, "data": cmd_data}
@@ -143,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE
     except UnfitHostError as err:
         record_for_agent(err)
-        print(f"error: {err}\nHINT: {UNFIT_HINT}", file=sys.stderr)
+        print(f"error: {err}\nHINT: {unfit_hint(err)}", file=sys.stderr)
         return UNFIT_HOST
     except ArithmeticError as err:
         from trainer.engine.loop import NonFiniteLossError

@@ -72,6 +72,9 @@ class TrainConfig:
     profile: str = ""                     # START:STOP: torch.profiler trace of those optimizer steps (RUN_DIR/profile)
     # device and link checks before the first step (trainer/distributed/preflight.py; auto: several ranks or a GPU)
     preflight: Literal["auto", "on", "off"] = "auto"
+    # a rank slower than the others while training (trainer/distributed/stragglers.py): name it in the log and the
+    # train records (warn), or also checkpoint and exit 5 so that the restart loop relaunches without its host
+    straggler_action: Literal["warn", "evict", "off"] = "warn"
 
 
 @dataclass
@@ -80,7 +83,8 @@ class CheckpointConfig:
 
     bounds: ClassVar[dict[str, Bound]] = dict(
         every_epochs=Bound(0, zero="never by epoch"), every_steps=Bound(0, zero="never by step"),
-        keep_last=Bound(0, zero="keep every periodic checkpoint"))
+        keep_last=Bound(0, zero="keep every periodic checkpoint"),
+        signal_latency_s=Bound(0, zero="agree at every step"))
     every_epochs: int = 1                 # 0: never by epoch
     every_steps: int = 0                  # 0: never by step
     keep_last: int = 3                    # periodic checkpoints kept (best/final are separate)
@@ -89,6 +93,9 @@ class CheckpointConfig:
     init_from: str = ""                   # a fresh start takes its weights (only) from this checkpoint
     allow_data_change: bool = False       # a resume may go on with data other than the checkpoint's (logged)
     requeue_signals: list[str] = field(default_factory=lambda: ["SIGUSR1", "SIGUSR2"])
+    # ranks agree on a signal at each logging window and, between windows, every so many steps that a signal waits
+    # at most this long (measured step time; until the first window: every step) before its checkpoint starts
+    signal_latency_s: float = 5.0
 
 
 @dataclass

@@ -242,12 +242,22 @@ def preflight_report(run_dir: Path) -> str:
         return f"  pre-flight: {path} unreadable ({err})"
 
 
+def straggler_report(run_dir: Path) -> str:
+    """The stragglers metrics.jsonl's train records name (trainer/distributed/stragglers.py)."""
+    from trainer.distributed import stragglers
+    from trainer.engine.logging import read_metrics
+    if not (run_dir / "metrics.jsonl").is_file():
+        return "  stragglers: no metrics.jsonl"
+    return stragglers.report(read_metrics(run_dir, "train"))
+
+
 def run_doctor(args) -> int:
     if args.run:
         from trainer.restarts import run_report
         print(run_report(Path(args.run)))
         if Path(args.run).is_dir():
             print(preflight_report(Path(args.run)))
+            print(straggler_report(Path(args.run)))
             print(data_report(Path(args.run)))
         return 0
     env = select_environment()

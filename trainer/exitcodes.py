@@ -9,7 +9,8 @@
 |           | quota, read-only file system, permission), or the model,     | the same disk and memory         |
 |           | its gradients and optimizer state exceed the free memory     |                                  |
 | 5         | unfit host: the pre-flight found a host slow or failing its  | relaunch without that host, at   |
-|           | checks (named in the cause: "unfit host(s) [h1,h2]")          | once; stop where none is left    |
+|           | checks, or a straggler was evicted after a checkpoint         | once; stop where none is left    |
+|           | (named in the cause: "unfit host(s) [h1,h2]")                 |                                  |
 | 128 + N   | stopped by signal N after an agreed checkpoint (.preempted)  | requeue, not relaunch            |
 | any other | a crash, an uncaught error, a signal without a checkpoint    | retryable                        |
 
@@ -48,6 +49,15 @@ class UnfitHostError(RuntimeError):
         self.hosts = hosts
         super().__init__(f"pre-flight: unfit host(s) [{','.join(sorted(hosts))}]: "
                          + "; ".join(f"{h}: {why}" for h, why in sorted(hosts.items())))
+
+
+class StragglerError(UnfitHostError):
+    """A rank's host was a straggler under train.straggler_action=evict (trainer/distributed/stragglers.py): after an
+    agreed checkpoint, exit UNFIT_HOST as the pre-flight's; the cause says which check named it."""
+
+    def __init__(self, host: str, why: str):
+        RuntimeError.__init__(self, f"straggler: unfit host(s) [{host}]: {why}")
+        self.hosts = {host: why}
 
 
 def unfit_hosts(cause: str) -> list[str]:

@@ -60,14 +60,21 @@ def allreduce_hook(state: GradSyncTimer, bucket: dist.GradBucket) -> torch.futur
 
 
 def timed_allreduce_hook(timer: GradSyncTimer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """allreduce_hook, timed."""
-    timer.ready = max(timer.ready, time.perf_counter())
+    """allreduce_hook, timed. The shared-memory all-reduce runs inside the hook, blocking: all of its time is
+    waiting (as a recipe's own collective is); gloo/NCCL's runs beside the backward, and only its end counts."""
+    t0 = time.perf_counter()
+    fut = allreduce_hook(timer, bucket)
+    if fut.done():
+        timer.own_end = time.perf_counter()
+        timer.own += timer.own_end - t0
+        return fut
+    timer.ready = max(timer.ready, t0)
 
     def finish(f: torch.futures.Future) -> torch.Tensor:
         timer.finished = max(timer.finished, time.perf_counter())
         return f.value()
 
-    return allreduce_hook(timer, bucket).then(finish)
+    return fut.then(finish)
 
 
 def attach(ddp: torch.nn.parallel.DistributedDataParallel, comm=None, timed: bool = True) -> GradSyncTimer:

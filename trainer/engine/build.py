@@ -160,7 +160,9 @@ def build_for_eval(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
 def _sync_gradients(run: Run, comm) -> None:
     """How the ranks' gradients meet: DDP's comm hook, or one all-reduce after the backward; timed with
     train.measure_sync."""
-    info, measure = run.info, run.cfg.train.measure_sync
+    # the straggler watch needs each step's wait too (trainer/distributed/stragglers.py); only measure_sync logs it
+    info, measure = run.info, run.cfg.train.measure_sync or (run.info.distributed and
+                                                              run.cfg.train.straggler_action != "off")
     how = f"shared memory, {info.world_size} ranks on one host" if comm \
         else f"{info.backend} (no shared memory: {runtime.shm.attach.why})"
     if isinstance(run.wrapped, DDP):

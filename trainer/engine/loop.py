@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer.config import Config
 from trainer.distributed import preflight, runtime
 from trainer.distributed.runtime import DistInfo
+from trainer.distributed.stragglers import Straggler
 from trainer.engine import ckpt_io
 from trainer.engine.build import Run, build_run, rank_seed
 from trainer.engine.checkpointer import Checkpointer
@@ -44,8 +45,8 @@ from trainer.engine.profile import StepProfiler
 from trainer.engine.recipe import Recipe, move_to
 from trainer.engine.resume import Planned, write_resume_record
 from trainer.engine.state import TrainState
-from trainer.engine.window import LossWindow, NonFiniteLossError, Reading
-from trainer.exitcodes import PREEMPTED_MARKER, UnfitHostError
+from trainer.engine.window import LossWindow, NonFiniteLossError, Reading, WindowExchange
+from trainer.exitcodes import PREEMPTED_MARKER, StragglerError, UnfitHostError
 
 __all__ = ["fit", "FitResult", "NonFiniteLossError", "Stop", "EpochLoop", "FitLoop"]
 
@@ -58,6 +59,7 @@ class Stop(enum.Enum):
     EPOCH_DONE = "epoch done"
     SIGNAL = "signal"             # an agreed preemption signal (EpochLoop.signal names it)
     MAX_STEPS = "max steps"       # train.max_steps reached
+    EVICT = "evict"               # a straggler named under train.straggler_action=evict (its exchange.evicted)
 
 
 @dataclass
@@ -118,13 +120,13 @@ class EpochLoop:
         self.end = run.micro_per_epoch    # the micro-batch index where the current epoch ends (see train_epoch)
         self.first = (0, 0)               # (micro-batch, sample) where this epoch's part in this process began
         state.layout = [run.info.world_size, run.batch_size, run.accum]
+        self.exchange = WindowExchange(run.info, self.cfg, self.meter.cuda)  # agreement cadence, straggler watch
 
     def settle(self, preempt: PreemptionHandler | None = None) -> int:
-        """Read the losses kept on the device (one sync): they join the window and the epoch's sums; a
-        non-finite one on any rank stops the run here. Every checkpoint is written after this read, so none
-        holds weights that a non-finite loss went into, and the last good one stays the newest. With
-        `preempt`, the same collective agrees on the signal, returned."""
-        reading = self.losses.read(None if preempt is None or not self.info.distributed else preempt.flags())
+        """Read the losses kept on the device (one sync); a non-finite one on any rank stops the run here (every
+        checkpoint follows such a read: none holds weights a non-finite loss went into). With `preempt`, the same
+        collective agrees on the signal (returned) and carries the window's figures (WindowExchange)."""
+        reading = self.losses.read(self.exchange.sent(preempt) if preempt is not None else None)
         if reading.bad is not None:
             last = self.ckpts.last_good() if self.info.is_main else "rank 0 names the last good checkpoint"
             raise non_finite(reading, self.state.global_step, last)
@@ -133,7 +135,7 @@ class EpochLoop:
             sums[1] += reading.samples
         if preempt is None:
             return 0
-        return preempt.signal_of(reading.extra) if self.info.distributed else preempt.received
+        return self.exchange.signal(preempt, reading.extra, self.state.global_step)
 
     def save(self, kind: str) -> None:
         self.settle()
@@ -178,7 +180,7 @@ class EpochLoop:
         if self.tc.measure_sync:        # where a DDP step's time beyond one rank's goes (bench/run.py)
             self.meter.update(0, phases={"forward": t1 - t0, "backward": time.perf_counter() - t1})
         if run.sync_timer is not None:
-            self.meter.update(0, synced=run.sync_timer.take())
+            self.meter.update(0, synced=self.exchange.waited(run.sync_timer.take()))
         n = run.recipe.batch_size_of(batch)
         if self.losses.full:            # train.log_every_steps beyond the buffer: read it now
             self.settle()
@@ -210,22 +212,28 @@ class EpochLoop:
                 bar.update(1)
             if not stepped:
                 continue
-            self.budget.step(time.perf_counter() - t_step)
+            self.budget.step(self.exchange.stepped(time.perf_counter() - t_step))
             self.meter.update(0, steps=1)
             self._advance(micro + 1)
             if self.state.global_step % max(self.tc.log_every_steps, 1) == 0:
                 signum = self._timed_sync(self.settle, preempt)    # the window's read agrees on the signal too
                 self._log_train(epoch, bar)
-            else:
-                signum = self._timed_sync(preempt.agreed_signal, self.info)
+            else:       # between windows, every few steps (ckpt.signal_latency_s)
+                turn = self.exchange.cadence.turn(self.state.global_step)
+                signum = self._timed_sync(preempt.agreed_signal, self.info) if turn else 0
             stop = self._after_step(signum)
+            if stop is Stop.EPOCH_DONE and self.exchange.evicting():
+                stop = Stop.EVICT
             if stop is not Stop.EPOCH_DONE:
                 close_bar(bar)
                 return stop
             t_step = time.perf_counter()    # a periodic checkpoint in _after_step is not part of a step
         close_bar(bar)
         self.settle()
-        self._log_epoch(epoch, time.perf_counter() - t0)
+        loss_sum, count = self.epoch_sums
+        if count:
+            self.writer.write("train", epoch, self.state.global_step,
+                              dict(epoch_loss=loss_sum / count, epoch_time_s=round(time.perf_counter() - t0, 4)))
         return Stop.EPOCH_DONE
 
     def _advance(self, micro: int) -> None:
@@ -283,22 +291,16 @@ class EpochLoop:
         """One train record: the window's losses, read by the caller's settle() (a window's one host sync)."""
         loss_sum, count = self.window
         self.window = [0.0, 0.0]
-        rates = self.meter.rates()
+        rates = self.exchange.logged(self.meter.rates(), self.meter.steps, self.tc.measure_sync)
         rates["samples_per_s"] *= self.info.world_size  # every rank runs at the same pace
         self.meter.reset()
         metrics = dict(loss=loss_sum / max(count, 1), lr=self.run.scheduler.get_last_lr()[0], **rates,
-                       **self.stats.snapshot(self.run.device))
+                       **self.stats.snapshot(self.run.device), **self.exchange.take_fields())
         if bar is not None:
             bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}")
         log.info("epoch %d step %d loss %.5f lr %.3e %.1f samples/s", epoch, self.state.global_step,
                  metrics["loss"], metrics["lr"], metrics["samples_per_s"])
         self.writer.write("train", epoch, self.state.global_step, metrics)
-
-    def _log_epoch(self, epoch: int, seconds: float) -> None:
-        loss_sum, count = self.epoch_sums
-        if count:
-            self.writer.write("train", epoch, self.state.global_step,
-                              dict(epoch_loss=loss_sum / count, epoch_time_s=round(seconds, 4)))
 
 
 def evaluate_and_log(epoch_loop: EpochLoop, split: str, epoch: int, **tags: Any) -> dict[str, Any]:
@@ -344,6 +346,8 @@ class FitLoop:
             stop = epoch_loop.train_epoch(epoch, preempt)
             if stop is Stop.SIGNAL:
                 return self.preempted(epoch_loop.signal, preempt.received_at)
+            if stop is Stop.EVICT:
+                self.evict(epoch_loop.exchange.evicted)
             if stop is Stop.MAX_STEPS and state.batch_in_epoch < epoch_loop.end:
                 break
             if self.end_epoch(epoch):
@@ -404,7 +408,8 @@ class FitLoop:
         """Checkpoint where we are; rank 0 requeues under Slurm for the requeue signals."""
         epoch_loop, state = self.epoch_loop, self.state
         name = signals.Signals(signum).name
-        log.warning("received %s: checkpointing at epoch %d step %d", name, state.epoch, state.global_step)
+        waited = f" ({time.monotonic() - received_at:.2f} s after it reached this rank)" if received_at else ""
+        log.warning("received %s: checkpointing at epoch %d step %d%s", name, state.epoch, state.global_step, waited)
         epoch_loop.save("periodic")
         if received_at is not None and self.info.agent_shutdown_s is not None:
             log.info("checkpoint written %.1f s after %s reached this rank (torchrun kills its workers %.0f s "
@@ -419,6 +424,14 @@ class FitLoop:
             requeued = requeue_slurm_job(self.info.requeue_id)
         requeued = bool(runtime.broadcast_object(requeued, self.info))
         return FitResult("preempted", signum, requeued, state.global_step, epoch_loop.last_metrics)
+
+    def evict(self, straggler: Straggler) -> None:
+        """train.straggler_action=evict: an agreed checkpoint (every rank named the same straggler from the same
+        window), then StragglerError: exit 5, which the restart loop reads as "relaunch without this host"."""
+        self.epoch_loop.save("periodic")
+        log.warning("straggler evicted: checkpoint of step %d written; exit 5 (unfit host %s)",
+                    self.state.global_step, straggler.host)
+        raise StragglerError(straggler.host, straggler.describe())
 
     def finish(self, status: str) -> FitResult:
         """Final checkpoint, then the test split with the final and (if any) the best weights."""

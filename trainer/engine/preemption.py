@@ -81,6 +81,36 @@ class PreemptionHandler:
         return self.signal_of(runtime.all_reduce_host(self.flags(), info).tolist())
 
 
+class AgreementCadence:
+    """Which optimizer steps agree on a signal. A logging window's read always does (it carries the flags); between
+    windows, a step does once `every` steps passed since the last agreement, where `every` keeps a signal's wait under
+    ckpt.signal_latency_s at the step time measured in the last window (rank 0's, agreed in that window's collective,
+    so every rank counts the same steps). Until a window has measured it, and with signal_latency_s=0, every step
+    agrees; a single process agrees with itself, at no cost, every step."""
+
+    def __init__(self, info: runtime.DistInfo, latency_s: float, window: int):
+        self.distributed, self.latency_s, self.window = info.distributed, latency_s, max(window, 1)
+        self.every, self.last = 1, 0
+
+    def due(self, step: int) -> bool:
+        return not self.distributed or step - self.last >= self.every
+
+    def agreed(self, step: int) -> None:
+        self.last = step
+
+    def turn(self, step: int) -> bool:
+        """Whether this step agrees (then counted as the last agreement)."""
+        if self.due(step):
+            self.agreed(step)
+            return True
+        return False
+
+    def measured(self, step_s: float) -> None:
+        """The agreed wall seconds per step of the last window (0: not measured)."""
+        if self.latency_s > 0 and step_s > 0:
+            self.every = max(1, min(self.window, int(self.latency_s / step_s)))
+
+
 FORWARD_HINT = ("torchrun --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2 --shutdown-timeout 120 "
                 "(both flags where `torchrun --help` lists them), or srun with one task per GPU (no agent)")
 
