@@ -232,7 +232,8 @@ def hosts_to_leave_out(a: Attempt, f: Failure, done: list[dict]) -> list[str] | 
         for host in set(unfit_hosts(r.get("cause", "")) or r.get("hosts", [])):
             counts[host] = counts.get(host, 0) + 1
     bad = unfit or sorted(h for h, n in counts.items() if n >= HOST_FAILURES and h not in a.excluded)
-    why = "failed the pre-flight" if unfit else f"failed {HOST_FAILURES} times"
+    why = ("was a straggler" if f.cause.startswith("straggler") else "failed the pre-flight") if unfit else \
+        f"failed {HOST_FAILURES} times"
     if not bad:
         return []
     left = [n for n in a.nodes if n not in a.excluded and n not in bad]
