@@ -130,14 +130,14 @@ def train_records(run_dir) -> list[dict]:
     return [r for r in read_metrics(run_dir, "train") if "loss" in r]
 
 
-SLOWED = (*TOY, "data.n_train=2048", "model.hidden=256", "train.log_every_steps=1")   # 64 steps per epoch and rank
+SLOWED = (*TOY, "data.n_train=2048", "data.features=64", "model.hidden=1024", "train.log_every_steps=1")  # 64 steps per epoch and rank
 TWO_HOSTS = [{"SLURMD_NODENAME": h} for h in ("nodeA", "nodeB")]
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
 def test_a_slowed_rank_is_named_in_the_log_the_train_records_and_doctor(tmp_path):
     run_dir = tmp_path / "run"
-    procs = launch_per_rank_env(2, TWO_HOSTS, *SLOWED, "--epochs", "3", "--run-dir", str(run_dir))
+    procs = launch_per_rank_env(2, TWO_HOSTS, *SLOWED, "--epochs", "4", "--run-dir", str(run_dir))
     with slowed(procs, rank=1):
         results = wait_all(procs, timeout=300)
     assert [c for c, _ in results] == [0, 0], results[0][1][-3000:]       # warn: the run goes on
