@@ -130,7 +130,8 @@ def train_records(run_dir) -> list[dict]:
     return [r for r in read_metrics(run_dir, "train") if "loss" in r]
 
 
-SLOWED = (*TOY, "data.n_train=2048", "data.features=64", "model.hidden=1024", "train.log_every_steps=1")  # 64 steps per epoch and rank
+# 64 steps per epoch and rank, long enough that the slowed rank's lost time lands mostly in its own work
+SLOWED = (*TOY, "data.n_train=2048", "data.features=64", "model.hidden=1024", "train.log_every_steps=1")
 TWO_HOSTS = [{"SLURMD_NODENAME": h} for h in ("nodeA", "nodeB")]
 
 
