@@ -84,7 +84,8 @@ def draw(rows: list[dict], png: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter,
+                                 allow_abbrev=False)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "agreement.json"))
