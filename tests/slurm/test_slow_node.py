@@ -34,9 +34,11 @@ NICE = 10    # the slowed node's session: weight 110 against the busy loops' 102
 
 
 def toy_yaml(folder: Path, epochs: int, extra: str = "") -> Path:
-    """64 steps per epoch and rank on two ranks; a window per step; every checkpoint kept."""
+    """64 steps per epoch and rank on two ranks, each a few milliseconds (a slowed node's take long enough that the
+    straggler watch's 1 s windows hold a few dozen); a window per step; every checkpoint kept."""
     path = folder / "toy.yaml"
-    path.write_text(f"recipe: toy\nseed: 5\ndata:\n  n_train: 2048\nmodel:\n  hidden: 256\ntrain:\n  epochs: {epochs}\n"
+    path.write_text(f"recipe: toy\nseed: 5\ndata:\n  n_train: 2048\n  features: 64\nmodel:\n  hidden: 1024\ntrain:\n"
+                    f"  epochs: {epochs}\n"
                     f"  batch_size: 16\n  log_every_steps: 1\n  tensorboard: false\n{extra}"
                     "ckpt:\n  every_steps: 16\n  keep_last: 0\n")
     return path
@@ -132,7 +134,7 @@ def started_training(run: Path, step: int, timeout: float = 300) -> None:
 
 
 def test_evict_leaves_a_node_slowed_mid_run_out_and_ends_as_a_resume_on_the_smaller_world(slurm_cluster, tmp_path):
-    cfg = toy_yaml(tmp_path, 6, "  straggler_action: evict\n")
+    cfg = toy_yaml(tmp_path, 10, "  straggler_action: evict\n")
     job = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", *TWO_NODES, env=dict(CONFIG=str(cfg), **ENV))
     run = tmp_path / "runs" / job
     started_training(run, 20)

@@ -91,7 +91,10 @@ def test_usr2_preemption_requeues_and_ends_with_the_same_weights(slurm_cluster, 
     # submitit's own logger sends INFO to the .out file and warnings to the .err file
     err = "".join((tmp_path / "sub" / job / f"{job}_0_log.{ext}").read_text() for ext in ("out", "err"))
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", err[-3000:]
-    assert f"received SIG{preempt}" in err and "this job is preempted" in err and f"Requeued job {job}" in err
+    # submitit logs "Requeued job" after `scontrol requeue` returns; the requeue's own TERM to the step can end that
+    # scontrol first (seen once under the suite's load): the job was requeued all the same (Restarts above)
+    requeued = f"Requeued job {job}" in err or f"'requeue', '{job}']' died with <Signals.SIGTERM" in err
+    assert f"received SIG{preempt}" in err and "this job is preempted" in err and requeued
     assert re.search(r"resumed from \S+step-\d+\.pt", err), err[-3000:]
     import submitit
     result = submitit.SlurmJob(tmp_path / "sub" / "%j", job, tasks=[0, 1]).results()[0]
