@@ -40,6 +40,22 @@ def record_fault(fault: str, **figures) -> None:
             fh.write(json.dumps(dict(fault=fault, **figures), sort_keys=True) + "\n")
 
 
+@pytest.fixture
+def busy_core_turn():
+    """The tests that slow a rank with busy loops on one core take turns, across the suite's two halves (make test
+    runs them side by side): two at once would load each other's fast core too (a CI run saw a pre-flight test's
+    fast rank at 6.2 GFLOP/s against its slowed one's 4.0 while a cluster test slowed a node). A file lock in /tmp,
+    held for the whole test."""
+    import fcntl
+    import tempfile
+    with open(Path(tempfile.gettempdir()) / "hpc-trainer-busy-core.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def free_port() -> int:
     """A TCP port that is free right now on loopback."""
     with socket.socket() as s:

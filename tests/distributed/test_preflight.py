@@ -66,7 +66,7 @@ def test_two_healthy_ranks_write_the_report_and_train(tmp_path):
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
-def test_a_host_slowed_three_times_is_named_and_the_run_exits_5(tmp_path):
+def test_a_host_slowed_three_times_is_named_and_the_run_exits_5(tmp_path, busy_core_turn):
     cores = sorted(os.sched_getaffinity(0))[:2]
     busy = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(15)]
     try:

@@ -136,7 +136,7 @@ TWO_HOSTS = [{"SLURMD_NODENAME": h} for h in ("nodeA", "nodeB")]
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
-def test_a_slowed_rank_is_named_in_the_log_the_train_records_and_doctor(tmp_path):
+def test_a_slowed_rank_is_named_in_the_log_the_train_records_and_doctor(tmp_path, busy_core_turn):
     run_dir = tmp_path / "run"
     procs = launch_per_rank_env(2, TWO_HOSTS, *SLOWED, "--epochs", "4", "--run-dir", str(run_dir))
     with slowed(procs, rank=1):
@@ -154,7 +154,7 @@ def test_a_slowed_rank_is_named_in_the_log_the_train_records_and_doctor(tmp_path
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
-def test_evict_leaves_a_checkpoint_and_exits_5_naming_the_slow_host(tmp_path):
+def test_evict_leaves_a_checkpoint_and_exits_5_naming_the_slow_host(tmp_path, busy_core_turn):
     run_dir = tmp_path / "run"
     procs = launch_per_rank_env(2, TWO_HOSTS, *SLOWED, "--epochs", "4", "--run-dir", str(run_dir),
                                 "train.straggler_action=evict")

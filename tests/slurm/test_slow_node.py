@@ -103,7 +103,7 @@ def slowed(node: str, other: str):
             p.wait()
 
 
-def test_the_preflight_names_a_slowed_node_and_the_job_completes_without_it(slurm_cluster, tmp_path):
+def test_the_preflight_names_a_slowed_node_and_the_job_completes_without_it(slurm_cluster, tmp_path, busy_core_turn):
     with slowed("node2", "node1") as start:
         job = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", *TWO_NODES,
                             env=dict(CONFIG=str(toy_yaml(tmp_path, 1)), **ENV))
@@ -133,7 +133,8 @@ def started_training(run: Path, step: int, timeout: float = 300) -> None:
     raise AssertionError(f"{run}: no train record of step {step} after {timeout} s")
 
 
-def test_evict_leaves_a_node_slowed_mid_run_out_and_ends_as_a_resume_on_the_smaller_world(slurm_cluster, tmp_path):
+def test_evict_leaves_a_node_slowed_mid_run_out_and_ends_as_a_resume_on_the_smaller_world(slurm_cluster, tmp_path,
+                                                                                          busy_core_turn):
     cfg = toy_yaml(tmp_path, 10, "  straggler_action: evict\n")
     job = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", *TWO_NODES, env=dict(CONFIG=str(cfg), **ENV))
     run = tmp_path / "runs" / job
