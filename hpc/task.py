@@ -42,13 +42,14 @@ class TrainTask:
         return f"TrainTask({self.argv!r})"
 
     def __call__(self) -> dict[str, Any]:
-        from trainer.cli import get_parser, parse_args
+        from trainer.cli import flags_from_args, get_parser, parse_args
+        from trainer.config import configure
         from trainer.distributed.environment import select_environment
         from trainer.engine.session import run_train
         _bind_threads()
         logging.getLogger("submitit").propagate = False   # it has its own handler: no doubled lines
         args = parse_args(get_parser(), ["train", *self.argv])
-        result, cfg = run_train(args)
+        result, cfg = run_train(*configure(args.recipe, args.config, flags_from_args(args), args.overrides))
         where = select_environment()          # the launch facts, as the trainer read them
         summary = dict(status=result.status, global_step=result.global_step, metrics=result.metrics,
                        run_dir=os.path.abspath(cfg.run_dir), restarts=where.restart_count)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from trainer.cli import flags_from_args, get_parser, parse_args
-from trainer.config import build_config, from_dict, parse_override, set_key
+from trainer.config import configure, from_dict, parse_override, set_key
 from trainer.distributed import runtime
 from trainer.distributed.environment import select_environment
 from trainer.engine.session import USAGE_ERRORS, build_recipe, exit_code_of, no_deterministic_kernel, run_train
@@ -32,14 +32,14 @@ log = logging.getLogger("trainer")
 
 
 def cmd_train(args) -> int:
+    cfg, spec = configure(args.recipe, args.config, flags_from_args(args), args.overrides)
     if args.print_config:        # nothing is started, created or checked on disk: only the config is resolved
         import yaml
 
         from trainer.config import to_dict
-        cfg = build_config(args.recipe, args.config, flags_from_args(args), args.overrides)
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
-    result, _ = run_train(args)
+    result, _ = run_train(cfg, spec)
     return exit_code_of(result)
 
 

@@ -17,7 +17,7 @@ import yaml
 
 from trainer.bounds import FRACTION, POSITIVE, Bound, out_of_range
 from trainer.registry import get_spec
-from trainer.spec import EmptyConfig
+from trainer.spec import EmptyConfig, RecipeSpec
 
 
 class ConfigError(ValueError):
@@ -338,9 +338,10 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
-def default_config(recipe: str) -> Config:
-    """Dataclass defaults, with the recipe's own data/model sections."""
-    spec = get_spec(recipe)
+def default_config(recipe: str, spec: RecipeSpec | None = None) -> Config:
+    """Dataclass defaults, with the recipe's own data/model sections (`spec`: the recipe's, where the caller has
+    it)."""
+    spec = spec or get_spec(recipe)
     cfg = Config(recipe=recipe, data=spec.data_config(), model=spec.model_config(), eval=spec.eval_config(),
                  loss=spec.loss_config())
     cfg._renamed = dict(spec.renamed)      # not a field: neither saved nor listed among the keys
@@ -352,11 +353,18 @@ def default_config(recipe: str) -> Config:
 def build_config(recipe: str | None, yaml_path: str | None = None, flags: dict[str, Any] | None = None,
                  overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """defaults < YAML < CLI flags < key=value overrides."""
+    return configure(recipe, yaml_path, flags, overrides)[0]
+
+
+def configure(recipe: str | None, yaml_path: str | None = None, flags: dict[str, Any] | None = None,
+              overrides: list[str] | tuple[str, ...] = ()) -> tuple[Config, RecipeSpec]:
+    """build_config, with the recipe's spec it looked up: a run looks its recipe up once and passes it along."""
     file_values = load_yaml(yaml_path) if yaml_path else {}
     name = recipe or file_values.get("recipe")
     if not name:
         raise ConfigError("no recipe given: pass --recipe NAME or put 'recipe: NAME' in the config file")
-    cfg = default_config(name)
+    spec = get_spec(name)
+    cfg = default_config(name, spec)
     file_values = {k: v for k, v in file_values.items() if k != "recipe"}
     apply_dict(cfg, file_values, str(yaml_path))
     for key, value in (flags or {}).items():
@@ -365,7 +373,7 @@ def build_config(recipe: str | None, yaml_path: str | None = None, flags: dict[s
     for text in overrides:
         key, value = parse_override(text)
         set_key(cfg, key, value, f"override {text!r}")
-    return cfg
+    return cfg, spec
 
 
 def to_dict(cfg: Config) -> dict:

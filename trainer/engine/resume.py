@@ -2,7 +2,7 @@
 before anything is written), and where the run continues when the world size, batch size or accumulation
 differs from the checkpoint's (the next unseen sample of the epoch, at the same point of the LR schedule).
 
-    planned = check_resume_config(cfg, info)   # before config.yaml, logs or TensorBoard are written
+    planned = check_resume_config(cfg, info, spec)   # before config.yaml, logs or TensorBoard are written
     planned.changes, planned.path              # what the resume changes; the checkpoint it loads (every rank)
     notes = continue_at(state, ckpt, run)      # in Checkpointer: place the epoch and the schedule
 """
@@ -21,7 +21,7 @@ from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import ckpt_io
 from trainer.engine.data import per_rank_batch_size
-from trainer.registry import get_spec
+from trainer.spec import RecipeSpec
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,9 @@ CHANGEABLE_ON_RESUME = (
 QUIET = ("ckpt.resume", "run_dir")     # differ on every resume or move: not worth a line
 
 
-def changeable_keys(recipe: str) -> tuple[str, ...]:
+def changeable_keys(spec: RecipeSpec) -> tuple[str, ...]:
     """The engine's CHANGEABLE_ON_RESUME and the recipe's own (RecipeSpec.resume_changeable)."""
-    return CHANGEABLE_ON_RESUME + tuple(get_spec(recipe).resume_changeable)
+    return CHANGEABLE_ON_RESUME + tuple(spec.resume_changeable)
 
 
 def changeable(key: str, patterns: tuple[str, ...] = CHANGEABLE_ON_RESUME) -> bool:
@@ -102,7 +102,7 @@ class Planned:
         return ckpt if path == self.path else None
 
 
-def check_resume_config(cfg: Config, info: DistInfo) -> Planned:
+def check_resume_config(cfg: Config, info: DistInfo, spec: RecipeSpec) -> Planned:
     """Before anything is written: refuse a resume that changes a setting outside CHANGEABLE_ON_RESUME (all
     ranks raise ConfigError); else return the changes (logged once the run directory may be written) with the
     checkpoint to load, and the step at which the previous config.yaml is to be kept (keep_previous_config,
@@ -114,7 +114,7 @@ def check_resume_config(cfg: Config, info: DistInfo) -> Planned:
             if found is not None:
                 path, ckpt = str(found[0]), found[1]
                 changes = config_changes(ckpt["config"], cfg) if ckpt["recipe"] == cfg.recipe else []
-                allowed = changeable_keys(cfg.recipe)
+                allowed = changeable_keys(spec)
                 refused = [c for c in changes if not changeable(c[0], allowed)]
                 if ckpt["recipe"] != cfg.recipe:
                     problem = (f"{path} was written by recipe {ckpt['recipe']!r}; this run is {cfg.recipe!r}.\n"

@@ -1,7 +1,7 @@
 """One training run below the command line: its directory, its recipe, the process group around fit(), and the
 exit code of how it ended. The entry (trainer/commands.py) parses; hpc/task.py (submitit) calls run_train too.
 
-    result, cfg = run_train(args)          # args: the parsed `train` arguments (trainer/cli.py)
+    result, cfg = run_train(cfg, spec)     # cfg, spec = trainer.config.configure(...): the resolved settings
     exit_code_of(result); exit_code_of_error(err)
     recipe = build_recipe(cfg, info)       # the recipe object, given its own config sections
 """
@@ -11,8 +11,7 @@ import logging
 import time
 from pathlib import Path
 
-from trainer.cli import flags_from_args
-from trainer.config import ConfigError, build_config, save_config
+from trainer.config import Config, ConfigError, save_config
 from trainer.data.download import DownloadError, check_data_path
 from trainer.distributed import runtime
 from trainer.distributed.environment import LaunchError, select_environment
@@ -29,7 +28,8 @@ from trainer.exitcodes import (
     record_start,
 )
 from trainer.extras import MissingExtraError
-from trainer.registry import RecipeSpec, get_spec
+from trainer.registry import get_spec
+from trainer.spec import RecipeSpec
 
 log = logging.getLogger("trainer")
 USAGE_ERRORS = (ConfigError, LaunchError, CheckpointError, DownloadError, ValueError, FileNotFoundError,
@@ -54,15 +54,15 @@ def build_recipe(cfg, info, spec: RecipeSpec | None = None):
                                loss_cfg=cfg.loss)
 
 
-def run_train(args):
-    """Train from parsed `train` arguments; returns (FitResult, resolved Config). Every check that can refuse the
-    run (settings, recipe, checkpoint format, data, weights' shapes, memory) comes before the first write into
-    the run directory (its lock aside): commit() below, which fit() calls once the checkpoint is loaded."""
+def run_train(cfg: Config, spec: RecipeSpec):
+    """Train the resolved config `cfg` of the recipe `spec`; returns (FitResult, Config with its run directory).
+    Every check that can refuse the run (settings, recipe, checkpoint format, data, weights' shapes, memory) comes
+    before the first write into the run directory (its lock aside): commit() below, which fit() calls once the
+    checkpoint is loaded."""
     from trainer.engine.logging import attach_run_log, hold_logging
     from trainer.engine.loop import fit
     from trainer.engine.resume import check_resume_config, describe, keep_previous_config
     from trainer.engine.rundir import claim_run_dir, make_private
-    cfg = build_config(args.recipe, args.config, flags_from_args(args), args.overrides)
     check_data_path(str(getattr(cfg.data, "path", "")))
     if cfg.private:
         make_private()          # before anything is created: logs, checkpoints, TensorBoard, caches
@@ -71,7 +71,7 @@ def run_train(args):
     try:
         cfg.run_dir = resolve_run_dir(cfg, info)
         lock = claim_run_dir(cfg.run_dir, cfg.ckpt.resume, info)
-        planned = check_resume_config(cfg, info)        # refused before a log line or config.yaml is written
+        planned = check_resume_config(cfg, info, spec)      # refused before a log line or config.yaml is written
         held = hold_logging(info)                       # the console now; train.log from commit() on
 
         def commit() -> None:
@@ -92,7 +92,7 @@ def run_train(args):
         if info.is_main and hasattr(cfg.data, "path") and not cfg.data.path:
             log.warning("data.path is empty: training on the recipe's generated data (set data.path=DIR, or "
                         "use a configs/<recipe>/<dataset>.yaml, for a real dataset)")
-        recipe = build_recipe(cfg, info, get_spec(cfg.recipe))
+        recipe = build_recipe(cfg, info, spec)
         try:
             result = fit(recipe, info, cfg, planned, commit)
         except BaseException as err:
