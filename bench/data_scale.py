@@ -148,13 +148,13 @@ def generate_kgat(scale: float, folder: Path) -> Path:
     out = folder / (f"kgat-amazon-book-x{scale:g}" if scale else "kgat-tiny")
     if not (out / "kg_final.txt").exists():
         sys.path.insert(0, str(REPO))
-        from trainer.recipes.kgat import build
-        preset = dict(build.PRESETS["amazon-book"] if scale else build.PRESETS["tiny"])
-        stats = build.Stats(**{k: (round(v * (scale or 1)) if k != "relations" else v) for k, v in preset.items()})
+        from trainer.recipes.kgat import convert
+        preset = dict(convert.PRESETS["amazon-book"] if scale else convert.PRESETS["tiny"])
+        stats = convert.Stats(**{k: (round(v * (scale or 1)) if k != "relations" else v) for k, v in preset.items()})
         t0 = time.perf_counter()
         tmp = out.with_name(f".{out.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        build.write(build.synthesize(stats, seed=0), tmp)
+        convert.write(convert.synthesize(stats, seed=0), tmp)
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
         print(f"generated KGAT x{scale:g} ({stats.interactions:,} interactions, {stats.triples:,} triples) in "

@@ -42,10 +42,10 @@ PHASES = ("cf", "kg", "attention", "eval")
 
 
 def stats_for(preset: str, fraction: float):
-    from trainer.recipes.kgat import build
-    s = build.PRESETS[preset]
+    from trainer.recipes.kgat import convert
+    s = convert.PRESETS[preset]
     scaled = {k: max(1, round(v * fraction)) for k, v in s.items() if k != "relations"}
-    return build.Stats(relations=s["relations"], **scaled)
+    return convert.Stats(relations=s["relations"], **scaled)
 
 
 def worker(args) -> None:
@@ -59,7 +59,7 @@ def worker(args) -> None:
     from trainer.distributed import gradsync
     from trainer.distributed.runtime import DistInfo, all_reduce, attach_local, teardown
     from trainer.engine.build import wrap_model
-    from trainer.recipes.kgat import build
+    from trainer.recipes.kgat import convert
     from trainer.recipes.kgat import data as D
     from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATLossConfig, KGATModelConfig
     from trainer.recipes.kgat.recipe import KGATRecipe
@@ -76,7 +76,7 @@ def worker(args) -> None:
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     stats = stats_for(args.preset, args.fraction)
-    data = D.hold_out_validation(build.synthesize(stats, args.seed), 0.0, 2019)
+    data = D.hold_out_validation(convert.synthesize(stats, args.seed), 0.0, 2019)
     recipe = KGATRecipe(KGATDataConfig(val_fraction=0.0), KGATModelConfig(kg_update=args.kg_update),
                         replace(TrainConfig(), batch_size=1024), info, KGATEvalConfig(), seed=args.seed,
                         loss_cfg=KGATLossConfig())

@@ -12,14 +12,14 @@ import torch
 from tests.conftest import record_fault, trainer
 from trainer.data.flat import MAX_UNUSED, TABLE_FLOOR
 from trainer.recipes.har import data as HD
-from trainer.recipes.kgat import build
+from trainer.recipes.kgat import convert
 from trainer.recipes.kgat import data as KD
 
 
 @pytest.fixture(scope="module")
 def kgat_folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("kg")
-    return build.write(build.synthesize(build.Stats(**build.PRESETS["tiny"]), seed=0), root / "tiny")
+    return convert.write(convert.synthesize(convert.Stats(**convert.PRESETS["tiny"]), seed=0), root / "tiny")
 
 
 def sparse_copy(folder, tmp_path, kg_line: str = "", train_line: str = ""):
@@ -45,7 +45,7 @@ def test_a_stray_entity_id_is_refused_with_its_line(kgat_folder, tmp_path):
     assert message.startswith(f"{folder / 'kg_final.txt'}:{lines}: entity id 999,999 makes the entity table "
                               f"1,000,000 rows, of which ")
     assert "data.remap_ids=true" in message
-    assert KD.load(kgat_folder).n_entities == build.PRESETS["tiny"]["entities"]     # the fixture itself passes
+    assert KD.load(kgat_folder).n_entities == convert.PRESETS["tiny"]["entities"]     # the fixture itself passes
     t0 = time.monotonic()                                  # through the CLI: exit 2 before any model is built
     out = trainer("train", "--recipe", "kgat", "--epochs", "1", f"data.path={folder}", "data.cache=off",
                   "--run-dir", str(tmp_path / "run"), check=False)
@@ -66,7 +66,7 @@ def test_a_stray_item_id_is_refused_naming_the_user_line(kgat_folder, tmp_path):
 def test_remap_ids_compacts_and_the_maps_travel_with_the_checkpoint(kgat_folder, tmp_path):
     folder = sparse_copy(kgat_folder, tmp_path, kg_line="0 3 999999")
     data = KD.load(folder, remap_ids=True)
-    assert data.n_entities == build.PRESETS["tiny"]["entities"] + 1 and data.id_maps["entity"][-1] == 999999
+    assert data.n_entities == convert.PRESETS["tiny"]["entities"] + 1 and data.id_maps["entity"][-1] == 999999
     assert data.kg.max() == data.n_entities - 1
     run = tmp_path / "run"
     trainer("train", "--recipe", "kgat", "--epochs", "1", f"data.path={folder}", "data.remap_ids=true",

@@ -186,7 +186,7 @@ def test_loader_workers_and_their_fork_server_end_with_a_training_process_killed
     """Seen on main: a rank SIGKILLed under torchrun left its loader worker and the fork server (which waits for
     its workers) running for good; they held the launcher's pipes, so `subprocess.run(torchrun ...)` never returned."""
     code = ("import os, signal, sys, torch\n"
-            "from trainer.engine.data import make_loader\n"
+            "from trainer.engine.loader import make_loader\n"
             "data = torch.utils.data.TensorDataset(torch.arange(64.0))\n"
             "loader = make_loader(data, range(64), 8, 1, None, seed=0)\n"
             "it = iter(loader); next(it)\n"

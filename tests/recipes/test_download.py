@@ -112,10 +112,10 @@ def test_registry_has_canonical_urls_and_hashes():
 
 def _kgat_mirror(tmp_path, zipped: bool):
     """A folder holding a small dataset in the KGAT authors' layout (the KG zipped, or not: last-fm's)."""
-    from trainer.recipes.kgat import build
+    from trainer.recipes.kgat import convert
     root = tmp_path / "mirror"
-    data = build.synthesize(build.Stats(users=30, items=20, entities=40, relations=3, triples=90, interactions=150))
-    build.write(data, root)
+    data = convert.synthesize(convert.Stats(users=30, items=20, entities=40, relations=3, triples=90, interactions=150))
+    convert.write(data, root)
     if zipped:
         with zipfile.ZipFile(root / "kg_final.txt.zip", "w") as zf:
             zf.write(root / "kg_final.txt", "kg_final.txt")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.conftest import PY, REPO, clean_env
-from trainer.recipes.kgat import build
+from trainer.recipes.kgat import convert
 from trainer.recipes.kgat import data as kd
 
 ML100K = REPO.parent / "shared" / "data" / "ml-100k"
@@ -61,7 +61,7 @@ def test_missing_file_is_named(tmp_path):
 
 
 def test_validation_hold_out_partitions_train():
-    d = build.synthesize(build.Stats(**build.PRESETS["tiny"]))
+    d = convert.synthesize(convert.Stats(**convert.PRESETS["tiny"]))
     before = [t.copy() for t in d.train]
     d = kd.hold_out_validation(d, 0.1, seed=3)
     for old, new, val in zip(before, d.train, d.val):
@@ -73,7 +73,7 @@ def test_validation_hold_out_partitions_train():
 
 
 def test_ckg_has_every_inverse_and_random_walk_rows_sum_to_one_per_relation():
-    d = build.synthesize(build.Stats(**build.PRESETS["tiny"]))
+    d = convert.synthesize(convert.Stats(**convert.PRESETS["tiny"]))
     g = kd.build_ckg(d, "random-walk")
     R, E = d.n_relations, d.n_entities
     assert g.n_relations == 2 + 2 * R and g.n_nodes == E + d.n_users
@@ -94,17 +94,17 @@ def test_ckg_has_every_inverse_and_random_walk_rows_sum_to_one_per_relation():
 
 
 def test_synthetic_matches_requested_statistics():
-    stats = build.Stats(users=500, items=300, entities=900, relations=6, triples=5000, interactions=9000)
-    d = build.synthesize(stats, seed=1)
+    stats = convert.Stats(users=500, items=300, entities=900, relations=6, triples=5000, interactions=9000)
+    d = convert.synthesize(stats, seed=1)
     assert (d.n_users, d.n_items, d.n_entities, d.n_relations) == (500, 300, 900, 6)
     assert len(d.kg) == 5000 and len(np.unique(d.kg, axis=0)) == 5000
     assert sum(map(len, d.train)) + sum(map(len, d.test)) == 9000
     assert d.kg[:, [0, 2]].max() < 900 and d.kg[:, 1].max() < 6 and all(len(t) >= 1 for t in d.train)
     degree = np.bincount(np.concatenate(d.train), minlength=300)
     assert degree.max() > 5 * np.median(degree)                        # heavy-tailed popularity
-    again = build.synthesize(stats, seed=1)
+    again = convert.synthesize(stats, seed=1)
     assert np.array_equal(again.kg, d.kg)                              # deterministic
-    exact = build.synthesize(build.Stats(**{**stats.__dict__, "test_interactions": 1234}), seed=1)
+    exact = convert.synthesize(convert.Stats(**{**stats.__dict__, "test_interactions": 1234}), seed=1)
     assert sum(map(len, exact.test)) == 1234 and sum(map(len, exact.train)) == 9000 - 1234
     assert all(len(t) >= 1 for t in exact.train)
 
@@ -146,8 +146,8 @@ def test_convert_movielens_cli_on_a_synthetic_folder(tmp_path):
 @pytest.mark.skipif(not (ML100K / "u.item").exists(), reason="../shared/data/ml-100k is not on this machine "
                     "(the synthetic MovieLens-shaped test covers the converter)")
 def test_convert_real_movielens_100k(tmp_path):
-    data, lists = build.convert_movielens(ML100K)
-    build.write(data, tmp_path, lists)
+    data, lists = convert.convert_movielens(ML100K)
+    convert.write(data, tmp_path, lists)
     d = check_converted(tmp_path, 943, 1682, 100000)
     assert d.n_entities == 1682 + 19 + len({e for e in lists["entity"] if e.startswith("year:")})
 

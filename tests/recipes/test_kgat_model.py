@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.recipes import kernels
-from trainer.recipes.kgat import build
+from trainer.recipes.kgat import convert
 from trainer.recipes.kgat import data as kd
 from trainer.recipes.kgat import model as M
 from trainer.recipes.kgat.config import KGATLossConfig
@@ -13,7 +13,7 @@ from trainer.recipes.kgat.model import KGAT, KGATModelConfig, attention_scores, 
 
 
 def small_graph():
-    d = build.synthesize(build.Stats(users=20, items=15, entities=30, relations=3, triples=60, interactions=80))
+    d = convert.synthesize(convert.Stats(users=20, items=15, entities=30, relations=3, triples=60, interactions=80))
     return d, kd.build_ckg(d)
 
 

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from trainer.recipes.kgat import build
+from trainer.recipes.kgat import convert
 from trainer.recipes.kgat import data as KD
 
 pa = pytest.importorskip("pyarrow", reason="the `parquet` extra is not installed here: KGAT's Parquet input untested")
@@ -18,7 +18,7 @@ import pyarrow.parquet as pq  # noqa: E402
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("kgpq")
-    text = build.write(build.synthesize(build.Stats(**build.PRESETS["tiny"]), seed=0), root / "text")
+    text = convert.write(convert.synthesize(convert.Stats(**convert.PRESETS["tiny"]), seed=0), root / "text")
     parquet = root / "parquet"
     shutil.copytree(text, parquet)
     for name in ("train", "test"):

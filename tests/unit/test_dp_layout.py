@@ -5,7 +5,7 @@ import pytest
 from trainer.config import TrainConfig
 from trainer.distributed.environment import LaunchError
 from trainer.distributed.runtime import DistInfo, dp_device_ids
-from trainer.engine.data import per_rank_batch_size
+from trainer.engine.loader import per_rank_batch_size
 from trainer.engine.optim import scaled_lr
 
 

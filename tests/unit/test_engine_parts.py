@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainer.config import TrainConfig
-from trainer.engine.data import ResumableSampler, ShardSampler, per_rank_batch_size
+from trainer.engine.loader import ResumableSampler, ShardSampler, per_rank_batch_size
 from trainer.engine.metrics import classification_metrics, confusion_matrix
 from trainer.engine.optim import build_scheduler, lr_factor, scaled_lr, warmup_steps
 

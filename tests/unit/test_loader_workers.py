@@ -6,7 +6,7 @@ import signal
 
 import torch
 
-from trainer.engine.data import PREEMPTION_SIGNALS, ShardSampler, make_loader
+from trainer.engine.loader import PREEMPTION_SIGNALS, ShardSampler, make_loader
 
 
 class Pids(torch.utils.data.Dataset):

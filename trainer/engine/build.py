@@ -24,7 +24,7 @@ from trainer.config import Config
 from trainer.distributed import gradsync, runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import footprint
-from trainer.engine.data import ResumableSampler, per_rank_batch_size
+from trainer.engine.loader import ResumableSampler, per_rank_batch_size
 from trainer.engine.optim import build_optimizer, build_scheduler, scaled_lr
 from trainer.engine.recipe import Recipe
 

@@ -8,7 +8,7 @@ import torch
 
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
-from trainer.engine.data import ShardSampler, make_loader
+from trainer.engine.loader import ShardSampler, make_loader
 from trainer.engine.recipe import Recipe, move_to
 
 

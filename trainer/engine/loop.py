@@ -29,8 +29,8 @@ from trainer.distributed.stragglers import Straggler
 from trainer.engine import ckpt_io
 from trainer.engine.build import Run, build_run, rank_seed
 from trainer.engine.checkpointer import Checkpointer
-from trainer.engine.data import device_batches, make_loader
 from trainer.engine.evaluation import evaluate_split
+from trainer.engine.loader import device_batches, make_loader
 from trainer.engine.logging import MetricsWriter, progress_bar
 from trainer.engine.metrics import SystemStats, Throughput
 from trainer.engine.preemption import (

@@ -109,7 +109,7 @@ class Recipe:
 
     def device_dataset(self) -> Any:
         """The training set held on the training device (an object with `gather(index, epoch)` -> batch and
-        len(); engine.data.TensorBatches for plain tensors): the engine's sampler picks the indices and a batch
+        len(); engine.loader.TensorBatches for plain tensors): the engine's sampler picks the indices and a batch
         is a gather, with no DataLoader and no copy per step. None (the default): the DataLoader path."""
         return None
 

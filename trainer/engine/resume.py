@@ -20,7 +20,7 @@ from trainer.config import Config, ConfigError, TrainConfig, from_dict, to_dict
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import ckpt_io
-from trainer.engine.data import per_rank_batch_size
+from trainer.engine.loader import per_rank_batch_size
 from trainer.spec import RecipeSpec
 
 log = logging.getLogger(__name__)

@@ -14,11 +14,11 @@ import numpy as np
 import torch
 
 from trainer.distributed import runtime
-from trainer.engine.data import per_rank_batch_size
+from trainer.engine.loader import per_rank_batch_size
 from trainer.engine.optim import optimizer_spec, phased, sparse_rows
 from trainer.engine.recipe import Recipe, unwrap
 from trainer.recipes.kernels import load as cpu_kernels
-from trainer.recipes.kgat import build
+from trainer.recipes.kgat import convert
 from trainer.recipes.kgat import data as D
 from trainer.recipes.kgat.config import KGATDataConfig
 from trainer.recipes.kgat.device import DeviceTables
@@ -64,9 +64,9 @@ def load_data(cfg: KGATDataConfig, local_rank: int = 0) -> D.KGATData:
         data = D.load_cached(cfg.path, cfg.duplicates, cfg.cache, local_rank, cfg.remap_ids,
                              (cfg.user_column, cfg.item_column))
     else:
-        stats = build.Stats(cfg.synthetic_users, cfg.synthetic_items, cfg.synthetic_entities,
+        stats = convert.Stats(cfg.synthetic_users, cfg.synthetic_items, cfg.synthetic_entities,
                             cfg.synthetic_relations, cfg.synthetic_triples, cfg.synthetic_interactions)
-        data = build.synthesize(stats, cfg.synthetic_seed)
+        data = convert.synthesize(stats, cfg.synthetic_seed)
     return D.hold_out_validation(data, cfg.val_fraction, cfg.split_seed)
 
 

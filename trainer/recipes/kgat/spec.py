@@ -23,9 +23,9 @@ def _synth_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from trainer.recipes.kgat import build
-    data = build.synthesize(build.Stats(**build.PRESETS[args.preset]), seed=args.seed)
-    print(f"wrote {describe(data)} to {build.write(data, args.out)}")
+    from trainer.recipes.kgat import convert
+    data = convert.synthesize(convert.Stats(**convert.PRESETS[args.preset]), seed=args.seed)
+    print(f"wrote {describe(data)} to {convert.write(data, args.out)}")
     return 0
 
 
@@ -37,9 +37,9 @@ def _convert_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from trainer.recipes.kgat import build
-    data, lists = build.convert_movielens(args.src, args.test_fraction, args.seed)
-    path = build.write(data, args.out, lists)
+    from trainer.recipes.kgat import convert
+    data, lists = convert.convert_movielens(args.src, args.test_fraction, args.seed)
+    path = convert.write(data, args.out, lists)
     print(f"wrote {describe(data)} to {path}")
     return 0
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.distributed import runtime
-from trainer.engine.data import fits_on_device
+from trainer.engine.loader import fits_on_device
 from trainer.engine.recipe import Recipe, unwrap
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.device import DeviceSequences
