@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from bench.opcount import endless, epoch_loop_for, step_counts  # noqa: E402
-from trainer.engine.metrics import Throughput  # noqa: E402
+from trainer.engine.meters import Throughput  # noqa: E402
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0}  # dense
 TARGETS = {"sasrec-ml100k": ("step_ms", 2.0, "<="), "har": ("step_ms", 1.0, "<="), "kgat": ("step_ms", 3.0, "<="),

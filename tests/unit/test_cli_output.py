@@ -14,7 +14,7 @@ import torch
 from tests.conftest import PY, REPO, clean_env, trainer
 from trainer.distributed.runtime import DistInfo
 from trainer.engine.logging import progress_bar, setup_logging
-from trainer.engine.metrics import classification_metrics
+from trainer.recipes.classify.metrics import classification_metrics
 
 TOY = ("--recipe", "toy", "--seed", "1", "train.tensorboard=false")
 

@@ -7,8 +7,8 @@ import torch
 
 from trainer.config import TrainConfig
 from trainer.engine.loader import ResumableSampler, ShardSampler, per_rank_batch_size
-from trainer.engine.metrics import classification_metrics, confusion_matrix
 from trainer.engine.optim import build_scheduler, lr_factor, scaled_lr, warmup_steps
+from trainer.recipes.classify.metrics import classification_metrics, confusion_matrix
 
 
 @pytest.mark.parametrize("rule,world,expected", [("none", 4, 0.1), ("linear", 4, 0.4), ("sqrt", 4, 0.2)])
@@ -170,7 +170,7 @@ def test_best_checkpoint_tie_break(best, best_tie, metrics, expected):
 def test_throughput_counts_the_time_spent_waiting_for_batches():
     import time as _time
 
-    from trainer.engine.metrics import Throughput
+    from trainer.engine.meters import Throughput
 
     def slow_loader():
         for i in range(3):

@@ -32,7 +32,7 @@ from trainer.engine.checkpointer import Checkpointer
 from trainer.engine.evaluation import evaluate_split
 from trainer.engine.loader import device_batches, make_loader
 from trainer.engine.logging import MetricsWriter, progress_bar
-from trainer.engine.metrics import SystemStats, Throughput
+from trainer.engine.meters import SystemStats, Throughput
 from trainer.engine.preemption import (
     FORWARD_HINT,
     PreemptionHandler,

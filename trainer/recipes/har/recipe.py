@@ -11,7 +11,7 @@ import logging
 import torch.nn.functional as F
 
 from trainer.engine.loader import TensorBatches, fits_on_device
-from trainer.recipes.classify import ClassifierRecipe
+from trainer.recipes.classify.recipe import ClassifierRecipe
 from trainer.recipes.har.model import HARNet
 from trainer.recipes.har.prepare import load
 

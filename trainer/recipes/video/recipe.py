@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.distributed import runtime
-from trainer.recipes.classify import ClassifierRecipe
+from trainer.recipes.classify.recipe import ClassifierRecipe
 from trainer.recipes.video.clips import prepare, weights_table
 from trainer.recipes.video.model import build
 

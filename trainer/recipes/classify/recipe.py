@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from trainer.distributed import runtime
-from trainer.engine.metrics import classification_metrics, confusion_matrix
-from trainer.engine.plots import confusion_png
 from trainer.engine.recipe import Recipe
+from trainer.recipes.classify.metrics import classification_metrics, confusion_matrix
+from trainer.recipes.classify.plots import confusion_png
 
 log = logging.getLogger(__name__)
 
