@@ -107,7 +107,7 @@ class SupervisedTask:
         loop = ('set -euo pipefail; source "$TRAINER_HOME/slurm/common.sh"; '
                 'run_training srun --kill-on-bad-exit=1 "${LAUNCH[@]}" -m trainer train "$@"')
         code = subprocess.run(["bash", "-c", loop, "supervised-training", *self.argv], env=env).returncode
-        from trainer.restarts import read_jsonl
+        from trainer.launch.restarts import read_jsonl
         relaunches = sum(r.get("decision") == "relaunch" for r in read_jsonl(Path(run_dir) / "restarts.jsonl"))
         if code != 0:
             raise RuntimeError(f"the training step failed (exit {code}) after {relaunches} relaunch(es) in this "

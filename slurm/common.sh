@@ -140,9 +140,9 @@ wait_forwarding() {
 }
 
 # run_training srun [SRUN_OPTIONS] COMMAND...: the training step, relaunched inside this allocation after a
-# retryable failure (trainer/exitcodes.py), up to MAX_RESTARTS times per allocation (a Slurm requeue starts the
+# retryable failure (trainer/launch/exitcodes.py), up to MAX_RESTARTS times per allocation (a Slurm requeue starts the
 # count again), into the same run directory from the newest agreed checkpoint (the command has --resume auto),
-# with a fresh port (a new step id). trainer/restarts.py decides from each rank's exit record and writes
+# with a fresh port (a new step id). trainer/launch/restarts.py decides from each rank's exit record and writes
 # RUN_DIR/restarts.jsonl; never relaunched: a usage/configuration error, a non-finite loss, a run directory that
 # cannot be written (exit 4: a full disk, a quota), a checkpointed preemption (Slurm requeues that), less time left than the last attempt needed to reach a checkpoint. A host
 # that failed twice is left out when the others can go on (a recipe that resumes exactly on a smaller world).
@@ -169,7 +169,7 @@ run_training() {
     esac
     stop=""
     if [ "$STEP_USR1" = 1 ]; then stop="the time-limit warning (USR1) came: no time for a relaunch"; fi
-    verdict=$("${LAUNCH[@]}" -m trainer.restarts decide --run-dir "$RUN_DIR" --rc "$rc" --attempt "$attempt" \
+    verdict=$("${LAUNCH[@]}" -m trainer.launch.restarts decide --run-dir "$RUN_DIR" --rc "$rc" --attempt "$attempt" \
               --max "$MAX_RESTARTS" --attempt-start "$start" --job-start "$JOB_START" --end-time "$end" \
               --nodes "$nodes" --excluded "${excluded//,/ }" --tasks-per-node "$tasks_per_node" \
               --job "$SLURM_JOB_ID" --requeue "${SLURM_RESTART_COUNT:-0}" --job-log "$job_log" \
@@ -189,7 +189,7 @@ run_training() {
     echo "restart loop: relaunching the training step (attempt $attempt) ${exclude[*]}" >&2
   done
   if [ "$attempt" -gt 0 ]; then
-    summary=$("${LAUNCH[@]}" -m trainer.restarts summary "$RUN_DIR" 2>&1 || true)
+    summary=$("${LAUNCH[@]}" -m trainer.launch.restarts summary "$RUN_DIR" 2>&1 || true)
     echo "$summary" >&2
   fi
   return "$rc"

@@ -16,7 +16,7 @@ from trainer.config import configure, from_dict, parse_override, set_key
 from trainer.distributed import runtime
 from trainer.distributed.environment import select_environment
 from trainer.engine.session import USAGE_ERRORS, build_recipe, exit_code_of, no_deterministic_kernel, run_train
-from trainer.exitcodes import (
+from trainer.launch.exitcodes import (
     NON_FINITE,
     RESOURCE,
     UNFIT_HOST,
@@ -108,7 +108,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from trainer.doctor import run_doctor
+    from trainer.launch.doctor import run_doctor
     return run_doctor(args)
 
 

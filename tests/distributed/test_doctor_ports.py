@@ -4,7 +4,7 @@ import subprocess
 
 from tests.conftest import PY, REPO, clean_env, free_port, trainer
 from trainer.distributed.environment import LocalEnvironment, TorchrunEnvironment
-from trainer.doctor import port_check
+from trainer.launch.doctor import port_check
 
 
 def test_under_torchrun_every_rank_reaches_the_agent_store():

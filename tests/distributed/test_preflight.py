@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import PY, REPO, clean_env, free_port, record_fault, trainer, wait_all
 from trainer.distributed.preflight import SLOW_FRACTION, RankFigures, judge
-from trainer.exitcodes import UNFIT_HOST, unfit_hosts
+from trainer.launch.exitcodes import UNFIT_HOST, unfit_hosts
 
 TOY = ("train", "--recipe", "toy", "--epochs", "1", "train.tensorboard=false", "train.preflight=on")
 

@@ -22,7 +22,7 @@ from trainer.distributed.runtime import DistInfo
 from trainer.distributed.stragglers import FACTOR, JUDGED_S, WINDOWS, StepClock, StragglerWatch, own_times, window_slots
 from trainer.engine.logging import read_metrics
 from trainer.engine.preemption import AgreementCadence
-from trainer.exitcodes import UNFIT_HOST, unfit_hosts
+from trainer.launch.exitcodes import UNFIT_HOST, unfit_hosts
 
 # 256 samples / batch 16 per rank = 8 steps per epoch and rank
 TOY = ("train", "--recipe", "toy", "--seed", "3", "--batch-size", "16", "train.tensorboard=false",

@@ -14,7 +14,7 @@ from trainer.data.fingerprint import data_changes, data_fingerprint, files_under
 from trainer.engine.checkpointer import data_of
 from trainer.engine.ckpt_io import load
 from trainer.engine.logging import read_metrics
-from trainer.exitcodes import USAGE
+from trainer.launch.exitcodes import USAGE
 
 
 def test_every_checkpoint_records_the_datas_fingerprint(trained):

@@ -1,11 +1,11 @@
-"""Exit codes that say what happened (issue 48, point 0): the table of trainer/exitcodes.py, and each rank's own
+"""Exit codes that say what happened (issue 48, point 0): the table of trainer/launch/exitcodes.py, and each rank's own
 record of its exit in RUN_DIR/exits/rank-<N>.json (srun merges the tasks' statuses into one)."""
 import json
 import signal
 import subprocess
 
 from tests.conftest import PY, REPO, clean_env, launch_ranks, trainer, wait_all
-from trainer.exitcodes import kind_of
+from trainer.launch.exitcodes import kind_of
 
 TOY = ("train", "--recipe", "toy", "--epochs", "2", "--seed", "1", "train.tensorboard=false")
 

@@ -11,7 +11,7 @@ from bench.opcount import epoch_loop_for
 from tests.conftest import PY, clean_env, free_port, record_fault, run_group, trainer
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import footprint
-from trainer.exitcodes import RESOURCE
+from trainer.launch.exitcodes import RESOURCE
 
 VIDEO = ["model.arch=light", "data.size=32", "data.clip_len=9", "data.synthetic_videos=4", "data.synthetic_frames=30",
          "train.num_workers=0"]

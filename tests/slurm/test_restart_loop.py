@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import PY, REPO, assert_bitwise_equal, record_fault, run_ranks, slurm_env, weights
 from tests.slurm.test_cluster import wait_job
 from tests.slurm.test_sbatch import submit_script
-from trainer.restarts import read_jsonl
+from trainer.launch.restarts import read_jsonl
 
 TWO_BY_TWO = ("-N2", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1", "--time=10")
 ONE = ("-N1", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1", "--time=10")

@@ -25,7 +25,7 @@ from tests.conftest import PY, assert_bitwise_equal, record_fault, run_ranks, we
 from tests.slurm.test_cluster import wait_job
 from tests.slurm.test_sbatch import submit_script
 from trainer.engine.logging import read_metrics
-from trainer.restarts import read_jsonl
+from trainer.launch.restarts import read_jsonl
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one node")
 TWO_NODES = ("-N2", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1", "--time=10")

@@ -1,4 +1,4 @@
-"""trainer/restarts.py's rules on hand-made run directories: whom to blame, when not to relaunch (never-retried
+"""trainer/launch/restarts.py's rules on hand-made run directories: whom to blame, when not to relaunch (never-retried
 codes, a checkpointed preemption, the count per allocation, the time left), which host to leave out."""
 import json
 import os
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.restarts import Attempt, decide, main, read_jsonl, summary
+from trainer.launch.restarts import Attempt, decide, main, read_jsonl, summary
 
 JOB, T0 = "77", 1_000_000.0
 

@@ -11,7 +11,7 @@ estimate (trainer/engine/footprint.py), a small allocation written and read back
 an all-reduce of a fixed buffer, timed to bus bandwidth (2 (n-1)/n x bytes / time: the ring's traffic per rank),
 among the ranks of each host and across all of them; each rank's time to join the process group. A host whose
 matmul or host-local all-reduce falls below SLOW_FRACTION of the other hosts' median, or that fails a check, is
-unfit: the run stops with exit 5 (trainer/exitcodes.py) naming it, and the restart loop leaves it out at once.
+unfit: the run stops with exit 5 (trainer/launch/exitcodes.py) naming it, and the restart loop leaves it out at once.
 """
 from __future__ import annotations
 

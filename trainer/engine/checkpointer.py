@@ -22,7 +22,7 @@ from trainer.distributed import runtime
 from trainer.engine import ckpt_io, resume
 from trainer.engine.build import Run
 from trainer.engine.state import TrainState, where
-from trainer.exitcodes import DiskError
+from trainer.launch.exitcodes import DiskError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.exitcodes import disk_error
+from trainer.launch.exitcodes import disk_error
 
 log = logging.getLogger(__name__)
 PERIODIC = re.compile(r"^step-(\d+)\.pt$")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.exitcodes import ResourceError
+from trainer.launch.exitcodes import ResourceError
 
 log = logging.getLogger(__name__)
 

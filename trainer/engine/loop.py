@@ -46,7 +46,7 @@ from trainer.engine.recipe import Recipe, move_to
 from trainer.engine.resume import Planned, write_resume_record
 from trainer.engine.state import TrainState
 from trainer.engine.window import LossWindow, NonFiniteLossError, Reading, WindowExchange
-from trainer.exitcodes import PREEMPTED_MARKER, StragglerError, UnfitHostError
+from trainer.launch.exitcodes import PREEMPTED_MARKER, StragglerError, UnfitHostError
 
 __all__ = ["fit", "FitResult", "NonFiniteLossError", "Stop", "EpochLoop", "FitLoop"]
 

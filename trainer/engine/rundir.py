@@ -16,7 +16,7 @@ from pathlib import Path
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import ckpt_io
-from trainer.exitcodes import DiskError, disk_error, free_space
+from trainer.launch.exitcodes import DiskError, disk_error, free_space
 
 log = logging.getLogger(__name__)
 LOCK_NAME = ".lock"

@@ -16,7 +16,8 @@ from trainer.data.download import DownloadError, check_data_path
 from trainer.distributed import runtime
 from trainer.distributed.environment import LaunchError, select_environment
 from trainer.engine.ckpt_io import CheckpointError
-from trainer.exitcodes import (
+from trainer.extras import MissingExtraError
+from trainer.launch.exitcodes import (
     DONE,
     NON_FINITE,
     RESOURCE,
@@ -27,7 +28,6 @@ from trainer.exitcodes import (
     record_exit,
     record_start,
 )
-from trainer.extras import MissingExtraError
 from trainer.registry import get_spec
 from trainer.spec import RecipeSpec
 
@@ -109,7 +109,7 @@ def run_train(cfg: Config, spec: RecipeSpec):
 
 
 def exit_code_of(result) -> int:
-    """A finished fit's exit code (trainer/exitcodes.py): 0, or 128 + the signal of a checkpointed stop that was
+    """A finished fit's exit code (trainer/launch/exitcodes.py): 0, or 128 + the signal of a checkpointed stop that was
     not requeued."""
     return 128 + result.signal if result.status == "preempted" and not result.requeued else DONE
 

@@ -1,9 +1,9 @@
 """In-allocation restarts: whether slurm/common.sh's loop relaunches a failed training step, the record of each
 relaunch (RUN_DIR/restarts.jsonl) and the failure summary (also `trainer doctor --run RUN_DIR`).
 
-    python -m trainer.restarts decide --run-dir runs/123 --rc 137 --attempt 0 --max 2 --attempt-start 1764160000 \\
-        --job-start 1764159000 --end-time 1764166000 --nodes "node1 node2" --tasks-per-node 2
-    python -m trainer.restarts summary runs/123
+    python -m trainer.launch.restarts decide --run-dir runs/123 --rc 137 --attempt 0 --max 2 \\
+        --attempt-start 1764160000 --job-start 1764159000 --end-time 1764166000 --nodes "node1 node2" --tasks-per-node 2
+    python -m trainer.launch.restarts summary runs/123
 
 `decide` prints one line for the shell: `relaunch [HOST,...]` (the hosts to leave out) or `stop`; what it decided
 and why goes to stderr and, relaunch or stop, to restarts.jsonl. The batch shell runs it with the tasks' own Python
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.exitcodes import EXITS_DIR, NEVER_RETRIED, PREEMPTED_MARKER, RUNNING, unfit_hosts
+from trainer.launch.exitcodes import EXITS_DIR, NEVER_RETRIED, PREEMPTED_MARKER, RUNNING, unfit_hosts
 
 RESTARTS = "restarts.jsonl"
 PERIODIC = re.compile(r"^step-(\d+)\.pt$")
@@ -45,7 +45,7 @@ class Failure:
 
 
 def attempt_records(run_dir: Path, job: str, requeue: int, attempt: int) -> list[dict]:
-    """The exit records (trainer/exitcodes.py) this attempt's ranks left; older attempts' are ignored."""
+    """The exit records (trainer/launch/exitcodes.py) this attempt's ranks left; older attempts' are ignored."""
     found = []
     for path in sorted((run_dir / EXITS_DIR).glob("rank-*.json")):
         try:
@@ -300,7 +300,7 @@ def run_report(run_dir: Path) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m trainer.restarts", allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="python -m trainer.launch.restarts", allow_abbrev=False)
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("decide", allow_abbrev=False, help="relaunch or stop after a failed training step")
     d.add_argument("--run-dir", required=True, type=Path)

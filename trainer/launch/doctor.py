@@ -220,7 +220,7 @@ def preflight_only(info) -> int:
     """`trainer doctor --preflight` (under srun: a whole allocation): the training run's pre-flight checks alone,
     every rank's figures; exit 5 where a host is unfit, as a training run would."""
     from trainer.distributed import preflight
-    from trainer.exitcodes import UNFIT_HOST
+    from trainer.launch.exitcodes import UNFIT_HOST
     try:
         verdict = preflight.run_checks(info, 0, torch.float32)
     finally:
@@ -253,7 +253,7 @@ def straggler_report(run_dir: Path) -> str:
 
 def run_doctor(args) -> int:
     if args.run:
-        from trainer.restarts import run_report
+        from trainer.launch.restarts import run_report
         print(run_report(Path(args.run)))
         if Path(args.run).is_dir():
             print(preflight_report(Path(args.run)))
