@@ -55,7 +55,7 @@ def worker(args) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from trainer.config import DistConfig, TrainConfig
+    from trainer.config.settings import DistConfig, TrainConfig
     from trainer.distributed import gradsync
     from trainer.distributed.runtime import DistInfo, all_reduce, attach_local, teardown
     from trainer.engine.build import wrap_model

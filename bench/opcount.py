@@ -102,7 +102,7 @@ class StepCounts:
 def epoch_loop_for(recipe: str, overrides: list[str], device: str = "cpu"):
     """A single-process EpochLoop of a recipe, built as `python -m trainer train` builds it (no run directory:
     nothing is written); returns (trainer, an iterator over its first epoch's batches)."""
-    from trainer.config import build_config
+    from trainer.config.settings import build_config
     from trainer.distributed.runtime import DistInfo
     from trainer.engine.build import build_run
     from trainer.engine.loop import EpochLoop

@@ -35,7 +35,7 @@ from trainer.engine.logging import read_metrics  # noqa: E402
 
 def presets() -> dict:
     """The registered recipes' bench presets (trainer/recipes/<name>/spec.py: `bench`)."""
-    from trainer.registry import specs
+    from trainer.config.registry import specs
     return {s.name: s.bench for s in specs() if s.bench is not None}
 
 

@@ -123,7 +123,7 @@ def combo_name(index: int, overrides: list[str]) -> str:
 
 def check_config(args, extra: list[str]):
     """Build the config exactly as each task will (unknown recipe/keys, bad values fail here)."""
-    from trainer.config import build_config
+    from trainer.config.settings import build_config
     return build_config(args.recipe, args.config, flags_from_args(args), list(args.overrides) + extra)
 
 
@@ -228,7 +228,7 @@ def validate(args) -> None:
     if found is not None and args.gpus_per_node > found[1]:
         raise SubmitError(f"--gpus-per-node {args.gpus_per_node}: nodes of partition {found[0]!r} have at "
                           f"most {found[1]} GPUs (ask `sinfo -N -o '%P %G'`)")
-    from trainer.config import to_dict
+    from trainer.config.settings import to_dict
     seen: dict[str, list[str]] = {}
     for extra in parse_sweeps(args.sweep):
         cfg = check_config(args, extra)

@@ -43,7 +43,7 @@ class TrainTask:
 
     def __call__(self) -> dict[str, Any]:
         from trainer.cli import flags_from_args, get_parser, parse_args
-        from trainer.config import configure
+        from trainer.config.settings import configure
         from trainer.distributed.environment import select_environment
         from trainer.engine.session import run_train
         _bind_threads()

@@ -13,10 +13,10 @@ from typing import ClassVar
 
 import torch
 
-from trainer.bounds import FRACTION, POSITIVE, Bound
+from trainer.config.bounds import FRACTION, POSITIVE, Bound
+from trainer.config.registry import register
+from trainer.config.spec import RecipeSpec
 from trainer.engine.recipe import Recipe
-from trainer.registry import register
-from trainer.spec import RecipeSpec
 
 
 @dataclass

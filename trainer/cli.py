@@ -9,7 +9,7 @@ import difflib
 import sys
 from typing import Any
 
-from trainer.registry import recipe_names, specs
+from trainer.config.registry import recipe_names, specs
 
 # CLI flag (argparse dest) -> config key; flags sit between the YAML file and key=value overrides
 FLAG_KEYS = {

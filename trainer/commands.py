@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from trainer.cli import flags_from_args, get_parser, parse_args
-from trainer.config import configure, from_dict, parse_override, set_key
+from trainer.config.settings import configure, from_dict, parse_override, set_key
 from trainer.distributed import runtime
 from trainer.distributed.environment import select_environment
 from trainer.engine.session import USAGE_ERRORS, build_recipe, exit_code_of, no_deterministic_kernel, run_train
@@ -36,7 +36,7 @@ def cmd_train(args) -> int:
     if args.print_config:        # nothing is started, created or checked on disk: only the config is resolved
         import yaml
 
-        from trainer.config import to_dict
+        from trainer.config.settings import to_dict
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
     result, _ = run_train(cfg, spec)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import record_fault, trainer
-from trainer.config import ConfigError, load_yaml
+from trainer.config.settings import ConfigError, load_yaml
 from trainer.recipes.har import data as HAR
 from trainer.recipes.kgat import data as KG
 from trainer.recipes.sasrec import data as SEQ

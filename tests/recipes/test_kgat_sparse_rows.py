@@ -173,7 +173,7 @@ def test_the_row_kernel_refuses_a_row_out_of_range():
 
 def tiny_recipe(info=None, optimizer: str = "adam"):
     """The KGAT recipe on its built-in synthetic data (no message dropout: two copies must agree)."""
-    from trainer.config import TrainConfig
+    from trainer.config.settings import TrainConfig
     from trainer.distributed.runtime import DistInfo
     from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATLossConfig
     from trainer.recipes.kgat.recipe import KGATRecipe
@@ -200,7 +200,7 @@ def two_rank_check() -> None:
     refreshed by the ranks together equals one process's and is the same on every rank."""
     import torch.distributed as dist
 
-    from trainer.config import DistConfig
+    from trainer.config.settings import DistConfig
     from trainer.distributed import gradsync
     from trainer.distributed.runtime import DistInfo, attach_local, teardown
     from trainer.engine.build import wrap_model

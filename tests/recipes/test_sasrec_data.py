@@ -138,7 +138,7 @@ def test_a_user_with_every_item_stops_negative_sampling_with_its_id():
 
 
 def test_empty_train_users_and_split_errors(tmp_path):
-    from trainer.config import TrainConfig
+    from trainer.config.settings import TrainConfig
     from trainer.distributed.runtime import DistInfo
     from trainer.recipes.sasrec.recipe import SASRecRecipe
     p = write(tmp_path, "u.data", "1\t1\t5\t1\n2\t2\t5\t1\n2\t3\t5\t2\n")

@@ -145,8 +145,8 @@ def test_version_names_the_package_commit_and_stack():
 
 
 def test_a_second_recipe_under_a_taken_name_is_an_error():
-    from trainer.registry import DuplicateRecipeError, get_spec, register
-    from trainer.spec import RecipeSpec
+    from trainer.config.registry import DuplicateRecipeError, get_spec, register
+    from trainer.config.spec import RecipeSpec
     har = get_spec("har")
     assert register(har) is har                                      # the same recipe again: fine
     with pytest.raises(DuplicateRecipeError, match="recipe name 'har' is taken by trainer.recipes.har.recipe"):

@@ -2,7 +2,15 @@
 import pytest
 
 import tests.toy_recipe  # noqa: F401  (registers the toy recipe)
-from trainer.config import ConfigError, build_config, from_dict, load_yaml, parse_override, save_config, to_dict
+from trainer.config.settings import (
+    ConfigError,
+    build_config,
+    from_dict,
+    load_yaml,
+    parse_override,
+    save_config,
+    to_dict,
+)
 
 
 def test_precedence_defaults_yaml_flags_overrides(tmp_path):

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from tests.conftest import REPO
-from trainer.config import apply_dict, build_config, default_config, from_dict, to_dict
-from trainer.registry import get_spec
+from trainer.config.registry import get_spec
+from trainer.config.settings import apply_dict, build_config, default_config, from_dict, to_dict
 
 BUILTIN = ("sasrec", "kgat", "har", "video")
 OLD = {"hidden", "blocks", "embed_dim", "layers", "mess_dropout", "relation_dim", "loss", "l2_emb", "cf_l2",

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, clean_env, trainer
-from trainer.bounds import bound_of
-from trainer.config import ConfigError, _fields, build_config, default_config, set_key
+from trainer.config.bounds import bound_of
+from trainer.config.settings import ConfigError, _fields, build_config, default_config, set_key
 
 RECIPES = ["sasrec", "kgat", "har", "video", "toy"]
 

@@ -2,7 +2,7 @@
 is batch x GPUs), --gpu-ids may be any visible ids (validated), lr scaling counts dp's GPUs."""
 import pytest
 
-from trainer.config import TrainConfig
+from trainer.config.settings import TrainConfig
 from trainer.distributed.environment import LaunchError
 from trainer.distributed.runtime import DistInfo, dp_device_ids
 from trainer.engine.loader import per_rank_batch_size

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainer.config import TrainConfig
+from trainer.config.settings import TrainConfig
 from trainer.engine.loader import ResumableSampler, ShardSampler, per_rank_batch_size
 from trainer.engine.optim import build_scheduler, lr_factor, scaled_lr, warmup_steps
 from trainer.recipes.classify.metrics import classification_metrics, confusion_matrix

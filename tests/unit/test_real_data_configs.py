@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env
-from trainer.config import build_config
+from trainer.config.settings import build_config
 from trainer.data.download import DownloadError, check_data_path
 
 EXPECTED = {

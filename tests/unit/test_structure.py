@@ -161,7 +161,7 @@ def test_recipe_names_live_in_their_recipes():
     compatibility (trainer/legacy/) and `make demo` (trainer/demo.py)."""
     import re
 
-    from trainer.registry import specs
+    from trainer.config.registry import specs
     names = {s.name for s in specs()} | {d for s in specs() for d in s.datasets} | {"tisasrec"}
     found = []
     for path in (REPO / "trainer").rglob("*.py"):

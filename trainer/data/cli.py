@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainer.registry import specs
+from trainer.config.registry import specs
 
 
 def add_data_parser(sub) -> None:

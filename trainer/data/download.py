@@ -112,7 +112,7 @@ def fetch_remote(remote: Remote, out: str | Path, url: str | None = None, sha256
 
 def registered() -> dict[str, Any]:
     """Every downloadable dataset: name -> the spec's Dataset (each recipe declares its own)."""
-    from trainer.registry import specs
+    from trainer.config.registry import specs
     return {name: ds for spec in specs() for name, ds in spec.datasets.items()}
 
 
@@ -205,7 +205,7 @@ def fetch_pinned(url: str, path: Path, pin: Pin | None, recorded: dict[str, str]
 
 def download_hint(path: str | Path) -> str:
     """How to get the dataset a missing data.path names (the folders the `data download` commands write)."""
-    from trainer.registry import specs
+    from trainer.config.registry import specs
     path = Path(path)
     parent = shlex.quote(str(path.parent) + "/")
     for name, ds in registered().items():

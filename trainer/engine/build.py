@@ -20,7 +20,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import memory
-from trainer.config import Config
+from trainer.config.settings import Config
 from trainer.distributed import gradsync, runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import footprint

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.config import to_dict
+from trainer.config.settings import to_dict
 from trainer.data import cache
 from trainer.data.fingerprint import data_changes, data_fingerprint
 from trainer.distributed import runtime

@@ -1,6 +1,6 @@
 """The training loop: one code path for single process, DataParallel and DDP.
 
-    result = fit(recipe, dist_info, cfg)   # cfg: trainer.config.Config; see trainer/__main__.py
+    result = fit(recipe, dist_info, cfg)   # cfg: trainer.config.settings.Config; see trainer/__main__.py
 
 EpochLoop runs the steps of an epoch and says why it stopped (Stop); FitLoop runs the epochs: evaluation,
 best/periodic/final checkpoints, early stopping and preemption. Building the run is trainer/engine/build.py,
@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.config import Config
+from trainer.config.settings import Config
 from trainer.distributed import preflight, runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.distributed.stragglers import Straggler

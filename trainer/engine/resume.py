@@ -16,12 +16,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from trainer.config import Config, ConfigError, TrainConfig, from_dict, to_dict
+from trainer.config.settings import Config, ConfigError, TrainConfig, from_dict, to_dict
+from trainer.config.spec import RecipeSpec
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import ckpt_io
 from trainer.engine.loader import per_rank_batch_size
-from trainer.spec import RecipeSpec
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """One training run below the command line: its directory, its recipe, the process group around fit(), and the
 exit code of how it ended. The entry (trainer/commands.py) parses; hpc/task.py (submitit) calls run_train too.
 
-    result, cfg = run_train(cfg, spec)     # cfg, spec = trainer.config.configure(...): the resolved settings
+    result, cfg = run_train(cfg, spec)     # cfg, spec = trainer.config.settings.configure(...): the resolved settings
     exit_code_of(result); exit_code_of_error(err)
     recipe = build_recipe(cfg, info)       # the recipe object, given its own config sections
 """
@@ -11,7 +11,9 @@ import logging
 import time
 from pathlib import Path
 
-from trainer.config import Config, ConfigError, save_config
+from trainer.config.registry import get_spec
+from trainer.config.settings import Config, ConfigError, save_config
+from trainer.config.spec import RecipeSpec
 from trainer.data.download import DownloadError, check_data_path
 from trainer.distributed import runtime
 from trainer.distributed.environment import LaunchError, select_environment
@@ -28,8 +30,6 @@ from trainer.launch.exitcodes import (
     record_exit,
     record_start,
 )
-from trainer.registry import get_spec
-from trainer.spec import RecipeSpec
 
 log = logging.getLogger("trainer")
 USAGE_ERRORS = (ConfigError, LaunchError, CheckpointError, DownloadError, ValueError, FileNotFoundError,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.config import DistConfig
+from trainer.config.settings import DistConfig
 from trainer.distributed import runtime
 from trainer.distributed.environment import LaunchError, select_environment
 

@@ -132,7 +132,7 @@ def own_batch_plan(run_dir: Path) -> bool | None:
     trainer/engine/resume.py); None when config.yaml is missing."""
     import yaml
 
-    from trainer.registry import get_spec
+    from trainer.config.registry import get_spec
     try:
         return get_spec(yaml.safe_load((run_dir / "config.yaml").read_text())["recipe"]).own_batch_plan
     except Exception as err:     # noqa: BLE001 - a missing file or plugin means "not known": the job stops

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from trainer.bounds import FRACTION, POSITIVE, Bound
+from trainer.config.bounds import FRACTION, POSITIVE, Bound
 
 
 @dataclass

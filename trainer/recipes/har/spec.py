@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from trainer.config.spec import BenchPreset, DataCommand, Dataset, Flag, RecipeSpec
 from trainer.recipes.har.config import HARDataConfig, HARLossConfig, HARModelConfig
-from trainer.spec import BenchPreset, DataCommand, Dataset, Flag, RecipeSpec
 
 UCI_SIZES = {"tiny": (450, 150), "uci-har": (7352, 2947)}     # train / test windows
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from trainer.bounds import FRACTION, POSITIVE, Bound
+from trainer.config.bounds import FRACTION, POSITIVE, Bound
 
 KS = (20, 40, 60, 80, 100)          # cut-offs of recall/ndcg@K (the KGAT paper's)
 

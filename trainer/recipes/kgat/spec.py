@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from trainer.config.spec import BenchPreset, DataCommand, Dataset, RecipeSpec
 from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATLossConfig, KGATModelConfig
-from trainer.spec import BenchPreset, DataCommand, Dataset, RecipeSpec
 
 PRESET_NAMES = ("tiny", "amazon-book")
 

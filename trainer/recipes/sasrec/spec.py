@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from trainer.config.spec import BenchPreset, DataCommand, Dataset, RecipeSpec
 from trainer.recipes.sasrec.config import SeqDataConfig, SeqEvalConfig, SeqLossConfig, SeqRecConfig
-from trainer.spec import BenchPreset, DataCommand, Dataset, RecipeSpec
 
 
 def _synth_arguments(p: argparse.ArgumentParser) -> None:

@@ -5,8 +5,8 @@ import argparse
 import math
 from pathlib import Path
 
+from trainer.config.spec import BenchPreset, DataCommand, RecipeSpec
 from trainer.recipes.video.config import VideoDataConfig, VideoLossConfig, VideoModelConfig
-from trainer.spec import BenchPreset, DataCommand, RecipeSpec
 
 
 def _synth_arguments(p: argparse.ArgumentParser) -> None:

@@ -2,7 +2,7 @@
 out-of-tree ones come from the modules named in TRAINER_PLUGINS (comma-separated), which call register().
 Nothing here imports torch.
 
-    from trainer.registry import get_spec, recipe_names
+    from trainer.config.registry import get_spec, recipe_names
     get_spec("har").recipe_class()
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import pkgutil
 import sys
 
-from trainer.spec import RecipeSpec
+from trainer.config.spec import RecipeSpec
 
 _SPECS: dict[str, RecipeSpec] = {}
 _LOADED: set[str] = set()

@@ -1,4 +1,4 @@
-"""Ranges of numeric config values: one rule, checked in one place (trainer.config.set_key).
+"""Ranges of numeric config values: one rule, checked in one place (trainer.config.settings.set_key).
 
     @dataclass
     class ModelConfig:

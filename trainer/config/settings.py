@@ -15,9 +15,9 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from trainer.bounds import FRACTION, POSITIVE, Bound, out_of_range
-from trainer.registry import get_spec
-from trainer.spec import EmptyConfig, RecipeSpec
+from trainer.config.bounds import FRACTION, POSITIVE, Bound, out_of_range
+from trainer.config.registry import get_spec
+from trainer.config.spec import EmptyConfig, RecipeSpec
 
 
 class ConfigError(ValueError):
