@@ -1,5 +1,5 @@
 """Benchmarks: `python -m bench RECIPE ...` runs bench/run.py."""
-from trainer.extras import exit_if_core_missing
+from trainer.native.extras import exit_if_core_missing
 
 # every benchmark trains with torch: a Python without the project's environment (the system python3, .venv not
 # activated) gets the interpreter to use instead of a traceback from deep inside the first import

@@ -64,7 +64,7 @@ def worker(args) -> None:
     from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATLossConfig, KGATModelConfig
     from trainer.recipes.kgat.recipe import KGATRecipe
     if KGATRecipe.reuse_freed_memory:                # as the engine does before it builds a recipe's data
-        from trainer import memory
+        from trainer.native import memory
         memory.reuse_freed_memory()
 
     world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))

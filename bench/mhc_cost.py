@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from bench.sasrec_profile import epoch, machine  # noqa: E402
 from bench.sasrec_stock import SETTINGS, bench_data  # noqa: E402
-from trainer import memory  # noqa: E402
+from trainer.native import memory  # noqa: E402
 from trainer.recipes import kernels as cpu_kernels  # noqa: E402
 from trainer.recipes.sasrec.config import SeqRecConfig  # noqa: E402
 from trainer.recipes.sasrec.model import SeqRec  # noqa: E402

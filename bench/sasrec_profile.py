@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from trainer import memory  # noqa: E402
+from trainer.native import memory  # noqa: E402
 from trainer.recipes.sasrec import data as D  # noqa: E402
 from trainer.recipes.sasrec.config import SeqDataConfig, SeqRecConfig  # noqa: E402
 from trainer.recipes.sasrec.model import FeedForward, Packing, SelfAttention, SeqRec  # noqa: E402

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from trainer.extras import exit_if_core_missing
+from trainer.native.extras import exit_if_core_missing
 
 try:
     from trainer.commands import main

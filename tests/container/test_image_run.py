@@ -164,7 +164,7 @@ def test_sbatch_runs_its_tasks_in_the_image_on_two_nodes(image, slurm_cluster, t
 def test_the_image_carries_a_portable_kernel_build_that_loads_without_a_compiler(image):
     """Issue 47: no run in the image waits on a compiler (it has none): the kernels were built in the builder stage
     for x86-64-v3 and load from TRAINER_EXTENSIONS_DIR on this (AVX2) CPU; a native build is never attempted."""
-    from trainer import native
+    from trainer.native import extensions as native
     if not native.runs_portable():
         pytest.skip(f"this CPU lacks {native.PORTABLE_ARCH}'s instructions: the image's portable build cannot load")
     code = ("from trainer.recipes import kernels; from trainer.distributed import shm\n"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import clean_env
-from trainer import native
+from trainer.native import extensions as native
 from trainer.recipes import kernels
 from trainer.recipes.sasrec.config import SeqRecConfig
 from trainer.recipes.sasrec.fused import FusedCopiesMix

@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import PY, REPO, clean_env, trainer
 from trainer.cli import FLAG_KEYS, flags_from_args, get_parser, get_train_parser
-from trainer.extras import missing_core
+from trainer.native.extras import missing_core
 
 
 @pytest.fixture(autouse=True)

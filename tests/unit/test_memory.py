@@ -1,4 +1,4 @@
-"""trainer/memory.py on this machine's real glibc and a real KGAT propagation over 140k nodes (36 MiB tensors,
+"""trainer/native/memory.py on this machine's real glibc and a real KGAT propagation over 140k nodes (36 MiB tensors,
 above glibc's largest mmap threshold): by default every CF step faults hundreds of thousands of pages (each
 large tensor mapped fresh); with freed memory kept for reuse nearly none. Where the user tuned malloc through
 the environment it is left alone."""
@@ -12,7 +12,7 @@ from tests.conftest import PY, REPO, clean_env
 
 SCRIPT = """
 import resource, sys, torch
-from trainer import memory
+from trainer.native import memory
 applied = memory.reuse_freed_memory() if sys.argv[1] == "on" else False
 from trainer.recipes.kgat.model import KGAT, KGATModelConfig
 n_ent, n_users, n_edges = 100_000, 40_000, 200_000
@@ -46,7 +46,7 @@ def test_large_tensors_reuse_freed_memory_instead_of_faulting_pages():
     _, off = faults_per_step("off")
     applied, on = faults_per_step("on")
     assert off > 100_000 and applied == "True" and on < off / 4, (off, on)   # measured: 329k and 9k
-    tuned = subprocess.run([PY, "-c", "from trainer import memory; print(memory.reuse_freed_memory())"],
+    tuned = subprocess.run([PY, "-c", "from trainer.native import memory; print(memory.reuse_freed_memory())"],
                            cwd=REPO, env=clean_env(MALLOC_ARENA_MAX="2"), capture_output=True, text=True, timeout=60)
     assert tuned.stdout.strip() == "False"                      # the user's own malloc settings win
 

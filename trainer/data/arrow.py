@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from trainer.extras import require
+from trainer.native.extras import require
 
 
 def _table(path: Path, kind: str, names: list[str] | None):

@@ -11,7 +11,7 @@ the builder's meta, when it was built and in how many seconds). The key names th
 entry and an entry is never reused for data it was not built from; entries of the same source with an older
 key are removed once the new one is in place. An entry is built in a temporary folder and renamed into place
 (no file locks: they are unreliable on NFS and Lustre home directories); a node that loses the race keeps the
-winner's. The engine builds the data before it tells malloc to keep freed memory (trainer/memory.py), so a parse's
+winner's. The engine builds the data before it tells malloc to keep freed memory (trainer/native/memory.py), so a parse's
 temporaries go back to the system; in a process whose malloc keeps them already (a second run in one process, a
 bench), a large build runs in a child process instead, so they never stay resident in the training process.
 """
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer import memory
+from trainer.native import memory
 from trainer.data.fingerprint import fingerprints
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer import native
+from trainer.native import extensions as native
 
 CHUNK_BYTES = 32 << 20
 EXT = native.Extension("trainer_data_kernels", Path(__file__).with_name("kernels.cpp"), ["-O3", "-march=native",

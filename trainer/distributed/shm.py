@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer import native
 from trainer.distributed.environment import LaunchError
+from trainer.native import extensions as native
 
 SHM_DIR = Path(os.environ.get("TRAINER_SHM_DIR", "/dev/shm"))
 SLOT_BYTES = 4 << 20             # per rank; larger tensors go through in chunks

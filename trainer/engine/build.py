@@ -19,7 +19,6 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer import memory
 from trainer.config.settings import Config
 from trainer.distributed import gradsync, runtime
 from trainer.distributed.runtime import DistInfo
@@ -27,6 +26,7 @@ from trainer.engine import footprint
 from trainer.engine.loader import ResumableSampler, per_rank_batch_size
 from trainer.engine.optim import build_optimizer, build_scheduler, scaled_lr
 from trainer.engine.recipe import Recipe
+from trainer.native import memory
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ class Recipe:
     average_after_backward: ClassVar[bool] = False
     broadcast_buffers: ClassVar[bool] = True         # DDP: rank 0's buffers to every rank before each forward
     buffers_before_eval: ClassVar[bool] = False      # instead: rank 0's buffers to every rank before evaluating
-    reuse_freed_memory: ClassVar[bool] = True        # steps free and remake large tensors: trainer/memory.py
+    reuse_freed_memory: ClassVar[bool] = True        # steps free and remake large tensors: trainer/native/memory.py
     sync_timer: Any = None    # train.measure_sync: time own collectives in the backward with .timed()
 
     def __init__(self, data_cfg: Any, model_cfg: Any, train_cfg: Any, dist: Any, eval_cfg: Any = None,

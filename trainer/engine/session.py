@@ -18,7 +18,6 @@ from trainer.data.download import DownloadError, check_data_path
 from trainer.distributed import runtime
 from trainer.distributed.environment import LaunchError, select_environment
 from trainer.engine.ckpt_io import CheckpointError
-from trainer.extras import MissingExtraError
 from trainer.launch.exitcodes import (
     DONE,
     NON_FINITE,
@@ -30,6 +29,7 @@ from trainer.launch.exitcodes import (
     record_exit,
     record_start,
 )
+from trainer.native.extras import MissingExtraError
 
 log = logging.getLogger("trainer")
 USAGE_ERRORS = (ConfigError, LaunchError, CheckpointError, DownloadError, ValueError, FileNotFoundError,

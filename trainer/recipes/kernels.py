@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from trainer import native
+from trainer.native import extensions as native
 
 HERE = Path(__file__).parent
 SOURCE = HERE / "cpu_kernels.cpp"

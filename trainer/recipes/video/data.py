@@ -23,7 +23,7 @@ import numpy as np
 
 from trainer.data.fingerprint import fingerprint
 from trainer.data.text import read_text
-from trainer.extras import require
+from trainer.native.extras import require
 
 log = logging.getLogger(__name__)
 ACTIONS = ("rest", "paw_withdraw", "paw_lick", "paw_guard", "paw_shake", "flinch", "walk", "active")

@@ -143,9 +143,8 @@ def build_all(portable: bool, only_portable: bool = False, strict: bool = False)
     trainer then uses its PyTorch paths, and says so."""
     for module in EXTENSION_MODULES:                        # each declares its extension when imported
         importlib.import_module(module)
-    declared = importlib.import_module("trainer.native").EXTENSIONS   # (under -m, this module is __main__)
     failed = False
-    for ext in declared:
+    for ext in EXTENSIONS:
         targets = (True,) if only_portable else (False, True) if portable and runs_portable() else (False,)
         for port in targets:
             if ext.target(port).exists():
@@ -159,14 +158,3 @@ def build_all(portable: bool, only_portable: bool = False, strict: bool = False)
                       file=sys.stderr)
                 failed = True
     return 1 if strict and failed else 0
-
-
-if __name__ == "__main__":
-    import argparse
-    parser = argparse.ArgumentParser(allow_abbrev=False, description="build the C++ extensions ahead of the first run")
-    parser.add_argument("action", choices=["build"])
-    parser.add_argument("--portable", action="store_true", help=f"also the portable (-march={PORTABLE_ARCH}) build")
-    parser.add_argument("--portable-only", action="store_true", help="only the portable build (images)")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a build fails (images: no silent fallback)")
-    args = parser.parse_args()
-    sys.exit(build_all(args.portable, args.portable_only, args.strict))

@@ -37,7 +37,7 @@ def missing_core(err: ModuleNotFoundError) -> str | None:
     name = (err.name or "").split(".")[0]
     if name not in CORE:
         return None
-    venv = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "python"
+    venv = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python"
     hint = (f"HINT: this repository's environment is {venv}: run it with that interpreter "
             f"(or `source {venv.parent}/activate` first)" if venv.exists() and Path(sys.executable) != venv
             else "HINT: `make setup` in the repository (a .venv with everything), or pip install torch==2.13.0 "
