@@ -45,7 +45,7 @@ kernels-portable: setup
 setup: $(VENV)/.installed
 
 demo: setup
-	$(BIN)/python -m trainer.demo
+	$(BIN)/python -m trainer.cli.demo
 
 # the harness (python -m bench): synthetic data, about 6 minutes on 2 cores; the srun figures need the local
 # Slurm cluster, started here unless BENCH_SLURM=0 (it stays up: make slurm-down)

@@ -21,7 +21,7 @@ from typing import Any
 
 try:    # `python hpc/submit.py` works where the project is installed (make setup: pip install -e .)
     from hpc.slurm_info import SubmitError, parse_time_min, partition_gpus, srun_supports
-    from trainer.cli import Parser, flag_keys, flags_from_args, get_train_parser, parse_args
+    from trainer.cli.parser import Parser, flag_keys, flags_from_args, get_train_parser, parse_args
     from trainer.native.extras import MissingExtraError, require
 except ModuleNotFoundError as err:   # e.g. a Python other than the project's venv
     if err.name not in ("hpc", "trainer"):

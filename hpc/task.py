@@ -42,7 +42,7 @@ class TrainTask:
         return f"TrainTask({self.argv!r})"
 
     def __call__(self) -> dict[str, Any]:
-        from trainer.cli import flags_from_args, get_parser, parse_args
+        from trainer.cli.parser import flags_from_args, get_parser, parse_args
         from trainer.config.settings import configure
         from trainer.distributed.environment import select_environment
         from trainer.engine.session import run_train

@@ -1,5 +1,5 @@
-"""Command-line entry: `python -m trainer COMMAND ...` parses and dispatches (trainer/commands.py); one run's assembly
-is trainer/engine/session.py.
+"""Command-line entry: `python -m trainer COMMAND ...` parses and dispatches (trainer/cli/commands.py); one run's
+assembly is trainer/engine/session.py.
 
     python -m trainer train --recipe toy --epochs 2 --run-dir runs/demo     # TRAINER_PLUGINS=tests.toy_recipe
     srun -N2 --ntasks-per-node=2 python -m trainer doctor
@@ -11,7 +11,7 @@ import sys
 from trainer.native.extras import exit_if_core_missing
 
 try:
-    from trainer.commands import main
+    from trainer.cli.commands import main
 except ModuleNotFoundError as err:              # a Python without the project's environment: say which to use
     exit_if_core_missing(err)
 

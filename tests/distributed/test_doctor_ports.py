@@ -3,8 +3,8 @@ import socket
 import subprocess
 
 from tests.conftest import PY, REPO, clean_env, free_port, trainer
+from trainer.cli.doctor import port_check
 from trainer.distributed.environment import LocalEnvironment, TorchrunEnvironment
-from trainer.launch.doctor import port_check
 
 
 def test_under_torchrun_every_rank_reaches_the_agent_store():

@@ -12,6 +12,7 @@ from tests.conftest import PY, clean_env, free_port, record_fault, run_group, tr
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import footprint
 from trainer.launch.exitcodes import RESOURCE
+from trainer.native import memory
 
 VIDEO = ["model.arch=light", "data.size=32", "data.clip_len=9", "data.synthetic_videos=4", "data.synthetic_frames=30",
          "train.num_workers=0"]
@@ -66,7 +67,7 @@ def test_every_rank_stops_when_the_model_cannot_fit(tmp_path):
 def test_the_host_figure_is_memavailable_or_the_cgroups_room():
     meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo").read().splitlines())
     total = int(meminfo["MemTotal"].split()[0]) * 1024
-    room, avail = footprint.cgroup_room(), footprint.host_available()
+    room, avail = memory.cgroup_room(), memory.host_available()
     assert 0 < avail <= total
     if room is not None:                    # a Slurm job's cgroup (or a container's): its limit binds
         assert avail <= room

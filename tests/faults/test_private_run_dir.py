@@ -31,7 +31,7 @@ def test_a_public_run_is_tightened_when_resumed_private(tmp_path):
 
 def test_submit_passes_private_on():
     from hpc import submit
-    from trainer.cli import parse_args
+    from trainer.cli.parser import parse_args
     args = parse_args(submit.get_parser(), ["--recipe", "sasrec", "--private", "--epochs", "2"])
     argv = submit.trainer_argv(args, "/r", [])
     assert "--private" in argv and argv[argv.index("--private") + 1].startswith("--")

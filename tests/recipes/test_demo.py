@@ -6,7 +6,7 @@ from tests.conftest import PY, REPO, clean_env
 
 
 def test_demo_runs_and_reports(tmp_path):
-    proc = subprocess.run([PY, "-m", "trainer.demo", "--epochs", "1", "--out", str(tmp_path)], cwd=REPO,
+    proc = subprocess.run([PY, "-m", "trainer.cli.demo", "--epochs", "1", "--out", str(tmp_path)], cwd=REPO,
                           env=clean_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2-process DDP" in proc.stdout and "ndcg@10" in proc.stdout and "test " in proc.stdout

@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env, trainer
-from trainer.cli import FLAG_KEYS, flags_from_args, get_parser, get_train_parser
+from trainer.cli.parser import FLAG_KEYS, flags_from_args, get_parser, get_train_parser
 from trainer.native.extras import missing_core
 
 

@@ -13,7 +13,8 @@ import torch
 
 from tests.conftest import PY, REPO, clean_env, trainer
 from trainer.distributed.runtime import DistInfo
-from trainer.engine.logging import progress_bar, setup_logging
+from trainer.engine.logging import setup_logging
+from trainer.native.console import progress_bar
 from trainer.recipes.classify.metrics import classification_metrics
 
 TOY = ("--recipe", "toy", "--seed", "1", "train.tensorboard=false")
@@ -34,7 +35,7 @@ def test_submit_refuses_abbreviations_too():
 
 
 def test_every_parser_in_the_repository_refuses_abbreviations():
-    """argparse's default allow_abbrev=True takes --epoch for --epochs: every parser is trainer.cli.Parser or
+    """argparse's default allow_abbrev=True takes --epoch for --epochs: every parser is trainer.cli.parser.Parser or
     passes allow_abbrev=False."""
     offenders = []
     for path in [*REPO.glob("trainer/**/*.py"), *REPO.glob("hpc/*.py"), *REPO.glob("bench/*.py"), *REPO.glob("*.py")]:

@@ -190,7 +190,7 @@ def test_progress_bars_start_no_monitor_thread():
     # DataLoader workers are forked; tqdm's monitor thread running at a fork once left a worker hung
     import subprocess
     import sys
-    code = ("import threading; from tqdm._monitor import TMonitor; from trainer.engine.logging import progress_bar\n"
+    code = ("import threading; from tqdm._monitor import TMonitor; from trainer.native.console import progress_bar\n"
             "bar = progress_bar(total=3, disable=False); bar.update(2)\n"
             "print(sum(isinstance(t, TMonitor) for t in threading.enumerate())); bar.close()\n"
             "from tqdm.auto import tqdm; tqdm.monitor_interval = 10; other = tqdm(total=3, disable=False)\n"

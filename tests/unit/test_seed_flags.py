@@ -2,7 +2,7 @@
 import pytest
 
 from tests.conftest import REPO
-from trainer.cli import flags_from_args, get_parser, parse_args
+from trainer.cli.parser import flags_from_args, get_parser, parse_args
 from trainer.config.settings import build_config
 from trainer.legacy import flags as legacy_flags
 

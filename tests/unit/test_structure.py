@@ -69,6 +69,34 @@ def test_no_import_circle_in_trainer_and_hpc():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
+# docs/architecture.md, "Layers": the floors of the packages, bottom first; a floor imports only its own or lower ones
+FLOORS = (("trainer.native",), ("trainer.config",), ("trainer.launch",), ("trainer.data",), ("trainer.distributed",),
+          ("trainer.engine",), ("trainer.recipes",), ("trainer.cli", "trainer.legacy"), ("trainer.__main__",), ("hpc",))
+
+
+def floor_of(module: str) -> int:
+    return next((i for i, names in enumerate(FLOORS) for n in names if module == n or module.startswith(n + ".")), -1)
+
+
+def test_every_package_imports_only_its_own_floor_or_lower():
+    known = modules()
+    loose = [m for m in known if floor_of(m) < 0]
+    assert not loose, f"modules on no floor (put each in the package of its concern): {loose}"
+    assert {floor_of(m) for m in known} == set(range(len(FLOORS)))
+    climbs = [f"{name} -> {target}" for name, path in known.items() for target in imports_of(path, name, known)
+              if floor_of(target) > floor_of(name)]
+    assert not climbs, climbs
+    layers = (REPO / "docs/architecture.md").read_text().split("## Layers", 1)[1].split("```")[1]
+    drawn = [line.split()[0] for line in layers.strip().splitlines()][::-1]       # the page draws the top first
+    assert [d.rstrip("/").replace("/", ".").removesuffix(".py") for d in drawn] == \
+        [names[0] for names in FLOORS], "the page's floors are the test's"
+
+
+def test_floor_of_places_a_module_in_its_package():
+    assert floor_of("trainer.native.memory") == 0 and floor_of("trainer.legacy.flags") == floor_of("trainer.cli")
+    assert floor_of("hpc.submit") == len(FLOORS) - 1 and floor_of("trainer.loose") == -1
+
+
 def test_cycle_finder_finds_a_planted_circle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
 
@@ -122,14 +150,14 @@ def test_the_loop_is_split_by_job():
     assert {s.name for s in loop.Stop} == {"EPOCH_DONE", "SIGNAL", "MAX_STEPS", "EVICT"}
     assert hasattr(build, "build_run") and hasattr(build, "build_for_eval")
     assert hasattr(checkpointer.Checkpointer, "resume") and hasattr(evaluation, "evaluate_split")
-    assert "import loop" not in (REPO / "trainer/commands.py").read_text().split("def cmd_eval")[1].split("def ")[0]
+    assert "import loop" not in (REPO / "trainer/cli/commands.py").read_text().split("def cmd_eval")[1].split("def ")[0]
 
 
 def test_the_entry_parses_and_dispatches_and_nothing_imports_it():
     """`python -m trainer` is an entry, not a library: the run's assembly lives in engine/session.py, the commands
     in commands.py; no module of the package, hpc/ or bench/ imports __main__ (issue 56)."""
     entry = (REPO / "trainer/__main__.py").read_text()
-    assert "def " not in entry and "from trainer.commands import main" in entry
+    assert "def " not in entry and "from trainer.cli.commands import main" in entry
     importers = [str(p.relative_to(REPO)) for d in ("trainer", "hpc", "bench") for p in (REPO / d).rglob("*.py")
                  if "trainer.__main__" in p.read_text()]
     assert importers == []
@@ -158,7 +186,7 @@ def test_bench_runner_gives_the_records_of_a_fresh_run(tmp_path, monkeypatch):
 def test_recipe_names_live_in_their_recipes():
     """No recipe's or dataset's name in a string of trainer/ outside trainer/recipes/ (each recipe declares its
     downloads in its spec), apart from the two places that are about particular recipes: the seed guides'
-    compatibility (trainer/legacy/) and `make demo` (trainer/demo.py)."""
+    compatibility (trainer/legacy/) and `make demo` (trainer/cli/demo.py)."""
     import re
 
     from trainer.config.registry import specs

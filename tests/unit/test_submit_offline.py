@@ -44,7 +44,7 @@ def test_sweep_product_and_names():
 
 
 def parse(*argv):
-    from trainer.cli import parse_args
+    from trainer.cli.parser import parse_args
     return parse_args(submit.get_parser(), list(argv))
 
 
@@ -53,7 +53,7 @@ def test_trainer_argv_round_trips_through_the_trainer_parser(tmp_path, monkeypat
     args = parse("--recipe", "sasrec", "--epochs", "3", "--lr", "0.01", "--gpu-ids", "0,1", "--amp", "bf16",
                  "--nodes", "2", "model.hidden=8", "--gpus-per-node", "4", "train.batch_size=16")
     argv = submit.trainer_argv(args, tmp_path / "run", ["model.blocks=1"])
-    from trainer.cli import flags_from_args, get_parser, parse_args
+    from trainer.cli.parser import flags_from_args, get_parser, parse_args
     back = parse_args(get_parser(), ["train", *argv])
     assert back.recipe == "sasrec" and back.run_dir == str(tmp_path / "run") and back.resume == "auto"
     expected = dict(flags_from_args(args), run_dir=str(tmp_path / "run"), **{"ckpt.resume": "auto"})

@@ -8,6 +8,7 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import pkgutil
 import sys
@@ -40,8 +41,9 @@ def register(spec: RecipeSpec) -> RecipeSpec:
 
 def _load_modules() -> None:
     """Import every built-in recipe's spec module and every TRAINER_PLUGINS module, once each."""
-    import trainer.recipes as pkg
-    builtin = [f"trainer.recipes.{m.name}.spec" for m in pkgutil.iter_modules(pkg.__path__) if m.ispkg]
+    # found by name, as the plugins are: the recipes import this module, not the other way round
+    folders = importlib.util.find_spec("trainer.recipes").submodule_search_locations
+    builtin = [f"trainer.recipes.{m.name}.spec" for m in pkgutil.iter_modules(folders) if m.ispkg]
     plugins = [m.strip() for m in os.environ.get("TRAINER_PLUGINS", "").split(",") if m.strip()]
     for name in builtin + plugins:
         if name in _LOADED:

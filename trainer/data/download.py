@@ -51,7 +51,7 @@ def sha256_of(path: Path) -> str:
 
 def _progress(total: int | None, initial: int, name: str):
     try:
-        from trainer.engine.logging import progress_bar
+        from trainer.native.console import progress_bar
         return progress_bar(total=total, initial=initial, unit="B", unit_scale=True, desc=name, leave=False)
     except ImportError:  # tqdm is a dependency; degrade to no bar
         return None

@@ -136,7 +136,7 @@ def busbw_gbs(info: DistInfo, group, size: int) -> float:
 
 def run_checks(info: DistInfo, need_bytes: int, dtype: torch.dtype, free_bytes: int | None = None) -> Verdict:
     """Every rank: its own checks, then the links' (collective: every rank must call it)."""
-    from trainer.engine.footprint import free_memory
+    from trainer.native.memory import free_memory
     t0 = time.perf_counter()
     device = info.torch_device
     me = RankFigures(rank=info.rank, host=host_name(), device=str(device), join_s=round(info.join_s, 3),

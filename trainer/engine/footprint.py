@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from trainer.launch.exitcodes import ResourceError
+from trainer.native.memory import free_memory
 
 log = logging.getLogger(__name__)
 
@@ -65,55 +65,6 @@ def estimate(recipe, info) -> Footprint:
     return Footprint(params=sum(p.numel() for p in trainable), weights=weights, grads=grads,
                      optimizer=states * grads, buckets=grads if info.distributed else 0,
                      largest=f"{name} {list(biggest.shape)}")
-
-
-def free_memory(info) -> tuple[int, str, int]:
-    """(free bytes, where, how many ranks share them): a CUDA device's free memory, or the host's."""
-    device = info.torch_device
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return free, f"free on {device} ({torch.cuda.get_device_name(device)})", 1
-    return host_available(), "available on this host", max(1, getattr(info, "local_world_size", 1))
-
-
-def host_available() -> int:
-    """MemAvailable, or less where this process's cgroup (a Slurm job's) has a memory limit."""
-    avail = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                avail = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    room = cgroup_room()
-    candidates = [v for v in (avail, room) if v is not None]
-    return min(candidates) if candidates else 2**62
-
-
-def cgroup_room() -> int | None:
-    """memory.max - memory.current of this process's cgroup (v2), or limit - usage (v1); None without a limit."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, rel = line.split(":", 2)
-        if controllers == "":                                   # v2: one unified hierarchy
-            base = Path("/sys/fs/cgroup") / rel.lstrip("/")
-            limit, used = base / "memory.max", base / "memory.current"
-        elif "memory" in controllers.split(","):
-            base = Path("/sys/fs/cgroup/memory") / rel.lstrip("/")
-            limit, used = base / "memory.limit_in_bytes", base / "memory.usage_in_bytes"
-        else:
-            continue
-        try:
-            cap = limit.read_text().strip()
-            if cap == "max" or int(cap) >= 2**60:
-                return None
-            return int(cap) - int(used.read_text().strip())
-        except (OSError, ValueError):
-            return None
-    return None
 
 
 def check_fits(fp: Footprint, info, drivers: str) -> None:

@@ -163,7 +163,7 @@ def exit_with(pid: int) -> None:
 
 
 # imported once in the fork server, so a worker starts with torch and the recipes' data modules in memory
-WORKER_PRELOAD = ["torch", "numpy", "trainer.cli", "trainer.engine.loader"]
+WORKER_PRELOAD = ["torch", "numpy", "trainer.cli.parser", "trainer.engine.loader"]
 
 
 def worker_context() -> multiprocessing.context.BaseContext:

@@ -40,15 +40,6 @@ class ConsoleHandler(logging.StreamHandler):
             self.handleError(record)
 
 
-def progress_bar(**kwargs: Any):
-    """A tqdm bar without tqdm's monitor thread: DataLoader workers are forked, and a fork while another
-    thread runs can leave the worker hung (seen once: a 2-rank video run whose worker never started after
-    the frame-extraction bar had started the monitor)."""
-    from tqdm.auto import tqdm
-    tqdm.monitor_interval = 0
-    return tqdm(**kwargs)
-
-
 def setup_logging(info: DistInfo, run_dir: str | Path | None = None, level: int = logging.INFO,
                   per_rank: bool = False) -> None:
     """Rank 0 logs INFO to the console and run_dir/train.log; other ranks log warnings only. per_rank

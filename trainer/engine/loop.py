@@ -31,7 +31,7 @@ from trainer.engine.build import Run, build_run, rank_seed
 from trainer.engine.checkpointer import Checkpointer
 from trainer.engine.evaluation import evaluate_split
 from trainer.engine.loader import device_batches, make_loader
-from trainer.engine.logging import MetricsWriter, progress_bar
+from trainer.engine.logging import MetricsWriter
 from trainer.engine.meters import SystemStats, Throughput
 from trainer.engine.preemption import (
     FORWARD_HINT,
@@ -47,6 +47,7 @@ from trainer.engine.resume import Planned, write_resume_record
 from trainer.engine.state import TrainState
 from trainer.engine.window import LossWindow, NonFiniteLossError, Reading, WindowExchange
 from trainer.launch.exitcodes import PREEMPTED_MARKER, StragglerError, UnfitHostError
+from trainer.native.console import progress_bar
 
 __all__ = ["fit", "FitResult", "NonFiniteLossError", "Stop", "EpochLoop", "FitLoop"]
 

@@ -1,5 +1,5 @@
 """One training run below the command line: its directory, its recipe, the process group around fit(), and the
-exit code of how it ended. The entry (trainer/commands.py) parses; hpc/task.py (submitit) calls run_train too.
+exit code of how it ended. The entry (trainer/cli/commands.py) parses; hpc/task.py (submitit) calls run_train too.
 
     result, cfg = run_train(cfg, spec)     # cfg, spec = trainer.config.settings.configure(...): the resolved settings
     exit_code_of(result); exit_code_of_error(err)

@@ -92,5 +92,5 @@ def run(script: str, argv: list[str]) -> int:
     if first:
         print(f"{script}: seed {guide}'s script ({GUIDES[guide][0]}); here the same is {_shown(args)}",
               file=sys.stderr)
-    from trainer.commands import main
+    from trainer.cli.commands import main
     return main(args)

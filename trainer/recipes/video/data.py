@@ -283,7 +283,7 @@ def extract_frames(videos: dict[str, Path], cache: Path, spec: CacheSpec, progre
     todo = {name: path for name, path in videos.items() if reasons[name] is not None}
     bar = None
     if progress and todo:
-        from trainer.engine.logging import progress_bar
+        from trainer.native.console import progress_bar
         bar = progress_bar(total=len(todo), desc="extract frames", unit="video")
     for name, path in todo.items():
         log.info("extracting %s (%s)", path, reasons[name])

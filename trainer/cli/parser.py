@@ -53,7 +53,7 @@ def version_text() -> str:
     import torch
 
     from trainer.engine.ckpt_io import versions
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     commit = ""
     if (root / ".git").exists():
         try:

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from trainer.cli import flags_from_args, get_parser, parse_args
+from trainer.cli.parser import flags_from_args, get_parser, parse_args
 from trainer.config.settings import configure, from_dict, parse_override, set_key
 from trainer.distributed import runtime
 from trainer.distributed.environment import select_environment
@@ -108,7 +108,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from trainer.launch.doctor import run_doctor
+    from trainer.cli.doctor import run_doctor
     return run_doctor(args)
 
 

@@ -1,6 +1,6 @@
 """`make demo`: the suite's main job on an embedded default, with no data to fetch.
 
-    python -m trainer.demo [--epochs N] [--out runs]
+    python -m trainer.cli.demo [--epochs N] [--out runs]
 
 Writes a synthetic sequential dataset, trains TiSASRec+mHC with 2-process DDP under torchrun (gloo on
 CPUs; NCCL when there are two or more GPUs; one process on a single GPU), then prints the metrics table
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from trainer.engine.logging import read_metrics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
