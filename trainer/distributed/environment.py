@@ -1,4 +1,6 @@
-"""Launch environments: one class per launcher, each with `detect()`, selected in a fixed order.
+"""Launch environments: one class per launcher, each with `detect()` and a table of where its facts come from (the
+variables tried in order, else a default), selected in a fixed order. A fact no table can hold (torchrun's agent,
+the batch script's checks) is a method of its launcher.
 
     python -c "from trainer.distributed.environment import select_environment; print(select_environment())"
 """
@@ -6,7 +8,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import ClassVar, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping
 
 from trainer.distributed.hostlist import HostlistError, expand
 
@@ -15,26 +18,6 @@ PORT_BASE, PORT_SPAN = 15000, 15000  # 15000-29999: below Linux's ephemeral rang
 
 class LaunchError(RuntimeError):
     """The launch environment is inconsistent; the message carries a HINT."""
-
-
-def _get(env: Mapping[str, str], name: str, launcher: str) -> str:
-    """A required variable, or a LaunchError naming it."""
-    if name not in env or env[name] == "":
-        raise LaunchError(f"{launcher}: environment variable {name} is missing.\n"
-                          f"HINT: the {launcher} launcher sets it; a half-set environment usually means "
-                          f"variables leaked from another shell (unset them) or a wrapper dropped them.")
-    return env[name]
-
-
-def _int(env: Mapping[str, str], name: str, launcher: str, default: int | None = None) -> int:
-    """An integer variable (with an optional default), or a LaunchError naming it."""
-    if default is not None and not env.get(name):
-        return default
-    raw = _get(env, name, launcher)
-    try:
-        return int(raw)
-    except ValueError:
-        raise LaunchError(f"{launcher}: {name}={raw!r} is not an integer.") from None
 
 
 def port_from_job_id(job_id: str, step_id: str | int = 0) -> int:
@@ -105,10 +88,47 @@ def parse_tasks_per_node(spec: str) -> list[int]:
     return counts
 
 
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Read:
+    """One row of a launcher's table: the first of `names` that is set (an empty value is unset), read by `parse`
+    (an int unless given); else `default`, a value or a function of the environment (REQUIRED: a LaunchError
+    naming the variables)."""
+    names: tuple[str, ...]
+    default: Any = REQUIRED
+    parse: Callable[[LaunchEnvironment, str, str], Any] | None = None
+
+
+def read(*names: str, default: Any = REQUIRED, parse: Callable | None = None) -> Read:
+    return Read(names, default, parse)
+
+
+def fixed(value: Any) -> Read:
+    """A fact this launcher knows without a variable."""
+    return Read((), value)
+
+
+def as_text(env: LaunchEnvironment, name: str, raw: str) -> str:
+    return raw
+
+
+def fact(key: str, doc: str) -> property:
+    """A launch fact, read from the launcher's table."""
+    return property(lambda self: self.read(key), doc=doc)
+
+
 class LaunchEnvironment:
-    """Base class: where this process sits in the job, read from environment variables."""
+    """Base class: where this process sits in the job, read from environment variables through TABLE."""
 
     name: ClassVar[str] = "base"
+    TABLE: ClassVar[dict[str, Read]] = {
+        "master_addr": read("MASTER_ADDR", default="127.0.0.1", parse=as_text),
+        "master_port": read("MASTER_PORT", default=29500),
+        "job_id": read("SLURM_JOB_ID", default=None, parse=as_text),
+        "restart_count": read("SLURM_RESTART_COUNT", default=0),
+    }
 
     def __init__(self, env: Mapping[str, str] | None = None):
         self.env = dict(os.environ if env is None else env)
@@ -119,45 +139,28 @@ class LaunchEnvironment:
         """True when this launcher started the current process."""
         raise NotImplementedError
 
-    @property
-    def rank(self) -> int:
-        """Global rank of this process."""
-        raise NotImplementedError
+    def table(self) -> dict[str, Read]:
+        """Where each fact comes from here (a launcher with two modes gives the table of the one it is in)."""
+        return self.TABLE
 
-    @property
-    def local_rank(self) -> int:
-        """Rank of this process on its node."""
-        raise NotImplementedError
+    def read(self, key: str) -> Any:
+        row = self.table()[key]
+        for var in row.names:
+            if self.env.get(var):
+                return (row.parse or as_int)(self, var, self.env[var])
+        if row.default is REQUIRED:
+            raise missing(self.name, row.names)
+        return row.default(self) if callable(row.default) else row.default
 
-    @property
-    def world_size(self) -> int:
-        """Number of processes in the job step."""
-        raise NotImplementedError
-
-    @property
-    def node_rank(self) -> int:
-        """Index of this node in the step."""
-        raise NotImplementedError
-
-    @property
-    def local_world_size(self) -> int:
-        """Number of processes on this node."""
-        raise NotImplementedError
-
-    @property
-    def master_addr(self) -> str:
-        """Address of rank 0 for the rendezvous."""
-        return self.env.get("MASTER_ADDR") or "127.0.0.1"
-
-    @property
-    def master_port(self) -> int:
-        """Port of rank 0 for the rendezvous."""
-        return _int(self.env, "MASTER_PORT", self.name, default=29500)
-
-    @property
-    def job_id(self) -> str | None:
-        """Scheduler job id, if any."""
-        return self.env.get("SLURM_JOB_ID")
+    rank = fact("rank", "Global rank of this process.")
+    local_rank = fact("local_rank", "Rank of this process on its node.")
+    world_size = fact("world_size", "Number of processes in the job step.")
+    node_rank = fact("node_rank", "Index of this node in the step.")
+    local_world_size = fact("local_world_size", "Number of processes on this node.")
+    master_addr = fact("master_addr", "Address of rank 0 for the rendezvous.")
+    master_port = fact("master_port", "Port of rank 0 for the rendezvous.")
+    job_id = fact("job_id", "Scheduler job id, if any.")
+    restart_count = fact("restart_count", "How often Slurm restarted this job (0 outside Slurm).")
 
     @property
     def step_id(self) -> str | None:
@@ -196,11 +199,6 @@ class LaunchEnvironment:
         """Seconds that agent waits after forwarding a signal before it kills this process (None: no agent)."""
         return None
 
-    @property
-    def restart_count(self) -> int:
-        """How often Slurm restarted this job (SLURM_RESTART_COUNT; 0 outside Slurm)."""
-        return _int(self.env, "SLURM_RESTART_COUNT", self.name, default=0)
-
     def validate(self, strategy: str = "ddp") -> None:
         """Raise LaunchError with a HINT when the layout cannot work."""
         if not 0 <= self.rank < self.world_size:
@@ -220,50 +218,39 @@ class LaunchEnvironment:
         return f"{type(self).__name__}({self.describe()})"
 
 
+def as_int(env: LaunchEnvironment, name: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise LaunchError(f"{env.name}: {name}={raw!r} is not an integer.") from None
+
+
+def missing(launcher: str, names: tuple[str, ...]) -> LaunchError:
+    what = f"environment variable {names[0]} is missing" if len(names) == 1 else \
+        f"none of the environment variables {', '.join(names)} is set"
+    return LaunchError(f"{launcher}: {what}.\nHINT: the {launcher} launcher sets it; a half-set environment usually "
+                       f"means variables leaked from another shell (unset them) or a wrapper dropped them.")
+
+
 class TorchrunEnvironment(LaunchEnvironment):
     """torchrun / torch.distributed.run (also inside an sbatch allocation: its variables win)."""
 
     name = "torchrun"
+    TABLE = {
+        **LaunchEnvironment.TABLE,
+        "rank": read("RANK"),
+        "local_rank": read("LOCAL_RANK"),
+        "world_size": read("WORLD_SIZE"),
+        "local_world_size": read("LOCAL_WORLD_SIZE", default=1),            # a manual launch may leave it out
+        "node_rank": read("GROUP_RANK", default=lambda e: e.rank // max(e.local_world_size, 1)),
+        "master_addr": read("MASTER_ADDR", parse=as_text),
+        "master_port": read("MASTER_PORT"),                                   # 0 with torchrun's agent store
+    }
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
         """torchrun sets TORCHELASTIC_RUN_ID; a manual launch sets RANK and LOCAL_RANK."""
         return "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "LOCAL_RANK" in env)
-
-    @property
-    def rank(self) -> int:
-        """RANK."""
-        return _int(self.env, "RANK", self.name)
-
-    @property
-    def local_rank(self) -> int:
-        """LOCAL_RANK."""
-        return _int(self.env, "LOCAL_RANK", self.name)
-
-    @property
-    def world_size(self) -> int:
-        """WORLD_SIZE."""
-        return _int(self.env, "WORLD_SIZE", self.name)
-
-    @property
-    def local_world_size(self) -> int:
-        """LOCAL_WORLD_SIZE (1 when a manual launch leaves it out)."""
-        return _int(self.env, "LOCAL_WORLD_SIZE", self.name, default=1)
-
-    @property
-    def node_rank(self) -> int:
-        """GROUP_RANK, else derived from the rank."""
-        return _int(self.env, "GROUP_RANK", self.name, default=self.rank // max(self.local_world_size, 1))
-
-    @property
-    def master_addr(self) -> str:
-        """MASTER_ADDR (required)."""
-        return _get(self.env, "MASTER_ADDR", self.name)
-
-    @property
-    def master_port(self) -> int:
-        """MASTER_PORT (required; 0 when torchrun's agent store is used)."""
-        return _int(self.env, "MASTER_PORT", self.name)
 
     @property
     def init_method(self) -> str:
@@ -292,15 +279,65 @@ class TorchrunEnvironment(LaunchEnvironment):
         return agent_shutdown_s(self.env, parent_argv() if self.live else [])
 
 
+def tasks_here(env: SlurmEnvironment, name: str, raw: str) -> int:
+    """This node's entry of Slurm's compressed task counts."""
+    counts = parse_tasks_per_node(raw)
+    return counts[env.node_rank] if env.node_rank < len(counts) else counts[-1]
+
+
+def hosts(env: LaunchEnvironment, name: str, raw: str) -> list[str]:
+    try:
+        return expand(raw)
+    except HostlistError as err:
+        raise LaunchError(f"{env.name}: cannot parse {name}: {err}") from None
+
+
+def no_nodelist(env: LaunchEnvironment) -> list[str]:
+    raise LaunchError(f"{env.name}: none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST "
+                      f"is set.\nHINT: set MASTER_ADDR to the first node's address.")
+
+
+def slurm_port(env: SlurmEnvironment) -> int:
+    """Derived from the job id and, under srun, the step id: steps and jobs sharing a node differ."""
+    step = env.env.get("SLURM_STEP_ID", env.env.get("SLURM_STEPID", "0")) if env.in_step else "0"
+    return port_from_job_id(env.read("job_id_required"), step)
+
+
 class SlurmEnvironment(LaunchEnvironment):
     """Tasks started by `srun` (a plain `python` in a batch script is a world of one, checked)."""
 
     name = "slurm"
+    TABLE = {
+        **LaunchEnvironment.TABLE,
+        "rank": read("SLURM_PROCID"),
+        "local_rank": read("SLURM_LOCALID"),
+        "world_size": read("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+        "node_rank": read("SLURM_NODEID"),
+        "num_nodes": read("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", default=1),
+        "local_world_size": read("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", parse=tasks_here,
+                                 default=lambda e: max(e.world_size // max(e.num_nodes, 1), 1)),
+        "nodelist": read("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST", parse=hosts,
+                         default=no_nodelist),
+        "master_addr": read("MASTER_ADDR", parse=as_text, default=lambda e: e.nodelist[0]),
+        "master_port": read("MASTER_PORT", default=slurm_port),
+        "job_id_required": read("SLURM_JOB_ID", parse=as_text),
+        "asked_tasks": read("SLURM_NTASKS", default=1),
+        "tasks_per_node": read("SLURM_NTASKS_PER_NODE", default=0),
+    }
+    # the batch script or an salloc shell, outside any srun step: a world of one
+    OUTSIDE_STEP = {**TABLE, **{key: fixed(0) for key in ("rank", "local_rank", "node_rank")},
+                    "world_size": fixed(1), "local_world_size": fixed(1)}
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
         """Inside a Slurm job (batch script, salloc shell or srun step)."""
         return "SLURM_JOB_ID" in env and "SLURM_PROCID" in env
+
+    def table(self) -> dict[str, Read]:
+        return self.TABLE if self.in_step else self.OUTSIDE_STEP
+
+    num_nodes = fact("num_nodes", "Nodes of the step (else of the job).")
+    nodelist = fact("nodelist", "Hosts of the step (else of the job).")
 
     @property
     def in_step(self) -> bool:
@@ -309,81 +346,13 @@ class SlurmEnvironment(LaunchEnvironment):
         return step is not None and step not in ("batch", "extern", "4294967294", "4294967291")
 
     @property
-    def rank(self) -> int:
-        """SLURM_PROCID."""
-        return _int(self.env, "SLURM_PROCID", self.name) if self.in_step else 0
-
-    @property
-    def local_rank(self) -> int:
-        """SLURM_LOCALID."""
-        return _int(self.env, "SLURM_LOCALID", self.name) if self.in_step else 0
-
-    @property
-    def world_size(self) -> int:
-        """SLURM_STEP_NUM_TASKS, else SLURM_NTASKS."""
-        if not self.in_step:
-            return 1
-        if self.env.get("SLURM_STEP_NUM_TASKS"):
-            return _int(self.env, "SLURM_STEP_NUM_TASKS", self.name)
-        return _int(self.env, "SLURM_NTASKS", self.name)
-
-    @property
-    def node_rank(self) -> int:
-        """SLURM_NODEID."""
-        return _int(self.env, "SLURM_NODEID", self.name) if self.in_step else 0
-
-    @property
-    def num_nodes(self) -> int:
-        """SLURM_STEP_NUM_NODES, else SLURM_JOB_NUM_NODES / SLURM_NNODES."""
-        for var in ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
-            if self.env.get(var):
-                return _int(self.env, var, self.name)
-        return 1
-
-    @property
-    def local_world_size(self) -> int:
-        """Tasks on this node, from SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE."""
-        if not self.in_step:
-            return 1
-        spec = self.env.get("SLURM_STEP_TASKS_PER_NODE") or self.env.get("SLURM_TASKS_PER_NODE")
-        if not spec:
-            return max(self.world_size // max(self.num_nodes, 1), 1)
-        counts = parse_tasks_per_node(spec)
-        return counts[self.node_rank] if self.node_rank < len(counts) else counts[-1]
-
-    @property
-    def nodelist(self) -> list[str]:
-        """Hosts of the step (SLURM_STEP_NODELIST, else the job's)."""
-        for var in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
-            if self.env.get(var):
-                try:
-                    return expand(self.env[var])
-                except HostlistError as err:
-                    raise LaunchError(f"{self.name}: cannot parse {var}: {err}") from None
-        raise LaunchError(f"{self.name}: none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST "
-                          f"is set.\nHINT: set MASTER_ADDR to the first node's address.")
-
-    @property
-    def master_addr(self) -> str:
-        """MASTER_ADDR if set, else the first host of the step's nodelist."""
-        return self.env.get("MASTER_ADDR") or self.nodelist[0]
-
-    @property
-    def master_port(self) -> int:
-        """MASTER_PORT if set, else derived from SLURM_JOB_ID."""
-        if self.env.get("MASTER_PORT"):
-            return _int(self.env, "MASTER_PORT", self.name)
-        step = self.env.get("SLURM_STEP_ID", self.env.get("SLURM_STEPID", "0")) if self.in_step else "0"
-        return port_from_job_id(_get(self.env, "SLURM_JOB_ID", self.name), step)
-
-    @property
     def requeue_id(self) -> str | None:
         """SLURM_JOB_ID, or ARRAYID_TASKID for an array task."""
         return slurm_job_to_requeue(self.env)
 
     def validate(self, strategy: str = "ddp") -> None:
         """Also: tasks vs nodes x tasks-per-node, and python without srun."""
-        asked = _int(self.env, "SLURM_NTASKS", self.name, default=1)
+        asked = self.read("asked_tasks")
         if not self.in_step:
             if asked > 1:
                 raise LaunchError(
@@ -391,7 +360,7 @@ class SlurmEnvironment(LaunchEnvironment):
                     f"started without srun, so it would run as a world of one.\n"
                     f"HINT: launch it with `srun python -m trainer ...` (or torchrun), not plain `python`.")
             return
-        tpn = _int(self.env, "SLURM_NTASKS_PER_NODE", self.name, default=0)
+        tpn = self.read("tasks_per_node")
         if tpn and self.world_size != self.num_nodes * tpn:
             raise LaunchError(
                 f"slurm: SLURM_NTASKS={self.world_size} but {self.num_nodes} node(s) x "
@@ -401,14 +370,29 @@ class SlurmEnvironment(LaunchEnvironment):
 
 
 class SubmititEnvironment(SlurmEnvironment):
-    """A task started by submitit (its Slurm or local executor)."""
+    """A task started by submitit: on Slurm, Slurm's table (always inside a step); under its local executor, its own."""
 
     name = "submitit"
+    LOCAL = {
+        **SlurmEnvironment.TABLE,
+        "rank": read("SUBMITIT_LOCAL_GLOBALID"),
+        "local_rank": read("SUBMITIT_LOCAL_LOCALID"),
+        "world_size": read("SUBMITIT_LOCAL_NTASKS"),
+        "node_rank": fixed(0),
+        "local_world_size": read(default=lambda e: e.world_size),            # every local task shares the node
+        "master_addr": read("MASTER_ADDR", parse=as_text, default="127.0.0.1"),
+        "master_port": read("MASTER_PORT", default=lambda e: port_from_job_id(e.read("local_job_id"))),
+        "job_id": read("SUBMITIT_LOCAL_JOB_ID", default=None, parse=as_text),
+        "local_job_id": read("SUBMITIT_LOCAL_JOB_ID", parse=as_text),       # the local executor's pid
+    }
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
         """submitit exports SUBMITIT_EXECUTOR in every task it starts."""
         return env.get("SUBMITIT_EXECUTOR", "") in ("slurm", "local")
+
+    def table(self) -> dict[str, Read]:
+        return self.LOCAL if self.is_local else self.TABLE
 
     @property
     def is_local(self) -> bool:
@@ -419,43 +403,6 @@ class SubmititEnvironment(SlurmEnvironment):
     def in_step(self) -> bool:
         """submitit always runs its tasks as a step (srun) or as local processes."""
         return True
-
-    @property
-    def rank(self) -> int:
-        """SUBMITIT_LOCAL_GLOBALID or SLURM_PROCID."""
-        return _int(self.env, "SUBMITIT_LOCAL_GLOBALID", self.name) if self.is_local else super().rank
-
-    @property
-    def local_rank(self) -> int:
-        """SUBMITIT_LOCAL_LOCALID or SLURM_LOCALID."""
-        return _int(self.env, "SUBMITIT_LOCAL_LOCALID", self.name) if self.is_local else super().local_rank
-
-    @property
-    def world_size(self) -> int:
-        """SUBMITIT_LOCAL_NTASKS or the Slurm step's task count."""
-        return _int(self.env, "SUBMITIT_LOCAL_NTASKS", self.name) if self.is_local else super().world_size
-
-    @property
-    def node_rank(self) -> int:
-        """0 locally, else SLURM_NODEID."""
-        return 0 if self.is_local else super().node_rank
-
-    @property
-    def local_world_size(self) -> int:
-        """All local tasks share the one node."""
-        return self.world_size if self.is_local else super().local_world_size
-
-    @property
-    def master_addr(self) -> str:
-        """Loopback locally, else as under Slurm."""
-        return self.env.get("MASTER_ADDR") or ("127.0.0.1" if self.is_local else super().master_addr)
-
-    @property
-    def master_port(self) -> int:
-        """Derived from the job id (the local executor's is its pid)."""
-        if self.is_local and not self.env.get("MASTER_PORT"):
-            return port_from_job_id(_get(self.env, "SUBMITIT_LOCAL_JOB_ID", self.name))
-        return super().master_port
 
     @property
     def requeue_id(self) -> str | None:
@@ -477,27 +424,18 @@ class SubmititEnvironment(SlurmEnvironment):
             raise LaunchError(f"{self.name}: SUBMITIT_PREEMPT_SIGNAL={value!r} is not a signal name (e.g. USR2, URG)")
         return name
 
-    @property
-    def job_id(self) -> str | None:
-        """SLURM_JOB_ID or the local executor's job id."""
-        return self.env.get("SUBMITIT_LOCAL_JOB_ID") if self.is_local else super().job_id
-
 
 class LocalEnvironment(LaunchEnvironment):
     """A single local process (also DataParallel over the local GPUs)."""
 
     name = "local"
+    TABLE = {**LaunchEnvironment.TABLE, **{key: fixed(0) for key in ("rank", "local_rank", "node_rank")},
+             "world_size": fixed(1), "local_world_size": fixed(1)}
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
         """Always true: the fallback."""
         return True
-
-    rank = property(lambda self: 0, doc="Always 0.")
-    local_rank = property(lambda self: 0, doc="Always 0.")
-    world_size = property(lambda self: 1, doc="Always 1.")
-    node_rank = property(lambda self: 0, doc="Always 0.")
-    local_world_size = property(lambda self: 1, doc="Always 1.")
 
 
 ENVIRONMENTS: tuple[type[LaunchEnvironment], ...] = (
