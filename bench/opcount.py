@@ -102,6 +102,7 @@ class StepCounts:
 def epoch_loop_for(recipe: str, overrides: list[str], device: str = "cpu"):
     """A single-process EpochLoop of a recipe, built as `python -m trainer train` builds it (no run directory:
     nothing is written); returns (trainer, an iterator over its first epoch's batches)."""
+    from trainer.config.registry import get_spec
     from trainer.config.settings import build_config
     from trainer.distributed.runtime import DistInfo
     from trainer.engine.build import build_run
@@ -110,7 +111,7 @@ def epoch_loop_for(recipe: str, overrides: list[str], device: str = "cpu"):
     from trainer.engine.state import TrainState
     cfg = build_config(recipe, None, {}, ["train.tensorboard=false", "train.progress=off", *overrides])
     info = DistInfo(device=device)
-    run = build_run(build_recipe(cfg, info), info, cfg)
+    run = build_run(build_recipe(cfg, info, get_spec(cfg.recipe)), info, cfg)
     epoch_loop = EpochLoop(run, ckpts=None, writer=None, state=TrainState(), last_metrics={})
     run.recipe.on_epoch_start(0, run.model)
     run.wrapped.train()

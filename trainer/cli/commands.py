@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from trainer.cli.parser import flags_from_args, get_parser, parse_args
+from trainer.config.registry import get_spec
 from trainer.config.settings import configure, from_dict, parse_override, set_key
 from trainer.distributed import runtime
 from trainer.distributed.environment import select_environment
@@ -87,7 +88,7 @@ def cmd_eval(args) -> int:
         setup_logging(info)
         if info.is_main:
             log.info("evaluating %s (%s checkpoint, step %d)", path, ckpt.get("kind", "?"), ckpt["global_step"])
-        run = build_for_eval(build_recipe(cfg, info), info, cfg)
+        run = build_for_eval(build_recipe(cfg, info, get_spec(cfg.recipe)), info, cfg)
         ckpt_io.check_compatible(ckpt, cfg.recipe, run.model, path)
         ckpt_io.check_id_maps(ckpt, {k: torch.as_tensor(np.asarray(v)) for k, v in run.recipe.id_maps().items()},
                               path)

@@ -338,10 +338,14 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
-def default_config(recipe: str, spec: RecipeSpec | None = None) -> Config:
-    """Dataclass defaults, with the recipe's own data/model sections (`spec`: the recipe's, where the caller has
-    it)."""
-    spec = spec or get_spec(recipe)
+def default_config(recipe: str) -> Config:
+    """Dataclass defaults, with the recipe's own data/model sections."""
+    return defaults_of(get_spec(recipe))
+
+
+def defaults_of(spec: RecipeSpec) -> Config:
+    """default_config for a spec the caller looked up already."""
+    recipe = spec.name
     cfg = Config(recipe=recipe, data=spec.data_config(), model=spec.model_config(), eval=spec.eval_config(),
                  loss=spec.loss_config())
     cfg._renamed = dict(spec.renamed)      # not a field: neither saved nor listed among the keys
@@ -364,7 +368,7 @@ def configure(recipe: str | None, yaml_path: str | None = None, flags: dict[str,
     if not name:
         raise ConfigError("no recipe given: pass --recipe NAME or put 'recipe: NAME' in the config file")
     spec = get_spec(name)
-    cfg = default_config(name, spec)
+    cfg = defaults_of(spec)
     file_values = {k: v for k, v in file_values.items() if k != "recipe"}
     apply_dict(cfg, file_values, str(yaml_path))
     for key, value in (flags or {}).items():

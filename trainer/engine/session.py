@@ -3,7 +3,7 @@ exit code of how it ended. The entry (trainer/cli/commands.py) parses; hpc/task.
 
     result, cfg = run_train(cfg, spec)     # cfg, spec = trainer.config.settings.configure(...): the resolved settings
     exit_code_of(result); exit_code_of_error(err)
-    recipe = build_recipe(cfg, info)       # the recipe object, given its own config sections
+    recipe = build_recipe(cfg, info, spec)  # the recipe object, given its own config sections
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import logging
 import time
 from pathlib import Path
 
-from trainer.config.registry import get_spec
 from trainer.config.settings import Config, ConfigError, save_config
 from trainer.config.spec import RecipeSpec
 from trainer.data.download import DownloadError, check_data_path
@@ -47,9 +46,8 @@ def resolve_run_dir(cfg, info) -> str:
     return str(Path("runs") / runtime.broadcast_object(name, info))
 
 
-def build_recipe(cfg, info, spec: RecipeSpec | None = None):
-    """The recipe object, given only its own config sections (`spec`: the recipe's, where the caller has it)."""
-    spec = spec or get_spec(cfg.recipe)
+def build_recipe(cfg, info, spec: RecipeSpec):
+    """The recipe object, given only its own config sections."""
     return spec.recipe_class()(cfg.data, cfg.model, cfg.train, info, eval_cfg=cfg.eval, seed=cfg.seed,
                                loss_cfg=cfg.loss)
 
