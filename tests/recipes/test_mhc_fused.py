@@ -2,7 +2,6 @@
 as the PyTorch path, and the PyTorch path with a warning where they cannot be built."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +11,6 @@ import pytest
 import torch
 
 from tests.conftest import clean_env
-from trainer.native import extensions as native
 from trainer.recipes import kernels
 from trainer.recipes.sasrec.config import SeqRecConfig
 from trainer.recipes.sasrec.fused import FusedCopiesMix
@@ -470,33 +468,6 @@ def test_without_a_compiler_training_warns_and_uses_the_pytorch_path(tmp_path):
     assert not any((tmp_path / "ext").rglob("*.so"))
 
 
-def test_a_portable_build_serves_a_cpu_type_without_its_own(ops, tmp_path, monkeypatch):
-    """A shared cache holding only the portable (x86-64-v3) build: a CPU that runs it loads it, no compiler run
-    (the library copied in stands for one built on another node)."""
-    if not native.runs_portable():
-        pytest.skip(f"this CPU lacks {native.PORTABLE_ARCH}'s instructions: the portable build cannot serve it")
-    native_build = native.cache_root() / kernels.build_key() / f"{kernels.NAME}.so"
-    monkeypatch.setenv("TRAINER_EXTENSIONS_DIR", str(tmp_path))
-    ext = native.Extension(kernels.NAME, kernels.SOURCE, kernels.CFLAGS, ["-fopenmp"], what="fused CPU kernels",
-                           fallback="-", off_env="TRAINER_CPU_KERNELS", depends=kernels.INCLUDES)
-    native.EXTENSIONS.remove(ext)
-    assert ext.cached() is None
-    portable = ext.target(portable=True)
-    assert portable != ext.target() and "-march=x86-64-v3" in ext.flags_for(True)
-    portable.parent.mkdir(parents=True)
-    portable.write_bytes(native_build.read_bytes())
-    assert ext.cached() == portable
-    monkeypatch.setattr(ext, "build", lambda portable=False: pytest.fail("compiled although a build was there"))
-    assert ext.load() is not None
-
-
-def test_build_is_cached_per_source_and_moved_into_place(ops):
-    target = native.cache_root() / kernels.build_key() / f"{kernels.NAME}.so"
-    assert target.is_file()
-    assert not [p for p in target.parent.iterdir() if p.name.startswith("build-")]   # no half-built leftovers
-    assert os.access(target, os.R_OK)
-
-
 def _padded_streams_reference(model: SeqRec, seq, time):
     """The mHC forward with (B, T, n, D) streams over every position, padded ones included (before the
     streams were packed to the real positions): h = sum_i pre_i x_i, y = fn(LN(h)) * keep, x = H_res x + post y."""
@@ -533,21 +504,3 @@ def test_the_setup_build_command_announces_and_survives_a_missing_compiler(tmp_p
     for what in ("fused CPU kernels", "the shared-memory all-reduce", "the C++ data kernels"):
         assert f"building {what} (native), once per CPU type: about a minute" in proc.stderr
         assert f"{what}: cannot build" in proc.stderr
-
-
-def test_the_kernels_live_with_their_owners_and_an_include_change_rebuilds(tmp_path):
-    """cpu_kernels.cpp is one module from each owner's file (sasrec's mHC and attention, kgat's, the shared
-    dropout and helpers); a build is keyed by every included file, so a change in any of them rebuilds."""
-    source = kernels.SOURCE.read_text()
-    for header in kernels.INCLUDES:
-        assert f'#include "{header.relative_to(kernels.SOURCE.parent).as_posix()}"' in source
-    owners = {h.parent.name for h in kernels.INCLUDES}
-    assert {"sasrec", "kgat"} <= owners
-    (tmp_path / "a.cpp").write_text('#include "b.h"\n')
-    (tmp_path / "b.h").write_text("// one\n")
-    ext = native.Extension("probe", tmp_path / "a.cpp", ["-O1"], [], what="probe", fallback="-", off_env="PROBE",
-                           depends=(tmp_path / "b.h",))
-    native.EXTENSIONS.remove(ext)
-    before = ext.build_key()
-    (tmp_path / "b.h").write_text("// two\n")
-    assert ext.build_key() != before

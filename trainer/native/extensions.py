@@ -27,6 +27,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -57,15 +58,27 @@ def _cpu_flags() -> str:
 
 
 class Extension:
-    """One C++ source built into one Python module, once per process."""
+    """One C++ source built into one Python module, once per process. The source is a file, or text that
+    `generate()` writes (a module made of the headers found at build time: trainer/recipes/kernels.py), compiled
+    with `include_dirs` on the include path."""
 
-    def __init__(self, name: str, source: Path, cflags: list[str], ldflags: list[str], what: str, fallback: str,
-                 off_env: str, depends: tuple[Path, ...] = ()):
+    def __init__(self, name: str, source: Path | None, cflags: list[str], ldflags: list[str], what: str,
+                 fallback: str, off_env: str, depends: tuple[Path, ...] = (), generate: Callable[[], str] | None = None,
+                 include_dirs: tuple[Path, ...] = ()):
         self.name, self.source, self.cflags, self.ldflags = name, source, cflags, ldflags
-        self.depends = tuple(depends)           # the files `source` includes: a change of one rebuilds too
+        self.generate, self.include_dirs = generate, tuple(include_dirs)
+        self._depends = depends                 # the files `source` includes (or a function finding them)
         self.what, self.fallback, self.off_env = what, fallback, off_env
         self._ops, self._why, self._tried = None, "", False
         EXTENSIONS.append(self)
+
+    @property
+    def depends(self) -> tuple[Path, ...]:
+        """The files the source includes: a change of one rebuilds too."""
+        return tuple(self._depends() if callable(self._depends) else self._depends)
+
+    def source_text(self) -> bytes:
+        return self.generate().encode() if self.generate is not None else self.source.read_bytes()
 
     def flags_for(self, portable: bool) -> list[str]:
         if not portable:
@@ -75,7 +88,7 @@ class Extension:
     def build_key(self, portable: bool = False) -> str:
         """What a cached build depends on: the source, torch, the compiler flags and, for the native target,
         this CPU type."""
-        parts = [self.source.read_bytes(), *(d.read_bytes() for d in self.depends), torch.__version__.encode(),
+        parts = [self.source_text(), *(d.read_bytes() for d in self.depends), torch.__version__.encode(),
                  " ".join(self.flags_for(portable)).encode(),
                  PORTABLE_ARCH.encode() if portable else _cpu_flags().encode()]
         return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
@@ -108,8 +121,13 @@ class Extension:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix="build-", dir=target.parent))
         try:
-            module = load(self.name, [str(self.source)], extra_cflags=self.flags_for(portable),
-                          extra_ldflags=self.ldflags, build_directory=str(tmp), verbose=False)
+            source = self.source
+            if self.generate is not None:
+                source = tmp / f"{self.name}.cpp"
+                source.write_text(self.generate())
+            module = load(self.name, [str(source)], extra_cflags=self.flags_for(portable),
+                          extra_include_paths=[str(d) for d in self.include_dirs], extra_ldflags=self.ldflags,
+                          build_directory=str(tmp), verbose=False)
             os.replace(module.__file__, target)         # atomic: a concurrent build's result is the same library
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -1,5 +1,6 @@
 // The helpers every CPU kernel shares (float32, contiguous): argument checks, dot products in vector registers,
-// a vectorisable exp, compile-time dispatch on small sizes. Included by trainer/recipes/cpu_kernels.cpp.
+// a vectorisable exp, compile-time dispatch on small sizes; and the registry through which each kernel header adds
+// its functions to the module (TRAINER_KERNELS), so the module's init (written by kernels.py) edits nothing shared.
 #pragma once
 
 #include <torch/extension.h>
@@ -16,7 +17,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace {
+namespace trainer_cpu {
 
 constexpr int64_t kGrain = 64;    // tokens per parallel chunk
 constexpr int kLanes = 32;        // Sinkhorn maps per vectorised chunk (maps last, as in the PyTorch path); 32 took
@@ -122,4 +123,20 @@ auto with_constant(int64_t v, const char* what, const char* built, F&& f) {
   }
 }
 
-}  // namespace
+// Each kernel header registers a function that adds its kernels to the module; the module's init calls them all.
+using Registrar = void (*)(pybind11::module_&);
+inline std::vector<Registrar>& registrars() {
+  static std::vector<Registrar> all;
+  return all;
+}
+struct Registered {
+  explicit Registered(Registrar add) { registrars().push_back(add); }
+};
+inline void register_all(pybind11::module_& m) {
+  for (Registrar add : registrars()) add(m);
+}
+
+}  // namespace trainer_cpu
+
+// At a kernel header's end: TRAINER_KERNELS(register_mine); registers register_mine when the module loads.
+#define TRAINER_KERNELS(registrar) static const ::trainer_cpu::Registered registrar##_registered{registrar}

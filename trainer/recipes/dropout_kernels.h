@@ -1,10 +1,13 @@
 // The hash-mask dropout (trainer/recipes/dropout.py), shared: a counter-based random stream, so the backward
 // recomputes the mask from its seed (SASRec's attention kernel draws its mask the same way).
-// Included by trainer/recipes/cpu_kernels.cpp (one module, one compile: the helpers of cpu_common.h are
-// shared, and the build is cached per source, its includes included).
+// Stands alone (its includes are paths from trainer/recipes/, the root kernels.py states); registers its
+// functions with TRAINER_KERNELS at the end, so the module picks it up with no shared file edited.
 #pragma once
 
-namespace {
+#include "cpu_common.h"
+
+namespace dropout_kernels {
+using namespace trainer_cpu;
 
 // murmur3's 32-bit finaliser on a Weyl sequence: a counter-based random stream (element i of a call draws
 // fmix32(i * golden + seed)); 32-bit lanes, so a loop of it vectorises 16 wide (splitmix64's 64-bit
@@ -41,4 +44,10 @@ torch::Tensor dropout(torch::Tensor x, int64_t seed, int64_t threshold, double s
   return out;
 }
 
-}  // namespace
+// What this header adds to the module.
+void register_dropout(pybind11::module_& m) {
+  m.def("dropout", &dropout);
+}
+TRAINER_KERNELS(register_dropout);
+
+}  // namespace dropout_kernels

@@ -1,10 +1,13 @@
 // KGAT's kernels (trainer/recipes/kgat/model.py, trainer/engine/optim.py): attention scores over the edges, the
 // per-row softmax, and Adam on a sparse gradient's rows.
-// Included by trainer/recipes/cpu_kernels.cpp (one module, one compile: the helpers of cpu_common.h are
-// shared, and the build is cached per source, its includes included).
+// Stands alone (its includes are paths from trainer/recipes/, the root kernels.py states); registers its
+// functions with TRAINER_KERNELS at the end, so the module picks it up with no shared file edited.
 #pragma once
 
-namespace {
+#include "cpu_common.h"
+
+namespace kgat_kernels {
+using namespace trainer_cpu;
 
 // KGAT's attention scores: out[e] = <a[ia[e]], b[ib[e]]> for (Na, D) and (Nb, D) row tables and int32 row
 // indices. One pass over the edges reading two rows each, where torch gathered both into (E, D) copies,
@@ -149,4 +152,12 @@ torch::Tensor segment_softmax(torch::Tensor scores, torch::Tensor crow) {
   return out;
 }
 
-}  // namespace
+// What this header adds to the module.
+void register_kgat(pybind11::module_& m) {
+  m.def("gather_dot", &gather_dot);
+  m.def("segment_softmax", &segment_softmax);
+  m.def("adam_rows_", &adam_rows_);
+}
+TRAINER_KERNELS(register_kgat);
+
+}  // namespace kgat_kernels

@@ -1,10 +1,15 @@
 // SASRec's training attention over packed sequences with dropout, and its gradient (trainer/recipes/sasrec/
 // fused.py), on the BLAS's sgemm where torch's library exports it.
-// Included by trainer/recipes/cpu_kernels.cpp (one module, one compile: the helpers of cpu_common.h are
-// shared, and the build is cached per source, its includes included).
+// Stands alone (its includes are paths from trainer/recipes/, the root kernels.py states); registers its
+// functions with TRAINER_KERNELS at the end, so the module picks it up with no shared file edited.
 #pragma once
 
-namespace {
+#include "cpu_common.h"
+#include "dropout_kernels.h"
+
+namespace sasrec_attention {
+using namespace trainer_cpu;
+using dropout_kernels::fmix32;     // the mask's random stream: the same draws as the dropout kernel's
 
 // Causal self-attention with dropout over packed sequences: the real (non-padded) positions of a batch, row
 // after row, as the (N, 3, H, dh) output of the Q/K/V projection, and starts (B + 1: row b's tokens are
@@ -222,5 +227,14 @@ torch::Tensor attention_backward(torch::Tensor g, torch::Tensor qkv, torch::Tens
     causal_px(true, dS, Q, L, a.dh, ld, a.scale, dx + a.in(t0, 1, h), ld);
   });
   return grad;
+}
 
-}  // namespace
+// What this header adds to the module.
+void register_attention(pybind11::module_& m) {
+  m.def("attention", &attention);
+  m.def("has_blas", &has_blas);
+  m.def("attention_backward", &attention_backward);
+}
+TRAINER_KERNELS(register_attention);
+
+}  // namespace sasrec_attention

@@ -3,11 +3,14 @@
 // every element-wise pass over the (N, n, D) streams costs as much as the sub-layer's own matmuls, and PyTorch
 // runs the stream mixing as batched 4x4 matmuls and broadcast temporaries (about 3 GFLOP/s). Each kernel here
 // reads every token's streams once, with the token's n x n map and n gates in registers.
-// Included by trainer/recipes/cpu_kernels.cpp (one module, one compile: the helpers of cpu_common.h are
-// shared, and the build is cached per source, its includes included).
+// Stands alone (its includes are paths from trainer/recipes/, the root kernels.py states); registers its
+// functions with TRAINER_KERNELS at the end, so the module picks it up with no shared file edited.
 #pragma once
 
-namespace {
+#include "cpu_common.h"
+
+namespace sasrec_mhc {
+using namespace trainer_cpu;
 
 template <typename F>
 auto with_streams(int64_t n, F&& f) {
@@ -723,7 +726,6 @@ std::tuple<torch::Tensor, torch::Tensor> maps_backward_impl(
     for (int64_t k = 0; k < ns_; ++k) sp[k] += sums[static_cast<size_t>(th) * ns_ + k];
   return {grad_w, small.to(torch::kFloat)};
 }
-
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> maps_backward(
     torch::Tensor x, torch::Tensor z, torch::Tensor r, torch::Tensor pre, torch::Tensor post, torch::Tensor weight,
@@ -1461,4 +1463,28 @@ torch::Tensor sinkhorn_backward(torch::Tensor p, torch::Tensor grad) {
   return out;
 }
 
-}  // namespace
+// What this header adds to the module.
+void register_mhc(pybind11::module_& m) {
+  m.def("maps_in", &maps_in);
+  m.def("maps_backward", &maps_backward);
+  m.def("maps_in_basis", &maps_in_basis);
+  m.def("maps_in_copies", &maps_in_copies);
+  m.def("maps_backward_copies", &maps_backward_copies);
+  m.def("maps_backward_basis", &maps_backward_basis);
+  m.def("coef_mix", &coef_mix);
+  m.def("coef_mix_backward", &coef_mix_backward);
+  m.def("basis_mean", &basis_mean);
+  m.def("basis_mean_backward", &basis_mean_backward);
+  m.def("row_error", &row_error);
+  m.def("stream_mix", &stream_mix);
+  m.def("stream_mix_backward", &stream_mix_backward);
+  m.def("copies_mix", &copies_mix);
+  m.def("collapse_mix", &collapse_mix);
+  m.def("collapse_mix_backward", &collapse_mix_backward);
+  m.def("copies_mix_backward", &copies_mix_backward);
+  m.def("sinkhorn", &sinkhorn, py::arg("maps"), py::arg("iters"), py::arg("tol"), py::arg("newton") = 0);
+  m.def("sinkhorn_backward", &sinkhorn_backward);
+}
+TRAINER_KERNELS(register_mhc);
+
+}  // namespace sasrec_mhc
