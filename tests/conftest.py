@@ -185,10 +185,17 @@ def assert_close(a: dict, b: dict, tol: float) -> None:
 PARTS = ("cluster", "rest")
 
 
+def in_cluster_half(item) -> bool:
+    """The cluster half: the tests on the cluster, and CPU work marked beside_cluster. That half mostly waits on the
+    scheduler (CI, 2026-11-27: 17 minutes against the other half's 40), so it takes the long CPU tests that need
+    no cluster and the suite ends sooner."""
+    return item.get_closest_marker("slurm") is not None or item.get_closest_marker("beside_cluster") is not None
+
+
 @pytest.hookimpl(tryfirst=True)       # before -m selects: `-m slurm` then means every test on the cluster
 def pytest_collection_modifyitems(config, items):
-    """Every test that uses the local cluster is marked slurm. TEST_PART=cluster keeps only those, TEST_PART=rest
-    only the others: tests/run.sh runs the two halves side by side (the cluster's tests mostly wait)."""
+    """Every test that uses the local cluster is marked slurm. TEST_PART=cluster keeps those and the ones marked
+    beside_cluster, TEST_PART=rest the others: tests/run.sh runs the two halves side by side."""
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
             item.add_marker(pytest.mark.slurm)
@@ -197,7 +204,7 @@ def pytest_collection_modifyitems(config, items):
         return
     if part not in PARTS:
         raise pytest.UsageError(f"TEST_PART={part!r}: expected one of {', '.join(PARTS)} (or unset: every test)")
-    keep = [i for i in items if (i.get_closest_marker("slurm") is not None) == (part == "cluster")]
+    keep = [i for i in items if in_cluster_half(i) == (part == "cluster")]
     config.hook.pytest_deselected(items=[i for i in items if i not in keep])
     items[:] = keep
 

@@ -2,8 +2,12 @@
 import json
 import subprocess
 
+import pytest
+
 from tests.conftest import PY, REPO, assert_close, clean_env, free_port, run_ranks, trainer, weights
 from trainer.engine.logging import read_metrics
+
+pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
 
 # plain SGD and no dropout: the comparison is about data and gradient handling, not RNG streams
 BASE = ("--recipe", "toy", "--epochs", "1", "--seed", "7", "train.optimizer=sgd", "train.lr=0.05",

@@ -1,4 +1,5 @@
-"""tests/run.sh (make test): the two halves split by the cluster fixture, and the worse exit status wins."""
+"""tests/run.sh (make test): the two halves split by the cluster fixture (and the beside_cluster marker), and the
+worse exit status wins."""
 import inspect
 import os
 import subprocess
@@ -33,3 +34,12 @@ def test_the_worse_exit_status_wins_and_both_reports_are_shown(tmp_path):
     assert proc.stdout.index("rest-report") < proc.stdout.index("cluster-report")
     fake.write_text("#!/bin/bash\nexit 5\n")                     # nothing collected in either half
     assert subprocess.run(["bash", str(REPO / "tests" / "run.sh"), str(fake)], timeout=60).returncode == 5
+
+
+def test_the_long_cpu_tests_marked_beside_the_cluster_run_in_its_half():
+    """The benchmarks' smoke tests and other long CPU work fill the cluster half, which mostly waits."""
+    path = "tests/bench/test_bench_har.py"
+    assert collected("cluster", path) and not collected("rest", path)
+    headers = "tests/recipes/test_kernel_module.py"
+    assert collected("cluster", headers) == {"test_each_header_compiles_on_its_own"}
+    assert "test_every_header_registers_its_own_functions_in_the_module" in collected("rest", headers)
