@@ -144,7 +144,10 @@ class LaunchEnvironment:
         return self.TABLE
 
     def read(self, key: str) -> Any:
-        row = self.table()[key]
+        return self.value(self.table()[key])
+
+    def value(self, row: Read) -> Any:
+        """What one row reads here (also a row outside the table: a variable only a default needs)."""
         for var in row.names:
             if self.env.get(var):
                 return (row.parse or as_int)(self, var, self.env[var])
@@ -300,7 +303,7 @@ def no_nodelist(env: LaunchEnvironment) -> list[str]:
 def slurm_port(env: SlurmEnvironment) -> int:
     """Derived from the job id and, under srun, the step id: steps and jobs sharing a node differ."""
     step = env.env.get("SLURM_STEP_ID", env.env.get("SLURM_STEPID", "0")) if env.in_step else "0"
-    return port_from_job_id(env.read("job_id_required"), step)
+    return port_from_job_id(env.value(read("SLURM_JOB_ID", parse=as_text)), step)
 
 
 class SlurmEnvironment(LaunchEnvironment):
@@ -320,7 +323,6 @@ class SlurmEnvironment(LaunchEnvironment):
                          default=no_nodelist),
         "master_addr": read("MASTER_ADDR", parse=as_text, default=lambda e: e.nodelist[0]),
         "master_port": read("MASTER_PORT", default=slurm_port),
-        "job_id_required": read("SLURM_JOB_ID", parse=as_text),
         "asked_tasks": read("SLURM_NTASKS", default=1),
         "tasks_per_node": read("SLURM_NTASKS_PER_NODE", default=0),
     }
@@ -369,6 +371,11 @@ class SlurmEnvironment(LaunchEnvironment):
         super().validate(strategy)
 
 
+def local_port(env: LaunchEnvironment) -> int:
+    """Derived from submitit's local job id (its executor's pid)."""
+    return port_from_job_id(env.value(read("SUBMITIT_LOCAL_JOB_ID", parse=as_text)))
+
+
 class SubmititEnvironment(SlurmEnvironment):
     """A task started by submitit: on Slurm, Slurm's table (always inside a step); under its local executor, its own."""
 
@@ -381,9 +388,8 @@ class SubmititEnvironment(SlurmEnvironment):
         "node_rank": fixed(0),
         "local_world_size": read(default=lambda e: e.world_size),            # every local task shares the node
         "master_addr": read("MASTER_ADDR", parse=as_text, default="127.0.0.1"),
-        "master_port": read("MASTER_PORT", default=lambda e: port_from_job_id(e.read("local_job_id"))),
+        "master_port": read("MASTER_PORT", default=local_port),
         "job_id": read("SUBMITIT_LOCAL_JOB_ID", default=None, parse=as_text),
-        "local_job_id": read("SUBMITIT_LOCAL_JOB_ID", parse=as_text),       # the local executor's pid
     }
 
     @classmethod

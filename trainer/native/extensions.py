@@ -1,9 +1,8 @@
 """C++ extensions compiled with the system's C++ compiler and ninja, and cached; callers fall back to a PyTorch
 path where one cannot be built (one warning per process).
 
-    ext = Extension("trainer_cpu_kernels", Path("cpu_kernels.cpp"), ["-O3", "-march=native", "-fopenmp"], ["-fopenmp"],
-                    what="fused CPU kernels", fallback="the PyTorch path (same function, slower)",
-                    off_env="TRAINER_CPU_KERNELS")
+    ext = Extension("trainer_shm_allreduce", Path("shm.cpp"), ["-O3", "-march=native"], [],
+                    what="the shared-memory all-reduce", fallback="gloo's", off_env="TRAINER_SHM_KERNEL")
     ops = ext.load()             # the compiled module, or None (the cause in ext.unavailable_reason())
     python -m trainer.native build [--portable]     # what `make setup` runs: no first run waits on a compiler
 
@@ -98,11 +97,11 @@ class Extension:
 
     def cached(self) -> Path | None:
         """The build this process can load without compiling: native for this CPU type, else portable."""
-        if self.target().exists():
-            return self.target()
-        if runs_portable() and self.target(portable=True).exists():
-            return self.target(portable=True)
-        return None
+        native = self.target()          # each target hashes the sources: once each
+        if native.exists():
+            return native
+        portable = self.target(portable=True) if runs_portable() else None
+        return portable if portable is not None and portable.exists() else None
 
     def _import(self, path: Path):
         spec = importlib.util.spec_from_file_location(self.name, path)
