@@ -1,6 +1,7 @@
 """Shared helpers: run the trainer as real subprocesses, launch ranks, start the local Slurm cluster."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -72,16 +73,75 @@ def trainer(*args: str, env: dict | None = None, timeout: float = 180, check: bo
     return proc
 
 
-def launch_ranks(n: int, *args: str, extra_env: dict | None = None) -> list[subprocess.Popen]:
-    """Start n ranks of `python -m trainer ARGS` with the variables torchrun would set."""
+def launch_ranks(n: int, *args: str, extra_env: dict | None = None, rank_env: list[dict] | None = None,
+                 own_sessions: bool = False) -> list[subprocess.Popen]:
+    """Start n ranks of `python -m trainer ARGS` with the variables torchrun would set; rank_env: each rank's own
+    extra variables (its host name); own_sessions: each rank in a session of its own (slowed_rank needs it)."""
     port = free_port()
     procs = []
     for rank in range(n):
         env = clean_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **(extra_env or {}))
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **(extra_env or {}),
+                        **(rank_env[rank] if rank_env else {}))
         procs.append(subprocess.Popen([PY, "-m", "trainer", *args], cwd=REPO, env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=own_sessions))
     return procs
+
+
+SLOWED_NICE = 10   # a slowed session's nice: weight 110 against a busy session's 1024, about a tenth of a core
+# the fast rank's session: weight 9548, most of its core whatever else runs there. The load balancer sends other
+# work to the fast core (the slow one is full): at nice 0 a CI run's fast rank got a third of it, and the factor
+# between the ranks fell from 10 to 1.8-3.7. Root only (a lower nice needs CAP_SYS_NICE); elsewhere it stays 0.
+FAST_NICE = -10
+
+
+def pin(pid: int, cores: set[int], nice: int | None = None) -> None:
+    """Every thread of the process on `cores` (a thread keeps the mask it started with); `nice`: its session's
+    scheduler nice value. The kernel shares a core fairly between sessions before it shares within one
+    (sched_autogroup): busy loops in the slowed process's own session would take little from it, and a fast
+    process in the test's session, whose weight sits where its busy loops run, would lose its core to any other
+    session (a CI run saw 1-3.7x where 16x was meant, the suite's other half running beside it)."""
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(tid), cores)
+        if nice is not None:
+            with contextlib.suppress(PermissionError):   # FAST_NICE without root
+                Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+
+
+def two_cores() -> tuple[int, int]:
+    """(fast, slow): the cores a slowed test uses."""
+    fast, slow = sorted(os.sched_getaffinity(0))[:2]
+    return fast, slow
+
+
+@contextlib.contextmanager
+def busy_core(core: int, loops: int = 2):
+    """Busy loops on `core`, in a session of their own (a full session's weight there, whatever else runs)."""
+    busy = [subprocess.Popen([PY, "-c", "while True: pass"], start_new_session=True) for _ in range(loops)]
+    try:
+        for p in busy:
+            os.sched_setaffinity(p.pid, {core})
+        yield
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+
+
+@contextlib.contextmanager
+def slowed_rank(procs: list[subprocess.Popen], rank: int):
+    """procs[rank] on one core beside busy loops at SLOWED_NICE: about a tenth of that core; every other rank on
+    the other core. The ranks must run in sessions of their own (launch_ranks(own_sessions=True)): a session's
+    nice is all of its processes'."""
+    if any(os.getsid(p.pid) != p.pid for p in procs):
+        raise ValueError("slowed_rank: start the ranks in sessions of their own (launch_ranks(own_sessions=True))")
+    fast, slow = two_cores()
+    with busy_core(slow):
+        for r, p in enumerate(procs):
+            pin(p.pid, {slow} if r == rank else {fast}, nice=SLOWED_NICE if r == rank else FAST_NICE)
+        yield
 
 
 def wait_all(procs: list[subprocess.Popen], timeout: float = 180) -> list[tuple[int, str]]:

@@ -4,8 +4,9 @@ the group, each rank's time to join); RUN_DIR/preflight.json, one log line, `doc
 A host below SLOW_FRACTION of the hosts' median, or failing a check, stops the run with exit 5 naming it; the
 restart loop leaves such a host out at once.
 
-The slowed host is slowed for real: its rank is pinned to one core beside fifteen busy loops (this machine has two
-cores), the other rank has the other core; nothing is injected into the trainer."""
+The slowed host is slowed for real: its rank is pinned to one core beside busy loops at a nice session's weight,
+about a tenth of the core, the other rank on the other core (tests/conftest.py slowed_rank); nothing is injected into
+the trainer."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ import time
 
 import pytest
 
-from tests.conftest import PY, REPO, clean_env, free_port, record_fault, trainer, wait_all
+from tests.conftest import launch_ranks, record_fault, slowed_rank, trainer, wait_all
 from trainer.distributed.preflight import SLOW_FRACTION, RankFigures, judge
 from trainer.launch.exitcodes import UNFIT_HOST, unfit_hosts
 
@@ -43,11 +44,9 @@ def test_the_rule_names_a_host_three_times_slower_and_not_the_machines_noise():
 
 
 def launch(n: int, run_dir, hosts: list[str], *extra: str) -> list[subprocess.Popen]:
-    port = free_port()
-    return [subprocess.Popen([PY, "-m", "trainer", *TOY, "--run-dir", str(run_dir), *extra], cwd=REPO,
-                             env=clean_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
-                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMD_NODENAME=hosts[r]),
-                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(n)]
+    """n ranks, each on its own host name, each in a session of its own (slowed_rank)."""
+    return launch_ranks(n, *TOY, "--run-dir", str(run_dir), *extra, rank_env=[{"SLURMD_NODENAME": h} for h in hosts],
+                        own_sessions=True)
 
 
 def test_two_healthy_ranks_write_the_report_and_train(tmp_path):
@@ -67,20 +66,10 @@ def test_two_healthy_ranks_write_the_report_and_train(tmp_path):
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
 def test_a_host_slowed_three_times_is_named_and_the_run_exits_5(tmp_path, busy_core_turn):
-    cores = sorted(os.sched_getaffinity(0))[:2]
-    busy = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(15)]
-    try:
-        for p in busy:
-            os.sched_setaffinity(p.pid, {cores[1]})
-        procs = launch(2, tmp_path / "run", ["nodeA", "nodeB"])
-        os.sched_setaffinity(procs[0].pid, {cores[0]})
-        os.sched_setaffinity(procs[1].pid, {cores[1]})          # nodeB's rank: a sixteenth of a core
-        start = time.monotonic()
+    procs = launch(2, tmp_path / "run", ["nodeA", "nodeB"])
+    start = time.monotonic()
+    with slowed_rank(procs, rank=1):                            # nodeB's rank: about a tenth of a core
         results = wait_all(procs, timeout=240)
-    finally:
-        for p in busy:
-            p.kill()
-            p.wait()
     assert [c for c, _ in results] == [UNFIT_HOST, UNFIT_HOST], results[0][1][-3000:]
     line = [x for x in results[0][1].splitlines() if x.startswith("error:")][0]
     assert unfit_hosts(line) == ["nodeB"] and "matmul" in line
@@ -90,7 +79,7 @@ def test_a_host_slowed_three_times_is_named_and_the_run_exits_5(tmp_path, busy_c
     assert list(report["unfit"]) == ["nodeB"] and b["gflops"] < SLOW_FRACTION * a["gflops"]
     exits = [json.loads((tmp_path / "run" / "exits" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert [e["kind"] for e in exits] == ["unfit-host", "unfit-host"]
-    record_fault("a slowed host (its rank on a sixteenth of a core), 2 ranks",
+    record_fault("a slowed host (its rank on a tenth of a core), 2 ranks",
                  exit_s=round(time.monotonic() - start, 2), steps_lost=0,
                  outcome=f"exit 5 naming it (matmul {b['gflops']:.0f} against {a['gflops']:.0f} GFLOP/s); the "
                  f"restart loop relaunches without it")

@@ -3,21 +3,28 @@ that ride in the logging window's collective, and under train.straggler_action=e
 naming its host; the signal agreement moves from every step into that collective (and every k steps between
 windows, k from the measured step time and ckpt.signal_latency_s).
 
-The slowed rank is slowed for real: pinned to one core beside fifteen busy loops, the other rank on the other core
-(as tests/distributed/test_preflight.py does); nothing is injected into the trainer."""
+The slowed rank is slowed for real: pinned to one core beside busy loops at a nice session's weight, about a tenth of
+the core, the other rank on the other core (tests/conftest.py slowed_rank); nothing is injected into the trainer."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import signal
-import subprocess
 import time
 
 import pytest
 
-from tests.conftest import PY, assert_bitwise_equal, launch_ranks, record_fault, run_ranks, trainer, wait_all, weights
+from tests.conftest import (
+    assert_bitwise_equal,
+    launch_ranks,
+    record_fault,
+    run_ranks,
+    slowed_rank,
+    trainer,
+    wait_all,
+    weights,
+)
 from trainer.distributed.runtime import DistInfo
 from trainer.distributed.stragglers import FACTOR, JUDGED_S, WINDOWS, StepClock, StragglerWatch, own_times, window_slots
 from trainer.engine.logging import read_metrics
@@ -109,37 +116,20 @@ def test_a_signal_between_windows_is_agreed_within_the_latency_and_resumes_bitwi
                  "bitwise resume")
 
 
-@contextlib.contextmanager
-def slowed(procs: list[subprocess.Popen], rank: int):
-    """The rank's process on one core beside fifteen busy loops (a sixteenth of a core), the others on another."""
-    cores = sorted(os.sched_getaffinity(0))[:2]
-    busy = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(15)]
-    try:
-        for p in busy:
-            os.sched_setaffinity(p.pid, {cores[1]})
-        for r, p in enumerate(procs):
-            os.sched_setaffinity(p.pid, {cores[1] if r == rank else cores[0]})
-        yield
-    finally:
-        for p in busy:
-            p.kill()
-            p.wait()
-
-
 def train_records(run_dir) -> list[dict]:
     return [r for r in read_metrics(run_dir, "train") if "loss" in r]
 
 
 # 64 steps per epoch and rank, long enough that the slowed rank's lost time lands mostly in its own work
 SLOWED = (*TOY, "data.n_train=2048", "data.features=64", "model.hidden=1024", "train.log_every_steps=1")
-TWO_HOSTS = [{"SLURMD_NODENAME": h} for h in ("nodeA", "nodeB")]
+TWO_HOSTS = dict(rank_env=[{"SLURMD_NODENAME": h} for h in ("nodeA", "nodeB")], own_sessions=True)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
 def test_a_slowed_rank_is_named_in_the_log_the_train_records_and_doctor(tmp_path, busy_core_turn):
     run_dir = tmp_path / "run"
-    procs = launch_per_rank_env(2, TWO_HOSTS, *SLOWED, "--epochs", "4", "--run-dir", str(run_dir))
-    with slowed(procs, rank=1):
+    procs = launch_ranks(2, *SLOWED, "--epochs", "2", "--run-dir", str(run_dir), **TWO_HOSTS)
+    with slowed_rank(procs, rank=1):
         results = wait_all(procs, timeout=300)
     assert [c for c, _ in results] == [0, 0], results[0][1][-3000:]       # warn: the run goes on
     assert "straggler: rank 1 on nodeB took" in results[0][1]
@@ -156,10 +146,10 @@ def test_a_slowed_rank_is_named_in_the_log_the_train_records_and_doctor(tmp_path
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
 def test_evict_leaves_a_checkpoint_and_exits_5_naming_the_slow_host(tmp_path, busy_core_turn):
     run_dir = tmp_path / "run"
-    procs = launch_per_rank_env(2, TWO_HOSTS, *SLOWED, "--epochs", "4", "--run-dir", str(run_dir),
-                                "train.straggler_action=evict")
+    procs = launch_ranks(2, *SLOWED, "--epochs", "4", "--run-dir", str(run_dir), "train.straggler_action=evict",
+                         **TWO_HOSTS)
     start = time.monotonic()
-    with slowed(procs, rank=1):
+    with slowed_rank(procs, rank=1):
         results = wait_all(procs, timeout=300)
     seconds = round(time.monotonic() - start, 2)
     assert [c for c, _ in results] == [UNFIT_HOST, UNFIT_HOST], results[0][1][-3000:]
@@ -173,17 +163,6 @@ def test_evict_leaves_a_checkpoint_and_exits_5_naming_the_slow_host(tmp_path, bu
     resumed = run_ranks(1, *SLOWED, "--epochs", "4", "--run-dir", str(run_dir), "--resume", "auto",
                         "--batch-size", "32")   # the same global batch on one rank
     assert f"step-{step:08d}.pt" in resumed[0][1]
-    record_fault("a rank slowed 16x from its start, train.straggler_action=evict (2 ranks on 2 hosts)",
+    record_fault("a rank slowed about 10x from its start, train.straggler_action=evict (2 ranks on 2 hosts)",
                  exit_s=seconds, steps_lost=0,
                  outcome=f"named and evicted at step {step}: checkpoint, exit 5 naming its host")
-
-
-def launch_per_rank_env(n: int, envs: list[dict], *args: str) -> list[subprocess.Popen]:
-    """launch_ranks with each rank's own extra variables (its host name)."""
-    from tests.conftest import REPO, clean_env, free_port
-    port = free_port()
-    return [subprocess.Popen([PY, "-m", "trainer", *args], cwd=REPO, text=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE,
-                             env=clean_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
-                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **envs[r]))
-            for r in range(n)]

@@ -14,14 +14,23 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import PY, assert_bitwise_equal, record_fault, run_ranks, weights
+from tests.conftest import (
+    FAST_NICE,
+    SLOWED_NICE,
+    assert_bitwise_equal,
+    busy_core,
+    pin,
+    record_fault,
+    run_ranks,
+    two_cores,
+    weights,
+)
 from tests.slurm.test_cluster import wait_job
 from tests.slurm.test_sbatch import submit_script
 from trainer.engine.logging import read_metrics
@@ -30,7 +39,6 @@ from trainer.launch.restarts import read_jsonl
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one node")
 TWO_NODES = ("-N2", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1", "--time=10")
 ENV = dict(TRAINER_PLUGINS="tests.toy_recipe", MAX_RESTARTS="2")
-NICE = 10    # the slowed node's session: weight 110 against the busy loops' 1024, about a tenth of its core
 
 
 def toy_yaml(folder: Path, epochs: int, extra: str = "") -> Path:
@@ -42,19 +50,6 @@ def toy_yaml(folder: Path, epochs: int, extra: str = "") -> Path:
                     f"  batch_size: 16\n  log_every_steps: 1\n  tensorboard: false\n{extra}"
                     "ckpt:\n  every_steps: 16\n  keep_last: 0\n")
     return path
-
-
-def pin(pid: int, cores: set[int], nice: int | None = None) -> None:
-    """Every thread of the process on `cores` (a thread keeps the mask it started with); `nice`: its scheduler
-    autogroup's nice value. Slurm's step daemon starts its tasks in a session of their own, and the kernel shares a
-    core fairly between sessions (sched_autogroup), so busy loops of the test's session would take only half the
-    core from them: a nice session (NICE) is what lets the loops have the rest."""
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(int(tid), cores)
-        if nice is not None:
-            Path(f"/proc/{pid}/autogroup").write_text(str(nice))
 
 
 def trainer_pids(node: str) -> list[int]:
@@ -73,34 +68,29 @@ def trainer_pids(node: str) -> list[int]:
 @contextlib.contextmanager
 def slowed(node: str, other: str):
     """From now on, every trainer process of `node` (and each of its threads) on one core beside busy loops, at
-    about a tenth of it (pin's NICE), those of `other` on the other core: re-pinned every 50 ms, so a process is
-    caught within its first 50 ms (a mask on the slurmd would not reach them: the step daemon sets its tasks' own).
-    Yields the start."""
-    fast, slow = sorted(os.sched_getaffinity(0))[:2]
-    loops = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(2)]
+    about a tenth of it (tests/conftest.py pin, SLOWED_NICE), those of `other` on the other core: re-pinned every
+    50 ms, so a process is caught within its first 50 ms (a mask on the slurmd would not reach them: the step daemon
+    sets its tasks' own). Yields the start."""
+    fast, slow = two_cores()
     stop = threading.Event()
 
     def keep_pinned():
         while not stop.wait(0.05):
             for pid in trainer_pids(node):
-                pin(pid, {slow}, nice=NICE)
+                pin(pid, {slow}, nice=SLOWED_NICE)
             for pid in trainer_pids(other):
-                pin(pid, {fast})
+                pin(pid, {fast}, nice=FAST_NICE)
 
     watcher = threading.Thread(target=keep_pinned, daemon=True)
-    try:
-        for p in loops:
-            os.sched_setaffinity(p.pid, {slow})
-        watcher.start()
-        yield time.time()
-    finally:
-        stop.set()
-        watcher.join()
-        for pid in trainer_pids(node):          # (a session that outlives the test is not left slowed)
-            pin(pid, os.sched_getaffinity(0), nice=0)
-        for p in loops:
-            p.kill()
-            p.wait()
+    with busy_core(slow):
+        try:
+            watcher.start()
+            yield time.time()
+        finally:
+            stop.set()
+            watcher.join()
+            for pid in trainer_pids(node):          # (a session that outlives the test is not left slowed)
+                pin(pid, os.sched_getaffinity(0), nice=0)
 
 
 def test_the_preflight_names_a_slowed_node_and_the_job_completes_without_it(slurm_cluster, tmp_path, busy_core_turn):
