@@ -6,12 +6,7 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from tests.conftest import REPO, clean_env
-
-# a minute and a half of CPU work: in the cluster half, which mostly waits, the two halves end about together
-pytestmark = pytest.mark.beside_cluster
 
 
 def test_the_data_scale_bench_runs_through(tmp_path):
