@@ -90,8 +90,7 @@ faults-report: setup slurm-install
 		tests/distributed/test_torchrun_restart.py $(PYTEST_ARGS)
 	$(BIN)/python -m bench.faults bench/results/faults.jsonl
 
-# tests/run.sh: the tests on the local cluster (mostly waiting on the scheduler) in a pytest beside the rest (on 2
-# pytest-xdist workers)
+# tests/run.sh: the tests on the local cluster (mostly waiting on the scheduler) in a pytest beside the rest
 test: setup slurm-install ruff
 	bash tests/run.sh $(BIN)/python -rs --durations=10 -m "not image" $(PYTEST_ARGS)
 

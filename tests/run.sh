@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # make test: pytest ARGS in two processes side by side, the tests that use the local Slurm cluster
 # (TEST_PART=cluster; they mostly wait on the scheduler: requeue delays, signals, time limits) and the rest
-# (TEST_PART=rest, on the CPUs, spread over TEST_WORKERS pytest-xdist workers, default 2: one test module at a
-# time each, its module fixtures built once; 0 runs them in the one process). The cluster half's report follows
-# the other's; the exit status is the worse.
+# (TEST_PART=rest, on the CPUs). The cluster half's report follows the other's; the exit status is the worse.
 #   bash tests/run.sh .venv/bin/python -rs -m "not image"
 set -u
 py=$1
@@ -12,7 +10,7 @@ log=$(mktemp "${TMPDIR:-/tmp}/pytest-cluster.XXXXXX")
 TEST_PART=cluster "$py" -m pytest "$@" > "$log" 2>&1 &
 cluster_pid=$!
 trap 'kill "$cluster_pid" 2>/dev/null; rm -f "$log"' EXIT
-TEST_PART=rest "$py" -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
+TEST_PART=rest "$py" -m pytest "$@"
 rest=$?
 wait "$cluster_pid"
 cluster=$?

@@ -5,9 +5,12 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.conftest import REPO, clean_env
+
+pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
 
 
 def test_the_gpu_bench_runs_through_on_a_cpu(tmp_path):

@@ -2,7 +2,11 @@
 import json
 import subprocess
 
+import pytest
+
 from tests.conftest import PY, REPO, clean_env
+
+pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
 
 
 def test_har_bench_smoke(tmp_path):

@@ -11,6 +11,8 @@ from bench.report import tables
 from bench.run import summarize
 from tests.conftest import REPO, clean_env
 
+pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
+
 
 @pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])
 def test_percentile_matches_numpy(q):

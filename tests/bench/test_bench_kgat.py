@@ -7,6 +7,8 @@ import pytest
 
 from tests.conftest import PY, REPO, clean_env
 
+pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
+
 ML100K = REPO.parent / "shared" / "data" / "ml-100k"
 
 

@@ -3,7 +3,11 @@ no timing target asserted (the README's figures come from the full run)."""
 import json
 import subprocess
 
+import pytest
+
 from tests.conftest import PY, REPO, clean_env
+
+pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
 
 
 def test_mhc_cost_bench_smoke(tmp_path):

@@ -4,11 +4,14 @@ import json
 import subprocess
 
 import numpy as np
+import pytest
 import torch
 
 from bench.sasrec_stock import StockSASRec, stock_batches
 from tests.conftest import PY, REPO, clean_env
 from trainer.recipes.sasrec import data as D
+
+pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
 
 
 def test_stock_model_is_causal_and_ignores_later_items():

@@ -1,5 +1,5 @@
-"""tests/run.sh (make test): the two halves split by the cluster fixture (and the beside_cluster marker), the rest
-on pytest-xdist workers, and the worse exit status wins."""
+"""tests/run.sh (make test): the two halves split by the cluster fixture (and the beside_cluster marker), and the
+worse exit status wins."""
 import inspect
 import os
 import subprocess
@@ -36,21 +36,9 @@ def test_the_worse_exit_status_wins_and_both_reports_are_shown(tmp_path):
     assert subprocess.run(["bash", str(REPO / "tests" / "run.sh"), str(fake)], timeout=60).returncode == 5
 
 
-def test_the_rest_runs_on_workers_one_module_each_and_the_cluster_half_in_one_process(tmp_path):
-    fake = tmp_path / "python"
-    fake.write_text('#!/bin/bash\necho "$TEST_PART: $*"\n')
-    fake.chmod(0o755)
-    run = ["bash", str(REPO / "tests" / "run.sh"), str(fake), "-rs"]
-    lines = subprocess.run(run, capture_output=True, text=True, timeout=60).stdout.splitlines()
-    assert "rest: -m pytest -n 2 --dist loadfile --no-loadscope-reorder -rs" in lines
-    assert "cluster: -m pytest -rs" in lines
-    one = subprocess.run(run, capture_output=True, text=True, timeout=60, env=dict(os.environ, TEST_WORKERS="0"))
-    assert "rest: -m pytest -n 0 --dist loadfile --no-loadscope-reorder -rs" in one.stdout.splitlines()
-
-
 def test_the_long_cpu_tests_marked_beside_the_cluster_run_in_its_half():
-    """The header compile and the DDP equivalence runs fill the cluster half, which mostly waits."""
-    path = "tests/distributed/test_ddp.py"
+    """The benchmarks' smoke tests and other long CPU work fill the cluster half, which mostly waits."""
+    path = "tests/bench/test_bench_har.py"
     assert collected("cluster", path) and not collected("rest", path)
     headers = "tests/recipes/test_kernel_module.py"
     assert collected("cluster", headers) == {"test_each_header_compiles_on_its_own"}
