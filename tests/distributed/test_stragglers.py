@@ -128,7 +128,7 @@ TWO_HOSTS = dict(rank_env=[{"SLURMD_NODENAME": h} for h in ("nodeA", "nodeB")], 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
 def test_a_slowed_rank_is_named_in_the_log_the_train_records_and_doctor(tmp_path, busy_core_turn):
     run_dir = tmp_path / "run"
-    procs = launch_ranks(2, *SLOWED, "--epochs", "2", "--run-dir", str(run_dir), **TWO_HOSTS)
+    procs = launch_ranks(2, *SLOWED, "--epochs", "4", "--run-dir", str(run_dir), **TWO_HOSTS)
     with slowed_rank(procs, rank=1):
         results = wait_all(procs, timeout=300)
     assert [c for c, _ in results] == [0, 0], results[0][1][-3000:]       # warn: the run goes on
