@@ -8,7 +8,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -88,7 +90,7 @@ def launch_ranks(n: int, *args: str, extra_env: dict | None = None, rank_env: li
     return procs
 
 
-SLOWED_NICE = 10   # a slowed session's nice: weight 110 against a busy session's 1024, about a tenth of a core
+SLOWED_NICE = 10   # a slowed session's nice: weight 110 against a busy session's 1024, about a twentieth of a core
 # the fast rank's session: weight 9548, most of its core whatever else runs there. The load balancer sends other
 # work to the fast core (the slow one is full): at nice 0 a CI run's fast rank got a third of it, and the factor
 # between the ranks fell from 10 to 1.8-3.7. Root only (a lower nice needs CAP_SYS_NICE); elsewhere it stays 0.
@@ -130,17 +132,62 @@ def busy_core(core: int, loops: int = 2):
 
 
 @contextlib.contextmanager
-def slowed_rank(procs: list[subprocess.Popen], rank: int):
-    """procs[rank] on one core beside busy loops at SLOWED_NICE: about a tenth of that core; every other rank on
-    the other core. The ranks must run in sessions of their own (launch_ranks(own_sessions=True)): a session's
-    nice is all of its processes'."""
+def slowed_rank(procs: list[subprocess.Popen], rank: int, once: Callable[[], bool] | None = None,
+                until: Callable[[], bool] | None = None):
+    """procs[rank] on one core beside busy loops at SLOWED_NICE: about a twentieth of that core; every other rank
+    on the other core. The ranks must run in sessions of their own (launch_ranks(own_sessions=True)): a session's
+    nice is all of its processes'. once: slowed from when this is true (a run directory's metrics.jsonl exists: the
+    first logging window is done), so the ranks' start (importing torch, and what the first step imports: seconds
+    of CPU, a minute at a twentieth) runs at full speed; until: back to full speed when this is true (run_ended:
+    the rank's shutdown is not under test), or once a rank has exited. Without them: from the start."""
     if any(os.getsid(p.pid) != p.pid for p in procs):
         raise ValueError("slowed_rank: start the ranks in sessions of their own (launch_ranks(own_sessions=True))")
     fast, slow = two_cores()
-    with busy_core(slow):
-        for r, p in enumerate(procs):
-            pin(p.pid, {slow} if r == rank else {fast}, nice=SLOWED_NICE if r == rank else FAST_NICE)
+    ended = threading.Event()
+    failed: list[BaseException] = []
+
+    def wait_for(event: Callable[[], bool] | None) -> None:
+        while not ended.is_set() and all(p.poll() is None for p in procs) and not (event and event()):
+            time.sleep(0.01)
+
+    def slow_then_lift() -> None:
+        try:
+            if once is not None:
+                wait_for(once)
+            if ended.is_set():
+                return
+            with busy_core(slow):
+                for r, p in enumerate(procs):
+                    pin(p.pid, {slow} if r == rank else {fast}, nice=SLOWED_NICE if r == rank else FAST_NICE)
+                wait_for(until)
+                for p in procs:
+                    pin(p.pid, {fast, slow}, nice=0)
+        except BaseException as err:       # re-raised in the test's thread
+            failed.append(err)
+
+    watcher = threading.Thread(target=slow_then_lift, name="slowed_rank", daemon=True)
+    watcher.start()
+    try:
         yield
+    finally:
+        ended.set()
+        watcher.join()
+    if failed:
+        raise failed[0]
+
+
+def run_ended(run_dir: Path, rank: int) -> Callable[[], bool]:
+    """Whether the rank has recorded its exit (RUN_DIR/exits/rank-N.json with a code: its run is over, its
+    shutdown starts)."""
+    import json
+    record = Path(run_dir) / "exits" / f"rank-{rank}.json"
+
+    def ended() -> bool:
+        try:
+            return json.loads(record.read_text())["code"] is not None
+        except (OSError, ValueError, KeyError):
+            return False
+    return ended
 
 
 def wait_all(procs: list[subprocess.Popen], timeout: float = 180) -> list[tuple[int, str]]:

@@ -5,8 +5,8 @@ A host below SLOW_FRACTION of the hosts' median, or failing a check, stops the r
 restart loop leaves such a host out at once.
 
 The slowed host is slowed for real: its rank is pinned to one core beside busy loops at a nice session's weight,
-about a tenth of the core, the other rank on the other core (tests/conftest.py slowed_rank); nothing is injected into
-the trainer."""
+about a twentieth of the core, the other rank on the other core (tests/conftest.py slowed_rank); nothing is injected
+into the trainer."""
 from __future__ import annotations
 
 import json
@@ -16,8 +16,9 @@ import time
 
 import pytest
 
-from tests.conftest import launch_ranks, record_fault, slowed_rank, trainer, wait_all
+from tests.conftest import launch_ranks, record_fault, run_ended, slowed_rank, trainer, wait_all
 from trainer.distributed.preflight import SLOW_FRACTION, RankFigures, judge
+from trainer.engine.rundir import MARKER
 from trainer.launch.exitcodes import UNFIT_HOST, unfit_hosts
 
 TOY = ("train", "--recipe", "toy", "--epochs", "1", "train.tensorboard=false", "train.preflight=on")
@@ -66,9 +67,12 @@ def test_two_healthy_ranks_write_the_report_and_train(tmp_path):
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
 def test_a_host_slowed_three_times_is_named_and_the_run_exits_5(tmp_path, busy_core_turn):
-    procs = launch(2, tmp_path / "run", ["nodeA", "nodeB"])
+    run_dir = tmp_path / "run"
+    procs = launch(2, run_dir, ["nodeA", "nodeB"])
     start = time.monotonic()
-    with slowed_rank(procs, rank=1):                            # nodeB's rank: about a tenth of a core
+    # nodeB's rank on about a twentieth of a core, from when rank 0 has joined the group and claimed the run
+    # directory (the ranks' imports done) until rank 1's exit record
+    with slowed_rank(procs, rank=1, once=(run_dir / MARKER).exists, until=run_ended(run_dir, 1)):
         results = wait_all(procs, timeout=240)
     assert [c for c, _ in results] == [UNFIT_HOST, UNFIT_HOST], results[0][1][-3000:]
     line = [x for x in results[0][1].splitlines() if x.startswith("error:")][0]

@@ -1,6 +1,6 @@
 """Issue 58 item 3: a node slowed for real on the local 2-node cluster. The two slurmds share this machine's cores and
 Slurm here has no per-node cgroups (TaskPlugin=task/none), so the test slows a node itself: the node's processes go
-on one core beside busy loops, at about a tenth of it, the other node's on the other core. Nothing is
+on one core beside busy loops, at about a twentieth of it, the other node's on the other core. Nothing is
 injected into the trainer.
 
 - slowed from the start: the pre-flight names node2 (exit 5) and the restart loop relaunches on node1 alone, at
@@ -68,7 +68,7 @@ def trainer_pids(node: str) -> list[int]:
 @contextlib.contextmanager
 def slowed(node: str, other: str):
     """From now on, every trainer process of `node` (and each of its threads) on one core beside busy loops, at
-    about a tenth of it (tests/conftest.py pin, SLOWED_NICE), those of `other` on the other core: re-pinned every
+    about a twentieth of it (tests/conftest.py pin, SLOWED_NICE), those of `other` on the other core: re-pinned every
     50 ms, so a process is caught within its first 50 ms (a mask on the slurmd would not reach them: the step daemon
     sets its tasks' own). Yields the start."""
     fast, slow = two_cores()
