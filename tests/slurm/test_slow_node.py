@@ -16,6 +16,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,8 @@ from tests.conftest import (
 from tests.slurm.test_cluster import wait_job
 from tests.slurm.test_sbatch import submit_script
 from trainer.engine.logging import read_metrics
-from trainer.launch.restarts import read_jsonl
+from trainer.engine.rundir import MARKER
+from trainer.launch.restarts import RESTARTS, read_jsonl
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one node")
 TWO_NODES = ("-N2", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1", "--time=10")
@@ -42,13 +44,14 @@ ENV = dict(TRAINER_PLUGINS="tests.toy_recipe", MAX_RESTARTS="2")
 
 
 def toy_yaml(folder: Path, epochs: int, extra: str = "") -> Path:
-    """64 steps per epoch and rank on two ranks, each a few milliseconds (a slowed node's take long enough that the
-    straggler watch's 1 s windows hold a few dozen); a window per step; every checkpoint kept."""
+    """64 steps per epoch and rank on two ranks, each ~8 ms of matmuls (a slowed node's ~0.2 s), a logging window
+    every 8: a step's own work, which the straggler watch judges, outweighs the window's logging and collective
+    (tests/distributed/test_stragglers.py SLOWED); a checkpoint every 32 steps, every one kept."""
     path = folder / "toy.yaml"
-    path.write_text(f"recipe: toy\nseed: 5\ndata:\n  n_train: 2048\n  features: 64\nmodel:\n  hidden: 1024\ntrain:\n"
+    path.write_text(f"recipe: toy\nseed: 5\ndata:\n  n_train: 2048\n  features: 512\nmodel:\n  hidden: 4096\ntrain:\n"
                     f"  epochs: {epochs}\n"
-                    f"  batch_size: 16\n  log_every_steps: 1\n  tensorboard: false\n{extra}"
-                    "ckpt:\n  every_steps: 16\n  keep_last: 0\n")
+                    f"  batch_size: 16\n  log_every_steps: 8\n  tensorboard: false\n{extra}"
+                    "ckpt:\n  every_steps: 32\n  keep_last: 0\n")
     return path
 
 
@@ -66,40 +69,45 @@ def trainer_pids(node: str) -> list[int]:
 
 
 @contextlib.contextmanager
-def slowed(node: str, other: str):
-    """From now on, every trainer process of `node` (and each of its threads) on one core beside busy loops, at
-    about a twentieth of it (tests/conftest.py pin, SLOWED_NICE), those of `other` on the other core: re-pinned every
-    50 ms, so a process is caught within its first 50 ms (a mask on the slurmd would not reach them: the step daemon
-    sets its tasks' own). Yields the start."""
+def slowed(node: str, other: str, once: Callable[[], bool] = lambda: True, until: Callable[[], bool] = lambda: False):
+    """Every trainer process of `node` (and each of its threads) on one core beside busy loops, at about a twentieth
+    of it (tests/conftest.py pin, SLOWED_NICE), those of `other` on the other core, from when once() is true until
+    until() is (the restart loop has decided: the slowed node's processes are gone) or the block ends: re-pinned
+    every 50 ms, so a process is caught within its first 50 ms (a mask on the slurmd would not reach them: the step
+    daemon sets its tasks' own)."""
     fast, slow = two_cores()
     stop = threading.Event()
 
     def keep_pinned():
-        while not stop.wait(0.05):
-            for pid in trainer_pids(node):
-                pin(pid, {slow}, nice=SLOWED_NICE)
-            for pid in trainer_pids(other):
-                pin(pid, {fast}, nice=FAST_NICE)
+        while not stop.wait(0.05) and not once():
+            pass
+        with busy_core(slow) if not stop.is_set() else contextlib.nullcontext():
+            while not stop.wait(0.05) and not until():
+                for pid in trainer_pids(node):
+                    pin(pid, {slow}, nice=SLOWED_NICE)
+                for pid in trainer_pids(other):
+                    pin(pid, {fast}, nice=FAST_NICE)
+        for pid in trainer_pids(node) + trainer_pids(other):     # (a session that outlives it is not left slowed)
+            pin(pid, os.sched_getaffinity(0), nice=0)
 
     watcher = threading.Thread(target=keep_pinned, daemon=True)
-    with busy_core(slow):
-        try:
-            watcher.start()
-            yield time.time()
-        finally:
-            stop.set()
-            watcher.join()
-            for pid in trainer_pids(node):          # (a session that outlives the test is not left slowed)
-                pin(pid, os.sched_getaffinity(0), nice=0)
+    try:
+        watcher.start()
+        yield
+    finally:
+        stop.set()
+        watcher.join()
 
 
 def test_the_preflight_names_a_slowed_node_and_the_job_completes_without_it(slurm_cluster, tmp_path, busy_core_turn):
-    with slowed("node2", "node1") as start:
-        job = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", *TWO_NODES,
-                            env=dict(CONFIG=str(toy_yaml(tmp_path, 1)), **ENV))
+    start = time.time()
+    job = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", *TWO_NODES,
+                        env=dict(CONFIG=str(toy_yaml(tmp_path, 1)), **ENV))
+    run = tmp_path / "runs" / job
+    # from when rank 0 has claimed the run directory (the ranks' imports done: a minute at a twentieth of a core)
+    with slowed("node2", "node1", once=(run / MARKER).exists, until=(run / RESTARTS).exists):
         info = wait_job(slurm_cluster, job, timeout=400)
     log = (tmp_path / "logs" / f"sasrec-{job}.out").read_text()
-    run = tmp_path / "runs" / job
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]
     entries = read_jsonl(run / "restarts.jsonl")
     assert [(e["decision"], e["excluded"]) for e in entries] == [("relaunch", ["node2"])], entries
@@ -125,11 +133,12 @@ def started_training(run: Path, step: int, timeout: float = 300) -> None:
 
 def test_evict_leaves_a_node_slowed_mid_run_out_and_ends_as_a_resume_on_the_smaller_world(slurm_cluster, tmp_path,
                                                                                           busy_core_turn):
-    cfg = toy_yaml(tmp_path, 10, "  straggler_action: evict\n")
+    cfg = toy_yaml(tmp_path, 3, "  straggler_action: evict\n")
     job = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", *TWO_NODES, env=dict(CONFIG=str(cfg), **ENV))
     run = tmp_path / "runs" / job
-    started_training(run, 20)
-    with slowed("node2", "node1") as slowed_at:
+    started_training(run, 16)
+    slowed_at = time.time()
+    with slowed("node2", "node1", until=(run / RESTARTS).exists):
         info = wait_job(slurm_cluster, job, timeout=500)
     log = (tmp_path / "logs" / f"sasrec-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]
