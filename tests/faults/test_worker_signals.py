@@ -14,6 +14,9 @@ import pytest
 from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, record_fault, run_ranks, slurm_env, weights
 from tests.slurm.test_cluster import TOY, sbatch, trainer_cmd, wait_job
 
+# long CPU work (2-rank torchrun runs with loader workers, each resumed): tests/run.sh runs the module in the cluster
+# half, beside the slurm tests here, which share the module's reference run (one run, not one per half)
+pytestmark = pytest.mark.beside_cluster
 ARGS = (*TOY, "--epochs", "3", "train.num_workers=2", "ckpt.every_steps=4", "data.step_sleep=0.05")
 
 
