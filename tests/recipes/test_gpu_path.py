@@ -185,6 +185,7 @@ def _test_ndcg(tmp_path, path: str, seed: int) -> float:
     return read_metrics(run, "test")[0]["ndcg@10"]
 
 
+@pytest.mark.beside_cluster        # six training runs: tests/run.sh runs it in the cluster half, which mostly waits
 def test_trained_ndcg_on_the_gpu_path_is_within_the_cpu_paths_seed_range(tmp_path):
     """SASRec, 6 epochs on generated data: the GPU-shaped path's mean test NDCG@10 over three seeds lies within
     the range of the CPU path's three seeds (measured 0.3805-0.3946 against a mean of 0.388)."""
