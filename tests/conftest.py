@@ -132,40 +132,35 @@ def busy_core(core: int, loops: int = 2):
 
 
 @contextlib.contextmanager
-def slowed_rank(procs: list[subprocess.Popen], rank: int, once: Callable[[], bool] | None = None,
-                until: Callable[[], bool] | None = None):
-    """procs[rank] on one core beside busy loops at SLOWED_NICE: about a twentieth of that core; every other rank
-    on the other core. The ranks must run in sessions of their own (launch_ranks(own_sessions=True)): a session's
-    nice is all of its processes'. once: slowed from when this is true (a run directory's metrics.jsonl exists: the
-    first logging window is done), so the ranks' start (importing torch, and what the first step imports: seconds
-    of CPU, a minute at a twentieth) runs at full speed; until: back to full speed when this is true (run_ended:
-    the rank's shutdown is not under test), or once a rank has exited. Without them: from the start."""
-    if any(os.getsid(p.pid) != p.pid for p in procs):
-        raise ValueError("slowed_rank: start the ranks in sessions of their own (launch_ranks(own_sessions=True))")
+def slowed(slow_pids: Callable[[], list[int]], fast_pids: Callable[[], list[int]],
+           once: Callable[[], bool] = lambda: True, until: Callable[[], bool] = lambda: False):
+    """The processes slow_pids() names on one core beside busy loops, their sessions at SLOWED_NICE (about a
+    twentieth of that core), those fast_pids() names on the other core, from when once() is true until until() is
+    or the block ends; then back on every core at nice 0. Re-pinned every 50 ms, so a process started meanwhile is
+    caught within 50 ms. A process's session must be its own (a session's nice is all of its processes')."""
     fast, slow = two_cores()
     ended = threading.Event()
     failed: list[BaseException] = []
 
-    def wait_for(event: Callable[[], bool] | None) -> None:
-        while not ended.is_set() and all(p.poll() is None for p in procs) and not (event and event()):
-            time.sleep(0.01)
-
-    def slow_then_lift() -> None:
+    def keep_slowed() -> None:
         try:
-            if once is not None:
-                wait_for(once)
-            if ended.is_set():
-                return
+            while not once():
+                if ended.wait(0.01):
+                    return
             with busy_core(slow):
-                for r, p in enumerate(procs):
-                    pin(p.pid, {slow} if r == rank else {fast}, nice=SLOWED_NICE if r == rank else FAST_NICE)
-                wait_for(until)
-                for p in procs:
-                    pin(p.pid, {fast, slow}, nice=0)
+                while True:
+                    for pid in slow_pids():
+                        pin(pid, {slow}, nice=SLOWED_NICE)
+                    for pid in fast_pids():
+                        pin(pid, {fast}, nice=FAST_NICE)
+                    if ended.wait(0.05) or until():
+                        break
+            for pid in slow_pids() + fast_pids():        # (a session that outlives it is not left slowed)
+                pin(pid, os.sched_getaffinity(0), nice=0)
         except BaseException as err:       # re-raised in the test's thread
             failed.append(err)
 
-    watcher = threading.Thread(target=slow_then_lift, name="slowed_rank", daemon=True)
+    watcher = threading.Thread(target=keep_slowed, name="slowed", daemon=True)
     watcher.start()
     try:
         yield
@@ -174,6 +169,23 @@ def slowed_rank(procs: list[subprocess.Popen], rank: int, once: Callable[[], boo
         watcher.join()
     if failed:
         raise failed[0]
+
+
+def slowed_rank(procs: list[subprocess.Popen], rank: int, once: Callable[[], bool] | None = None,
+                until: Callable[[], bool] | None = None):
+    """slowed() for procs[rank] against every other rank, until a rank exits at the latest. once: slowed from when
+    this is true (a run directory's metrics.jsonl exists: the first logging window is done), so the ranks' start
+    (importing torch, and what the first step imports: seconds of CPU, a minute at a twentieth) runs at full speed;
+    until: back to full speed when this is true (run_ended: the rank's shutdown is not under test). Without them:
+    from the start. The ranks must run in sessions of their own (launch_ranks(own_sessions=True))."""
+    if any(os.getsid(p.pid) != p.pid for p in procs):
+        raise ValueError("slowed_rank: start the ranks in sessions of their own (launch_ranks(own_sessions=True))")
+
+    def exited() -> bool:
+        return any(p.poll() is not None for p in procs)
+    return slowed(lambda: [procs[rank].pid], lambda: [p.pid for r, p in enumerate(procs) if r != rank],
+                  once=lambda: exited() or once is None or once(),
+                  until=lambda: exited() or (until is not None and until()))
 
 
 def run_ended(run_dir: Path, rank: int) -> Callable[[], bool]:

@@ -14,24 +14,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import (
-    FAST_NICE,
-    SLOWED_NICE,
-    assert_bitwise_equal,
-    busy_core,
-    pin,
-    record_fault,
-    run_ranks,
-    two_cores,
-    weights,
-)
+from tests.conftest import assert_bitwise_equal, record_fault, run_ranks, slowed, weights
 from tests.slurm.test_cluster import wait_job
 from tests.slurm.test_sbatch import submit_script
 from trainer.engine.logging import read_metrics
@@ -68,35 +57,13 @@ def trainer_pids(node: str) -> list[int]:
     return found
 
 
-@contextlib.contextmanager
-def slowed(node: str, other: str, once: Callable[[], bool] = lambda: True, until: Callable[[], bool] = lambda: False):
-    """Every trainer process of `node` (and each of its threads) on one core beside busy loops, at about a twentieth
-    of it (tests/conftest.py pin, SLOWED_NICE), those of `other` on the other core, from when once() is true until
-    until() is (the restart loop has decided: the slowed node's processes are gone) or the block ends: re-pinned
-    every 50 ms, so a process is caught within its first 50 ms (a mask on the slurmd would not reach them: the step
-    daemon sets its tasks' own)."""
-    fast, slow = two_cores()
-    stop = threading.Event()
-
-    def keep_pinned():
-        while not stop.wait(0.05) and not once():
-            pass
-        with busy_core(slow) if not stop.is_set() else contextlib.nullcontext():
-            while not stop.wait(0.05) and not until():
-                for pid in trainer_pids(node):
-                    pin(pid, {slow}, nice=SLOWED_NICE)
-                for pid in trainer_pids(other):
-                    pin(pid, {fast}, nice=FAST_NICE)
-        for pid in trainer_pids(node) + trainer_pids(other):     # (a session that outlives it is not left slowed)
-            pin(pid, os.sched_getaffinity(0), nice=0)
-
-    watcher = threading.Thread(target=keep_pinned, daemon=True)
-    try:
-        watcher.start()
-        yield
-    finally:
-        stop.set()
-        watcher.join()
+def slowed_node(node: str, other: str, once: Callable[[], bool] = lambda: True,
+                until: Callable[[], bool] = lambda: False):
+    """tests/conftest.py slowed() for every trainer process of `node` (and each of its threads) against those of
+    `other`, from when once() is true until until() is (the restart loop has decided: the slowed node's processes
+    are gone): re-pinned every 50 ms, so a process is caught within its first 50 ms (a mask on the slurmd would not
+    reach them: the step daemon sets its tasks' own)."""
+    return slowed(lambda: trainer_pids(node), lambda: trainer_pids(other), once=once, until=until)
 
 
 def test_the_preflight_names_a_slowed_node_and_the_job_completes_without_it(slurm_cluster, tmp_path, busy_core_turn):
@@ -105,7 +72,7 @@ def test_the_preflight_names_a_slowed_node_and_the_job_completes_without_it(slur
                         env=dict(CONFIG=str(toy_yaml(tmp_path, 1)), **ENV))
     run = tmp_path / "runs" / job
     # from when rank 0 has claimed the run directory (the ranks' imports done: a minute at a twentieth of a core)
-    with slowed("node2", "node1", once=(run / MARKER).exists, until=(run / RESTARTS).exists):
+    with slowed_node("node2", "node1", once=(run / MARKER).exists, until=(run / RESTARTS).exists):
         info = wait_job(slurm_cluster, job, timeout=400)
     log = (tmp_path / "logs" / f"sasrec-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]
@@ -138,7 +105,7 @@ def test_evict_leaves_a_node_slowed_mid_run_out_and_ends_as_a_resume_on_the_smal
     run = tmp_path / "runs" / job
     started_training(run, 16)
     slowed_at = time.time()
-    with slowed("node2", "node1", until=(run / RESTARTS).exists):
+    with slowed_node("node2", "node1", until=(run / RESTARTS).exists):
         info = wait_job(slurm_cluster, job, timeout=500)
     log = (tmp_path / "logs" / f"sasrec-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]
