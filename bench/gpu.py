@@ -36,8 +36,15 @@ from bench.opcount import endless, epoch_loop_for, step_counts  # noqa: E402
 from trainer.engine.meters import Throughput  # noqa: E402
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0}  # dense
+AMPS = ("fp32", "bf16", "compiled", "deterministic")   # compiled: bf16 + train.compile=reduce-overhead, a GPU's
 TARGETS = {"sasrec-ml100k": ("step_ms", 2.0, "<="), "har": ("step_ms", 1.0, "<="), "kgat": ("step_ms", 3.0, "<="),
            "video": ("samples_per_s", 2000.0, ">=")}
+
+
+def nondeterministic_kernels() -> None:
+    """Undo trainer.distributed.runtime.deterministic_kernels (train.deterministic=true) for the rows after it."""
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic = False
 
 
 def sync(device: str) -> None:
@@ -129,9 +136,10 @@ def rows(args) -> list[tuple[str, str, list[str]]]:
     return out[:1] + out[3:] if args.quick else out
 
 
-def video_sweep(args, device: str) -> list[dict]:
+def video_sweep(args, device: str):
     """The bare model step (model + loss + optimizer on clips already on the device, channels-last, bf16,
-    compiled) at rising batch sizes: clips/s and MFU; the batch that maximises clips/s is the loop's batch."""
+    compiled) at rising batch sizes: clips/s and MFU, one dict per batch as it is measured (with its 3 warm-up
+    steps' seconds: a new batch compiles again); the batch that maximises clips/s is the loop's batch."""
     from trainer.recipes.video.model import VideoModelConfig, build, train_flops_per_clip
     arch, clip, size = ("light", 9, 32) if args.tiny else ("mouse3d", 17, 256)
     model = build(VideoModelConfig(arch=arch), 1, 8).to(device, memory_format=torch.channels_last_3d)
@@ -141,8 +149,8 @@ def video_sweep(args, device: str) -> list[dict]:
         if device.startswith("cuda") else (lambda x, y: torch.nn.functional.cross_entropy(model(x).float(), y))
     peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items()
                                      if device.startswith("cuda") and k in torch.cuda.get_device_name()), None)
-    out = []
     for batch in ((2, 4) if args.tiny else (16, 32, 64, 128)):
+        warm = time.perf_counter()
         x = torch.randint(0, 255, (batch, 1, clip, size, size), dtype=torch.uint8, device=device)
         y = torch.randint(0, 8, (batch,), device=device)
         inputs = (x.float() * (2 / 255) - 1).contiguous(memory_format=torch.channels_last_3d)
@@ -150,6 +158,7 @@ def video_sweep(args, device: str) -> list[dict]:
             if i == 3:
                 sync(device)
                 t0 = time.perf_counter()
+                warm = t0 - warm
             with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=device.startswith("cuda")):
                 loss = step(inputs, y)
             loss.backward()
@@ -157,9 +166,8 @@ def video_sweep(args, device: str) -> list[dict]:
             opt.zero_grad(set_to_none=True)
         sync(device)
         rate = batch * args.video_steps / (time.perf_counter() - t0)
-        out.append(dict(batch=batch, clips_per_s=round(rate, 1), tflops=round(rate * flops / 1e12, 1),
-                        mfu=round(rate * flops / (peak * 1e12), 4) if peak else None))
-    return out
+        yield dict(batch=batch, clips_per_s=round(rate, 1), tflops=round(rate * flops / 1e12, 1),
+                   mfu=round(rate * flops / (peak * 1e12), 4) if peak else None, warmup_s=round(warm, 2))
 
 
 def epoch_seconds(ml100k: Path, device: str, gpu_path: str) -> float | None:
@@ -244,6 +252,9 @@ def main(argv=None) -> int:
     ap.add_argument("--stock-only", action="store_true", help="only the stock-SASRec row (issue 54 step 2)")
     ap.add_argument("--no-stock", action="store_true", help="leave out the stock-SASRec row")
     ap.add_argument("--stock-epochs", type=int, default=5, help="interleaved epochs of each in the stock row")
+    ap.add_argument("--amps", default=",".join(AMPS[:3]), help="the modes of each row, comma-separated, of "
+                    f"{', '.join(AMPS)} (deterministic: bf16 under train.deterministic=true; its cost is "
+                    "its step over the bf16 row's)")
     ap.add_argument("--only", default="", help="these rows only (comma-separated names, e.g. har,kgat,video), "
                     "joined to the report already at --out")
     ap.add_argument("--out", default="")
@@ -270,14 +281,20 @@ def main(argv=None) -> int:
         report["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     compiled = args.device.startswith("cuda") and not args.tiny     # inductor on a GPU: a row of its own
     only = set(filter(None, args.only.split(",")))
+    amps = [a.strip() for a in args.amps.split(",") if a.strip()]
+    if set(amps) - set(AMPS):
+        ap.error(f"--amps {args.amps}: each one of {', '.join(AMPS)}")
     for row, recipe, overrides in [] if args.stock_only else [r for r in rows(args) if not only or r[0] in only]:
-        for amp in ("off", "bf16", "compiled") if compiled and row != "kgat" else ("off", "bf16"):
+        for amp in amps:
+            if amp == "compiled" and (not compiled or row == "kgat"):      # KGAT's sparse products: not compiled
+                continue
             if time.perf_counter() - start > args.budget_s:
                 report["skipped"].append(f"{row} {amp}: over --budget-s")
                 continue
-            key = f"{row} {'fp32' if amp == 'off' else amp}"
-            cfg = [*overrides, f"train.amp={'bf16' if amp == 'compiled' else amp}", "train.gpu_path=on",
-                   "train.tensorboard=false"] + (["train.compile=reduce-overhead"] if amp == "compiled" else [])
+            key = f"{row} {amp}"
+            cfg = [*overrides, f"train.amp={'off' if amp == 'fp32' else 'bf16'}", "train.gpu_path=on",
+                   "train.tensorboard=false"] + (["train.compile=reduce-overhead"] if amp == "compiled" else []) \
+                + (["train.deterministic=true"] if amp == "deterministic" else [])
             try:
                 r = time_steps(recipe, cfg, args.device, args.steps, 10 if not args.tiny else 2,
                                profile=amp == "bf16" and row in TARGETS)
@@ -289,17 +306,26 @@ def main(argv=None) -> int:
                 torch._dynamo.reset()
                 save(report, out)
                 continue
+            finally:
+                if amp == "deterministic":      # a process-wide setting: the rows after it are not deterministic
+                    nondeterministic_kernels()
+            bf16 = report["rows"].get(f"{row} bf16", {}).get("step_ms")
+            if amp == "deterministic" and bf16:
+                r["cost_over_bf16"] = round(r["step_ms"] / bf16, 3)
             report["rows"][key] = r
             r.update(ops=counts.ops, syncs=counts.syncs, batch_ops=counts.data_ops)
-            if row in TARGETS and amp != "off":
+            if row in TARGETS and amp in ("bf16", "compiled"):
                 metric, bound, how = TARGETS[row]
                 r["target"] = f"{metric} {how} {bound}"
                 r["met"] = r[metric] <= bound if how == "<=" else r[metric] >= bound
             print(f"{key:28s} {json.dumps(r)}", flush=True)
             save(report, out)         # row by row: a step stopped at its cap keeps the rows it measured
     if time.perf_counter() - start < args.budget_s and not args.stock_only and (not only or "video" in only):
-        report["video_bare"] = bare = video_sweep(args, args.device)
-        print("video bare step:", json.dumps(bare), flush=True)
+        report["video_bare"] = bare = []
+        for one in video_sweep(args, args.device):       # batch by batch: a step stopped at its cap keeps them
+            bare.append(one)
+            print("video bare step:", json.dumps(one), flush=True)
+            save(report, out)
         loop = report["rows"].get("video compiled") or report["rows"].get("video bf16")
         same = next((b for b in bare if b["batch"] == (4 if args.tiny else 16)), None)
         if loop and same:     # the loop (loader, engine) against the bare step at the loop's batch
@@ -330,7 +356,8 @@ def save(report: dict, out: Path) -> None:
 
 
 def plot(report: dict, png: Path) -> None:
-    """Step time per recipe, fp32 beside bf16 (and compiled); beside it, the stock-SASRec row's epochs."""
+    """Step time per recipe, fp32 beside bf16, compiled and deterministic where measured; beside it, the
+    stock-SASRec row's epochs."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -339,10 +366,10 @@ def plot(report: dict, png: Path) -> None:
     fig, axes = plt.subplots(1, 2 if stock else 1, figsize=(12 if stock else 8, 3.5), squeeze=False,
                              gridspec_kw=dict(width_ratios=[2, 1] if stock else [1]))
     ax = axes[0][0]
-    for i, amp in enumerate(("fp32", "bf16", "compiled")):
+    for i, amp in enumerate(AMPS):
         ms = [report["rows"].get(f"{n} {amp}", {}).get("step_ms", 0) for n in names]
-        ax.bar([j + 0.27 * i for j in range(len(names))], ms, width=0.27, label=amp)
-    ax.set_xticks([j + 0.27 for j in range(len(names))], names, rotation=20)
+        ax.bar([j + 0.2 * i for j in range(len(names))], ms, width=0.2, label=amp)
+    ax.set_xticks([j + 0.3 for j in range(len(names))], names, rotation=20)
     ax.set_ylabel("ms per optimizer step")
     ax.set_yscale("log")
     ax.set_title(f"{report['device']}, torch {report['torch']}, CUDA {report.get('cuda')}, {report['date']}",

@@ -14,6 +14,10 @@
 #   2 our SASRec ml-100k epoch beside the stock PyTorch SASRec, added to step 1's JSON (60)
 #   3 two ranks on the one GPU over gloo: train and resume, bitwise equal to an uninterrupted run (60)
 #   4 SIGTERM and resume, bitwise, train.deterministic=true, every recipe; the same run twice, bitwise (100)
+#   5 the straggler watch on CUDA: two ranks share the GPU over gloo, one slowed, it is named (90; not in STEPS'
+#     default)
+# ONLY=video,epoch: step 1's bench measures those rows only (its log 1-bench-video-epoch.log); AMPS=bf16,deterministic:
+# each row's modes (bench.gpu --amps; deterministic's cost is its step over the bf16 row's of the same run)
 # Everything lands in $OUT: each step's log, summary.txt (step, exit code, seconds), versions.txt, the JSON.
 # Draw the PNG afterwards where matplotlib is: python -m bench.gpu --plot $OUT/gpu-<device>.json
 set -u
@@ -67,8 +71,8 @@ step() {   # step NAME CAP COMMAND...: run it under its cap, log to $OUT/NAME.lo
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
 if wants 1 || wants 1b; then
-    step 1-bench "${CAP_1:-180}" "$PY" -m bench.gpu --quick --budget-s "${BUDGET_1:-130}" --no-stock \
-        --ml100k "$ml100k" --out "$json" ${ONLY:+--only "$ONLY"} "${bench[@]}"
+    step "1-bench${ONLY:+-${ONLY//,/-}}" "${CAP_1:-180}" "$PY" -m bench.gpu --quick --budget-s "${BUDGET_1:-130}" \
+        --no-stock --ml100k "$ml100k" --out "$json" ${ONLY:+--only "$ONLY"} ${AMPS:+--amps "$AMPS"} "${bench[@]}"
 fi
 if wants 2; then
     step 2-stock "${CAP_2:-60}" "$PY" -m bench.gpu --stock-only --ml100k "$ml100k" --out "$json" "${bench[@]}"
@@ -87,6 +91,9 @@ fi
 if wants 4; then
     later 4-bitwise "${CAP_4:-100}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_cuda_resume.py \
         -k "resume_after_sigterm or same_bits" "${xdist[@]}"
+fi
+if wants 5; then
+    later 5-stragglers "${CAP_5:-90}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_cuda_stragglers.py
 fi
 for pid in "${pids[@]}"; do wait "$pid"; done
 cat "$OUT/summary.txt"
