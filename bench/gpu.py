@@ -124,8 +124,8 @@ def rows(args) -> list[tuple[str, str, list[str]]]:
     seq = ["data.maxlen=30", "train.batch_size=16"] if args.tiny else ["data.maxlen=200", "train.batch_size=128"]
     video = ["model.arch=light", "data.size=32", "data.clip_len=9", "data.synthetic_videos=4",
              "data.synthetic_frames=30", "train.batch_size=4"] if args.tiny else \
-        ["model.arch=mouse3d", "data.size=256", "data.clip_len=17", "data.synthetic_videos=4",
-         "data.synthetic_frames=60", "train.batch_size=16", "train.num_workers=4"]
+        ["model.arch=mouse3d", "data.size=256", "data.clip_len=17", "data.synthetic_videos=8",
+         "data.synthetic_frames=300", "train.batch_size=16", "train.num_workers=4"]   # epochs of ~100 batches
     out = [("sasrec-ml100k" if sas_data else "sasrec-synthetic", "sasrec",
             sas_data + seq + ["model.time=false", "model.mhc=false"]),
            ("tisasrec", "sasrec", sas_data + seq + ["model.time=true", "model.mhc=false"]),

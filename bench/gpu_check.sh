@@ -93,7 +93,7 @@ if wants 4; then
         -k "resume_after_sigterm or same_bits" "${xdist[@]}"
 fi
 if wants 5; then
-    later 5-stragglers "${CAP_5:-90}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_cuda_stragglers.py
+    later 5-stragglers "${CAP_5:-90}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_cuda_stragglers.py -s
 fi
 for pid in "${pids[@]}"; do wait "$pid"; done
 cat "$OUT/summary.txt"

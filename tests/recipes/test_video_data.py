@@ -148,3 +148,17 @@ def test_corrupt_and_truncated_videos_are_named(tmp_path, synth):
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(D.DataError, match=r"cut.mp4: (unreadable or corrupt video|corrupt video, decoding failed)"):
         list(D.decode(cut))
+
+
+def test_synthetic_videos_of_other_settings_are_never_reused(tmp_path, monkeypatch):
+    # the default folder is named by the settings: a run asking for longer videos gets them, not an earlier run's
+    monkeypatch.chdir(tmp_path)
+    short = prepare(VideoDataConfig(size=16, synthetic_videos=5, synthetic_frames=20), seed=0)
+    long = prepare(VideoDataConfig(size=16, synthetic_videos=5, synthetic_frames=40), seed=0)
+    assert sum(len(c) for c in short.splits.values()) == 5 * 20
+    assert sum(len(c) for c in long.splits.values()) == 5 * 40
+    # a named data.cache made with other settings is refused, naming both
+    cache = tmp_path / "named"
+    prepare(VideoDataConfig(size=16, cache=str(cache), synthetic_videos=5, synthetic_frames=20), seed=0)
+    with pytest.raises(D.DataError, match=r"made with .*'frames': 20.*not .*'frames': 40.*another data.cache"):
+        prepare(VideoDataConfig(size=16, cache=str(cache), synthetic_videos=5, synthetic_frames=40), seed=0)

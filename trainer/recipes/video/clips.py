@@ -6,6 +6,7 @@ labelled with the centre frame's class. Videos are split whole (no video in two 
 """
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,7 +116,7 @@ def prepare(cfg: VideoDataConfig, seed: int = 0, is_main: bool = True, share=lam
     `share`, which hands them rank 0's outcome: an error there stops every rank at once), clips."""
     if cfg.clip_len < 1 or cfg.clip_len % 2 == 0:
         raise DataError(f"data.clip_len={cfg.clip_len}: the clip length must be odd (centred on its frame)")
-    root = Path(cfg.path) if cfg.path else Path(cfg.cache or "runs/video-synth")
+    root = Path(cfg.path) if cfg.path else synthetic_root(cfg, seed)
     cache = Path(cfg.cache) if cfg.cache else root / ".frame-cache"
     spec = CacheSpec(cfg.size, cfg.gray)
     error, scanned = None, None
@@ -162,11 +163,27 @@ def _scan(cfg: VideoDataConfig, root: Path) -> tuple[list[Labels], list[str], di
     return annotated, names, found
 
 
+def synthetic_root(cfg: VideoDataConfig, seed: int) -> Path:
+    """Where the synthetic videos live when data.path is empty: data.cache if set, else a folder named by what
+    makes them, so that other data.synthetic_* settings or another seed never reuse these videos."""
+    if cfg.cache:
+        return Path(cfg.cache)
+    return Path("runs/video-synth") / (f"{cfg.synthetic_videos}v-{cfg.synthetic_frames}f-{cfg.synthetic_classes}c-"
+                                       f"seed{seed}")
+
+
 def _extract(cfg: VideoDataConfig, root: Path, cache: Path, spec: CacheSpec, seed: int):
     """Rank 0: synthetic videos when data.path is empty, then the frame cache of every annotated video;
     returns _scan()'s result so rank 0 does not read the annotations twice."""
-    if not cfg.path and not (root / "labels.csv").exists():
-        D.synth_videos(root, cfg.synthetic_videos, cfg.synthetic_frames, classes=cfg.synthetic_classes, seed=seed)
+    if not cfg.path:
+        made = dict(videos=cfg.synthetic_videos, frames=cfg.synthetic_frames, classes=cfg.synthetic_classes, seed=seed)
+        record = root / "synthetic.json"
+        if not (root / "labels.csv").exists():
+            D.synth_videos(root, made["videos"], made["frames"], classes=made["classes"], seed=seed)
+            record.write_text(json.dumps(made) + "\n")
+        elif record.exists() and json.loads(record.read_text()) != made:   # a named data.cache made otherwise
+            raise DataError(f"{root}: its synthetic videos were made with {json.loads(record.read_text())}, not "
+                            f"{made} (data.synthetic_*, seed); give another data.cache, or remove {root}")
     annotated, names, found = _scan(cfg, root)
     D.extract_frames({a.video: found[a.video] for a in annotated}, cache, spec)
     return annotated, names, found
