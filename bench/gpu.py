@@ -383,7 +383,7 @@ def plot(report: dict, png: Path) -> None:
         right.set_ylabel("seconds per epoch")
         right.set_ylim(bottom=0)
         ratios = ", ".join(f"{m}: {r}" for m, r in stock["ratio_ours_over_stock"].items())
-        right.set_title(f"SASRec ours / stock (compile {ratios})", fontsize=9)
+        right.set_title(f"SASRec epoch, ours / stock\n(compile {ratios})", fontsize=9)
         right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=110)

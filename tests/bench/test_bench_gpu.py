@@ -40,3 +40,29 @@ def test_without_cuda_it_says_so():
     proc = subprocess.run([sys.executable, "-m", "bench.gpu"], cwd=REPO, env=clean_env(), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "no CUDA device here" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_amps_add_a_deterministic_row_with_its_cost_and_the_rows_after_it_are_not_deterministic(tmp_path):
+    out = tmp_path / "gpu-check.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--device", "cpu", "--tiny", "--quick", "--out", str(out),
+                           "--only", "har,kgat", "--amps", "bf16,deterministic,fp32"], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {f"{r} {a}" for r in ("har", "kgat") for a in ("bf16", "deterministic", "fp32")}, rows
+    for r in ("har", "kgat"):
+        assert rows[f"{r} deterministic"]["cost_over_bf16"] == round(rows[f"{r} deterministic"]["step_ms"]
+                                                                     / rows[f"{r} bf16"]["step_ms"], 3)
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--device", "cpu", "--tiny", "--amps", "bf16,fp8"],
+                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--amps bf16,fp8: each one of fp32, bf16, compiled, deterministic" in proc.stderr
+
+
+def test_after_a_deterministic_row_torch_is_back_to_its_default_kernels(monkeypatch):
+    from bench.gpu import nondeterministic_kernels
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")     # what deterministic_kernels sets: undone after
+    from trainer.distributed.runtime import deterministic_kernels
+    deterministic_kernels()
+    assert torch.are_deterministic_algorithms_enabled()
+    nondeterministic_kernels()
+    assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic
