@@ -158,9 +158,28 @@ def requeue_slurm_job(job_id: str) -> bool:
         log.warning("cannot requeue job %s: scontrol is not on PATH (inside a container? bind-mount it)",
                     job_id)
         return False
-    proc = subprocess.run([exe, "requeue", str(job_id)], capture_output=True, text=True, timeout=60)
+    # Slurm's requeue SIGTERMs every process of the job, this scontrol too: killed before it exits 0, it read as a
+    # failure (a CI run: "failed: " and no reason) though the job was requeued. It starts with SIGTERM blocked (a
+    # mask survives exec, unlike a handler; blocked only while the child forks, in this thread) and ends on its own.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        proc = subprocess.Popen([exe, "requeue", str(job_id)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        log.warning("scontrol requeue %s did not answer in 60 s: the job is not requeued by this run", job_id)
+        return False
+    if proc.returncode < 0:
+        log.warning("scontrol requeue %s was stopped by %s before it answered: whether the job is requeued, "
+                    "`squeue -j %s` says", job_id, signal.Signals(-proc.returncode).name, job_id)
+        return False
     if proc.returncode != 0:
-        log.warning("scontrol requeue %s failed: %s", job_id, proc.stderr.strip())
+        log.warning("scontrol requeue %s failed (exit %d): %s", job_id, proc.returncode, err.strip())
         return False
     log.info("requeued Slurm job %s", job_id)
     return True
