@@ -18,23 +18,24 @@ COPY docker/requirements.lock docker/requirements.lock
 # --system-site-packages: torch stays the base image's own build (CUDA-matched), not a PyPI wheel
 RUN python -m venv --system-site-packages /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --require-hashes -r docker/requirements.lock
-COPY pyproject.toml README.md ./
-COPY trainer trainer
-COPY hpc hpc
-# no build isolation: build with the pinned setuptools from the lock, not an unpinned download
-RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation .
-# the C++ CPU kernels for the portable target (-march=x86-64-v3: any AVX2 node), so that no run in the image waits
-# on a compiler (the runtime stage has none); a node without AVX2 runs the PyTorch paths, with a warning. The
-# compiler comes from the base's own distribution, whose versions differ between the base and its stand-in.
-# Python's headers too where the base's Python lacks them (a distribution's python3 without python3-dev).
+# The kernels' compiler (built below) from the base's own distribution, whose versions differ between the base
+# and its stand-in; Python's headers too where the base's Python lacks them (a distribution's python3 without
+# python3-dev). A layer before the sources: a change to them rebuilds the kernels, not the compiler's install.
 # hadolint ignore=DL3008,SC2086
 RUN pkgs="g++ ninja-build" \
  && { python -c "import os, sys, sysconfig; sys.exit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))" \
       || pkgs="$pkgs python3-dev"; } \
  && apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $pkgs \
- && TRAINER_EXTENSIONS_DIR=/opt/hpc-trainer/extensions /opt/venv/bin/python -m trainer.native build --portable-only \
-      --strict \
  && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml README.md ./
+COPY trainer trainer
+COPY hpc hpc
+# no build isolation: build with the pinned setuptools from the lock, not an unpinned download. Then the C++ CPU
+# kernels for the portable target (-march=x86-64-v3: any AVX2 node), so that no run in the image waits on a
+# compiler (the runtime stage has none); a node without AVX2 runs the PyTorch paths, with a warning.
+RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation . \
+ && TRAINER_EXTENSIONS_DIR=/opt/hpc-trainer/extensions /opt/venv/bin/python -m trainer.native build --portable-only \
+      --strict
 # torch (and its torchrun script) is the base's: a torchrun of the venv's own, first on PATH, starts the
 # workers with the venv's python, which sees the trainer (the base's would not: "No module named trainer")
 RUN printf '#!/opt/venv/bin/python\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n' \
