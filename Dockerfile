@@ -32,10 +32,13 @@ COPY trainer trainer
 COPY hpc hpc
 # no build isolation: build with the pinned setuptools from the lock, not an unpinned download. Then the C++ CPU
 # kernels for the portable target (-march=x86-64-v3: any AVX2 node), so that no run in the image waits on a
-# compiler (the runtime stage has none); a node without AVX2 runs the PyTorch paths, with a warning.
-RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation . \
+# compiler (the runtime stage has none); a node without AVX2 runs the PyTorch paths, with a warning. The build
+# cache mount outlives this layer: a rebuild for a change to the Python alone copies the kernels, compiling
+# nothing (their builds are keyed by sources, torch, flags, compiler and Python).
+RUN --mount=type=cache,target=/var/cache/hpc-trainer-kernels \
+    /opt/venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation . \
  && TRAINER_EXTENSIONS_DIR=/opt/hpc-trainer/extensions /opt/venv/bin/python -m trainer.native build --portable-only \
-      --strict
+      --strict --cache /var/cache/hpc-trainer-kernels
 # torch (and its torchrun script) is the base's: a torchrun of the venv's own, first on PATH, starts the
 # workers with the venv's python, which sees the trainer (the base's would not: "No module named trainer")
 RUN printf '#!/opt/venv/bin/python\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n' \
@@ -51,24 +54,24 @@ LABEL org.opencontainers.image.title="hpc-trainer" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
       io.hpc-trainer.torch="2.13.0" io.hpc-trainer.cuda="12.6" io.hpc-trainer.cudnn="9" \
       io.hpc-trainer.python="3.11"
-COPY --from=builder /opt/venv /opt/venv
-COPY --from=builder /opt/hpc-trainer/extensions /opt/hpc-trainer/extensions
-# the kernels' OpenMP runtime (libgomp1: the compiler's, not torch's bundled copy)
+# the kernels' OpenMP runtime (libgomp1: the compiler's, not torch's bundled copy); /work belongs to the user:
+# `runs/` is writable there without a mounted volume (WORKDIR alone makes it root's under some builders).
+# Before the builder's copies, which change with every source change: a rebuild does not install it again.
 # hadolint ignore=DL3008
 RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libgomp1 \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --create-home --uid "${UID}" --shell /bin/bash trainer \
+ && install -d -o "${UID}" -g "${UID}" /work
 COPY configs /opt/hpc-trainer/configs
 COPY slurm /opt/hpc-trainer/slurm
+COPY --from=builder /opt/venv /opt/venv
+COPY --from=builder /opt/hpc-trainer/extensions /opt/hpc-trainer/extensions
 ENV PATH=/opt/venv/bin:$PATH \
     TRAINER_EXTENSIONS_DIR=/opt/hpc-trainer/extensions \
     HPC_TRAINER_BASE_IMAGE=${BASE_IMAGE} \
     PYTHONUNBUFFERED=1 \
     TORCH_NCCL_ASYNC_ERROR_HANDLING=1 \
     NCCL_DEBUG=WARN
-# /work belongs to the user: `runs/` is writable there without a mounted volume (WORKDIR alone makes
-# it root's under some builders)
-RUN useradd --create-home --uid "${UID}" --shell /bin/bash trainer \
- && install -d -o "${UID}" -g "${UID}" /work
 USER ${UID}
 WORKDIR /work
 HEALTHCHECK NONE

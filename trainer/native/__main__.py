@@ -1,9 +1,10 @@
-"""`python -m trainer.native build [--portable] [--portable-only] [--strict]`: every C++ extension built ahead of the
-first run (`make setup`, the Dockerfile and apptainer.def run it)."""
+"""`python -m trainer.native build [--portable] [--portable-only] [--strict] [--cache DIR]`: every C++ extension
+built ahead of the first run (`make setup`, the Dockerfile and apptainer.def run it)."""
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from trainer.native.extensions import PORTABLE_ARCH, build_all
 
@@ -13,5 +14,8 @@ parser.add_argument("action", choices=["build"])
 parser.add_argument("--portable", action="store_true", help=f"also the portable (-march={PORTABLE_ARCH}) build")
 parser.add_argument("--portable-only", action="store_true", help="only the portable build (images)")
 parser.add_argument("--strict", action="store_true", help="exit 1 when a build fails (images: no silent fallback)")
+parser.add_argument("--cache", type=Path, default=None, metavar="DIR",
+                    help="a build cache that outlives $TRAINER_EXTENSIONS_DIR (the Dockerfile's cache mount): builds "
+                    "found there are copied instead of compiled, new ones kept there")
 args = parser.parse_args()
-sys.exit(build_all(args.portable, args.portable_only, args.strict))
+sys.exit(build_all(args.portable, args.portable_only, args.strict, args.cache))

@@ -21,6 +21,7 @@ import importlib.util
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -154,27 +155,66 @@ class Extension:
         return self._why
 
 
-def build_all(portable: bool, only_portable: bool = False, strict: bool = False) -> int:
+def build_cache_dir(cache: Path) -> Path:
+    """Where in a build cache that outlives one cache_root (an image build's cache mount) this machine's builds go:
+    a build key covers sources, torch and flags; a folder per compiler version and Python ABI covers the rest."""
+    import sysconfig
+    try:
+        compiler = subprocess.run([os.environ.get("CXX", "c++"), "-dumpfullversion"], capture_output=True, text=True,
+                                  timeout=30).stdout.strip() or "unknown"
+    except OSError:
+        compiler = "none"
+    return cache / f"cxx{compiler}-{sysconfig.get_config_var('SOABI') or 'py'}"
+
+
+def from_cache(ext: Extension, portable: bool, cache: Path | None) -> bool:
+    """Copy ext's build for this target out of the build cache into cache_root(); False where it has none."""
+    kept = cache / ext.build_key(portable) / f"{ext.name}.so" if cache is not None else None
+    if kept is None or not kept.exists():
+        return False
+    target = ext.target(portable)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".so.tmp")
+    shutil.copy2(kept, tmp)
+    os.replace(tmp, target)
+    print(f"{ext.what} ({'portable' if portable else 'native'}): from the build cache ({kept})")
+    return True
+
+
+def to_cache(ext: Extension, portable: bool, cache: Path | None) -> None:
+    if cache is not None:
+        kept = cache / ext.build_key(portable) / f"{ext.name}.so"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ext.target(portable), kept.with_suffix(".so.tmp"))
+        os.replace(kept.with_suffix(".so.tmp"), kept)
+
+
+def build_all(portable: bool, only_portable: bool = False, strict: bool = False, cache: Path | None = None) -> int:
     """`python -m trainer.native build [--portable]`: every extension for this CPU type (and, with --portable and a
     CPU that runs it, the portable target too); an existing build is kept. Exit 0 even without a compiler: the
     trainer then uses its PyTorch paths, and says so. The builds run side by side, one per core (each is one
-    compiler process: one after the other, a 2-core image build took 31 + 85 + 28 s; side by side about 85)."""
+    compiler process: one after the other, a 2-core image build took 31 + 85 + 28 s; side by side about 85).
+    cache (--cache): a build cache that outlives cache_root (the Dockerfile's cache mount): a build found there is
+    copied, not compiled (an image rebuilt for a change to the Python alone compiles nothing); one compiled is
+    kept there."""
     from concurrent.futures import ThreadPoolExecutor
     for module in EXTENSION_MODULES:                        # each declares its extension when imported
         importlib.import_module(module)
+    cache = build_cache_dir(cache) if cache is not None else None
     todo = []
     for ext in EXTENSIONS:
         targets = (True,) if only_portable else (False, True) if portable and runs_portable() else (False,)
         for port in targets:
             if ext.target(port).exists():
                 print(f"{ext.what} ({'portable' if port else 'native'}): built already ({ext.target(port)})")
-            else:
+            elif not from_cache(ext, port, cache):
                 todo.append((ext, port))
 
     def build(job: tuple[Extension, bool]) -> bool:
         ext, port = job
         try:
             ext.build(port)
+            to_cache(ext, port, cache)
             return True
         except Exception as e:  # noqa: BLE001 - no compiler, no ninja: the fallback works, say it once
             why = "\n  ".join(str(e).strip().splitlines()[-8:])
