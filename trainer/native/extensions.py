@@ -167,26 +167,30 @@ def build_cache_dir(cache: Path) -> Path:
     return cache / f"cxx{compiler}-{sysconfig.get_config_var('SOABI') or 'py'}"
 
 
+def _kept(ext: Extension, portable: bool, cache: Path) -> Path:
+    return cache / ext.build_key(portable) / f"{ext.name}.so"
+
+
+def _copy_whole(src: Path, dst: Path) -> None:
+    """A library copied so that no reader ever sees half of it."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_suffix(".so.tmp")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
+
+
 def from_cache(ext: Extension, portable: bool, cache: Path | None) -> bool:
     """Copy ext's build for this target out of the build cache into cache_root(); False where it has none."""
-    kept = cache / ext.build_key(portable) / f"{ext.name}.so" if cache is not None else None
-    if kept is None or not kept.exists():
+    if cache is None or not (kept := _kept(ext, portable, cache)).exists():
         return False
-    target = ext.target(portable)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".so.tmp")
-    shutil.copy2(kept, tmp)
-    os.replace(tmp, target)
+    _copy_whole(kept, ext.target(portable))
     print(f"{ext.what} ({'portable' if portable else 'native'}): from the build cache ({kept})")
     return True
 
 
 def to_cache(ext: Extension, portable: bool, cache: Path | None) -> None:
     if cache is not None:
-        kept = cache / ext.build_key(portable) / f"{ext.name}.so"
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ext.target(portable), kept.with_suffix(".so.tmp"))
-        os.replace(kept.with_suffix(".so.tmp"), kept)
+        _copy_whole(ext.target(portable), _kept(ext, portable, cache))
 
 
 def build_all(portable: bool, only_portable: bool = False, strict: bool = False, cache: Path | None = None) -> int:

@@ -181,9 +181,9 @@ def _extract(cfg: VideoDataConfig, root: Path, cache: Path, spec: CacheSpec, see
         if not (root / "labels.csv").exists():
             D.synth_videos(root, made["videos"], made["frames"], classes=made["classes"], seed=seed)
             record.write_text(json.dumps(made) + "\n")
-        elif record.exists() and json.loads(record.read_text()) != made:   # a named data.cache made otherwise
-            raise DataError(f"{root}: its synthetic videos were made with {json.loads(record.read_text())}, not "
-                            f"{made} (data.synthetic_*, seed); give another data.cache, or remove {root}")
+        elif record.exists() and (before := json.loads(record.read_text())) != made:   # a named data.cache
+            raise DataError(f"{root}: its synthetic videos were made with {before}, not {made} (data.synthetic_*, "
+                            f"seed); give another data.cache, or remove {root}")
     annotated, names, found = _scan(cfg, root)
     D.extract_frames({a.video: found[a.video] for a in annotated}, cache, spec)
     return annotated, names, found
