@@ -58,7 +58,7 @@ def advance(tr, feed, steps: int, device: str) -> int:
     while done < steps:
         batch, micro = next(feed)
         done += tr.step(batch, micro)
-    tr.settle()
+    tr.losses.read()
     sync(device)
     return done
 
@@ -81,7 +81,7 @@ def time_steps(recipe: str, overrides: list[str], device: str, steps: int, warmu
         n = tr.step(batch, micro)
         meter.update(tr.run.recipe.batch_size_of(batch), steps=int(n))
         done += n
-    tr.settle()
+    tr.losses.read()
     rates = meter.rates()
     out = dict(step_ms=round(rates["step_time_s"] * 1e3, 3), samples_per_s=round(rates["samples_per_s"], 1),
                data_wait_frac=rates["data_wait_frac"], warmup_s=round(warm, 2), steps=steps)
@@ -187,7 +187,7 @@ def our_epoch(tr, epoch: int, device: str) -> float:
     t0 = time.perf_counter()
     for micro, batch in enumerate(tr.batches(epoch, 0)):
         tr.step(batch, micro)
-    tr.settle()
+    tr.losses.read()
     sync(device)
     return time.perf_counter() - t0
 

@@ -100,19 +100,24 @@ class StepCounts:
 
 
 def epoch_loop_for(recipe: str, overrides: list[str], device: str = "cpu"):
-    """A single-process EpochLoop of a recipe, built as `python -m trainer train` builds it (no run directory:
-    nothing is written); returns (trainer, an iterator over its first epoch's batches)."""
+    """A single-process EpochLoop of a recipe, built as `python -m trainer train` builds it (its run, state, meter and
+    losses; no components and no run directory: nothing is written); returns (the loop, an iterator over its first
+    epoch's batches). Its losses are read by epoch_loop.losses.read()."""
     from trainer.config.registry import get_spec
     from trainer.config.settings import build_config
     from trainer.distributed.runtime import DistInfo
     from trainer.engine.build import build_run
     from trainer.engine.loop import EpochLoop
+    from trainer.engine.meters import Throughput
     from trainer.engine.session import build_recipe
     from trainer.engine.state import TrainState
+    from trainer.engine.window import TrainLosses
     cfg = build_config(recipe, None, {}, ["train.tensorboard=false", "train.progress=off", *overrides])
     info = DistInfo(device=device)
     run = build_run(build_recipe(cfg, info, get_spec(cfg.recipe)), info, cfg)
-    epoch_loop = EpochLoop(run, ckpts=None, writer=None, state=TrainState(), last_metrics={})
+    state = TrainState()
+    losses = TrainLosses(run.device, info, max(cfg.train.log_every_steps, 1) * run.accum, state)
+    epoch_loop = EpochLoop(run, state, Throughput(run.device), losses)
     run.recipe.on_epoch_start(0, run.model)
     run.wrapped.train()
     return epoch_loop, iter(epoch_loop.batches(0, 0))

@@ -54,13 +54,15 @@ class TrainTask:
         summary = dict(status=result.status, global_step=result.global_step, metrics=result.metrics,
                        run_dir=os.path.abspath(cfg.run_dir), restarts=where.restart_count)
         if result.status == "preempted":
-            self._after_preemption(result.signal, where.rank, signal.Signals[where.preempt_signal or "SIGUSR2"])
+            self._after_preemption(result, where.rank, signal.Signals[where.preempt_signal or "SIGUSR2"])
         return summary
 
-    def _after_preemption(self, signum: int, rank: int, preempt: signal.Signals) -> None:
+    def _after_preemption(self, result, rank: int, preempt: signal.Signals) -> None:
         """Every rank has saved the same checkpoint; now requeue (rank 0) or leave without a result."""
+        from trainer.engine.exits import exit_code_of
         if os.environ.get("SUBMITIT_EXECUTOR") not in ("slurm", "local"):
             return  # in-process (debug): report the preempted status to the caller
+        signum = result.signal
         requeue = signum in (*REQUEUE_SIGNALS, preempt)
         handler = signal.getsignal(preempt)
         if requeue and rank == 0 and callable(handler):
@@ -68,7 +70,7 @@ class TrainTask:
         if not requeue:
             time.sleep(float(os.environ.get("TERM_HOLD_S", 600)))
         # no result pickle for a job that goes on later (SystemExit is not caught by submitit)
-        sys.exit(0 if requeue else 128 + signum)
+        sys.exit(0 if requeue else exit_code_of(result))     # trainer/engine/exits.py: 128 + the signal
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         """Called by submitit on rank 0 before requeueing: the same run, resumed from its newest checkpoint."""

@@ -116,7 +116,7 @@ def _two_epochs(recipe: str, overrides: list[str]) -> dict[str, torch.Tensor]:
         tr.run.recipe.on_epoch_start(epoch, tr.run.model)
         for micro, batch in enumerate(tr.batches(epoch, 0)):
             tr.step(batch, micro)
-        tr.settle()
+        tr.losses.read()
         tr.run.recipe.on_epoch_end(epoch, tr.run.model)
     return {k: v.detach().clone() for k, v in tr.run.model.state_dict().items()}
 

@@ -18,7 +18,11 @@ import torch
 
 from bench.opcount import OpCount, epoch_loop_for, step_counts
 from tests.conftest import trainer
+from trainer.distributed.stragglers import StepClock
+from trainer.engine.callbacks import StepEnd
+from trainer.engine.components.logging_window import LoggingWindow
 from trainer.engine.logging import MetricsWriter, read_metrics
+from trainer.engine.preemption import PreemptionHandler
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.config import SeqDataConfig, SeqRecConfig
 from trainer.recipes.sasrec.device import DeviceSequences, mix64_t, unsigned_mod
@@ -66,7 +70,8 @@ def test_the_cpu_path_reads_the_host_where_the_gpu_path_does_not():
 def test_one_read_per_logging_window(tmp_path):
     """Steps read nothing; the logging window reads its losses once (one all-reduce and one host copy)."""
     tr, batches = epoch_loop_for("har", GPU + ["train.log_every_steps=3", "train.batch_size=4"])
-    tr.writer = MetricsWriter(tmp_path, tr.info, False)
+    window = LoggingWindow(tr.run, tr.state, tr.losses, tr.meter, MetricsWriter(tmp_path, tr.run.info, False),
+                           PreemptionHandler(), StepClock())      # the run's logging window, as the Trainer builds it
     per_step, per_window = [], []
     for micro in range(6):
         with OpCount() as count:
@@ -74,8 +79,7 @@ def test_one_read_per_logging_window(tmp_path):
         per_step.append(count.syncs)
         if tr.state.global_step % 3 == 0:
             with OpCount() as count:
-                tr.settle()
-                tr._log_train(0, None)
+                window.step_end(StepEnd(0, micro + 1, tr.end, tr.state.global_step, seconds=0.01))
             per_window.append(count.sync_names)
     assert per_step == [0] * 6
     assert per_window == [{"Tensor.tolist": 1}] * 2

@@ -158,12 +158,12 @@ def test_amp_auto_is_off_on_cpu_and_explicit_modes_map_to_dtypes():
     (1.0, 0.3, {"macro_f1": 1.0, "loss": 0.3}, False),
 ])
 def test_best_checkpoint_tie_break(best, best_tie, metrics, expected):
-    from trainer.engine.loop import FitLoop
+    from trainer.engine.fit_loop import FitLoop
     from trainer.engine.state import TrainState
     driver = FitLoop.__new__(FitLoop)
     driver.metric, driver.mode, driver.cfg = "macro_f1", "max", SimpleNamespace(recipe="har")
-    driver.epoch_loop = SimpleNamespace(state=TrainState(best=best, best_tie=best_tie),
-                                     run=SimpleNamespace(recipe=SimpleNamespace(tie_break_metric=("loss", "min"))))
+    driver.state = TrainState(best=best, best_tie=best_tie)
+    driver.recipe = SimpleNamespace(tie_break_metric=("loss", "min"))
     assert driver.improved(metrics) is expected
 
 

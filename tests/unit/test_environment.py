@@ -216,7 +216,7 @@ def test_requeue_signals_the_agent_does_not_forward_matter_only_where_a_requeue_
 
 def test_the_shutdown_budget_warns_once_when_a_step_and_a_checkpoint_outlast_the_limit(caplog):
     from trainer.distributed.runtime import DistInfo
-    from trainer.engine.preemption import ShutdownBudget
+    from trainer.engine.components.budget import ShutdownBudget
     budget = ShutdownBudget(DistInfo(agent_shutdown_s=30.0))
     for seconds in (100.0, 20.0, 25.0):       # the first step (warm-up) does not count
         budget.step(seconds)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.conftest import trainer
-from trainer.engine.profile import parse_steps
+from trainer.engine.components.profiler import parse_steps
 
 TOY = ("train", "--recipe", "toy", "--epochs", "2", "train.tensorboard=false")
 

@@ -16,18 +16,8 @@ from trainer.config.registry import get_spec
 from trainer.config.settings import configure, from_dict, parse_override, set_key
 from trainer.distributed import runtime
 from trainer.distributed.environment import select_environment
-from trainer.engine.session import USAGE_ERRORS, build_recipe, exit_code_of, no_deterministic_kernel, run_train
-from trainer.launch.exitcodes import (
-    NON_FINITE,
-    RESOURCE,
-    UNFIT_HOST,
-    USAGE,
-    ResourceError,
-    StragglerError,
-    UnfitHostError,
-    disk_error,
-    is_disk_error,
-)
+from trainer.engine.exits import CRASH, exit_code_of, exit_of
+from trainer.engine.session import build_recipe, run_train
 
 log = logging.getLogger("trainer")
 
@@ -118,17 +108,6 @@ def cmd_data(args) -> int:
     return run(args)
 
 
-def unfit_hint(err: UnfitHostError) -> str:
-    """How to go on without the hosts an UnfitHostError names (one line)."""
-    hosts = ",".join(sorted(err.hosts))
-    if isinstance(err, StragglerError):
-        return (f"the restart loop (slurm/*.sbatch, MAX_RESTARTS) relaunches without it; by hand: sbatch/srun "
-                f"--exclude={hosts} ... --resume auto (its checkpoint is written), or train.straggler_action=warn to "
-                f"go on with it")
-    return (f"the restart loop (slurm/*.sbatch, MAX_RESTARTS) relaunches without the host; by hand: sbatch/srun "
-            f"--exclude={hosts}, or train.preflight=off to train on it anyway (RUN_DIR/preflight.json has the figures)")
-
-
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "doctor": cmd_doctor, "data": cmd_data}
 
 
@@ -136,39 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(get_parser(), argv)
     try:
         return COMMANDS[args.command](args)
-    except (ResourceError, OSError) as err:
-        record_for_agent(err)
-        if not (isinstance(err, ResourceError) or is_disk_error(err)):
-            if isinstance(err, USAGE_ERRORS):            # FileNotFoundError
-                print(f"error: {err}", file=sys.stderr)
-                return USAGE
-            raise
-        print(f"error: {err if isinstance(err, ResourceError) else disk_error(err.filename or '?', err)}",
-              file=sys.stderr)
-        return RESOURCE
-    except USAGE_ERRORS as err:
-        record_for_agent(err)
-        print(f"error: {err}", file=sys.stderr)
-        return USAGE
-    except UnfitHostError as err:
-        record_for_agent(err)
-        print(f"error: {err}\nHINT: {unfit_hint(err)}", file=sys.stderr)
-        return UNFIT_HOST
-    except ArithmeticError as err:
-        from trainer.engine.loop import NonFiniteLossError
-        record_for_agent(err)
-        if not isinstance(err, NonFiniteLossError):      # a bug, not a diverged run: keep the traceback
-            raise
-        print(f"error: {err}", file=sys.stderr)
-        return NON_FINITE
     except Exception as err:
         record_for_agent(err)
-        if not no_deterministic_kernel(err):
+        ending = exit_of(err)            # trainer/engine/exits.py: the one table of exit codes
+        if ending.code == CRASH:         # a bug, not a usage or resource error: keep the traceback
             raise
-        print(f"error: train.deterministic=true: {str(err).split(', but you set')[0]}.\n"
-              f"HINT: train.deterministic=false trains with it (a resume is then not bitwise on CUDA: docs/gpu.md)",
-              file=sys.stderr)
-        return USAGE
+        print(f"error: {ending.message}", file=sys.stderr)
+        return ending.code
 
 
 def record_for_agent(err: BaseException) -> None:

@@ -1,15 +1,30 @@
 """Evaluation sharded across ranks: each rank sums additive statistics over its shard, the sums are
-all-reduced, and the recipe turns them into metrics; so it gets faster with more ranks."""
+all-reduced, and the recipe turns them into metrics; so it gets faster with more ranks. A training run's
+evaluations (Evaluations) also log what they found.
+
+    metrics = evaluate_split(run, "val")                 # a built run (trainer/engine/build.py)
+    evaluations = Evaluations(run, state, writer, {})    # a training run's: metrics.jsonl, TensorBoard, console
+    evaluations.evaluate("val", epoch=3)
+"""
 from __future__ import annotations
 
+import logging
+import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
+from trainer.engine import ckpt_io
 from trainer.engine.loader import ShardSampler, make_loader
+from trainer.engine.logging import MetricsWriter
 from trainer.engine.recipe import Recipe, move_to
+from trainer.engine.state import TrainState
+
+log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -71,3 +86,40 @@ def metrics_table(results: dict[str, dict[str, Any]]) -> str:
                          else f"{value:>10.4f}")
         lines.append(f"{name:<{width}}  " + "  ".join(cells))
     return "\n".join(lines)
+
+
+class Evaluations:
+    """A training run's evaluations, each logged (metrics.jsonl, TensorBoard, console and the recipe's plots on rank
+    0); last_metrics holds each split's latest (saved in every checkpoint), last_records as written."""
+
+    def __init__(self, run, state: TrainState, writer: MetricsWriter, last_metrics: dict[str, dict[str, Any]]):
+        self.run, self.state, self.writer = run, state, writer
+        self.last_metrics = last_metrics
+        self.last_records: dict[str, dict[str, Any]] = {}
+
+    def evaluate(self, split: str, epoch: int, **tags: Any) -> dict[str, Any]:
+        """Evaluate a split and log it (epoch: the one just trained; tags: extra fields of its record)."""
+        run, t0 = self.run, time.perf_counter()
+        if run.recipe.buffers_before_eval and isinstance(run.wrapped, DDP):
+            for buf in run.model.buffers():
+                runtime.broadcast(buf, run.info)
+        metrics = self.last_metrics[split] = evaluate_split(run, split)
+        self.last_records[split] = dict(metrics, eval_time_s=round(time.perf_counter() - t0, 4), **tags)
+        self.writer.write(split, epoch, self.state.global_step, self.last_records[split])
+        if run.info.is_main:
+            shown = {k: round(v, 5) for k, v in metrics.items() if isinstance(v, float) and "/" not in k}
+            which = f" ({tags['checkpoint']} checkpoint)" if "checkpoint" in tags else ""
+            log.info("%s%s after epoch %d: %s", split, which, epoch, shown)
+            for png in run.recipe.after_evaluation(split, metrics, str(run.cfg.run_dir), epoch) or ():
+                self.writer.image(f"{split}/{Path(png).stem}", png, self.state.global_step)
+        return metrics
+
+    def test_best(self, best: Path, epoch: int) -> dict[str, Any]:
+        """The test split with the best checkpoint's weights (the final test's, when the final weights are the best)."""
+        ckpt = ckpt_io.load(best)
+        if ckpt["global_step"] == self.state.global_step:   # the final weights are the best
+            log.info("test (best checkpoint): the final checkpoint (step %d), the same metrics", ckpt["global_step"])
+            self.writer.write("test", epoch, self.state.global_step, dict(self.last_records["test"], checkpoint="best"))
+            return dict(self.last_metrics["test"])
+        self.run.model.load_state_dict(ckpt["model"])
+        return self.evaluate("test", epoch, checkpoint="best")

@@ -124,33 +124,6 @@ def unforwarded_signals(info: runtime.DistInfo, trapped: Iterable[str]) -> list[
     return [name for name in trapped if name not in info.agent_signals and name != "SIGTERM"]
 
 
-class ShutdownBudget:
-    """An agent (torchrun) SIGKILLs its workers agent_shutdown_s after forwarding a signal: the slowest
-    step plus a checkpoint must fit in that, or a signal costs the checkpoint. Warns once, on rank 0,
-    after the first checkpoint that shows it does not fit."""
-
-    def __init__(self, info: runtime.DistInfo):
-        self.limit, self.is_main = info.agent_shutdown_s, info.is_main
-        self.steps, self.slowest_step = 0, 0.0
-        self.warned = False
-
-    def step(self, seconds: float) -> None:
-        """One optimizer step's wall time (the run's first, with its warm-up, does not count)."""
-        self.steps += 1
-        if self.steps > 1:
-            self.slowest_step = max(self.slowest_step, seconds)
-
-    def saved(self, seconds: float) -> None:
-        """A checkpoint took `seconds`."""
-        need = self.slowest_step + seconds
-        if self.limit is None or self.warned or not self.is_main or need <= self.limit:
-            return
-        self.warned = True
-        log.warning("a step plus a checkpoint take %.1f s here, but torchrun kills its workers %.0f s after "
-                    "forwarding a signal: a preemption would then lose the work since the last checkpoint.\n"
-                    "HINT: %s", need, self.limit, FORWARD_HINT.replace("120", str(int(2 * need) + 10)))
-
-
 def requeue_slurm_job(job_id: str) -> bool:
     """`scontrol requeue JOB_ID` (argument list, no shell); True on success."""
     exe = shutil.which("scontrol")

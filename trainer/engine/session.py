@@ -1,8 +1,8 @@
-"""One training run below the command line: its directory, its recipe, the process group around fit(), and the
-exit code of how it ended. The entry (trainer/cli/commands.py) parses; hpc/task.py (submitit) calls run_train too.
+"""One training run below the command line: its directory, its recipe, the process group around its owner (the
+Trainer), and each rank's exit record. The entry (trainer/cli/commands.py) parses; hpc/task.py (submitit) calls
+run_train too; trainer/engine/exits.py says what exit code an ending gives.
 
     result, cfg = run_train(cfg, spec)     # cfg, spec = trainer.config.settings.configure(...): the resolved settings
-    exit_code_of(result); exit_code_of_error(err)
     recipe = build_recipe(cfg, info, spec)  # the recipe object, given its own config sections
 """
 from __future__ import annotations
@@ -11,28 +11,20 @@ import logging
 import time
 from pathlib import Path
 
-from trainer.config.settings import Config, ConfigError, save_config
+from trainer.config.settings import Config, save_config
 from trainer.config.spec import RecipeSpec
-from trainer.data.download import DownloadError, check_data_path
+from trainer.data.download import check_data_path
 from trainer.distributed import runtime
-from trainer.distributed.environment import LaunchError, select_environment
-from trainer.engine.ckpt_io import CheckpointError
-from trainer.launch.exitcodes import (
-    DONE,
-    NON_FINITE,
-    RESOURCE,
-    UNFIT_HOST,
-    USAGE,
-    UnfitHostError,
-    is_resource_error,
-    record_exit,
-    record_start,
-)
-from trainer.native.extras import MissingExtraError
+from trainer.distributed.environment import select_environment
+from trainer.engine.exits import exit_code_of, exit_of
+from trainer.engine.fit_loop import FitResult
+from trainer.engine.logging import attach_run_log, hold_logging
+from trainer.engine.resume import check_resume_config, describe, keep_previous_config
+from trainer.engine.rundir import claim_run_dir, make_private
+from trainer.engine.trainer import Trainer
+from trainer.launch.exitcodes import record_exit, record_start
 
 log = logging.getLogger("trainer")
-USAGE_ERRORS = (ConfigError, LaunchError, CheckpointError, DownloadError, ValueError, FileNotFoundError,
-                MissingExtraError)
 
 
 def resolve_run_dir(cfg, info) -> str:
@@ -52,15 +44,11 @@ def build_recipe(cfg, info, spec: RecipeSpec):
                                loss_cfg=cfg.loss)
 
 
-def run_train(cfg: Config, spec: RecipeSpec):
+def run_train(cfg: Config, spec: RecipeSpec) -> tuple[FitResult, Config]:
     """Train the resolved config `cfg` of the recipe `spec`; returns (FitResult, Config with its run directory).
     Every check that can refuse the run (settings, recipe, checkpoint format, data, weights' shapes, memory) comes
-    before the first write into the run directory (its lock aside): commit() below, which fit() calls once the
-    checkpoint is loaded."""
-    from trainer.engine.logging import attach_run_log, hold_logging
-    from trainer.engine.loop import fit
-    from trainer.engine.resume import check_resume_config, describe, keep_previous_config
-    from trainer.engine.rundir import claim_run_dir, make_private
+    before the first write into the run directory (its lock aside): commit() below, which the Trainer calls once
+    the checkpoint is loaded."""
     check_data_path(str(getattr(cfg.data, "path", "")))
     if cfg.private:
         make_private()          # before anything is created: logs, checkpoints, TensorBoard, caches
@@ -92,10 +80,11 @@ def run_train(cfg: Config, spec: RecipeSpec):
                         "use a configs/<recipe>/<dataset>.yaml, for a real dataset)")
         recipe = build_recipe(cfg, info, spec)
         try:
-            result = fit(recipe, info, cfg, planned, commit)
+            with Trainer(recipe, info, cfg, planned, commit) as trainer:
+                result = trainer.fit()
         except BaseException as err:
             if started:             # a refusal before commit() leaves the run directory as it was
-                record_exit(cfg.run_dir, info.rank, exit_code_of_error(err), f"{type(err).__name__}: {err}"[:2000])
+                record_exit(cfg.run_dir, info.rank, exit_of(err).code, f"{type(err).__name__}: {err}"[:2000])
             raise
         record_exit(cfg.run_dir, info.rank, exit_code_of(result), result.status, result.status == "preempted")
         ok = True
@@ -104,30 +93,3 @@ def run_train(cfg: Config, spec: RecipeSpec):
         if lock is not None:
             lock.release()
     return result, cfg
-
-
-def exit_code_of(result) -> int:
-    """A finished fit's exit code (trainer/launch/exitcodes.py): 0, or 128 + the signal of a checkpointed stop that was
-    not requeued."""
-    return 128 + result.signal if result.status == "preempted" and not result.requeued else DONE
-
-
-def exit_code_of_error(err: BaseException) -> int:
-    """The exit code main() gives an error: usage/configuration 2, a non-finite loss 3, a disk that cannot be
-    written or a model that cannot fit 4, a host the pre-flight found unfit 5, anything else 1."""
-    from trainer.engine.loop import NonFiniteLossError
-    if isinstance(err, NonFiniteLossError):
-        return NON_FINITE
-    if is_resource_error(err):
-        return RESOURCE
-    if isinstance(err, UnfitHostError):
-        return UNFIT_HOST
-    if isinstance(err, USAGE_ERRORS) or no_deterministic_kernel(err):
-        return USAGE
-    return 1
-
-
-def no_deterministic_kernel(err: BaseException) -> bool:
-    """torch's refusal, under train.deterministic=true, of an op with no deterministic kernel: a setting that
-    fails the same at every relaunch, so a usage error."""
-    return isinstance(err, RuntimeError) and "does not have a deterministic implementation" in str(err)

@@ -3,7 +3,9 @@ device and the host reads them once per logging window, before every checkpoint 
 
     window = LossWindow(device, info, capacity=10)
     window.add(loss, samples, step=7, epoch=0, batch=7)     # no host sync: one copy on the device
-    total = window.read()                                   # one collective and one read; NonFiniteLossError
+    total = window.read()                                   # one collective and one read
+    losses = TrainLosses(device, info, capacity=10, state=state)   # the run's: sums per logging window and epoch
+    losses.add(loss, samples, epoch=0, batch=7)             # read when full; losses.read(): NonFiniteLossError
 
 A float(loss) per step made the host wait for the GPU at every step (it could not queue the next step's
 kernels while the current one ran). Reading before every checkpoint is the rule that keeps a NaN out of the
@@ -13,14 +15,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Callable
 
 import torch
 
-from trainer.distributed import preflight, runtime
+from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
-from trainer.distributed.stragglers import JUDGED_S, StepClock, Straggler, StragglerWatch, own_times, window_slots
-from trainer.engine.preemption import AgreementCadence
+from trainer.engine.state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -90,90 +91,53 @@ class LossWindow:
         return Reading(loss_sum, samples, bad, packed[2 + len(places):] if extra is not None else None)
 
 
-class WindowExchange:
-    """What rides with the losses in a logging window's one collective besides them (LossWindow.read's extra): the
-    signal flags, each rank's own time per step and rank 0's wall time per step (trainer/distributed/stragglers.py);
-    and what every rank makes of the sum, alike: the signal agreement's cadence (ckpt.signal_latency_s) and the
-    straggler watch (train.straggler_action)."""
+def non_finite(reading: Reading, step: int, last_good: str) -> NonFiniteLossError:
+    """The error for a read window with a NaN/inf loss on any rank: nothing is written after it, and every
+    checkpoint on disk was written before the read, so the last good one stays the newest."""
+    bad = reading.bad
+    return NonFiniteLossError(
+        f"non-finite loss at step {bad.step} (epoch {bad.epoch}, batch {bad.batch}); training stopped at step "
+        f"{step}, {last_good}.\nHINT: lower --lr, set train.clip_grad_norm, use --amp bf16 instead of fp16, "
+        f"check the data for NaN/inf; continue with --resume auto.")
 
-    def __init__(self, info: DistInfo, cfg, cuda: bool = False):
-        self.info, self.action, self.cuda = info, cfg.train.straggler_action, cuda
-        self.cadence = AgreementCadence(info, cfg.ckpt.signal_latency_s, cfg.train.log_every_steps)
-        self.clock = StepClock()
-        self.steps = 0                    # the steps whose figures were sent
-        self.fields: dict[str, Any] = {}  # the straggler fields of the window being logged
-        self.named: Straggler | None = None
-        self.evicted: Straggler | None = None
-        # each rank's host: one gather at the start (a single process and action off watch nothing)
-        self.watch = StragglerWatch(runtime.all_gather_object(preflight.host_name(), info)) \
-            if info.distributed and self.action != "off" else None
 
-    def stepped(self, seconds: float) -> float:
-        """An optimizer step's wall time on the host (timed whole per window on a GPU: logged())."""
-        if not self.cuda:
-            self.clock.step(seconds)
-        return seconds
+class TrainLosses:
+    """A run's training losses: each micro-batch's kept on the device (LossWindow), read in one collective (by the
+    logging window, before every checkpoint, at an epoch's end, or when the buffer is full), and summed over the
+    ranks since the last logging window and since the epoch started. A non-finite loss on any rank stops the run at
+    the read (every checkpoint follows such a read: none holds weights a non-finite loss went into).
+    last_good: rank 0's newest checkpoint, for that error (None: no checkpoints are kept)."""
 
-    def waited(self, seconds: float) -> float:
-        """A step's wait in its collectives (gradsync's timer)."""
-        if not self.cuda:
-            self.clock.waited(seconds)
-        return seconds
+    def __init__(self, device: torch.device, info: DistInfo, capacity: int, state: TrainState,
+                 last_good: Callable[[], str] | None = None):
+        self.info, self.state, self.last_good = info, state, last_good
+        self.buffer = LossWindow(device, info, capacity)
+        self.window = [0.0, 0.0]          # loss sum and samples read since the last logging window (over the ranks)
+        self.epoch = [0.0, 0.0]           # the same since the epoch (or its resumed part) started
 
-    def logged(self, rates: dict[str, float], steps: int, measure_sync: bool) -> dict[str, float]:
-        """A window is logged: its figures are fixed for the next window's collective. On a GPU the host only
-        queues the steps, so the window's CUDA-event time (Throughput's) is their time. Returns the rates to log
-        (sync_wait_frac only where train.measure_sync asked for it)."""
-        if self.cuda:
-            wall = rates["step_time_s"] * steps
-            self.clock.add(wall, wall * rates.get("sync_wait_frac", 0.0), steps)
-        self.clock.mark()
-        if not measure_sync:
-            rates.pop("sync_wait_frac", None)
-        return rates
+    def add(self, loss: torch.Tensor, samples: int, epoch: int, batch: int) -> None:
+        """A micro-batch's mean loss and samples, of the optimizer step to come (no host sync)."""
+        if self.buffer.full:            # train.log_every_steps beyond the buffer: read it now
+            self.read()
+        self.buffer.add(loss, samples, self.state.global_step + 1, epoch, batch)
 
-    def sent(self, preempt) -> torch.Tensor | None:
-        """This rank's extra for the window's collective: the signal flags, then the clock's marked figures
-        (None for a single process: nothing to agree)."""
-        if not self.info.distributed:
-            return None
-        own_s, wall_s, self.steps = self.clock.figures()
-        return torch.cat([preempt.flags().double(), window_slots(self.info, own_s, wall_s)])
+    def read(self, extra: torch.Tensor | None = None) -> list[float] | None:
+        """Read the buffered losses (one sync); `extra` rides in the same collective and comes back summed over the
+        ranks (None without it)."""
+        reading = self.buffer.read(extra)
+        if reading.bad is not None:
+            last = "rank 0 names the last good checkpoint" if not self.info.is_main else \
+                self.last_good() if self.last_good is not None else "no checkpoint was written yet"
+            raise non_finite(reading, self.state.global_step, last)
+        for sums in (self.window, self.epoch):
+            sums[0] += reading.loss_sum
+            sums[1] += reading.samples
+        return reading.extra
 
-    def signal(self, preempt, summed: list[float] | None, step: int) -> int:
-        """The agreed signal of the window's collective (sent()'s extra summed over the ranks)."""
-        self.cadence.agreed(step)
-        if summed is None:
-            return preempt.received
-        return preempt.signal_of(self.received(summed, len(preempt.flags())))
+    def take_window(self) -> tuple[float, float]:
+        """The logging window's (loss sum, samples), then a new window."""
+        taken, self.window = self.window, [0.0, 0.0]
+        return taken[0], taken[1]
 
-    def received(self, summed: list[float], n_flags: int) -> list[float]:
-        """The extra summed over the ranks: the cadence and the watch take their figures; returns the flags."""
-        own, wall_s = own_times(summed[n_flags:], self.info.world_size)
-        self.cadence.measured(wall_s)
-        if self.watch is not None and wall_s * self.steps >= JUDGED_S:
-            self.clock.judged()
-            self.fields, self.named = self.watch.observe(own)
-            if self.named is not None and self.info.is_main:
-                log.warning("straggler: %s; %s", self.named.describe(), self._action_text(self.named))
-        return summed[:n_flags]
-
-    def _action_text(self, named: Straggler) -> str:
-        if self.action != "evict":
-            return "train.straggler_action=evict would relaunch without it"
-        if not named.evictable:
-            return f"not evicted: every rank runs on {named.host}"
-        return f"checkpointing, then exit 5 so that the run goes on without {named.host}"
-
-    def take_fields(self) -> dict[str, Any]:
-        """The straggler fields for the window's train record (then cleared)."""
-        fields, self.fields = self.fields, {}
-        return fields
-
-    def evicting(self) -> bool:
-        """A straggler was named in this window, train.straggler_action=evict, and a world is left without it (then
-        self.evicted)."""
-        named, self.named = self.named, None
-        if named is not None and named.evictable and self.action == "evict":
-            self.evicted = named
-        return self.evicted is not None
+    def start_epoch(self) -> None:
+        self.epoch = [0.0, 0.0]

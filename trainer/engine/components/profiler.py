@@ -15,6 +15,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from trainer.distributed.runtime import DistInfo
+from trainer.engine.callbacks import Component, StepEnd, Stop
+from trainer.engine.state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -31,17 +33,24 @@ def parse_steps(spec: str) -> tuple[int, int]:
     return start, stop
 
 
-class StepProfiler:
+class StepProfiler(Component):
     """Starts torch.profiler before optimizer step START and stops it after STOP; writes the trace of this
     rank into RUN_DIR/profile and logs the top ops by device time (rank 0)."""
 
-    def __init__(self, spec: str, run_dir: str | Path, info: DistInfo):
-        """spec '' (train.profile unset): profiles nothing."""
+    def __init__(self, spec: str, run_dir: str | Path, info: DistInfo, state: TrainState | None = None):
+        """spec '' (train.profile unset): profiles nothing. state: the run's, whose steps are counted."""
         self.start, self.stop = parse_steps(spec) if spec else (0, 0)
-        self.dir, self.info = Path(run_dir) / "profile", info
+        self.dir, self.info, self.state = Path(run_dir) / "profile", info, state or TrainState()
         self.cuda = info.device.startswith("cuda")
         self.prof: profile | None = None
         self.done = not spec
+
+    def epoch_start(self, epoch: int, first: int, end: int) -> None:
+        self.at(self.state.global_step)
+
+    def step_end(self, step: StepEnd) -> Stop | None:
+        self.at(step.step)
+        return None
 
     def at(self, step: int) -> None:
         """Call with the number of optimizer steps done so far, before the next one and after each one."""

@@ -1,0 +1,17 @@
+"""train.max_steps: the steps stop once the schedule has taken that many (a resume in another layout converted the
+count: trainer/engine/resume.py continue_at)."""
+from __future__ import annotations
+
+from trainer.engine.callbacks import Component, StepEnd, Stop
+
+
+class StepLimit(Component):
+    """Stop.MAX_STEPS at train.max_steps steps of the schedule (0: no limit)."""
+
+    def __init__(self, max_steps: int, scheduler):
+        self.max_steps, self.scheduler = max_steps, scheduler
+
+    def step_end(self, step: StepEnd) -> Stop | None:
+        if 0 < self.max_steps <= self.scheduler.last_epoch:
+            return Stop.MAX_STEPS         # (the final checkpoint's save reads the losses first)
+        return None

@@ -1,0 +1,148 @@
+"""The logging window: every train.log_every_steps optimizer steps the ranks read their losses in one collective
+(trainer/engine/window.py TrainLosses), which also carries the preemption flags and each rank's step clock
+(trainer/distributed/stragglers.py window_slots), and rank 0 writes one train record; between windows the ranks
+agree on a signal every few steps (trainer/engine/preemption.py AgreementCadence, ckpt.signal_latency_s).
+
+    window = LoggingWindow(run, state, losses, meter, writer, preempt, clock, readers=[stragglers])
+    window.step_end(step)     # Stop.SIGNAL once the ranks agreed on a signal (window.signal names it)
+
+What reads each window's figures (the straggler watch) is a WindowReader: it is told the window's per-rank own
+times and adds its fields to the record.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+from trainer.distributed.stragglers import StepClock, own_times, window_slots
+from trainer.engine.build import Run
+from trainer.engine.callbacks import Component, StepEnd, Stop
+from trainer.engine.logging import MetricsWriter
+from trainer.engine.meters import SystemStats, Throughput
+from trainer.engine.preemption import AgreementCadence, PreemptionHandler
+from trainer.engine.state import TrainState
+from trainer.engine.window import TrainLosses
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WindowFigures:
+    """A window's collective, as every rank reads it alike: each rank's own seconds per step, rank 0's wall seconds
+    per step, and how many steps this rank's figures covered."""
+
+    own: list[float]
+    wall_s: float
+    steps: int
+
+
+class WindowReader(Protocol):
+    """What reads each logging window's figures (the straggler watch)."""
+
+    def window_read(self, figures: WindowFigures) -> None: ...
+
+    def take_fields(self) -> dict[str, Any]: ...
+
+
+class LoggingWindow(Component):
+    """The loss window's read and the signal agreement, and the train records they make."""
+
+    def __init__(self, run: Run, state: TrainState, losses: TrainLosses, meter: Throughput,
+                 writer: MetricsWriter, preempt: PreemptionHandler, clock: StepClock,
+                 readers: Sequence[WindowReader] = ()):
+        self.run, self.info, self.tc, self.state = run, run.info, run.cfg.train, state
+        self.losses, self.meter, self.writer, self.preempt = losses, meter, writer, preempt
+        self.clock, self.readers = clock, list(readers)
+        self.cadence = AgreementCadence(run.info, run.cfg.ckpt.signal_latency_s, self.tc.log_every_steps)
+        self.stats = SystemStats()
+        self.steps = 0                        # the steps whose clock figures this rank sent
+        self.signal = 0                       # the agreed signal that stopped the steps
+        self.record: dict[str, Any] = {}      # the last train record and its step (the progress bar shows it)
+        self.logged_at = -1
+        self.epoch_t0 = time.perf_counter()
+
+    def epoch_start(self, epoch: int, first: int, end: int) -> None:
+        self.losses.start_epoch()
+        self.epoch_t0 = time.perf_counter()
+
+    def step_end(self, step: StepEnd) -> Stop | None:
+        if not self.meter.cuda:           # on a GPU the host only queues a step: its window's CUDA time is used
+            self.clock.step(step.seconds)
+            self.clock.waited(step.waited)
+        if step.step % max(self.tc.log_every_steps, 1) == 0:
+            signum = self._timed(self._read_window, step.step)     # the window's read agrees on the signal too
+            self._log(step.epoch, step.step)
+        else:       # between windows, every few steps (ckpt.signal_latency_s)
+            turn = self.cadence.turn(step.step)
+            signum = self._timed(self.preempt.agreed_signal, self.info) if turn else 0
+        if not signum:
+            return None
+        self.losses.read()                # a non-finite loss before the signal stops the run instead
+        self.signal = signum
+        return Stop.SIGNAL
+
+    def epoch_end(self, epoch: int, stop: Stop) -> None:
+        """A whole epoch: its losses read and its mean loss and time recorded."""
+        if stop is not Stop.EPOCH_DONE:
+            return
+        self.losses.read()
+        loss_sum, count = self.losses.epoch
+        if count:
+            self.writer.write("train", epoch, self.state.global_step,
+                              dict(epoch_loss=loss_sum / count,
+                                   epoch_time_s=round(time.perf_counter() - self.epoch_t0, 4)))
+
+    def _timed(self, collective: Callable, *args):
+        """A per-step collective; with train.measure_sync its time counts as waiting for the other ranks."""
+        if self.run.sync_timer is None:
+            return collective(*args)
+        t0 = time.perf_counter()
+        out = collective(*args)
+        self.meter.update(0, synced=time.perf_counter() - t0)
+        return out
+
+    def _read_window(self, step: int) -> int:
+        """The window's one collective: the losses, the signal flags and the clock's figures; the agreed signal."""
+        extra = None
+        if self.info.distributed:
+            own_s, wall_s, self.steps = self.clock.figures()
+            extra = torch.cat([self.preempt.flags().double(), window_slots(self.info, own_s, wall_s)])
+        summed = self.losses.read(extra)
+        self.cadence.agreed(step)
+        if summed is None:
+            return self.preempt.received
+        flags = len(self.preempt.flags())
+        own, wall_s = own_times(summed[flags:], self.info.world_size)
+        self.cadence.measured(wall_s)
+        for reader in self.readers:
+            reader.window_read(WindowFigures(own, wall_s, self.steps))
+        return self.preempt.signal_of(summed[:flags])
+
+    def _rates(self) -> dict[str, float]:
+        """The window's rates; its figures are fixed for the next window's collective. On a GPU the host only queues
+        the steps, so the window's CUDA-event time (Throughput's) is their time."""
+        rates, steps = self.meter.rates(), self.meter.steps
+        if self.meter.cuda:
+            wall = rates["step_time_s"] * steps
+            self.clock.add(wall, wall * rates.get("sync_wait_frac", 0.0), steps)
+        self.clock.mark()
+        if not self.tc.measure_sync:
+            rates.pop("sync_wait_frac", None)
+        rates["samples_per_s"] *= self.info.world_size  # every rank runs at the same pace
+        self.meter.reset()
+        return rates
+
+    def _log(self, epoch: int, step: int) -> None:
+        """One train record: the window's losses, read just before (a window's one host sync)."""
+        loss_sum, count = self.losses.take_window()
+        fields = {k: v for reader in self.readers for k, v in reader.take_fields().items()}
+        metrics = dict(loss=loss_sum / max(count, 1), lr=self.run.scheduler.get_last_lr()[0], **self._rates(),
+                       **self.stats.snapshot(self.run.device), **fields)
+        log.info("epoch %d step %d loss %.5f lr %.3e %.1f samples/s", epoch, step, metrics["loss"], metrics["lr"],
+                 metrics["samples_per_s"])
+        self.writer.write("train", epoch, step, metrics)
+        self.record, self.logged_at = metrics, step

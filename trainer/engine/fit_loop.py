@@ -1,0 +1,200 @@
+"""The fit loop: the epochs of a run. It creates and owns its epoch loop (trainer/engine/loop.py) and asks the
+run's owner (trainer/engine/trainer.py) for the rest: evaluation, checkpoints, the components.
+
+    result = FitLoop(trainer).run()      # FitResult: completed | preempted | early_stopped
+"""
+from __future__ import annotations
+
+import logging
+import signal as signals
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+from trainer.config.settings import Config
+from trainer.distributed import runtime
+from trainer.distributed.runtime import DistInfo
+from trainer.engine.build import Run
+from trainer.engine.callbacks import Component, Stop
+from trainer.engine.checkpointer import Checkpointer
+from trainer.engine.components.eviction import Eviction
+from trainer.engine.components.logging_window import LoggingWindow
+from trainer.engine.evaluation import Evaluations
+from trainer.engine.logging import MetricsWriter
+from trainer.engine.loop import EpochLoop
+from trainer.engine.meters import Throughput
+from trainer.engine.preemption import PreemptionHandler, requeue_slurm_job
+from trainer.engine.state import TrainState
+from trainer.engine.window import TrainLosses
+from trainer.launch.exitcodes import PREEMPTED_MARKER, StragglerError
+
+log = logging.getLogger(__name__)
+
+
+class RunOwner(Protocol):
+    """What the fit loop takes from the run's owner (trainer/engine/trainer.py Trainer), which builds it."""
+
+    cfg: Config
+    info: DistInfo
+    run: Run
+    state: TrainState
+    meter: Throughput
+    losses: TrainLosses
+    components: Sequence[Component]
+    window: LoggingWindow
+    eviction: Eviction | None
+    preempt: PreemptionHandler
+    writer: MetricsWriter
+    evaluations: Evaluations
+    ckpts: Checkpointer
+
+    def save(self, kind: str) -> None: ...
+
+
+@dataclass
+class FitResult:
+    """What a run reports to its caller."""
+
+    status: str                   # completed | preempted | early_stopped
+    signal: int = 0
+    requeued: bool = False
+    global_step: int = 0
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def better(value: float, than: float, mode: str) -> bool:
+    """value beats than under mode 'min' or 'max'."""
+    return value < than if mode == "min" else value > than
+
+
+class FitLoop:
+    """Epochs, evaluation, best/final checkpoints, early stopping, preemption and eviction."""
+
+    def __init__(self, trainer: RunOwner):
+        self.trainer, self.cfg, self.info, self.state = trainer, trainer.cfg, trainer.info, trainer.state
+        self.recipe = trainer.run.recipe
+        self.metric, self.mode = self.recipe.primary_metric
+        self.epoch_loop = EpochLoop(trainer.run, trainer.state, trainer.meter, trainer.losses, trainer.components)
+
+    def run(self) -> FitResult:
+        state, epochs = self.state, self.cfg.train.epochs
+        status = "completed"
+        if state.epoch >= epochs:       # --epochs 0, or a resume of a run already done
+            log.warning("no training ran: the run is at epoch %d and --epochs is %d (step %d); the final "
+                        "checkpoint and test below are of %s", state.epoch, epochs, state.global_step,
+                        "the resumed weights" if state.global_step else "untrained weights")
+        while state.epoch < epochs:
+            epoch = state.epoch
+            self.recipe.on_epoch_start(epoch, self.trainer.run.model)
+            stop = self.epoch_loop.train_epoch(epoch)
+            if stop is Stop.SIGNAL:
+                return self.preempted(self.trainer.window.signal, self.trainer.preempt.received_at)
+            if stop is Stop.EVICT:
+                self.evict()
+            if stop is Stop.MAX_STEPS and state.batch_in_epoch < self.epoch_loop.end:
+                break
+            if self.end_epoch(epoch):
+                status = "early_stopped"
+                break
+            if stop is Stop.MAX_STEPS:
+                break
+        return self.finish(status)
+
+    def end_epoch(self, epoch: int) -> bool:
+        """Evaluate, track the best, let the components act (periodic checkpoints); True when early stopping
+        triggers."""
+        state, tc = self.state, self.cfg.train
+        self.recipe.on_epoch_end(epoch, self.trainer.run.model)
+        extra = self.recipe.epoch_metrics()
+        if extra:
+            self.trainer.writer.write("train", epoch, state.global_step, extra)
+        state.epoch, state.batch_in_epoch, state.sample_in_epoch = epoch + 1, 0, 0
+        last = state.epoch >= tc.epochs
+        if "val" in self.trainer.run.eval_sets and (state.epoch % max(tc.eval_every_epochs, 1) == 0 or last):
+            self._track_best(self.trainer.evaluations.evaluate("val", epoch))
+        for component in self.trainer.components:
+            component.evaluated(epoch, last)
+        patience = tc.early_stop_patience
+        if patience > 0 and state.bad_epochs >= patience:
+            log.info("early stopping: %s did not improve for %d evaluations", self.metric, patience)
+            return True
+        return False
+
+    def _track_best(self, metrics: dict[str, Any]) -> None:
+        state = self.state
+        if not self.improved(metrics):
+            state.bad_epochs += 1
+            return
+        state.best, state.bad_epochs = float(metrics[self.metric]), 0
+        tie = self.recipe.tie_break_metric
+        state.best_tie = float(metrics[tie[0]]) if tie and tie[0] in metrics else None
+        if self.cfg.ckpt.save_best:
+            self.trainer.save("best")
+
+    def improved(self, metrics: dict[str, Any]) -> bool:
+        """True when the primary metric beats the best so far."""
+        if self.metric not in metrics:
+            raise KeyError(f"recipe {self.cfg.recipe}: primary metric {self.metric!r} not among the "
+                           f"validation metrics {sorted(metrics)}")
+        value, best = float(metrics[self.metric]), self.state.best
+        if best is None:
+            return True
+        if value != best:
+            return better(value, best, self.mode)
+        tie, best_tie = self.recipe.tie_break_metric, self.state.best_tie
+        return bool(tie) and tie[0] in metrics and best_tie is not None and \
+            better(float(metrics[tie[0]]), best_tie, tie[1])
+
+    def preempted(self, signum: int, received_at: float | None = None) -> FitResult:
+        """Checkpoint where we are; rank 0 requeues under Slurm for the requeue signals."""
+        state, info = self.state, self.info
+        name = signals.Signals(signum).name
+        waited = f" ({time.monotonic() - received_at:.2f} s after it reached this rank)" if received_at else ""
+        log.warning("received %s: checkpointing at epoch %d step %d%s", name, state.epoch, state.global_step, waited)
+        self.trainer.save("periodic")
+        if received_at is not None and info.agent_shutdown_s is not None:
+            log.info("checkpoint written %.1f s after %s reached this rank (torchrun kills its workers %.0f s "
+                     "after forwarding a signal)", time.monotonic() - received_at, name, info.agent_shutdown_s)
+        if info.is_main:     # tells slurm/common.sh this 143 is a checkpointed stop, not a crash
+            (Path(self.cfg.run_dir) / PREEMPTED_MARKER).write_text(
+                f"{name} epoch {state.epoch} step {state.global_step}\n")
+        requeued = False
+        # srun tasks and torchrun inside an allocation requeue here; submitit requeues via checkpoint()
+        requeue_signal = name in self.cfg.ckpt.requeue_signals or name == info.preempt_signal
+        if info.is_main and requeue_signal and info.can_requeue and info.requeue_id:
+            requeued = requeue_slurm_job(info.requeue_id)
+        requeued = bool(runtime.broadcast_object(requeued, info))
+        return FitResult("preempted", signum, requeued, state.global_step, self.trainer.evaluations.last_metrics)
+
+    def evict(self) -> None:
+        """train.straggler_action=evict: an agreed checkpoint (every rank named the same straggler from the same
+        window), then StragglerError: exit 5, which the restart loop reads as "relaunch without this host"."""
+        straggler = self.trainer.eviction.evicted
+        self.trainer.save("periodic")
+        log.warning("straggler evicted: checkpoint of step %d written; exit 5 (unfit host %s)",
+                    self.state.global_step, straggler.host)
+        raise StragglerError(straggler.host, straggler.describe())
+
+    def finish(self, status: str) -> FitResult:
+        """Final checkpoint, then the test split with the final and (if any) the best weights."""
+        state, evaluations = self.state, self.trainer.evaluations
+        self.trainer.save("final")
+        epoch = max(state.epoch - 1, 0)
+        if "test" in self.trainer.run.eval_sets:
+            evaluations.evaluate("test", epoch, checkpoint="final")
+            best = self.trainer.ckpts.dir / "best.pt"
+            if self.cfg.ckpt.save_best and best.exists():
+                evaluations.last_metrics["test_best"] = evaluations.test_best(best, epoch)
+        log.info("training %s after %d steps", status, state.global_step)
+        if self.info.is_main:
+            self.where_it_is()
+        return FitResult(status, 0, False, state.global_step, evaluations.last_metrics)
+
+    def where_it_is(self) -> None:
+        """The run's last lines: its directory, checkpoint files and the TensorBoard command."""
+        folder = self.trainer.ckpts.dir
+        log.info("run directory: %s", self.cfg.run_dir)
+        log.info("checkpoints: %s (in %s)", ", ".join(sorted(p.name for p in folder.glob("*.pt"))) or "none", folder)
+        if self.cfg.train.tensorboard:
+            log.info("TensorBoard: tensorboard --logdir %s", Path(self.cfg.run_dir) / "tb")

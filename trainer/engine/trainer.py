@@ -1,0 +1,158 @@
+"""The owner of one training run: it builds the run's parts once, in one place (the run, its checkpoints, the
+metrics writer, the losses, the components), holds them, drives the fit loop and tears them down.
+
+    with Trainer(recipe, dist_info, cfg, planned, commit) as trainer:     # cfg: trainer.config.settings.Config
+        result = trainer.fit()                                             # FitResult
+
+A new concern of a run is a component (trainer/engine/callbacks.py): one class in trainer/engine/components/ and
+one line in Trainer._components(), or register_component() from a TRAINER_PLUGINS module.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from trainer.config.settings import Config
+from trainer.distributed import preflight
+from trainer.distributed.runtime import DistInfo
+from trainer.distributed.stragglers import StepClock
+from trainer.engine.build import Run, build_run
+from trainer.engine.callbacks import Component, registered_components
+from trainer.engine.checkpointer import Checkpointer
+from trainer.engine.components.budget import ShutdownBudget
+from trainer.engine.components.eviction import Eviction
+from trainer.engine.components.limits import StepLimit
+from trainer.engine.components.logging_window import LoggingWindow
+from trainer.engine.components.periodic import PeriodicSaves
+from trainer.engine.components.profiler import StepProfiler
+from trainer.engine.components.progress import ProgressBar
+from trainer.engine.components.stragglers import Stragglers
+from trainer.engine.evaluation import Evaluations
+from trainer.engine.fit_loop import FitLoop, FitResult
+from trainer.engine.logging import MetricsWriter
+from trainer.engine.meters import Throughput
+from trainer.engine.preemption import FORWARD_HINT, PreemptionHandler, trapped_signals, unforwarded_signals
+from trainer.engine.recipe import Recipe
+from trainer.engine.resume import Planned, write_resume_record
+from trainer.engine.state import TrainState
+from trainer.engine.window import TrainLosses
+from trainer.launch.exitcodes import PREEMPTED_MARKER, UnfitHostError
+
+log = logging.getLogger(__name__)
+
+
+def check_hosts(run: Run, run_dir: Path) -> None:
+    """The pre-flight (trainer/distributed/preflight.py): RUN_DIR/preflight.json and a summary line; unfit hosts
+    stop the run (UnfitHostError, exit 5), which the restart loop relaunches without them."""
+    need = run.footprint.total if run.footprint is not None else 0
+    verdict = preflight.run_checks(run.info, need, run.amp_dtype or torch.float32)
+    if run.info.is_main:
+        preflight.write_report(run_dir, verdict)
+        (log.warning if verdict.unfit else log.info)("%s", verdict.summary())
+    if verdict.unfit:
+        raise UnfitHostError(verdict.unfit)
+
+
+class Trainer:
+    """One training run's parts, built in a fixed order (the RNG streams of a resumed run depend on it); every check
+    that can refuse the run comes before commit(), the run directory's first writes (session.run_train's)."""
+
+    def __init__(self, recipe: Recipe, info: DistInfo, cfg: Config, planned: Planned | None = None,
+                 commit: Callable[[], None] | None = None):
+        """planned: what trainer.engine.resume.check_resume_config found (the settings a resume changes and the
+        checkpoint to load); None: the Checkpointer looks for it itself."""
+        if info.restart_count:
+            log.info("restart %d of job %s (launcher %s)", info.restart_count, info.job_id, info.launcher)
+        self.info, self.cfg, self.run_dir = info, cfg, Path(cfg.run_dir)
+        self.run = build_run(recipe, info, cfg)
+        self.ckpts = Checkpointer(self.run, self.run_dir, planned)
+        resumed = self.ckpts.resume()           # the last check that can refuse the run: nothing written before it
+        if commit is not None:
+            commit()
+        self.ckpts.write_id_maps()
+        if info.is_main:
+            (self.run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
+        if preflight.wanted(cfg.train.preflight, info):
+            check_hosts(self.run, self.run_dir)
+        self.state, metrics = resumed or (TrainState(), {})
+        # a resumed run logs again from the step after its checkpoint: TensorBoard drops what an earlier attempt
+        # logged from there on (a crash after the checkpoint leaves such steps behind)
+        self.writer = MetricsWriter(self.run_dir, info, cfg.train.tensorboard,
+                                    purge_step=self.state.global_step + 1 if resumed else None)
+        self.components: list[Component] = []
+        try:
+            if resumed:
+                write_resume_record(self.writer, self.state, list(planned.changes) if planned else [],
+                                    self.ckpts.notes)
+            self.evaluations = Evaluations(self.run, self.state, self.writer, metrics)
+            self.preempt = PreemptionHandler(self._trapped())
+            self.meter = Throughput(self.run.device)
+            self.losses = TrainLosses(self.run.device, info, max(cfg.train.log_every_steps, 1) * self.run.accum,
+                                      self.state, self.ckpts.last_good)
+            self.components = self._components()
+        except BaseException:
+            self.close()
+            raise
+
+    def _trapped(self) -> list[str]:
+        """The signals that checkpoint and stop; a warning where torchrun would not forward one of them."""
+        info = self.info
+        trapped = trapped_signals(self.cfg.ckpt.requeue_signals, info.preempt_signal)
+        lost = unforwarded_signals(info, trapped)
+        if lost and info.is_main:
+            log.warning("torchrun forwards only %s to its workers: %s (trapped here for a requeue) would end its "
+                        "agent, and this job step with it, before the checkpoint.\nHINT: %s",
+                        ",".join(info.agent_signals or ()), ",".join(lost), FORWARD_HINT)
+        return trapped
+
+    def _components(self) -> list[Component]:
+        """The run's components, in the order the loops call them (a component's Stop ends a step's calls)."""
+        info, tc, clock = self.info, self.cfg.train, StepClock()
+        stragglers = Stragglers(info, tc.straggler_action, clock) \
+            if Stragglers.wanted(info, tc.straggler_action) else None
+        self.window = LoggingWindow(self.run, self.state, self.losses, self.meter, self.writer, self.preempt, clock,
+                                    readers=[stragglers] if stragglers else [])
+        self.eviction = Eviction(stragglers) if stragglers else None
+        built = [
+            StepProfiler(tc.profile, self.run_dir, info, self.state),
+            ShutdownBudget(info),
+            self.window,
+            *([stragglers] if stragglers else []),
+            ProgressBar(info, tc.progress, self.window),
+            PeriodicSaves(self.cfg.ckpt, self.state, self.save),
+            StepLimit(tc.max_steps, self.run.scheduler),
+            *([self.eviction] if self.eviction else []),
+        ]
+        return built + [c for factory in registered_components() if (c := factory(self)) is not None]
+
+    def fit(self) -> FitResult:
+        """Train until the configured end, a signal's checkpoint, early stopping or an eviction."""
+        self.preempt.install()
+        try:
+            return FitLoop(self).run()
+        finally:
+            self.preempt.restore()
+
+    def save(self, kind: str) -> None:
+        """A checkpoint of `kind` (periodic, best, final), after the losses' read that covers its steps."""
+        self.losses.read()
+        t0 = time.perf_counter()
+        self.ckpts.save(kind, self.state, self.evaluations.last_metrics)
+        for component in self.components:
+            component.saved(time.perf_counter() - t0)
+
+    def close(self) -> None:
+        """Tear the run's parts down (the profiler's trace written, the writer closed)."""
+        for component in self.components:
+            component.close()
+        self.writer.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
