@@ -72,15 +72,15 @@ gpu-carry: setup
 # accuracy/speed against the reference implementations; the real datasets in ../shared/data (not shipped:
 # licences); hours on 2 cores
 bench-recipes: setup
-	$(BIN)/python bench/sasrec.py
-	$(BIN)/python bench/sasrec_stock.py
-	$(BIN)/python bench/mhc_cost.py
-	$(BIN)/python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2
-	$(BIN)/python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2 --section ml100k_original \
+	$(BIN)/python -m bench.sasrec
+	$(BIN)/python -m bench.sasrec_stock
+	$(BIN)/python -m bench.mhc_cost
+	$(BIN)/python -m bench.kgat --data ../shared/data/ml-100k --seeds 2019 1 2
+	$(BIN)/python -m bench.kgat --data ../shared/data/ml-100k --seeds 2019 1 2 --section ml100k_original \
 	  --extra model.layer_input=raw
-	$(BIN)/python bench/kgat.py --scale amazon-book
-	$(BIN)/python bench/har.py
-	$(BIN)/python bench/video.py
+	$(BIN)/python -m bench.kgat --scale amazon-book
+	$(BIN)/python -m bench.har
+	$(BIN)/python -m bench.video
 
 # the fault tests with their measurements recorded: bench/results/faults.{jsonl,md} (the README's fault table)
 faults-report: setup slurm-install

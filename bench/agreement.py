@@ -23,12 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from bench.run import clean_env, slurm_conf
+from trainer.engine.logging import read_metrics
 
-from bench.run import clean_env, slurm_conf  # noqa: E402
-from trainer.engine.logging import read_metrics  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 ARMS = {"A: every step": ["ckpt.signal_latency_s=0", "train.straggler_action=off"], "B: in the window": []}
 WORLDS = {2: ("-N2", "--ntasks-per-node=1"), 4: ("-N2", "--ntasks-per-node=2")}

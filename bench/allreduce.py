@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer.distributed import shm  # noqa: E402
-from trainer.distributed.runtime import DistInfo  # noqa: E402
+from trainer.distributed import shm
+from trainer.distributed.runtime import DistInfo
 
 
 def median_ms(reduce, tensor: torch.Tensor, repeats: int) -> float:

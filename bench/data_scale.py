@@ -124,7 +124,6 @@ def generate(rows: int, folder: Path, kind: str = "udata") -> Path:
     the project's generator (vectorized above 1M rows)."""
     path = folder / f"u-{rows}.{'data' if kind == 'udata' else 'parquet'}"
     if not path.exists():
-        sys.path.insert(0, str(REPO))
         from trainer.recipes.sasrec import sequences
         users = max(10, round(rows * USERS_PER_ROW))
         t0 = time.perf_counter()
@@ -147,7 +146,6 @@ def generate_kgat(scale: float, folder: Path) -> Path:
     preset), from the project's generator: train.txt, test.txt, kg_final.txt."""
     out = folder / (f"kgat-amazon-book-x{scale:g}" if scale else "kgat-tiny")
     if not (out / "kg_final.txt").exists():
-        sys.path.insert(0, str(REPO))
         from trainer.recipes.kgat import convert
         preset = dict(convert.PRESETS["amazon-book"] if scale else convert.PRESETS["tiny"])
         stats = convert.Stats(**{k: (round(v * (scale or 1)) if k != "relations" else v) for k, v in preset.items()})

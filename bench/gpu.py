@@ -26,14 +26,12 @@ import time
 import traceback
 from pathlib import Path
 
+import torch
+
+from bench.opcount import endless, epoch_loop_for, step_counts
+from trainer.engine.meters import Throughput
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import torch  # noqa: E402
-
-from bench.opcount import endless, epoch_loop_for, step_counts  # noqa: E402
-from trainer.engine.meters import Throughput  # noqa: E402
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0}  # dense
 AMPS = ("fp32", "bf16", "compiled", "deterministic")   # compiled: bf16 + train.compile=reduce-overhead, a GPU's

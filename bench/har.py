@@ -1,9 +1,9 @@
 """HAR benchmark (CPU): BasicMotions accuracy over seeds and fusion modes, and training throughput on
 UCI-HAR-sized windows for one process, 2-rank DDP (gloo) and --strategy dp. Writes JSON + PNG.
 
-    python bench/har.py                                   # BasicMotions from ../shared/data, synthetic UCI HAR size
-    python bench/har.py --uci "data/UCI HAR Dataset"      # also the full uci-har.yaml run on the real data
-    python bench/har.py --seeds 0 --modes first --steps 6 --basic-epochs 3 --synth-preset tiny   # smoke run
+    python -m bench.har                                   # BasicMotions from ../shared/data, synthetic UCI HAR size
+    python -m bench.har --uci "data/UCI HAR Dataset"      # also the full uci-har.yaml run on the real data
+    python -m bench.har --seeds 0 --modes first --steps 6 --basic-epochs 3 --synth-preset tiny   # smoke run
 """
 from __future__ import annotations
 
@@ -17,11 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:        # `python bench/<script>.py`: the bench package sits in the repository
-    sys.path.insert(0, str(REPO))
+from bench.common import run_trainer
 
-from bench.common import run_trainer  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 BASIC = REPO.parent / "shared" / "data" / "BasicMotions"
 

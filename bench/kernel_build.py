@@ -4,7 +4,7 @@ of each (a fresh cache, the native target, what a first run or `make setup` wait
     python -m bench.kernel_build                    # 2 repeats -> bench/results/kernel_build.{json,png}
     python -m bench.kernel_build --repeats 3
 
-One module: every *_kernels.h under trainer/recipes/ in one translation unit (what trainer/recipes/kernels.py
+One module: every *_kernels.inc under trainer/recipes/ in one translation unit (what trainer/recipes/kernels.py
 builds). One per owner: a module per folder holding kernel headers (sasrec/, kgat/, and trainer/recipes/ itself for
 the shared dropout), each a translation unit of its own; `make setup` builds them one after the other, and a run
 builds only its recipe's. Each build runs in a child process of its own, with its own empty cache.
@@ -21,11 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from trainer.recipes import kernels
 
-from trainer.recipes import kernels  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 BUILD = """
 import sys, time
@@ -43,7 +41,7 @@ print("BUILT", round(time.monotonic() - t0, 2), sum(not n.startswith("_") for n 
 
 def arms() -> dict[str, dict[str, list[str]]]:
     """{arm: {module: its headers, relative to the root}}."""
-    headers = [h.relative_to(kernels.ROOT).as_posix() for h in kernels.kernel_headers()]
+    headers = [h.relative_to(kernels.ROOT).as_posix() for h in kernels.kernel_fragments()]
     owners: dict[str, list[str]] = {}
     for h in headers:
         owners.setdefault(h.split("/")[0] if "/" in h else "shared", []).append(h)

@@ -1,11 +1,11 @@
 """KGAT on the MovieLens-100K knowledge graph (CPU) beside the reference port's figures, and a scale run on
 a synthetic dataset of Amazon-book's size. Writes JSON + PNG.
 
-    python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2    # 40 epochs, as the reference
-    python bench/kgat.py --data ../shared/data/ml-100k --epochs 2          # smoke run
-    python bench/kgat.py --data ../shared/data/ml-100k --seeds 2019 1 2 --section ml100k_original \
+    python -m bench.kgat --data ../shared/data/ml-100k --seeds 2019 1 2    # 40 epochs, as the reference
+    python -m bench.kgat --data ../shared/data/ml-100k --epochs 2          # smoke run
+    python -m bench.kgat --data ../shared/data/ml-100k --seeds 2019 1 2 --section ml100k_original \
         --extra model.layer_input=raw                                      # the authors' TF layer input
-    python bench/kgat.py --scale amazon-book --scale-epochs 1              # epoch/eval time, peak RSS
+    python -m bench.kgat --scale amazon-book --scale-epochs 1              # epoch/eval time, peak RSS
 """
 from __future__ import annotations
 
@@ -18,11 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:        # `python bench/<script>.py`: the bench package sits in the repository
-    sys.path.insert(0, str(REPO))
+from bench.common import run_trainer, trainer_cmd, trainer_env
 
-from bench.common import run_trainer, trainer_cmd, trainer_env  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 # LunaBlack/KGAT-pytorch @134b0716 measured on this machine kind (2 cores, torch 2.13 CPU) on the dataset
 # `data convert movielens-kg` builds from ml-100k, with its defaults: lr 1e-4, CF batch 1024, KG batch 2048,

@@ -2,9 +2,9 @@
 full-ranking evaluation of every test user, with peak memory, at 1/8, 1/4, 1/2 and the full size, at 1 and 2
 ranks (gloo). Writes bench/results/kgat_scale.{json,png}: a table and a log-log plot with fitted slopes.
 
-    python bench/kgat_scale.py                                  # amazon-book's sizes (~4 minutes on 2 cores)
-    python bench/kgat_scale.py --repeat 3                       # each point the median of 3 sweeps
-    python bench/kgat_scale.py --preset tiny --cf-steps 2       # seconds
+    python -m bench.kgat_scale                                  # amazon-book's sizes (~4 minutes on 2 cores)
+    python -m bench.kgat_scale --repeat 3                       # each point the median of 3 sweeps
+    python -m bench.kgat_scale --preset tiny --cf-steps 2       # seconds
 
 Each point is a fresh process (torchrun for 2 ranks) on generated data of the preset's statistics times the
 fraction (relations stay). A full epoch at amazon-book's size is ~30 minutes on this CPU, nearly all CF steps,
@@ -34,8 +34,6 @@ from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 FRACTIONS = (0.125, 0.25, 0.5, 1.0)
 PHASES = ("cf", "kg", "attention", "eval")
@@ -168,7 +166,7 @@ def worker(args) -> None:
 
 
 def measure(fraction: float, world: int, args) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--fraction", str(fraction),
+    cmd = [sys.executable, "-m", "bench.kgat_scale", "--worker", "--fraction", str(fraction),
            "--preset", args.preset, "--cf-steps", str(args.cf_steps), "--kg-steps", str(args.kg_steps),
            "--warmup", str(args.warmup), "--attention-repeats", str(args.attention_repeats),
            "--eval-batch", str(args.eval_batch), "--seed", str(args.seed), "--kg-update", args.kg_update,

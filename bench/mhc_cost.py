@@ -1,8 +1,8 @@
 """What mHC costs its base model per training epoch, epochs interleaved in one process so that the machine's
 drift (a third within minutes on these VMs) hits every variant alike. Writes bench/results/mhc_cost.{json,png}.
 
-    python bench/mhc_cost.py --data ../shared/data/ml-100k          # the README's figures (15 rounds)
-    python bench/mhc_cost.py --data "" --rounds 1                    # generated data (no ../shared)
+    python -m bench.mhc_cost --data ../shared/data/ml-100k          # the README's figures (15 rounds)
+    python -m bench.mhc_cost --data "" --rounds 1                    # generated data (no ../shared)
 
 Variants: SASRec, SASRec+mHC, TiSASRec, TiSASRec+mHC with the fused CPU kernels (model.mhc_fused, the
 default), and both mHC variants on the PyTorch path (model.mhc_fused=false) for comparison; bench/sasrec.py's
@@ -19,18 +19,16 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from bench.sasrec_profile import epoch, machine
+from bench.sasrec_stock import SETTINGS, bench_data
+from trainer.native import memory
+from trainer.recipes import kernels as cpu_kernels
+from trainer.recipes.sasrec.config import SeqRecConfig
+from trainer.recipes.sasrec.model import SeqRec
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import torch  # noqa: E402
-
-from bench.sasrec_profile import epoch, machine  # noqa: E402
-from bench.sasrec_stock import SETTINGS, bench_data  # noqa: E402
-from trainer.native import memory  # noqa: E402
-from trainer.recipes import kernels as cpu_kernels  # noqa: E402
-from trainer.recipes.sasrec.config import SeqRecConfig  # noqa: E402
-from trainer.recipes.sasrec.model import SeqRec  # noqa: E402
 
 # variant: (time-aware attention, mHC, fused kernels, its base variant)
 VARIANTS = {

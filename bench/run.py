@@ -5,8 +5,8 @@ batch): DDP under torchrun, as many independent single-rank processes at once (w
 no communication), DDP under Slurm's srun (one task per node; when a cluster answers), and the step's
 collectives timed alone. Writes one JSON per run and summary.{json,md,png} in bench/results/harness/.
 
-    python bench/run.py                              # every recipe, worlds 1 and 2 -> bench/results/harness/
-    python bench/run.py har video --steps 20 --warmup 3 --slurm off
+    python -m bench.run                              # every recipe, worlds 1 and 2 -> bench/results/harness/
+    python -m bench.run har video --steps 20 --warmup 3 --slurm off
     python -m bench kgat --world 1                   # the same through bench/__main__.py
 """
 from __future__ import annotations
@@ -20,23 +20,41 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from bench.common import trainer_env
+from bench.harness import cost_shares, phase_extra_ms, repeat_efficiency, scaling_efficiency, step_stats
+from bench.report import plot, tables
+from trainer.engine.logging import read_metrics
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench.common import trainer_env  # noqa: E402
-from bench.harness import cost_shares, phase_extra_ms, repeat_efficiency, scaling_efficiency, step_stats  # noqa: E402
-from bench.report import plot, tables  # noqa: E402
-from trainer.engine.logging import read_metrics  # noqa: E402
 
 
-def presets() -> dict:
-    """The registered recipes' bench presets (trainer/recipes/<name>/spec.py: `bench`)."""
-    from trainer.config.registry import specs
-    return {s.name: s.bench for s in specs() if s.bench is not None}
+@dataclass(frozen=True)
+class BenchPreset:
+    """CPU-sized settings for the harness: per-rank batch, fixed overrides, and data(n, out) -> overrides giving at
+    least n training samples (out: the harness's output folder)."""
+
+    batch: int
+    args: tuple[str, ...]
+    data: Callable[[int, Path], list[str]]
+
+
+def presets() -> dict[str, BenchPreset]:
+    """Each recipe's bench preset: `BENCH = dict(batch=..., args=..., data=...)` beside `SPEC` in its spec module
+    (trainer/recipes/<name>/spec.py, or a TRAINER_PLUGINS module); the product's RecipeSpec knows nothing of it."""
+    from trainer.config.registry import spec_modules, specs
+    specs()                                   # imports every spec module, once
+    builtin, plugins = spec_modules()
+    found = {}
+    for name in builtin + plugins:
+        module = sys.modules.get(name)
+        bench, spec = getattr(module, "BENCH", None), getattr(module, "SPEC", None)
+        if bench is not None and spec is not None:
+            found[spec.name] = BenchPreset(batch=bench["batch"], args=tuple(bench["args"]), data=bench["data"])
+    return found
 
 
 COMMON = ("--epochs", "100000", "train.log_every_steps=1", "train.eval_every_epochs=100000", "ckpt.every_epochs=0",

@@ -1,8 +1,8 @@
 """SASRec / TiSASRec / TiSASRec+mHC on MovieLens-100K (CPU): time per epoch, sampled-evaluation time,
 metric curves, and the reference port's figures beside ours. Writes JSON + PNG.
 
-    python bench/sasrec.py --data ../shared/data/ml-100k                 # the full 200-epoch runs
-    python bench/sasrec.py --data ../shared/data/ml-100k --epochs 3 --variants sasrec   # smoke run
+    python -m bench.sasrec --data ../shared/data/ml-100k                 # the full 200-epoch runs
+    python -m bench.sasrec --data ../shared/data/ml-100k --epochs 3 --variants sasrec   # smoke run
 """
 from __future__ import annotations
 
@@ -15,11 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:        # `python bench/<script>.py`: the bench package sits in the repository
-    sys.path.insert(0, str(REPO))
+from bench.common import run_trainer, trainer_cmd, trainer_env
 
-from bench.common import run_trainer, trainer_cmd, trainer_env  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 # pmixer/SASRec.pytorch measured on this machine kind (issue 3): maxlen 200, hidden 50, 2 blocks, 1 head,
 # dropout 0.2, batch 128, lr 1e-3, 200 epochs, CPU

@@ -1,8 +1,8 @@
 """Where a SASRec training epoch goes on this CPU, and how far it is from the machine's limit. Writes
 bench/results/sasrec_profile.{json,png}.
 
-    python bench/sasrec_profile.py --data ../shared/data/ml-100k          # the README's settings
-    python bench/sasrec_profile.py --epochs 2                              # generated data (no ../shared)
+    python -m bench.sasrec_profile --data ../shared/data/ml-100k          # the README's settings
+    python -m bench.sasrec_profile --epochs 2                              # generated data (no ../shared)
 
 One epoch of the engine's work (data loading, forward, loss, backward, Adam) is timed as a whole; each part
 is then replayed alone on the tensors the epoch really saw (captured by forward hooks: the packed real
@@ -26,17 +26,15 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from trainer.native import memory
+from trainer.recipes.sasrec import data as D
+from trainer.recipes.sasrec.config import SeqDataConfig, SeqRecConfig
+from trainer.recipes.sasrec.model import FeedForward, Packing, SelfAttention, SeqRec
+from trainer.recipes.sasrec.recipe import sequence_loss
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import torch  # noqa: E402
-
-from trainer.native import memory  # noqa: E402
-from trainer.recipes.sasrec import data as D  # noqa: E402
-from trainer.recipes.sasrec.config import SeqDataConfig, SeqRecConfig  # noqa: E402
-from trainer.recipes.sasrec.model import FeedForward, Packing, SelfAttention, SeqRec  # noqa: E402
-from trainer.recipes.sasrec.recipe import sequence_loss  # noqa: E402
 
 PARTS = ("data", "embedding", "attention", "ffn", "loss", "optimizer", "other")
 

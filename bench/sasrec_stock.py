@@ -2,8 +2,8 @@
 so that the machine's drift (a third within minutes on these VMs) hits both alike. Writes
 bench/results/sasrec_stock.{json,png}.
 
-    python bench/sasrec_stock.py --data ../shared/data/ml-100k          # the README's figures (20 epochs each)
-    python bench/sasrec_stock.py --data "" --epochs 1                    # generated data (no ../shared)
+    python -m bench.sasrec_stock --data ../shared/data/ml-100k          # the README's figures (20 epochs each)
+    python -m bench.sasrec_stock --data "" --epochs 1                    # generated data (no ../shared)
 
 The stock model is the architecture and training step of pmixer/SASRec.pytorch (the reference of issue 3,
 whose epoch was measured once at 3.2 s on this machine kind), written here with stock modules: item and
@@ -26,19 +26,17 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+from torch import nn
+
+from bench.sasrec_profile import epoch as our_epoch
+from bench.sasrec_profile import machine
+from trainer.recipes.sasrec import data as D
+from trainer.recipes.sasrec.config import SeqDataConfig, SeqRecConfig
+from trainer.recipes.sasrec.model import SeqRec
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from bench.sasrec_profile import epoch as our_epoch  # noqa: E402
-from bench.sasrec_profile import machine  # noqa: E402
-from trainer.recipes.sasrec import data as D  # noqa: E402
-from trainer.recipes.sasrec.config import SeqDataConfig, SeqRecConfig  # noqa: E402
-from trainer.recipes.sasrec.model import SeqRec  # noqa: E402
 
 SETTINGS = dict(maxlen=200, width=50, depth=2, heads=1, dropout=0.2, batch_size=128, lr=1e-3, betas=(0.9, 0.98))
 

@@ -20,13 +20,11 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from bench.opcount import step_counts
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import torch  # noqa: E402
-
-from bench.opcount import step_counts  # noqa: E402
 
 SAS, BIG = ["model.time=false", "model.mhc=false"], ["data.maxlen=200", "train.batch_size=128"]
 VIDEO = ["model.arch=light", "data.size=32", "data.clip_len=9", "data.synthetic_videos=4", "data.synthetic_frames=30",

@@ -2,9 +2,9 @@
 per training sample, the share of step time spent waiting for the loader, and (on a GPU) MFU.
 Writes JSON + PNG.
 
-    python bench/video.py                                  # CPU: 17 x 128 x 128 grayscale clips
-    python bench/video.py --size 256 --amp bf16 --peak-tflops 989 --batch 16   # a GPU (H100 bf16 dense peak)
-    python bench/video.py --steps 3 --archs light --size 32 # smoke run
+    python -m bench.video                                  # CPU: 17 x 128 x 128 grayscale clips
+    python -m bench.video --size 256 --amp bf16 --peak-tflops 989 --batch 16   # a GPU (H100 bf16 dense peak)
+    python -m bench.video --steps 3 --archs light --size 32 # smoke run
 """
 from __future__ import annotations
 
@@ -17,13 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+from bench.common import run_trainer
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:        # `python bench/<script>.py`: the bench package sits in the repository
-    sys.path.insert(0, str(REPO))
-
-from bench.common import run_trainer  # noqa: E402
-
-sys.path.insert(0, str(REPO))
 
 
 def flops_per_sample(arch: str, clip: int, size: int) -> float:

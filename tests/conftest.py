@@ -369,6 +369,6 @@ def train_until_sigterm(module: str, cls: str, kill_at: int, args: tuple[str, ..
     code = (f"import os,signal,sys,{module} as r;orig=r.{cls}.training_step;n=[0]\n"
             f"def step(self,m,b):\n n[0]+=1\n if n[0]=={kill_at}: os.kill(os.getpid(),signal.SIGTERM)\n"
             " return orig(self,m,b)\n"
-            f"r.{cls}.training_step=step\nfrom trainer.__main__ import main;sys.exit(main(sys.argv[1:]))")
+            f"r.{cls}.training_step=step\nfrom trainer.cli import main;sys.exit(main(sys.argv[1:]))")
     return subprocess.run([PY, "-c", code, *args, "--run-dir", str(run_dir)], cwd=REPO, env=clean_env(),
                           capture_output=True, text=True, timeout=timeout)

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/
 
 
 def test_har_bench_smoke(tmp_path):
-    proc = subprocess.run([PY, "bench/har.py", "--seeds", "0", "--modes", "first", "--steps", "4",
+    proc = subprocess.run([PY, "-m", "bench.har", "--seeds", "0", "--modes", "first", "--steps", "4",
                            "--basic-epochs", "3", "--synth-preset", "tiny",
                            "--out", str(tmp_path)], cwd=REPO, env=clean_env(), capture_output=True, text=True,
                           timeout=600)

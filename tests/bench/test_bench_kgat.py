@@ -19,7 +19,7 @@ def test_kgat_bench_smoke(tmp_path):
         data = tmp_path / "synth"
         subprocess.run([PY, "-m", "trainer", "data", "synth", "kgat", "--out", str(data), "--preset", "tiny"],
                        check=True, cwd=REPO, env=clean_env())
-    proc = subprocess.run([PY, "bench/kgat.py", "--data", str(data), "--epochs", "2", "--scale", "tiny",
+    proc = subprocess.run([PY, "-m", "bench.kgat", "--data", str(data), "--epochs", "2", "--scale", "tiny",
                            "--out", str(tmp_path / "out")], cwd=REPO, env=clean_env(), capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -36,7 +36,7 @@ def test_kgat_bench_smoke(tmp_path):
 def test_kgat_scale_bench_smoke(tmp_path):
     """bench/kgat_scale.py on the tiny preset at 1/2 and full size, 1 and 2 ranks: every phase timed, the work
     units and memory figures consistent with the data's sizes, slopes fitted, the plot written."""
-    proc = subprocess.run([PY, "bench/kgat_scale.py", "--preset", "tiny", "--fractions", "0.5,1", "--cf-steps", "1",
+    proc = subprocess.run([PY, "-m", "bench.kgat_scale", "--preset", "tiny", "--fractions", "0.5,1", "--cf-steps", "1",
                            "--kg-steps", "1", "--eval-batch", "64", "--out", str(tmp_path)], cwd=REPO,
                           env=clean_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/
 
 
 def test_mhc_cost_bench_smoke(tmp_path):
-    proc = subprocess.run([PY, "bench/mhc_cost.py", "--data", "", "--rounds", "2", "--variants",
+    proc = subprocess.run([PY, "-m", "bench.mhc_cost", "--data", "", "--rounds", "2", "--variants",
                            "sasrec,sasrec_mhc", "--out", str(tmp_path)], cwd=REPO, env=clean_env(),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -29,6 +29,6 @@ def test_mhc_cost_bench_smoke(tmp_path):
 
 
 def test_mhc_cost_bench_rejects_an_unknown_variant(tmp_path):
-    proc = subprocess.run([PY, "bench/mhc_cost.py", "--variants", "sasrec,sasrek_mhc", "--out", str(tmp_path)],
+    proc = subprocess.run([PY, "-m", "bench.mhc_cost", "--variants", "sasrec,sasrek_mhc", "--out", str(tmp_path)],
                           cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "sasrek_mhc" in proc.stderr and "sasrec_mhc" in proc.stderr

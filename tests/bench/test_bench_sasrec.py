@@ -18,7 +18,7 @@ def test_sasrec_bench_smoke(tmp_path):
     data = tmp_path / "synth"
     subprocess.run([PY, "-m", "trainer", "data", "synth", "sasrec", "--out", str(data), "--users", "120"],
                    check=True, cwd=REPO, env=clean_env())
-    proc = subprocess.run([PY, "bench/sasrec.py", "--data", str(data), "--epochs", "2", "--variants",
+    proc = subprocess.run([PY, "-m", "bench.sasrec", "--data", str(data), "--epochs", "2", "--variants",
                            "sasrec,sasrec_mhc", "--out", str(tmp_path / "out")], cwd=REPO, env=clean_env(),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -39,7 +39,7 @@ def test_sasrec_bench_smoke(tmp_path):
 def test_sasrec_profile_parts_add_up(tmp_path):
     # the median of 3 epochs (of about 0.5 s each): one epoch hit by a load spike (make test runs its cluster
     # half beside) once made "other" 64% of it instead of about 15%
-    args = [PY, "bench/sasrec_profile.py", "--epochs", "3", "--out", str(tmp_path)]
+    args = [PY, "-m", "bench.sasrec_profile", "--epochs", "3", "--out", str(tmp_path)]
     if not ML100K.exists():
         args += ["--data", ""]                          # generated data of ml-100k's size
     proc = subprocess.run(args, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)

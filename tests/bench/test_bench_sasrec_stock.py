@@ -39,7 +39,7 @@ def test_stock_sampler_draws_the_references_batches():
 
 
 def test_stock_bench_smoke(tmp_path):
-    proc = subprocess.run([PY, "bench/sasrec_stock.py", "--data", "", "--epochs", "1", "--out", str(tmp_path)],
+    proc = subprocess.run([PY, "-m", "bench.sasrec_stock", "--data", "", "--epochs", "1", "--out", str(tmp_path)],
                           cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "sasrec_stock.json").read_text())

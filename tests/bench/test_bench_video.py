@@ -10,7 +10,7 @@ pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/
 
 
 def test_video_bench_smoke(tmp_path):
-    proc = subprocess.run([PY, "bench/video.py", "--archs", "light", "--size", "32", "--clip", "5", "--steps", "4",
+    proc = subprocess.run([PY, "-m", "bench.video", "--archs", "light", "--size", "32", "--clip", "5", "--steps", "4",
                            "--workers", "1", "--out", str(tmp_path)], cwd=REPO, env=clean_env(), capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -109,7 +109,7 @@ COUNT_LOADS = ("import collections, sys, torch\n"
                "    loads[str(f)] += 1\n"
                "    return real(f, *a, **k)\n"
                "torch.load = counting\n"
-               "from trainer.__main__ import main\n"
+               "from trainer.cli import main\n"
                "code = main(sys.argv[1:])\n"
                "print('LOADS', dict(loads))\n"
                "sys.exit(code)\n")

@@ -45,7 +45,7 @@ def test_a_crash_exits_non_zero_as_retryable_with_its_cause(tmp_path):
     code = ("import sys, tests.toy_recipe as r\n"
             "def boom(self, m, b):\n    raise RuntimeError('loader worker died (injected)')\n"
             "r.ToyRecipe.training_step = boom\n"
-            "from trainer.__main__ import main; sys.exit(main(sys.argv[1:]))")
+            "from trainer.cli import main; sys.exit(main(sys.argv[1:]))")
     proc = subprocess.run([PY, "-c", code, *TOY, "--run-dir", str(tmp_path / "run")], cwd=REPO, env=clean_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""SASRec's training attention as one C++ kernel (sasrec/attention_kernels.h `attention`, model.attention_fused): the
+"""SASRec's training attention as one C++ kernel (sasrec/attention_kernels.inc `attention`, model.attention_fused): the
 PyTorch path's function (causal, padded keys masked, a padded query sees itself) with the hash-mask dropout,
 its gradients, the dropout rate, the seed, and the model with and without it."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The hash-mask dropout kernel (trainer/recipes/dropout_kernels.h, used by trainer/recipes/dropout.py on float32 CPU
+"""The hash-mask dropout kernel (trainer/recipes/dropout_kernels.inc, used by trainer/recipes/dropout.py on float32 CPU
 tensors): keep_mask's rate and scale, the backward's mask is the forward's, torch.manual_seed fixes it, and
 gradient checkpointing recomputes the same mask."""
 from __future__ import annotations

@@ -108,7 +108,7 @@ def test_deterministic_kernels_stop_an_op_without_one_as_a_usage_error(tmp_path)
     GPU) stops the run with exit 2 (never relaunched), naming the op and the way out; without it, it trains."""
     code = ("import sys,torch,trainer.recipes.har.recipe as r;orig=r.HARRecipe.training_step\n"
             "def step(self,m,b):\n torch.zeros(3).put_(torch.tensor([0]),torch.ones(1))\n return orig(self,m,b)\n"
-            "r.HARRecipe.training_step=step\nfrom trainer.__main__ import main;sys.exit(main(sys.argv[1:]))")
+            "r.HARRecipe.training_step=step\nfrom trainer.cli import main;sys.exit(main(sys.argv[1:]))")
     args = [PY, "-c", code, "train", *FAST, "--epochs", "1"]
     proc = subprocess.run([*args, "train.deterministic=true", "--run-dir", str(tmp_path / "det")], cwd=REPO,
                           env=clean_env(), capture_output=True, text=True, timeout=300)

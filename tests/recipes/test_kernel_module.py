@@ -1,6 +1,7 @@
-"""The CPU kernels' module (trainer/recipes/kernels.py): made of every *_kernels.h under trainer/recipes/, each header
-standing alone and registering its own functions, so a recipe adds kernels without editing a shared file; built
-once per CPU type (or portable), cached by every header it depends on."""
+"""The CPU kernels' module (trainer/recipes/kernels.py): one translation unit made of every *_kernels.inc fragment
+under trainer/recipes/, each standing alone on the one real header (cpu_common.h) and registering its own functions, so
+a recipe adds kernels without editing a shared file; built once per CPU type (or portable), cached by every file it
+depends on."""
 from __future__ import annotations
 
 import os
@@ -50,7 +51,7 @@ def test_build_is_cached_per_source_and_moved_into_place(ops):
 def test_every_header_registers_its_own_functions_in_the_module(ops):
     """The module holds what each owner's header registered: mHC's, SASRec's attention, KGAT's and the shared
     dropout, with no list of them anywhere else."""
-    headers = kernels.kernel_headers()
+    headers = kernels.kernel_fragments()
     assert {h.parent.name for h in headers} >= {"sasrec", "kgat", "recipes"}
     for header in headers:
         text = header.read_text()
@@ -60,30 +61,48 @@ def test_every_header_registers_its_own_functions_in_the_module(ops):
     assert {"maps_in", "attention", "gather_dot", "dropout"} <= set(dir(ops))
 
 
+def test_fragments_include_only_headers_and_the_header_defines_only_inline_functions():
+    """A fragment is included once, into the module's one translation unit: it includes no other fragment (no
+    include order to get right) and is not named a header; cpu_common.h, included by every fragment, is a real
+    header (#pragma once; no non-inline function, which a second translation unit would define twice)."""
+    import re
+    for fragment in kernels.kernel_fragments():
+        includes = re.findall(r'#include "([^"]+)"', fragment.read_text())
+        assert includes == ["cpu_common.h"], (fragment.name, includes)
+    assert not list(kernels.ROOT.rglob("*_kernels.h"))
+    common = (kernels.ROOT / "cpu_common.h").read_text()
+    assert "#pragma once" in common
+    lines = common.splitlines()
+    defined = [(lines[i - 1], line) for i, line in enumerate(lines)
+               if re.match(r"^\w[\w:<>, ]*\s\w+\([^;]*\)\s*{", line)]   # a function defined at the namespace's level
+    plain = [line for before, line in defined if not (line.startswith("inline ") or before.startswith("template"))]
+    assert len(defined) >= 5 and plain == [], plain
+
+
 def test_a_new_recipes_header_joins_the_module_and_any_header_change_rebuilds(tmp_path):
     """Adding a recipe's kernels is adding a header to its folder: it is found and included, and the build key
     covers it, as it covers every header the module depends on."""
-    for header in kernels.kernel_headers():
+    for header in kernels.kernel_fragments():
         assert f'#include "{header.relative_to(kernels.ROOT).as_posix()}"' in kernels.module_source(
-            kernels.kernel_headers())
+            kernels.kernel_fragments())
     root = tmp_path / "recipes"
     (root / "newrec").mkdir(parents=True)
     shutil.copy(kernels.ROOT / "cpu_common.h", root)
-    (root / "newrec" / "newrec_kernels.h").write_text("// one\n")
+    (root / "newrec" / "newrec_kernels.inc").write_text("// one\n")
     (root / "newrec" / "helpers.h").write_text("// not a kernel header: included by one\n")
-    found = kernels.kernel_headers(root)
-    assert found == [root / "newrec" / "newrec_kernels.h"]
-    assert '#include "newrec/newrec_kernels.h"' in kernels.module_source(found, root)
+    found = kernels.kernel_fragments(root)
+    assert found == [root / "newrec" / "newrec_kernels.inc"]
+    assert '#include "newrec/newrec_kernels.inc"' in kernels.module_source(found, root)
     ext = native.Extension("probe", None, ["-O1"], [], what="probe", fallback="-", off_env="PROBE",
                            depends=lambda: sorted(root.rglob("*.h")),
-                           generate=lambda: kernels.module_source(kernels.kernel_headers(root), root))
+                           generate=lambda: kernels.module_source(kernels.kernel_fragments(root), root))
     native.EXTENSIONS.remove(ext)
     before = ext.build_key()
     (root / "newrec" / "helpers.h").write_text("// two\n")
     assert ext.build_key() != before
     (root / "other").mkdir()
-    (root / "other" / "other_kernels.h").write_text("// a second recipe\n")
-    assert '#include "other/other_kernels.h"' in ext.generate()
+    (root / "other" / "other_kernels.inc").write_text("// a second recipe\n")
+    assert '#include "other/other_kernels.inc"' in ext.generate()
 
 
 def _compiler_flags() -> list[str]:
@@ -93,7 +112,7 @@ def _compiler_flags() -> list[str]:
 
 
 @pytest.mark.beside_cluster        # a minute of compiling: run in the cluster half, which mostly waits
-def test_each_header_compiles_on_its_own(tmp_path):
+def test_each_fragment_compiles_on_its_own(tmp_path):
     """Each header is a translation unit of its own: its own includes (paths from the one root kernels.py states)
     and its own namespace, so no include order matters. To keep this cheap, cpu_common.h (the first include of
     every kernel header, and torch's headers with it) is checked once and kept as a precompiled header; each
@@ -116,10 +135,10 @@ def test_each_header_compiles_on_its_own(tmp_path):
         return header, subprocess.run(["g++", *flags, "-Winvalid-pch", f"-I{pch}", f"-I{kernels.ROOT}", "-fsyntax-only",
                                        "-x", "c++", str(alone)], capture_output=True, text=True, timeout=600)
 
-    headers = [h for h in sorted(kernels.ROOT.rglob("*.h")) if h.name != "cpu_common.h"]
+    headers = kernels.kernel_fragments()
     assert len(headers) >= 4
     example = (REPO / "docs/extending.md").read_text().split("## A recipe's own C++ kernels")[1].split("```cpp\n")[1]
-    documented = tmp_path / "docs" / "tinyreg" / "tinyreg_kernels.h"     # the page's example, checked the same way
+    documented = tmp_path / "docs" / "tinyreg" / "tinyreg_kernels.inc"     # the page's example, checked the same way
     documented.parent.mkdir(parents=True)
     documented.write_text(example.split("```")[0])
     headers.append(documented)

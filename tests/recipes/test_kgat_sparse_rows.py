@@ -39,7 +39,7 @@ def _ops_or_skip():
 
 @pytest.fixture(params=["torch", "kernel"])
 def kernel(request):
-    """Each row-update test runs on torch's path and on the C++ kernel (kgat_kernels.h adam_rows_)."""
+    """Each row-update test runs on torch's path and on the C++ kernel (kgat_kernels.inc adam_rows_)."""
     if request.param == "torch":
         yield None
         return

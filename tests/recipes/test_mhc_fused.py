@@ -1,4 +1,4 @@
-"""The fused C++ mHC kernels (trainer/recipes/sasrec/mhc_kernels.h): built here, the same function and gradients
+"""The fused C++ mHC kernels (trainer/recipes/sasrec/mhc_kernels.inc): built here, the same function and gradients
 as the PyTorch path, and the PyTorch path with a warning where they cannot be built."""
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ def test_first_sublayer_from_copies_has_the_expanded_streams_gradients(ops, kern
 
 def test_first_sublayer_runs_the_copies_kernel(ops, monkeypatch):
     """Guards the test above: with model.mhc_fused and the (N, n, D) streams between the kernels (as under
-    grad_checkpoint) the first sub-layer's mix is mhc_kernels.h's copies_mix. (In the basis form it writes no
+    grad_checkpoint) the first sub-layer's mix is mhc_kernels.inc's copies_mix. (In the basis form it writes no
     streams: its mix is the coefficients [rows | post], which the next sub-layer's maps_in_basis reads.)"""
     batch = _batch()
     ref = _model(True, False, basis=False)(*batch)[0].detach()

@@ -85,7 +85,7 @@ def test_resume_after_sigterm_is_bitwise_exact(tmp_path, path):
     code = ("import os,signal,sys,trainer.recipes.sasrec.recipe as r;"
             "orig=r.SASRecRecipe.training_step;n=[0]\n"
             "def step(self,m,b):\n n[0]+=1\n if n[0]==13: os.kill(os.getpid(),signal.SIGTERM)\n return orig(self,m,b)\n"
-            "r.SASRecRecipe.training_step=step\nfrom trainer.__main__ import main;sys.exit(main(sys.argv[1:]))")
+            "r.SASRecRecipe.training_step=step\nfrom trainer.cli import main;sys.exit(main(sys.argv[1:]))")
     proc = subprocess.run([sys.executable, "-c", code, *args, "--run-dir", str(tmp_path / "run")], cwd=REPO,
                           env=clean_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 143 and "received SIGTERM: checkpointing at epoch 1 step 13" in proc.stderr

@@ -29,7 +29,6 @@ def test_readme_recipe_folder_trains_evaluates_synthesizes_and_benches(tmp_path)
         name = re.match(r"# (\S+\.py)", code).group(1)
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(code)
-    (tmp_path / "tinyreg" / "__init__.py").touch()
     before = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
     script = blocks(section, "bash")
     assert len(script) == 1

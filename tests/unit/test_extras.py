@@ -23,7 +23,7 @@ def test_the_core_install_pulls_neither_av_nor_submitit():
 
 
 def test_har_trains_without_the_extras_and_video_names_its_extra(tmp_path):
-    main = "from trainer.__main__ import main; sys.exit(main({argv!r}))"
+    main = "from trainer.cli import main; sys.exit(main({argv!r}))"
     har = run_without_extras(main.format(argv=["train", "--recipe", "har", "--epochs", "1", "--run-dir",
                                                str(tmp_path / "har"), "data.synthetic_cases=120",
                                                "model.width=8", "train.tensorboard=false"]), tmp_path)

@@ -3,6 +3,7 @@ a submitter that never imports torch, launch facts only through DistInfo, and sm
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 from pathlib import Path
 
@@ -157,7 +158,11 @@ def test_the_entry_parses_and_dispatches_and_nothing_imports_it():
     """`python -m trainer` is an entry, not a library: the run's assembly lives in engine/session.py, the commands
     in commands.py; no module of the package, hpc/ or bench/ imports __main__ (issue 56)."""
     entry = (REPO / "trainer/__main__.py").read_text()
-    assert "def " not in entry and "from trainer.cli.commands import main" in entry
+    assert "def " not in entry and "from trainer.cli import main" in entry
+    assert 'trainer = "trainer.cli:main"' in (REPO / "pyproject.toml").read_text()     # the console script too (67)
+    old_entry = "from trainer." + "__main__ import"                 # (spelled apart: this file is under tests/)
+    tests = [p.name for p in (REPO / "tests").rglob("*.py") if old_entry in p.read_text()]
+    assert tests == []
     importers = [str(p.relative_to(REPO)) for d in ("trainer", "hpc", "bench") for p in (REPO / d).rglob("*.py")
                  if "trainer.__main__" in p.read_text()]
     assert importers == []
@@ -187,8 +192,6 @@ def test_recipe_names_live_in_their_recipes():
     """No recipe's or dataset's name in a string of trainer/ outside trainer/recipes/ (each recipe declares its
     downloads in its spec), apart from the two places that are about particular recipes: the seed guides'
     compatibility (trainer/legacy/) and `make demo` (trainer/cli/demo.py)."""
-    import re
-
     from trainer.config.registry import specs
     names = {s.name for s in specs()} | {d for s in specs() for d in s.datasets} | {"tisasrec"}
     found = []
@@ -205,3 +208,25 @@ def test_recipe_names_live_in_their_recipes():
                 if hit:
                     found.append(f"{rel}:{node.lineno} {sorted(hit)}")
     assert not found, found
+
+
+def test_bench_is_a_package_and_the_product_holds_nothing_for_it():
+    """Issue 67.3: bench/ runs as `python -m bench.X` with no sys.path edits, its callers say so, nothing in
+    trainer/config or trainer/engine exists for a benchmark, and instruments build the epoch loop through the engine's
+    own constructor (no placeholders for what it does not use)."""
+    import dataclasses
+    import inspect
+
+    from trainer.config.spec import RecipeSpec
+    from trainer.engine.loop import EpochLoop
+    assert [p.name for p in (REPO / "bench").glob("*.py") if "sys.path" in p.read_text()] == []
+    callers = [REPO / "Makefile", REPO / "bench/README.md", REPO / "docs/gpu.md", REPO / "bench/gpu_check.sh",
+               *(REPO / "bench").glob("*.py"), *(REPO / "tests/bench").glob("*.py")]
+    assert [str(p) for p in callers if re.search(r"python3? bench/|PY, \"bench/", p.read_text())] == []
+    assert "bench" not in {f.name for f in dataclasses.fields(RecipeSpec)}
+    for folder in ("trainer/config", "trainer/engine"):
+        assert [p.name for p in (REPO / folder).rglob("*.py") if re.search(r"Bench|bench\.", p.read_text())] == []
+    assert list(inspect.signature(EpochLoop).parameters) == ["run", "state", "meter", "losses", "components"]
+    opcount = (REPO / "bench/opcount.py").read_text()
+    assert "EpochLoop(run, state, Throughput(run.device), losses)" in opcount
+    assert not re.search(r"EpochLoop\([^)]*=None", opcount)

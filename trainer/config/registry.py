@@ -39,12 +39,19 @@ def register(spec: RecipeSpec) -> RecipeSpec:
     return spec
 
 
-def _load_modules() -> None:
-    """Import every built-in recipe's spec module and every TRAINER_PLUGINS module, once each."""
+def spec_modules() -> tuple[list[str], list[str]]:
+    """(the built-in recipes' spec modules, the TRAINER_PLUGINS modules), by name: what _load_modules imports, and
+    where a tool finds what a recipe keeps beside its SPEC (the benchmark harness: BENCH)."""
     # found by name, as the plugins are: the recipes import this module, not the other way round
     folders = importlib.util.find_spec("trainer.recipes").submodule_search_locations
     builtin = [f"trainer.recipes.{m.name}.spec" for m in pkgutil.iter_modules(folders) if m.ispkg]
     plugins = [m.strip() for m in os.environ.get("TRAINER_PLUGINS", "").split(",") if m.strip()]
+    return builtin, plugins
+
+
+def _load_modules() -> None:
+    """Import every built-in recipe's spec module and every TRAINER_PLUGINS module, once each."""
+    builtin, plugins = spec_modules()
     for name in builtin + plugins:
         if name in _LOADED:
             continue

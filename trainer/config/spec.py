@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import importlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 
@@ -41,16 +40,6 @@ class DataCommand:
 
 
 @dataclass(frozen=True)
-class BenchPreset:
-    """CPU-sized settings for the benchmark harness (bench/run.py): per-rank batch, fixed overrides, and
-    data(n, out) -> overrides giving at least n training samples (out: the harness's output folder)."""
-
-    batch: int
-    args: tuple[str, ...]
-    data: Callable[[int, Path], list[str]]
-
-
-@dataclass(frozen=True)
 class Dataset:
     """A public dataset that `data download NAME` fetches: fetch(out, url=None, sha256=None) -> the folder (or file)
     written under out (a "module:function", imported on use: no network code on import); folder: that name, so a
@@ -73,7 +62,7 @@ def _load(target: Any) -> Any:
 
 @dataclass(frozen=True)
 class RecipeSpec:
-    """One recipe: name, config sections and defaults, CLI flags, data commands, bench preset."""
+    """One recipe: name, config sections and defaults, CLI flags, data commands."""
 
     name: str
     recipe: Any                                   # the Recipe subclass, or "module:Class" (imported on use)
@@ -88,7 +77,6 @@ class RecipeSpec:
     data_commands: Mapping[str, DataCommand] = field(default_factory=dict)  # other `data` subcommands
     datasets: Mapping[str, Dataset] = field(default_factory=dict)   # what `data download NAME` fetches
     data_hints: Mapping[str, str] = field(default_factory=dict)    # folder -> the commands that make it ({parent})
-    bench: BenchPreset | None = None
     renamed: Mapping[str, str] = field(default_factory=dict)   # deprecated dotted key -> its new name
     resume_changeable: tuple[str, ...] = ()      # key patterns beyond the engine's that a resume may change
     own_batch_plan: bool = False   # Recipe.epoch_batches draws the batches: a resume in another world is not exact

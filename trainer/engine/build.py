@@ -173,7 +173,7 @@ def _sync_gradients(run: Run, comm) -> None:
         timer = gradsync.GradSyncTimer(comm) if measure else None
         run.grad_sync = gradsync.after_backward(list(run.model.parameters()), info, timer)
     if measure:
-        run.sync_timer = run.recipe.sync_timer = timer
+        run.sync_timer = timer
 
 
 def compiled_step(recipe: Recipe, wrapped: torch.nn.Module, mode: str):

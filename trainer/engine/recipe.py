@@ -19,7 +19,6 @@ class Recipe:
     (extra phases, refreshed state) do its work without the loop knowing the recipe.
     """
 
-    name: ClassVar[str] = "base"
     primary_metric: ClassVar[tuple[str, str]] = ("loss", "min")   # (val metric, "min" | "max")
     tie_break_metric: ClassVar[tuple[str, str] | None] = None     # decides between equal primary values
     find_unused_parameters: ClassVar[bool] = False   # DDP: some steps leave parameters without gradients
@@ -29,7 +28,6 @@ class Recipe:
     broadcast_buffers: ClassVar[bool] = True         # DDP: rank 0's buffers to every rank before each forward
     buffers_before_eval: ClassVar[bool] = False      # instead: rank 0's buffers to every rank before evaluating
     reuse_freed_memory: ClassVar[bool] = True        # steps free and remake large tensors: trainer/native/memory.py
-    sync_timer: Any = None    # train.measure_sync: time own collectives in the backward with .timed()
 
     def __init__(self, data_cfg: Any, model_cfg: Any, train_cfg: Any, dist: Any, eval_cfg: Any = None,
                  seed: int = 0, loss_cfg: Any = None):

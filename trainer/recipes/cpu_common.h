@@ -25,7 +25,7 @@ constexpr int kLanes = 32;        // Sinkhorn maps per vectorised chunk (maps la
 static_assert(kLanes % 16 == 0, "the Sinkhorn chunks are gathered 16 maps at a time");
 constexpr int kBlock = 16;        // maps_in's tokens per vectorised exponential (one v16f below)
 
-void check(const torch::Tensor& t, const char* name, int64_t dim) {
+inline void check(const torch::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.is_contiguous() && t.dim() == dim,
               "kernels: ", name, " must be a contiguous float32 CPU tensor with ", dim, " dims");
 }
@@ -136,7 +136,20 @@ inline void register_all(pybind11::module_& m) {
   for (Registrar add : registrars()) add(m);
 }
 
+// The hash-mask dropout's random stream (dropout_kernels.inc, SASRec's attention): murmur3's 32-bit finaliser on a Weyl sequence: a counter-based random stream (element i of a call draws
+// fmix32(i * golden + seed)); 32-bit lanes, so a loop of it vectorises 16 wide (splitmix64's 64-bit
+// multiplies ran the loop at 1.4 ns per element, slower than torch's generator).
+inline uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  return h ^ (h >> 16);
+}
+
 }  // namespace trainer_cpu
 
-// At a kernel header's end: TRAINER_KERNELS(register_mine); registers register_mine when the module loads.
+// At a kernel fragment's end: TRAINER_KERNELS(register_mine); registers register_mine when the module loads. The
+// fragments share one translation unit (kernels.py writes it), so each registrar runs once; their order is the
+// include order, which nothing depends on (each adds functions of its own names).
 #define TRAINER_KERNELS(registrar) static const ::trainer_cpu::Registered registrar##_registered{registrar}

@@ -30,7 +30,7 @@ def keep_mask(x: torch.Tensor, p: float, scale: bool = True) -> tuple[torch.Tens
 
 
 class _HashDropout(torch.autograd.Function):
-    """keep_mask's dropout in one C++ pass (dropout_kernels.h: a counter-based hash of one seed drawn from torch's
+    """keep_mask's dropout in one C++ pass (dropout_kernels.inc: a counter-based hash of one seed drawn from torch's
     generator, so torch.manual_seed still fixes it); the backward recomputes the mask from the seed."""
 
     @staticmethod

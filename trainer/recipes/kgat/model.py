@@ -130,7 +130,7 @@ def sparse_softmax(scores: torch.Tensor, heads: torch.Tensor, n_nodes: int) -> t
 
 def head_softmax(scores: torch.Tensor, heads: torch.Tensor, crow: torch.Tensor, n_nodes: int) -> torch.Tensor:
     """sparse_softmax for edges sorted by head (crow: the CSR row pointers): one C++ pass per head on float32 CPU
-    tensors (kgat_kernels.h's segment_softmax), the scatter softmax elsewhere."""
+    tensors (kgat_kernels.inc's segment_softmax), the scatter softmax elsewhere."""
     ops = cpu_kernels() if applies(scores) else None
     return ops.segment_softmax(scores, crow) if ops is not None else sparse_softmax(scores, heads, n_nodes)
 

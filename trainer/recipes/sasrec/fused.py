@@ -1,5 +1,5 @@
-"""mHC's and SASRec attention's autograd functions over the fused CPU kernels (mhc_kernels.h and
-attention_kernels.h here, built by trainer/recipes/kernels.py); the PyTorch path (model.py) is used where they
+"""mHC's and SASRec attention's autograd functions over the fused CPU kernels (mhc_kernels.inc and
+attention_kernels.inc here, built by trainer/recipes/kernels.py); the PyTorch path (model.py) is used where they
 cannot be built or do not apply (GPU tensors, dtypes other than float32).
 
     connection = FusedConnection(n)     # one per mHC sub-layer call; see model.Sublayer
@@ -108,7 +108,7 @@ class _Maps(torch.autograd.Function):
 
 
 class BasisStreams:
-    """mHC's (N, n, D) streams as combinations of D-wide vectors (mhc_kernels.h Streams): stream i of token t is
+    """mHC's (N, n, D) streams as combinations of D-wide vectors (mhc_kernels.inc Streams): stream i of token t is
     sum_k coef[t, i, k] basis[k][t]. The streams start as n copies of the embedding e and each sub-layer's mix
     H_res x + H_post^T y adds its output y, so the l-th sub-layer's streams are combinations of e, y_0 ..
     y_{l-1}: the mix acts on the (N, n, l + 1) coefficients only, and the streams are neither written nor
@@ -184,7 +184,7 @@ class BasisGrads:
 
 
 class _CopiesMaps(torch.autograd.Function):
-    """_Maps for n copies of e (mhc_kernels.h maps_in_copies, maps_backward_copies: e projected with the folded
+    """_Maps for n copies of e (mhc_kernels.inc maps_in_copies, maps_backward_copies: e projected with the folded
     sum_i W_i); e's gradient is added into BasisGrads, whose first vector e is."""
 
     @staticmethod
@@ -209,7 +209,7 @@ class _CopiesMaps(torch.autograd.Function):
 
 
 class _BasisMaps(torch.autograd.Function):
-    """_Maps for streams in the basis form: mhc_kernels.h maps_in_basis and maps_backward_basis, which expand each
+    """_Maps for streams in the basis form: mhc_kernels.inc maps_in_basis and maps_backward_basis, which expand each
     token's streams in cache; the backward returns the coefficients' gradient (the mix's term is autograd's,
     BasisStreams.mixed) and adds the basis vectors' into BasisGrads."""
 
@@ -235,7 +235,7 @@ class _BasisMaps(torch.autograd.Function):
 
 
 class _CoefMix(torch.autograd.Function):
-    """[H_res coef | H_post] (mhc_kernels.h coef_mix): the stream mix on the basis form's coefficients."""
+    """[H_res coef | H_post] (mhc_kernels.inc coef_mix): the stream mix on the basis form's coefficients."""
 
     @staticmethod
     def forward(ctx, res, coef, post):
@@ -250,7 +250,7 @@ class _CoefMix(torch.autograd.Function):
 
 class _BasisMean(torch.autograd.Function):
     """The mean of the streams in the basis form, sum_k w[t, k] basis[k][t] with w the coefficients' mean over
-    the streams (mhc_kernels.h basis_mean): the last sub-layer's output, never written as streams."""
+    the streams (mhc_kernels.inc basis_mean): the last sub-layer's output, never written as streams."""
 
     @staticmethod
     def forward(ctx, coef, grads, *basis):
@@ -288,7 +288,7 @@ class _StreamMix(torch.autograd.Function):
 
 
 class _CollapseMix(torch.autograd.Function):
-    """mean_i (H_res x + H_post^T y)_i without writing the streams (mhc_kernels.h collapse_mix). Its backward leaves
+    """mean_i (H_res x + H_post^T y)_i without writing the streams (mhc_kernels.inc collapse_mix). Its backward leaves
     the one gradient every stream gets, (output gradient) / n as (N, 1, D), for _Maps' backward."""
 
     @staticmethod
@@ -309,7 +309,7 @@ class _CollapseMix(torch.autograd.Function):
 
 
 class FusedCopiesMix(torch.autograd.Function):
-    """model.CopiesMix (the first sub-layer's mix, its streams n copies of e) in mhc_kernels.h's copies_mix."""
+    """model.CopiesMix (the first sub-layer's mix, its streams n copies of e) in mhc_kernels.inc's copies_mix."""
 
     @staticmethod
     def forward(ctx, rows, e, post, y):
@@ -325,7 +325,7 @@ class FusedCopiesMix(torch.autograd.Function):
 
 
 class FusedAttention(torch.autograd.Function):
-    """Causal attention with dropout (attention_kernels.h `attention`) over packed sequences: qkv (N, 3, H, dh), the
+    """Causal attention with dropout (attention_kernels.inc `attention`) over packed sequences: qkv (N, 3, H, dh), the
     float32 CPU Q/K/V projection of the real positions, row after row, and starts (B + 1 offsets, int64); T
     bounds a row's length, scale multiplies the scores. model.attention_bias's function on the real positions,
     per row in cache. One seed from torch's generator per call fixes the dropout mask (recomputed in the

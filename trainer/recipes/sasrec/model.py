@@ -36,7 +36,7 @@ def sinkhorn(logits: torch.Tensor, iters: int, tol: float = 0.0, kernel: bool = 
     after each iteration). The gradient is that of the projection itself (implicit differentiation of
     P = diag(u) exp(L) diag(v), one n x n solve per map) instead of backpropagation through every
     iteration: the unrolled graph was 40 small autograd nodes per sub-layer and most of mHC's cost.
-    kernel: the same iterations and gradient in C++ (mhc_kernels.h; float32 CPU logits, the kernels built).
+    kernel: the same iterations and gradient in C++ (mhc_kernels.inc; float32 CPU logits, the kernels built).
     newton (tol > 0): at most this many Newton steps for the maps the iterations leave above tol
     (newton_steps). fixed: every map runs `iters` iterations and the Newton steps are masked (fixed.py: no
     host read, the GPU-shaped step's form)."""
@@ -88,7 +88,7 @@ def newton_steps(p: torch.Tensor, steps: int, tol: float) -> None:
     factors exp(d) have the Jacobian diag(r) - P P^T, null along 1 (a common factor), so (J + 1 1^T) d = 1 - r,
     then rows times exp(d - max d) and the columns normalised. A map takes a step only if it lowers its largest
     row error, else it halves its step length for the next (backtracking along the same direction); it stops
-    once within tol (mhc_kernels.h newton_lanes is the same). Sinkhorn's iterations converge linearly, the slower
+    once within tol (mhc_kernels.inc newton_lanes is the same). Sinkhorn's iterations converge linearly, the slower
     the sharper the map: after 200 epochs on ml-100k rows were still off by up to 0.67 after 20 iterations, and
     reaching 1e-3 took 100 on average (up to ~800), where 20 and these steps reach 1e-4 for every map."""
     rows = p.sum(-1)
