@@ -19,6 +19,7 @@ import torch
 from trainer.config.settings import DistConfig
 from trainer.distributed import runtime
 from trainer.distributed.environment import LaunchError, select_environment
+from trainer.engine.exits import exit_of
 
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
               "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
@@ -269,7 +270,7 @@ def run_doctor(args) -> int:
         info = runtime.init(env, DistConfig(timeout_s=args.timeout))
     except LaunchError as err:
         print(f"doctor: launch environment is inconsistent:\n{err}")
-        return 2
+        return exit_of(err).code            # trainer/engine/exits.py: a usage error
     if args.preflight:
         return preflight_only(info)
     try:
