@@ -41,5 +41,5 @@ def test_the_long_cpu_tests_marked_beside_the_cluster_run_in_its_half():
     path = "tests/bench/test_bench_har.py"
     assert collected("cluster", path) and not collected("rest", path)
     headers = "tests/recipes/test_kernel_module.py"
-    assert collected("cluster", headers) == {"test_each_header_compiles_on_its_own"}
+    assert collected("cluster", headers) == {"test_each_fragment_compiles_on_its_own"}
     assert "test_every_header_registers_its_own_functions_in_the_module" in collected("rest", headers)
