@@ -16,6 +16,7 @@ from trainer.distributed.environment import LaunchError
 from trainer.engine.ckpt_io import CheckpointError
 from trainer.engine.window import NonFiniteLossError
 from trainer.launch.exitcodes import (
+    DONE,
     NON_FINITE,
     RESOURCE,
     UNFIT_HOST,
@@ -88,4 +89,4 @@ def exit_of(err: BaseException) -> Ending:
 def exit_code_of(result) -> int:
     """A finished run's exit code (trainer/launch/exitcodes.py): 0, or 128 + the signal of a checkpointed stop that
     was not requeued."""
-    return 128 + result.signal if result.status == "preempted" and not result.requeued else 0
+    return 128 + result.signal if result.status == "preempted" and not result.requeued else DONE

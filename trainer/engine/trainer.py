@@ -142,8 +142,9 @@ class Trainer:
         self.losses.read()
         t0 = time.perf_counter()
         self.ckpts.save(kind, self.state, self.evaluations.last_metrics)
+        seconds = time.perf_counter() - t0
         for component in self.components:
-            component.saved(time.perf_counter() - t0)
+            component.saved(seconds)
 
     def close(self) -> None:
         """Tear the run's parts down (the profiler's trace written, the writer closed)."""

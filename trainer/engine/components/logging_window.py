@@ -107,20 +107,19 @@ class LoggingWindow(Component):
 
     def _read_window(self, step: int) -> int:
         """The window's one collective: the losses, the signal flags and the clock's figures; the agreed signal."""
-        extra = None
-        if self.info.distributed:
-            own_s, wall_s, self.steps = self.clock.figures()
-            extra = torch.cat([self.preempt.flags().double(), window_slots(self.info, own_s, wall_s)])
-        summed = self.losses.read(extra)
-        self.cadence.agreed(step)
-        if summed is None:
+        if not self.info.distributed:              # a single process agrees with itself
+            self.losses.read()
+            self.cadence.agreed(step)
             return self.preempt.received
-        flags = len(self.preempt.flags())
-        own, wall_s = own_times(summed[flags:], self.info.world_size)
+        flags = self.preempt.flags().double()
+        own_s, wall_s, self.steps = self.clock.figures()
+        summed = self.losses.read(torch.cat([flags, window_slots(self.info, own_s, wall_s)]))
+        self.cadence.agreed(step)
+        own, wall_s = own_times(summed[len(flags):], self.info.world_size)
         self.cadence.measured(wall_s)
         for reader in self.readers:
             reader.window_read(WindowFigures(own, wall_s, self.steps))
-        return self.preempt.signal_of(summed[:flags])
+        return self.preempt.signal_of(summed[:len(flags)])
 
     def _rates(self) -> dict[str, float]:
         """The window's rates; its figures are fixed for the next window's collective. On a GPU the host only queues
