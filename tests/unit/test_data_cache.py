@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from trainer.data import cache, fingerprint
+from trainer.data import cache, fingerprint, owners
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.config import SeqDataConfig
 
@@ -55,9 +55,9 @@ def test_changed_data_or_settings_are_never_served_from_the_old_entry(tmp_path):
     after = D.load(SeqDataConfig(path=str(path), cache=str(root)))
     assert not np.array_equal(after.seqs[0], before.seqs[0])
     assert np.array_equal(after.seqs[0], D.load(SeqDataConfig(path=str(path), cache="off")).seqs[0])
-    assert entries(root) != old and len(entries(root)) == 1               # the older entry is pruned
+    assert len(entries(root)) == 2 and old[0] in entries(root)          # kept: another job may map it
     D.load(SeqDataConfig(path=str(path), cache=str(root), kcore=2))       # another setting: another entry
-    assert len(entries(root)) == 1 and entries(root) != old
+    assert len(entries(root)) == 3
 
 
 def test_a_damaged_entry_is_rebuilt(tmp_path):
@@ -68,6 +68,29 @@ def test_a_damaged_entry_is_rebuilt(tmp_path):
     items.write_bytes(items.read_bytes()[:-16])                           # truncated
     again = D.load(cfg)
     assert np.array_equal(again.seqs.flat, D.load(SeqDataConfig(path=str(path), cache="off")).seqs.flat)
+
+
+def test_past_the_cap_only_entries_without_a_live_lease_go_oldest_first(tmp_path):
+    path = udata(tmp_path / "u.data", ROWS)
+    root = tmp_path / "cache"
+    for kcore in (0, 2, 3):                              # three entries, oldest first; this process leases all
+        D.load(SeqDataConfig(path=str(path), cache=str(root), kcore=kcore))
+    names = [e.path.name for e in cache.entries_of(root)]
+    D.load(SeqDataConfig(path=str(path), cache=str(root), kcore=4, cache_cap_gb=1e-9))
+    assert len(entries(root)) == 4                       # every one is leased: none removed
+    owners._LEASES.release_all()                         # as if the jobs that mapped them had ended
+    (root / cache.LEASES / names[1]).mkdir(parents=True, exist_ok=True)
+    other = root / cache.LEASES / names[1] / "node9.4242.abc.lease"   # another node's job, heard of just now
+    other.write_text('{"node": "node9", "host": "h", "pid": 4242, "job": "7", "launch": "x", "started": 0, '
+                     '"token": "abc"}')
+    D.load(SeqDataConfig(path=str(path), cache=str(root), kcore=5, cache_cap_gb=1e-9))
+    left = entries(root)
+    assert names[0] not in left and names[2] not in left  # leaseless, oldest first: gone
+    assert names[1] in left and len(left) == 2           # leased by another node's live job, and the one mapped now
+    stale = os.path.getmtime(other) - owners.LEASE_STALE_S - 5
+    os.utime(other, (stale, stale))                      # that job's heartbeat stopped
+    D.load(SeqDataConfig(path=str(path), cache=str(root), duplicates="keep", cache_cap_gb=1e-9))
+    assert names[1] not in entries(root) and not other.exists()
 
 
 def test_one_rank_builds_while_the_others_of_its_node_wait(tmp_path, monkeypatch, caplog):

@@ -8,12 +8,19 @@ memory-mapped by every rank of every later launch; one rank per node builds, the
 ROOT/<name>-<hash of key>/ holds one .npy per array and manifest.json (the key, each array's shape and dtype,
 the builder's meta, when it was built and in how many seconds). The key names the data's fingerprint
 (trainer/data/fingerprint.py) and every setting the parse depends on, so other data or settings land in another
-entry and an entry is never reused for data it was not built from; entries of the same source with an older
-key are removed once the new one is in place. An entry is built in a temporary folder and renamed into place
-(no file locks: they are unreliable on NFS and Lustre home directories); a node that loses the race keeps the
-winner's. The engine builds the data before it tells malloc to keep freed memory (trainer/native/memory.py), so a parse's
-temporaries go back to the system; in a process whose malloc keeps them already (a second run in one process, a
-bench), a large build runs in a child process instead, so they never stay resident in the training process.
+entry and an entry is never reused for data it was not built from.
+
+Many jobs on many nodes share one cache (trainer/data/owners.py): an entry is built once across all of them, by
+the first local rank 0 to take its lock (ROOT/.<entry>.lock); the rest wait, and a waiter takes the lock over from
+a builder that died (its pid gone on its node, or its heartbeat stale) within 10 s. A build that failed stops the
+waiters of its own launch; the next launch tries again, once. Every process that maps an entry holds a lease on it
+(ROOT/.leases/<entry>/) while it lives: nothing removes a leased entry. Past data.cache_cap_gb, the least recently
+used entries without a live lease are removed after a build (`python -m trainer data cache` lists and clears).
+An entry is built in a temporary folder named by its builder and renamed into place (no file locks: flock does not
+reach across NFS clients). The engine builds the data before it tells malloc to keep freed memory
+(trainer/native/memory.py), so a parse's temporaries go back to the system; in a process whose malloc keeps them
+already (a second run in one process, a bench), a large build runs in a child process instead, so they never stay
+resident in the training process.
 """
 from __future__ import annotations
 
@@ -26,17 +33,21 @@ import os
 import shutil
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from trainer.native import memory
+from trainer.data import owners
 from trainer.data.fingerprint import fingerprints
+from trainer.native import memory
 
 log = logging.getLogger(__name__)
 FORMAT = 1                 # of the cache's layout; part of every key
 POLL_S, REPORT_S = 0.5, 15.0
+DEFAULT_CAP_GB = 20.0     # data.cache_cap_gb: past it, the least recently used entries without a live lease go
+LEASES = ".leases"         # ROOT/.leases/<entry>/<node>.<pid>.<token>.lease: who maps the entry now
 CHILD_FROM = 64 << 20      # data files of this many bytes together: parsed in a child where malloc keeps freed memory
 
 
@@ -138,20 +149,54 @@ def _write_manifest(folder: Path, key: dict, specs: dict, meta: dict, seconds: f
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
 
 
+# ------------------------------------------------------------------------------ one build across jobs
+
+def _lock_path(root: Path, entry: str) -> Path:
+    return root / f".{entry}.lock"
+
+
 def _failed_marker(root: Path, entry: str) -> Path:
     return root / f".{entry}.failed"
 
 
-def build(root: Path, entry: str, key: dict, builder: str, args: tuple, in_child: bool, error: type) -> None:
-    """Build the entry into a temporary folder and rename it into place."""
+def _failure(root: Path, entry: str) -> str | None:
+    """The error of a build that failed in this launch, after this process started (final for it); a marker of an
+    earlier launch is not: this launch tries the build again, once."""
     try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise CacheError(f"data.cache {root}: cannot create it ({err.strerror}).\nHINT: data.cache=DIR on a "
-                         f"writable disk, or data.cache=off (every launch parses again)") from None
+        marker = json.loads(_failed_marker(root, entry).read_text())
+    except (OSError, ValueError):
+        return None
+    mine = owners.me()
+    if not isinstance(marker, dict) or marker.get("launch") != mine.launch or marker.get("written", 0) < mine.started - 0.25:
+        return None
+    return str(marker.get("error"))
+
+
+def _mark_failed(root: Path, entry: str, lock: owners.BuildLock, err: BaseException) -> None:
+    if not lock.mine():               # taken over meanwhile: the new builder's waiters are not ours to stop
+        return
+    marker = _failed_marker(root, entry)
+    tmp = owners.private_name(marker)
+    try:
+        tmp.write_text(json.dumps(dict(launch=owners.me().launch, written=time.time(), owner=str(owners.me()),
+                                       error=f"{type(err).__name__}: {err}")))
+        os.replace(tmp, marker)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _remove_partial(root: Path, entry: str) -> None:
+    """The temporaries of builders that died mid-write (only the lock's holder builds: any other is a dead one's)."""
+    for tmp in root.glob(f".{entry}.*.tmp"):
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+
+
+def build(root: Path, entry: str, key: dict, builder: str, args: tuple, in_child: bool, error: type,
+          lock: owners.BuildLock) -> None:
+    """Build the entry into a temporary folder and rename it into place (the caller holds the entry's lock)."""
+    _remove_partial(root, entry)
     _failed_marker(root, entry).unlink(missing_ok=True)
-    tmp = root / f".{entry}.{socket.gethostname()}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = owners.private_name(root / entry)
     try:
         if in_child:
             proc = multiprocessing.get_context("spawn").Process(target=_child, args=(tmp, builder, args, key))
@@ -163,88 +208,173 @@ def build(root: Path, entry: str, key: dict, builder: str, args: tuple, in_child
                 failure.unlink()
                 raise (error if info["type"] != "CacheError" else CacheError)(info["message"])
             if proc.exitcode != 0:
-                raise CacheError(f"data.cache: the process building {entry} exited {proc.exitcode}")
+                killed = " (killed: out of memory?)" if proc.exitcode == -9 else ""
+                raise CacheError(f"data.cache: the process building {root / entry} exited {proc.exitcode}{killed}")
         else:
             specs, meta, seconds = _build_into(tmp, builder, args)
             _write_manifest(tmp, key, specs, meta, seconds)
-    except Exception as err:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            _failed_marker(root, entry).write_text(f"{type(err).__name__}: {err}")
-        except OSError:
-            pass
+        _mark_failed(root, entry, lock, err)
         raise
     target = root / entry
-    stale = load(target, key) is None and target.exists()
-    if stale:                                    # damaged or of another key under this name: never trusted
-        shutil.rmtree(target, ignore_errors=True)
+    if target.exists() and load(target, key) is None:     # damaged under this name: never trusted
+        _discard(target)
     try:
         os.rename(tmp, target)
-    except OSError:                              # another node's build won the race: keep the winner's
+    except OSError:                              # a stalled builder's entry won the race: keep it
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def prune(root: Path, name: str, entry: str, source: str) -> None:
-    """Remove the older entries of the same source (the data or its settings changed since)."""
-    for other in root.glob(f"{name}-*"):
-        if other.name == entry:
-            continue
-        try:
-            if json.loads((other / "manifest.json").read_text())["key"].get("source") == source:
-                shutil.rmtree(other, ignore_errors=True)
-                log.info("data cache: removed %s (built from an older version of %s or other settings)", other,
-                         source)
-        except (OSError, ValueError, KeyError, AttributeError):
-            continue
+def _discard(folder: Path) -> None:
+    """Remove an entry: renamed aside first (one remover wins, no reader finds it half-deleted)."""
+    trash = owners.private_name(folder.with_name("trash-" + folder.name))
+    try:
+        os.rename(folder, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
 
 
-def wait(root: Path, entry: str, key: dict, timeout_s: float, error: type) -> tuple[dict, dict]:
-    """The entry another rank of this node builds, once it is in place (a line every REPORT_S seconds)."""
-    start = last = time.monotonic()
+def _report(root: Path, entry: str, waited: float) -> None:
+    holder = owners.holder_of(_lock_path(root, entry))
+    who = f"{holder}" if holder else "local rank 0"
+    log.info("waiting for %s to parse the data into %s (%.0f s)", who, root / entry, waited)
+
+
+def obtain(root: Path, entry: str, key: dict, builder: str, args: tuple, local_rank: int, timeout_s: float,
+           in_child: bool, error: type) -> tuple[dict, dict]:
+    """The entry: loaded, or built once across every job and node by the first local rank 0 to take its lock; the
+    others wait, and take the lock over from a builder that died. A build failed in this launch stops its waiters."""
+    start = time.monotonic()
+    last = start - REPORT_S                   # whom it waits for: said at once, then every REPORT_S
+    lock_path = _lock_path(root, entry)
     while (got := load(root / entry, key)) is None:
-        failed = _failed_marker(root, entry)
-        if failed.exists():
-            raise error(f"the data cache's build failed on local rank 0: {failed.read_text()}")
+        if (failed := _failure(root, entry)) is not None:
+            raise error(f"the data cache's build failed on local rank 0: {failed}")
+        # local rank 0 builds; a waiter builds only in a dead builder's place
+        if (local_rank == 0 or lock_path.exists()) and (lock := owners.BuildLock.take(lock_path)) is not None:
+            with lock:
+                if load(root / entry, key) is None:
+                    log.info("parsing the data into the cache %s (once: later launches map it)", root / entry)
+                    build(root, entry, key, builder, args, in_child, error, lock)
+                    log.info("data cache: %s built in %.1f s", root / entry, time.monotonic() - start)
+            continue
         now = time.monotonic()
         if now - start > timeout_s:
-            raise CacheError(f"data.cache: {root / entry} not built within {timeout_s:.0f} s by local rank 0")
+            raise CacheError(f"data.cache: {root / entry} not built within {timeout_s:.0f} s "
+                             f"(by {owners.holder_of(lock_path) or 'local rank 0'})")
         if now - last >= REPORT_S:
-            log.info("waiting for local rank 0 to parse the data into %s (%.0f s)", root / entry, now - start)
+            _report(root, entry, now - start)
             last = now
         time.sleep(POLL_S)
     return got
 
 
+# ------------------------------------------------------------------------------ the cap
+
+def entry_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of the cache as `data cache list` shows it."""
+
+    path: Path
+    bytes: int
+    used: float                    # when a job last mapped it
+    leases: tuple[owners.Owner, ...]
+
+
+def entries_of(root: Path) -> list[Entry]:
+    """The cache's entries, least recently used first (their live leases read, dead ones removed)."""
+    out = []
+    for folder in root.iterdir() if root.is_dir() else ():
+        if folder.name.startswith(".") or not (folder / "manifest.json").is_file():
+            continue
+        try:
+            out.append(Entry(folder, entry_bytes(folder), (folder / "manifest.json").stat().st_mtime,
+                             tuple(owners.live_leases(root / LEASES / folder.name))))
+        except OSError:
+            continue
+    return sorted(out, key=lambda e: e.used)
+
+
+def evict(root: Path, cap_bytes: float, keep: str = "") -> list[Entry]:
+    """Remove the least recently used entries without a live lease until the cache holds at most cap_bytes;
+    what was removed. An entry leased while it is being removed is put back."""
+    found = entries_of(root)
+    total = sum(e.bytes for e in found)
+    removed = []
+    for e in found:
+        if total <= cap_bytes:
+            break
+        if e.leases or e.path.name == keep:
+            continue
+        trash = owners.private_name(e.path.with_name("trash-" + e.path.name))
+        try:
+            os.rename(e.path, trash)
+        except OSError:
+            continue
+        if owners.live_leases(root / LEASES / e.path.name):        # leased in between: put back
+            try:
+                os.rename(trash, e.path)
+            except OSError:
+                pass
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
+        shutil.rmtree(root / LEASES / e.path.name, ignore_errors=True)
+        total -= e.bytes
+        removed.append(e)
+        log.info("data cache: removed %s (%.1f MiB, last used %s; the cache is over its cap of %.1f GB)", e.path,
+                 e.bytes / 2**20, time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(e.used)), cap_bytes / 1e9)
+    return removed
+
+
 def load_or_build(root: Path, name: str, key: dict[str, Any], builder: str, args: tuple, local_rank: int = 0,
-                  timeout_s: float = 1800.0, in_child: bool = False, error: type = CacheError):
-    """(arrays, meta) of the entry for `key` under root: loaded, or built once on this node by local rank 0
-    (the other ranks wait). `key["source"]` names the data (older entries of it are pruned); `error` is the
-    exception type a failed build is raised as (the recipe's DataError)."""
+                  timeout_s: float = 1800.0, in_child: bool = False, error: type = CacheError,
+                  cap_gb: float = DEFAULT_CAP_GB):
+    """(arrays, meta) of the entry for `key` under root: loaded, or built once (see obtain()). This process holds a
+    lease on it for as long as it lives, so no other job removes it; after a build, the least recently used
+    leaseless entries go while the cache is over cap_gb. `error` is the exception type a failed build is raised as
+    (the recipe's DataError)."""
     entry = entry_name(name, key)
     start = time.perf_counter()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CacheError(f"data.cache {root}: cannot create it ({err.strerror}).\nHINT: data.cache=DIR on a "
+                         f"writable disk, or data.cache=off (every launch parses again)") from None
+    owners.hold_lease(root / LEASES / entry)           # before the entry is mapped: never removed under us
     got = load(root / entry, key)
     if got is not None:
         log.info("data cache: %s memory-mapped in %.2f s", root / entry, time.perf_counter() - start)
         for message in got[1].get("warnings", []):
             log.warning("%s (said when the data was parsed into the cache)", message)
+        _touch(root / entry)
         return got
-    if local_rank != 0:
-        return wait(root, entry, key, timeout_s, error)
-    log.info("parsing the data into the cache %s (once: later launches map it)", root / entry)
-    build(root, entry, key, builder, args, in_child, error)
-    got = load(root / entry, key)
-    if got is None:
-        raise CacheError(f"data.cache: {root / entry} was built but cannot be read back")
-    prune(root, name, entry, str(key.get("source", "")))
-    log.info("data cache: %s built in %.1f s", root / entry, time.perf_counter() - start)
+    got = obtain(root, entry, key, builder, args, local_rank, timeout_s, in_child, error)
+    _touch(root / entry)
+    if local_rank == 0 and cap_gb > 0:
+        evict(root, cap_gb * 1e9, keep=entry)
     return got
 
 
+def _touch(folder: Path) -> None:
+    """When the entry was last used: its manifest's mtime (the cap removes the least recently used first)."""
+    try:
+        os.utime(folder / "manifest.json")
+    except OSError:
+        pass                                            # a read-only cache
+
+
 def load_or_build_files(root: Path, name: str, source: Path, files: list[Path], settings: dict[str, Any],
-                        builder: str, args: tuple, local_rank: int = 0, error: type = CacheError):
+                        builder: str, args: tuple, local_rank: int = 0, error: type = CacheError,
+                        cap_gb: float = DEFAULT_CAP_GB):
     """load_or_build for data read from files: the key is the files' fingerprint (remembered under
     ROOT/fingerprints) and the parse's settings; files of CHILD_FROM bytes or more together are parsed in a child
     process where this process's malloc keeps freed memory."""
     key = dict(source=str(source), sha256=fingerprints(files, root / "fingerprints"), **settings)
-    return load_or_build(root, name, key, builder, args, local_rank, error=error,
+    return load_or_build(root, name, key, builder, args, local_rank, error=error, cap_gb=cap_gb,
                          in_child=sum(f.stat().st_size for f in files) >= CHILD_FROM and memory.keeps_freed_memory())

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from trainer.data.download import sha256_of
+from trainer.data.owners import private_name
 
 
 def _stat_key(path: Path) -> dict:
@@ -39,13 +40,16 @@ def fingerprint(path: str | Path, memo: Path | None = None) -> str:
             pass
     digest = sha256_of(path)
     if entry is not None and _stat_key(path) == key:      # not changed while it was read
+        tmp = private_name(entry)
         try:
             entry.parent.mkdir(parents=True, exist_ok=True)
-            tmp = entry.with_name(f".{entry.name}.{os.getpid()}")
             tmp.write_text(json.dumps(dict(key, sha256=digest)))
             os.replace(tmp, entry)
         except OSError:
-            pass
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
     return digest
 
 

@@ -11,7 +11,7 @@ from trainer.config.bounds import FRACTION, POSITIVE, Bound
 class HARDataConfig:
     """Where the windows come from and how they are split and normalised."""
 
-    bounds: ClassVar[dict[str, Bound]] = dict(val_fraction=FRACTION, length=Bound(0, zero="the longest case"),
+    bounds: ClassVar[dict[str, Bound]] = dict(val_fraction=FRACTION, cache_cap_gb=Bound(0, zero="no cap"), length=Bound(0, zero="the longest case"),
                                               synthetic_cases=POSITIVE, synthetic_channels=POSITIVE,
                                               synthetic_length=POSITIVE, synthetic_classes=Bound(2))
 
@@ -19,6 +19,7 @@ class HARDataConfig:
     format: Literal["auto", "uci-har", "ts", "arrays"] = "auto"
     cache: str = ""                   # the parsed-data cache of the text formats: "" ~/.cache/hpc-trainer/data, "off",
     # or a folder (trainer/data/cache.py)
+    cache_cap_gb: float = 20.0        # past it, the least recently used entries no job maps are removed (0: no cap)
     val_fraction: float = 0.2         # of the training cases, when the dataset has no validation file
     val_split: Literal["auto", "subject", "stratified"] = "auto"   # auto: by subject where subjects are known
     require_all_classes: bool = False   # a class with no training case: refused (else named in a warning)

@@ -113,7 +113,7 @@ def read_splits_cached(cfg: HARDataConfig, local_rank: int = 0) -> tuple[dict[st
         return read_splits(cfg)                                 # (which says what is wrong)
     arrays, meta = cache.load_or_build_files(root, "har", path, files, dict(format=fmt, reader=READER),
                                              "trainer.recipes.har.prepare:build_flat", (str(path), fmt), local_rank,
-                                             error=DataError)
+                                             error=DataError, cap_gb=cfg.cache_cap_gb)
     splits = {name: Series(arrays[f"{name}_values"], arrays[f"{name}_offsets"], arrays[f"{name}_labels"],
                            m["class_names"], m["header"], arrays.get(f"{name}_subjects")) for name, m in meta.items()
               if f"{name}_values" in arrays}

@@ -13,7 +13,7 @@ KS = (20, 40, 60, 80, 100)          # cut-offs of recall/ndcg@K (the KGAT paper'
 class KGATDataConfig:
     """Where the data comes from and how it is split."""
 
-    bounds: ClassVar[dict[str, Bound]] = dict(val_fraction=Bound(0, 1, hi_open=True, zero="the test split is used"),
+    bounds: ClassVar[dict[str, Bound]] = dict(val_fraction=Bound(0, 1, hi_open=True, zero="the test split is used"), cache_cap_gb=Bound(0, zero="no cap"),
                                               kg_batch_size=Bound(0, zero="twice the CF batch"),
                                               synthetic_users=POSITIVE, synthetic_items=POSITIVE,
                                               synthetic_entities=POSITIVE, synthetic_relations=POSITIVE,
@@ -22,6 +22,7 @@ class KGATDataConfig:
     path: str = ""                 # folder in the KGAT format; "" = synthetic data generated in memory
     duplicates: Literal["drop", "keep", "error"] = "drop"   # an item repeated on a user's line (drop: warned)
     cache: str = ""                # the parsed-data cache: "" ~/.cache/hpc-trainer/data, "off", or a folder
+    cache_cap_gb: float = 20.0     # past it, the least recently used entries no job maps are removed (0: no cap)
     remap_ids: bool = False        # compact sparse ids (refused otherwise); the maps go to RUN_DIR/ids.npz
     user_column: str = ""          # train/test.parquet: the user and item columns ("": `user`, `item`)
     item_column: str = ""

@@ -408,7 +408,8 @@ def build_flat(folder: str, duplicates: str, remap_ids: bool = False,
 
 
 def load_cached(folder: str | Path, duplicates: str = "drop", cache_setting: str = "",
-                local_rank: int = 0, remap_ids: bool = False, columns: tuple[str, str] = ("", "")) -> KGATData:
+                local_rank: int = 0, remap_ids: bool = False, columns: tuple[str, str] = ("", ""),
+                cap_gb: float = cache.DEFAULT_CAP_GB) -> KGATData:
     """load(), parsed once into the data cache (data.cache) and memory-mapped after; "off": load() itself."""
     root = cache.root_of(cache_setting)
     folder = Path(folder).resolve()
@@ -419,7 +420,7 @@ def load_cached(folder: str | Path, duplicates: str = "drop", cache_setting: str
     arrays, meta = cache.load_or_build_files(root, "kgat", folder, files, settings,
                                              "trainer.recipes.kgat.data:build_flat",
                                              (str(folder), duplicates, remap_ids, list(columns)), local_rank,
-                                             error=DataError)
+                                             error=DataError, cap_gb=cap_gb)
     maps = {k[4:]: v for k, v in arrays.items() if k.startswith("ids_")} or None
     return KGATData(train=Ragged(arrays["train"], arrays["train_offsets"]),
                     test=Ragged(arrays["test"], arrays["test_offsets"]), kg=arrays["kg"], n_items=meta["n_items"],

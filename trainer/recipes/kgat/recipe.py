@@ -62,7 +62,7 @@ def load_data(cfg: KGATDataConfig, local_rank: int = 0) -> D.KGATData:
     hold-out."""
     if cfg.path:
         data = D.load_cached(cfg.path, cfg.duplicates, cfg.cache, local_rank, cfg.remap_ids,
-                             (cfg.user_column, cfg.item_column))
+                             (cfg.user_column, cfg.item_column), cfg.cache_cap_gb)
     else:
         stats = convert.Stats(cfg.synthetic_users, cfg.synthetic_items, cfg.synthetic_entities,
                             cfg.synthetic_relations, cfg.synthetic_triples, cfg.synthetic_interactions)

@@ -11,7 +11,7 @@ from trainer.config.bounds import FRACTION, POSITIVE, Bound
 class SeqDataConfig:
     """Where the interactions come from and how they are cut into samples."""
 
-    bounds: ClassVar[dict[str, Bound]] = dict(kcore=Bound(0, zero="no filtering"), maxlen=POSITIVE,
+    bounds: ClassVar[dict[str, Bound]] = dict(kcore=Bound(0, zero="no filtering"), cache_cap_gb=Bound(0, zero="no cap"), maxlen=POSITIVE,
                                               train_negatives=POSITIVE,
                                               synthetic_users=POSITIVE, synthetic_items=Bound(2),
                                               synthetic_mean_len=POSITIVE)
@@ -27,6 +27,7 @@ class SeqDataConfig:
     # the parsed-data cache: "" ~/.cache/hpc-trainer/data (or TRAINER_DATA_CACHE), "off", or a folder; parsed once,
     # memory-mapped by every rank of every later launch (trainer/data/cache.py)
     cache: str = ""
+    cache_cap_gb: float = 20.0   # past it, the least recently used entries no job maps are removed (0: no cap)
     kcore: int = 0                        # keep users and items with >= k interactions (TiSASRec: 5)
     maxlen: int = 50                      # sequence length fed to the model
     train_negatives: int = 1              # sampled negatives per position

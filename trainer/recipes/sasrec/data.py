@@ -226,7 +226,7 @@ def load(cfg: SeqDataConfig, local_rank: int = 0) -> SeqData:
         arrays, meta = cache.load_or_build_files(root, "sasrec", path, data_files(path), settings,
                                                  "trainer.recipes.sasrec.sequences:build_flat",
                                                  (str(path), cfg.format, cfg.duplicates, cfg.kcore, columns),
-                                                 local_rank, error=DataError)
+                                                 local_rank, error=DataError, cap_gb=cfg.cache_cap_gb)
         data = from_flat(arrays, meta)
     lengths = data.seqs.lengths()
     log.info("sequences: %d users, %d items, %d interactions, mean length %.1f (%s)", data.num_users,
