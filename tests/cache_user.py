@@ -50,11 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())
     logging.getLogger("trainer.data.cache").addHandler(handler)
+    from trainer.recipes.sasrec import data as D
+    from trainer.recipes.sasrec.config import SeqDataConfig
     start = time.monotonic()
     try:
         if args.data:
-            from trainer.recipes.sasrec import data as D
-            from trainer.recipes.sasrec.config import SeqDataConfig
             D.load(SeqDataConfig(path=args.data, cache=args.root, kcore=args.kcore, cache_cap_gb=args.cap_gb),
                    local_rank=args.local_rank)
             entry = next(Path(w).name for m in said for w in m.split() if w.startswith(args.root.rstrip("/") + "/"))
@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     seconds = time.monotonic() - start
     manifest = json.loads((Path(args.root) / entry / "manifest.json").read_text())
-    print(json.dumps(dict(seconds=round(seconds, 2), built_s=manifest["built_s"], entry=entry)), flush=True)
+    print(json.dumps(dict(seconds=round(seconds, 2), built_s=manifest["built_s"], entry=entry,
+                          node=os.environ.get("SLURMD_NODENAME"), built=any("parsing the data" in m for m in said))),
+          flush=True)
     time.sleep(args.hold)
     return 0
 
