@@ -162,3 +162,28 @@ def test_synthetic_videos_of_other_settings_are_never_reused(tmp_path, monkeypat
     prepare(VideoDataConfig(size=16, cache=str(cache), synthetic_videos=5, synthetic_frames=20), seed=0)
     with pytest.raises(D.DataError, match=r"made with .*'frames': 20.*not .*'frames': 40.*another data.cache"):
         prepare(VideoDataConfig(size=16, cache=str(cache), synthetic_videos=5, synthetic_frames=40), seed=0)
+
+
+def test_two_jobs_extracting_one_folder_at_once_decode_each_video_once(tmp_path, synth):
+    """Jobs sharing a dataset share its .frame-cache: they take turns, the second finds the work done."""
+    import json
+    import subprocess
+    import sys
+    from tests.conftest import clean_env
+    src = tmp_path / "src"
+    shutil.copytree(synth, src)
+    code = ("import json, logging, sys; from pathlib import Path; from trainer.recipes.video import data as D\n"
+            "said = []; h = logging.Handler(); h.emit = lambda r: said.append(r.getMessage())\n"
+            "logging.getLogger('trainer').addHandler(h); logging.getLogger('trainer').setLevel(logging.INFO)\n"
+            "src = Path(sys.argv[1]); m = D.extract_frames(D.find_videos(src), src / '.frame-cache',"
+            " D.CacheSpec(24), progress=False)\n"
+            "print(json.dumps(dict(extracted=sum(s.startswith('extracting') for s in said), videos=sorted(m))))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(src)], cwd=REPO, env=clean_env(), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    got = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
+    assert sorted(g["extracted"] for g in got) == [0, 5] and got[0]["videos"] == got[1]["videos"]
+    manifest = D.read_manifest(src / ".frame-cache")
+    assert len(manifest) == 5 and not list((src / ".frame-cache").glob(".*.tmp"))
+    assert not (src / ".frame-cache" / ".extract.lock").exists()
+    for name, path in D.find_videos(src).items():
+        assert D.stale_reason(manifest[name], path, src / ".frame-cache", D.CacheSpec(24)) is None

@@ -219,3 +219,18 @@ def test_har_text_formats_are_cached_as_flat_series(tmp_path, caplog):
     (ts / "toy_TRAIN.ts").write_text(header + "1,2,3:a\n4,5,6,7,8:b\n")
     assert HP.read_splits_cached(cfg)[0]["train"].lengths.tolist() == [3, 5]
     assert HD.Series is type(splits["train"])
+
+
+def test_the_data_cache_command_lists_and_clears_only_what_no_job_maps(tmp_path):
+    from tests.conftest import trainer
+    path = udata(tmp_path / "u.data", ROWS)
+    root = tmp_path / "cache"
+    for kcore in (0, 2):
+        D.load(SeqDataConfig(path=str(path), cache=str(root), kcore=kcore))      # this process maps both
+    listed = trainer("data", "cache", "list", "--root", str(root)).stdout
+    assert listed.count("mapped by: pid ") == 2 and f"pid {os.getpid()} on " in listed
+    assert "removed 0 entries" in trainer("data", "cache", "clear", "--root", str(root)).stdout
+    assert len(entries(root)) == 2
+    owners._LEASES.release_all()
+    assert "removed 2 entries" in trainer("data", "cache", "clear", "--root", str(root)).stdout
+    assert entries(root) == []

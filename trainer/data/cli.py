@@ -8,10 +8,13 @@ subcommands other than `download` come from the recipes' specs (trainer/recipes/
     python -m trainer data convert movielens-kg --src data/ml-100k --out data/ml-100k-kg
     python -m trainer data synth video --out data/synth-video                 # real .mp4 files + labels.csv
     python -m trainer data extract-frames --src data/synth-video --size 128   # -> data/synth-video/.frame-cache
+    python -m trainer data cache list                 # the parsed-data cache: entries, sizes, the jobs mapping them
+    python -m trainer data cache clear --keep-gb 5    # remove entries no job maps, least recently used first
 """
 from __future__ import annotations
 
 import argparse
+import time
 
 from trainer.config.registry import specs
 
@@ -29,6 +32,7 @@ def add_data_parser(sub) -> None:
     dl.add_argument("--sha256", metavar="HEX", help="with --url: the archive's sha256 where the mirror serves "
                     "another archive than the canonical one (e.g. a trimmed copy); verified the same way")
     dl.set_defaults(run=_download)
+    _add_cache_parser(dsub)
     syn = dsub.add_parser("synth", help="write a synthetic dataset usable as data.path")
     ssub = syn.add_subparsers(dest="kind", required=True, metavar="RECIPE")
     convert = dsub.add_parser("convert", help="build a dataset from raw files")
@@ -42,6 +46,36 @@ def add_data_parser(sub) -> None:
             _command(csub, kind, command)
         for name, command in spec.data_commands.items():
             _command(dsub, name, command)
+
+
+def _add_cache_parser(dsub) -> None:
+    parser = dsub.add_parser("cache", help="list or clear the parsed-data cache (data.cache), shared by every job")
+    csub = parser.add_subparsers(dest="cache_command", required=True)
+    for name, help_ in (("list", "its entries, least recently used first, with the jobs that map each"),
+                        ("clear", "remove the entries no job maps (a live lease), least recently used first")):
+        p = csub.add_parser(name, help=help_, description=help_)
+        p.add_argument("--root", default="", help="the cache folder (default: TRAINER_DATA_CACHE, else "
+                       "~/.cache/hpc-trainer/data; a run's data.cache)")
+        if name == "clear":
+            p.add_argument("--keep-gb", type=float, default=0.0, help="stop once the cache holds at most this many "
+                           "GB (default 0: every entry no job maps)")
+        p.set_defaults(run=_cache)
+
+
+def _cache(args) -> int:
+    from trainer.data import cache
+    root = cache.root_of(args.root or "")
+    if root is None or not root.is_dir():
+        print(f"{root}: no data cache there")
+        return 0
+    if args.cache_command == "clear":
+        removed = cache.evict(root, args.keep_gb * 1e9)
+        print(f"{root}: removed {len(removed)} entries ({sum(e.bytes for e in removed) / 2**20:.1f} MiB)")
+    for e in cache.entries_of(root):
+        used = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(e.used))
+        jobs = ", ".join(str(o) for o in e.leases) or "-"
+        print(f"{e.path.name}  {e.bytes / 2**20:9.1f} MiB  last used {used}  mapped by: {jobs}")
+    return 0
 
 
 def _command(sub, name: str, command) -> argparse.ArgumentParser:

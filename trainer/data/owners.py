@@ -14,6 +14,7 @@ on this node, when its pid is gone; a dead owner's lock is taken over by whoever
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 log = logging.getLogger(__name__)
 BEAT_S = 1.0            # a build lock's heartbeat
@@ -188,6 +190,22 @@ class BuildLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, what: str, report_s: float = 15.0, poll_s: float = 0.5) -> Iterator[BuildLock]:
+    """Hold the lock at path for a short piece of shared work (a folder's frame extraction): wait while a live owner
+    holds it (saying whom for what), take it over from a dead one."""
+    start = time.monotonic()
+    last = start - report_s
+    while (lock := BuildLock.take(path)) is None:
+        if time.monotonic() - last >= report_s:
+            log.info("waiting for %s to %s (%.0f s)", holder_of(path) or "another process", what,
+                     time.monotonic() - start)
+            last = time.monotonic()
+        time.sleep(poll_s)
+    with lock:
+        yield lock
 
 
 def holder_of(path: Path) -> Owner | None:

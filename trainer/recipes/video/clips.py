@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainer.data.owners import exclusive
 from trainer.recipes.video import data as D
 from trainer.recipes.video.config import VideoDataConfig
 from trainer.recipes.video.data import CacheSpec, DataError, Labels
@@ -178,10 +179,13 @@ def _extract(cfg: VideoDataConfig, root: Path, cache: Path, spec: CacheSpec, see
     if not cfg.path:
         made = dict(videos=cfg.synthetic_videos, frames=cfg.synthetic_frames, classes=cfg.synthetic_classes, seed=seed)
         record = root / "synthetic.json"
-        if not (root / "labels.csv").exists():
-            D.synth_videos(root, made["videos"], made["frames"], classes=made["classes"], seed=seed)
-            record.write_text(json.dumps(made) + "\n")
-        elif record.exists() and (before := json.loads(record.read_text())) != made:   # a named data.cache
+        if not record.exists():
+            root.mkdir(parents=True, exist_ok=True)
+            with exclusive(root / ".synth.lock", f"write the synthetic videos into {root}"):
+                if not record.exists():            # (labels.csv, then the record: written last, once whole)
+                    D.synth_videos(root, made["videos"], made["frames"], classes=made["classes"], seed=seed)
+                    record.write_text(json.dumps(made) + "\n")
+        if (before := json.loads(record.read_text())) != made:   # a named data.cache
             raise DataError(f"{root}: its synthetic videos were made with {before}, not {made} (data.synthetic_*, "
                             f"seed); give another data.cache, or remove {root}")
     annotated, names, found = _scan(cfg, root)

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer.data.fingerprint import fingerprint
+from trainer.data.owners import exclusive, private_name
 from trainer.data.text import read_text
 from trainer.native.extras import require
 
@@ -213,7 +214,7 @@ FINGERPRINTS = ".fingerprints"     # in the cache: each video's hash under its p
 def cache_entry(video: Path, cache: Path, spec: CacheSpec) -> dict:
     """Decode video into cache/<name>.npy (uint8 [N, H, W(, 3)]) and return its manifest entry."""
     cache.mkdir(parents=True, exist_ok=True)
-    raw = cache / f".{video.name}.raw"
+    raw = private_name(cache / f"{video.name}.raw")
     n, shape = 0, None
     with open(raw, "wb") as fh:
         for frame in decode(video, spec.size, spec.gray):
@@ -225,7 +226,7 @@ def cache_entry(video: Path, cache: Path, spec: CacheSpec) -> dict:
         raw.unlink()
         raise DataError(f"{video}: no frames could be decoded")
     target = cache / f"{video.name}.npy"
-    tmp = cache / f".{video.name}.npy.tmp"
+    tmp = private_name(target)
     src = np.memmap(raw, dtype=np.uint8, mode="r", shape=(n, *shape))
     dst = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, *shape))
     for start in range(0, n, 256):
@@ -277,9 +278,23 @@ def stale_reason(entry: dict | None, video: Path, cache: Path, spec: CacheSpec, 
 
 
 def extract_frames(videos: dict[str, Path], cache: Path, spec: CacheSpec, progress: bool = True) -> dict:
-    """Bring cache/ up to date for every video (stale or missing entries re-decoded); the manifest."""
+    """Bring cache/ up to date for every video (stale or missing entries re-decoded); the manifest. Jobs sharing the
+    folder take turns (cache/.extract.lock): the second finds the first's work done."""
     manifest = read_manifest(cache)
     reasons = {name: stale_reason(manifest.get(name), path, cache, spec) for name, path in videos.items()}
+    if all(r is None for r in reasons.values()):
+        return manifest
+    cache.mkdir(parents=True, exist_ok=True)
+    with exclusive(cache / ".extract.lock", f"extract the frames into {cache}"):
+        manifest = read_manifest(cache)            # as the previous holder left it
+        reasons = {name: stale_reason(manifest.get(name), path, cache, spec) for name, path in videos.items()}
+        return _extract_locked(videos, reasons, manifest, cache, spec, progress)
+
+
+def _extract_locked(videos: dict[str, Path], reasons: dict, manifest: dict, cache: Path, spec: CacheSpec,
+                    progress: bool) -> dict:
+    for partial in cache.glob(".*.tmp"):        # a killed extraction's (only the lock's holder writes here)
+        partial.unlink(missing_ok=True)
     todo = {name: path for name, path in videos.items() if reasons[name] is not None}
     bar = None
     if progress and todo:
@@ -297,7 +312,7 @@ def extract_frames(videos: dict[str, Path], cache: Path, spec: CacheSpec, progre
 
 
 def _write_manifest(cache: Path, manifest: dict) -> None:
-    tmp = cache / "manifest.json.tmp"
+    tmp = private_name(cache / "manifest.json")
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
     os.replace(tmp, cache / "manifest.json")
 
