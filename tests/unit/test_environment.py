@@ -4,6 +4,7 @@ import re
 import pytest
 
 from trainer.distributed.environment import (
+    EnvRankEnvironment,
     LaunchError,
     LocalEnvironment,
     SlurmEnvironment,
@@ -26,6 +27,23 @@ SUBMITIT_LOCAL = dict(SUBMITIT_EXECUTOR="local", SUBMITIT_LOCAL_GLOBALID="1", SU
                       SUBMITIT_LOCAL_NTASKS="2", SUBMITIT_LOCAL_JOB_ID="777")
 BATCH_SCRIPT = dict(SLURM_JOB_ID="9", SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_JOB_NODELIST="node1")
 
+# inside `salloc -N2 --ntasks-per-node=4` / `sbatch -N2 --ntasks-per-node=4`, as Slurm 22.05 sets them (seen on the
+# local cluster): the allocation's SLURM_NTASKS_PER_NODE stays in every step; the step's own counts say otherwise
+ALLOC_2x4 = dict(SLURM_JOB_ID="77", SLURM_JOB_NUM_NODES="2", SLURM_NTASKS_PER_NODE="4", SLURM_JOB_NODELIST="node[1-2]",
+                 SLURM_NODELIST="node[1-2]")
+SRUN_N1 = dict(ALLOC_2x4, SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0", SLURM_NNODES="1",
+               SLURM_NTASKS="1", SLURM_TASKS_PER_NODE="1", SLURM_STEP_NUM_TASKS="1", SLURM_STEP_NUM_NODES="1",
+               SLURM_STEP_TASKS_PER_NODE="1", SLURM_STEP_NODELIST="node1")
+SRUN_N1_n2 = dict(SRUN_N1, SLURM_STEP_ID="1", SLURM_PROCID="1", SLURM_LOCALID="1", SLURM_NTASKS="2",
+                  SLURM_TASKS_PER_NODE="2", SLURM_STEP_NUM_TASKS="2", SLURM_STEP_TASKS_PER_NODE="2")
+SRUN_N2_n2 = dict(ALLOC_2x4, SLURM_STEP_ID="2", SLURM_PROCID="1", SLURM_LOCALID="0", SLURM_NODEID="1",
+                  SLURM_NNODES="2", SLURM_NTASKS="2", SLURM_TASKS_PER_NODE="1(x2)", SLURM_STEP_NUM_TASKS="2",
+                  SLURM_STEP_NUM_NODES="2", SLURM_STEP_TASKS_PER_NODE="1(x2)", SLURM_STEP_NODELIST="node[1-2]")
+SALLOC_8 = dict(SLURM_JOB_ID="78", SLURM_NNODES="2", SLURM_NTASKS="8", SLURM_JOB_NODELIST="node[1-2]")
+VIRTUAL = dict(TORCHRUN, LOCAL_RANK="0", CUDA_VISIBLE_DEVICES="5")        # torchrun --virtual-local-rank
+KUBEFLOW = dict(RANK="3", WORLD_SIZE="4", MASTER_ADDR="job-master-0", MASTER_PORT="23456")  # PyTorchJob: no LOCAL_RANK
+NO_NODE_COUNT = {k: v for k, v in SRUN_2x2.items() if k not in ("SLURM_NNODES", "SLURM_STEP_NUM_NODES")}
+
 # env -> (class, rank, local_rank, world, node_rank, local_world, master_addr, master_port)
 TABLE = [
     ({}, LocalEnvironment, 0, 0, 1, 0, 1, "127.0.0.1", 29500),
@@ -39,6 +57,16 @@ TABLE = [
     (SUBMITIT_LOCAL, SubmititEnvironment, 1, 1, 2, 0, 2, "127.0.0.1", port_from_job_id("777")),
     (BATCH_SCRIPT, SlurmEnvironment, 0, 0, 1, 0, 1, "node1", port_from_job_id("9")),
     (dict(RANK="0"), LocalEnvironment, 0, 0, 1, 0, 1, "127.0.0.1", 29500),  # half-set torchrun: not detected
+    # steps smaller than their allocation: srun -n1, srun -N1 -n2, srun -N2 -n2 inside -N2 --ntasks-per-node=4
+    (SRUN_N1, SlurmEnvironment, 0, 0, 1, 0, 1, "node1", port_from_job_id("77", 0)),
+    (SRUN_N1_n2, SlurmEnvironment, 1, 1, 2, 0, 2, "node1", port_from_job_id("77", 1)),
+    (SRUN_N2_n2, SlurmEnvironment, 1, 0, 2, 1, 1, "node1", port_from_job_id("77", 2)),
+    (NO_NODE_COUNT, SlurmEnvironment, 3, 1, 4, 1, 2, "gpu-a100-07", port_from_job_id("4242")),  # nodes: the list
+    (dict(BATCH_SCRIPT, SLURM_STEP_ID="4294967292"), SlurmEnvironment, 0, 0, 1, 0, 1, "node1",  # the extern step
+     port_from_job_id("9")),
+    (dict(SALLOC_8, SLURM_NTASKS="1"), SlurmEnvironment, 0, 0, 1, 0, 1, "node1", port_from_job_id("78")),
+    (VIRTUAL, TorchrunEnvironment, 5, 1, 8, 1, 4, "10.0.0.1", 29400),          # its place on the node, not 0
+    (KUBEFLOW, EnvRankEnvironment, 3, 0, 4, 3, 1, "job-master-0", 23456),
 ]
 
 
@@ -75,8 +103,14 @@ def test_missing_nodelist_has_hint():
 VALIDATION = [
     # python under sbatch without srun while 4 tasks were asked for
     (dict(BATCH_SCRIPT, SLURM_NTASKS="4"), "ddp", "without srun"),
-    # ntasks vs nodes x tasks-per-node
-    (dict(SRUN_2x2, SLURM_NTASKS_PER_NODE="3"), "ddp", "SLURM_NTASKS_PER_NODE=3"),
+    # a step whose own counts disagree (a wrapper that set some of srun's variables by hand)
+    (dict(SRUN_2x2, SLURM_STEP_TASKS_PER_NODE="3(x2)"), "ddp", "SLURM_STEP_TASKS_PER_NODE=3(x2) adds up to 6"),
+    # an salloc shell: the job's 8 tasks, no step
+    (SALLOC_8, "ddp", "started without srun"),
+    (dict(SALLOC_8, SLURM_STEP_ID="4294967290"), "ddp", "started without srun"),     # Slurm's interactive step
+    # a world larger than one that no launcher explains
+    (dict(WORLD_SIZE="4"), "ddp", "WORLD_SIZE=4 says this process is one of several"),
+    (dict(OMPI_COMM_WORLD_SIZE="2"), "ddp", "OMPI_COMM_WORLD_SIZE=2"),
     (dict(SRUN_2x2, SLURM_PROCID="9"), "ddp", "outside world size"),
 ]
 
@@ -117,7 +151,7 @@ def test_tasks_per_node(spec, counts):
     assert parse_tasks_per_node(spec) == counts
 
 
-@pytest.mark.parametrize("var", ["SLURM_NTASKS_PER_NODE", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID",
+@pytest.mark.parametrize("var", ["SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID",
                                  "SLURM_NODEID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES", "MASTER_PORT"])
 @pytest.mark.parametrize("value", ["four", "2.5", "4(x2)", " "])
 def test_a_non_integer_slurm_count_is_an_error_naming_the_variable(var, value):

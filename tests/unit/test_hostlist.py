@@ -27,3 +27,17 @@ def test_expand(nodelist, hosts):
 def test_bad_hostlists_raise(bad):
     with pytest.raises(HostlistError):
         expand(bad)
+
+
+def test_whitespace_separates_hosts_as_slurm_does():
+    assert expand("n1 n2\tn[3-4]\nn5") == ["n1", "n2", "n3", "n4", "n5"]
+    assert expand("a[1-2], b") == ["a1", "a2", "b"]
+
+
+def test_a_range_past_slurms_max_range_is_refused_with_one_line():
+    assert len(expand("n[1-65536]")) == 65536
+    for bad in ("n[1-1000000]", "r[1-300]n[1-300]", ",".join(f"a{i}[1-40000]" for i in range(2))):
+        with pytest.raises(HostlistError, match="65,536") as err:
+            expand(bad)
+        assert "\n" not in str(err.value)
+

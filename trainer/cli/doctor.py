@@ -58,6 +58,8 @@ def port_check(env) -> tuple[str, str | None]:
     MASTER_PORT, so every rank must reach it; elsewhere rank 0 must be able to bind it (a local run only
     needs it for a later torchrun/srun launch with the same port)."""
     port = env.master_port
+    if env.needs_agreement:     # Lightning's shape: the processes meet on MASTER_PORT before any rank is known
+        return f"rendezvous {env.master_addr}:{port} (the processes count each other there)", None
     if env.name == "torchrun":
         what = f"rendezvous store {env.master_addr}:{port} reachable"
         if port == 0:

@@ -88,6 +88,21 @@ def parse_tasks_per_node(spec: str) -> list[int]:
     return counts
 
 
+# Slurm's own steps that are not srun's: the batch script, the extern and interactive steps, a pending step (slurm.h:
+# SLURM_INTERACTIVE_STEP 0xfffffffa up to SLURM_BATCH_SCRIPT 0xfffffffe of older releases); by name in newer ones
+NOT_SRUN_FROM = 0xFFFFFFFA
+NOT_SRUN_NAMES = ("batch", "extern", "interactive", "TBD")
+
+
+def srun_step(env: Mapping[str, str]) -> str | None:
+    """The srun step this process runs in (SLURM_STEP_ID, else SLURM_STEPID); None in a batch script, an salloc
+    shell, Slurm's extern or interactive step, or outside Slurm."""
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", ""))
+    if not env.get("SLURM_JOB_ID") or step in NOT_SRUN_NAMES or not step.isdigit():
+        return None
+    return step if int(step) < NOT_SRUN_FROM else None
+
+
 REQUIRED = object()
 
 
@@ -168,9 +183,7 @@ class LaunchEnvironment:
     @property
     def step_id(self) -> str | None:
         """The Slurm job step (SLURM_STEP_ID of an srun step; torchrun under srun too); None outside one."""
-        step = self.env.get("SLURM_STEP_ID", self.env.get("SLURM_STEPID", ""))
-        in_srun = step.isdigit() and step not in ("4294967294", "4294967291")    # not batch/extern
-        return step if self.env.get("SLURM_JOB_ID") and in_srun else None
+        return srun_step(self.env)
 
     @property
     def init_method(self) -> str:
@@ -201,6 +214,15 @@ class LaunchEnvironment:
     def agent_shutdown_s(self) -> float | None:
         """Seconds that agent waits after forwarding a signal before it kills this process (None: no agent)."""
         return None
+
+    @property
+    def needs_agreement(self) -> bool:
+        """The processes must count each other (agree()) before this environment knows every rank."""
+        return False
+
+    def agree(self, timeout_s: float):
+        """(the environment with every fact known, the store the processes met through; None: none)."""
+        return self, None
 
     def validate(self, strategy: str = "ddp") -> None:
         """Raise LaunchError with a HINT when the layout cannot work."""
@@ -235,6 +257,18 @@ def missing(launcher: str, names: tuple[str, ...]) -> LaunchError:
                        f"means variables leaked from another shell (unset them) or a wrapper dropped them.")
 
 
+def torchrun_local_rank(env: LaunchEnvironment, name: str, raw: str) -> int:
+    """LOCAL_RANK, but under `torchrun --virtual-local-rank` (every worker LOCAL_RANK=0, each seeing only its own GPU
+    as device 0) the worker's place on its node: RANK - GROUP_RANK x LOCAL_WORLD_SIZE (torchrun gives every node the
+    same --nproc-per-node). The node's workers then swap their GPUs under distinct keys and elect one cache builder."""
+    local = as_int(env, name, raw)
+    if local != 0 or "TORCHELASTIC_RUN_ID" not in env.env or not all(
+            env.env.get(k, "").isdigit() for k in ("RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")):
+        return local
+    place = int(env.env["RANK"]) - int(env.env["GROUP_RANK"]) * int(env.env["LOCAL_WORLD_SIZE"])
+    return place if 0 <= place < int(env.env["LOCAL_WORLD_SIZE"]) else local
+
+
 class TorchrunEnvironment(LaunchEnvironment):
     """torchrun / torch.distributed.run (also inside an sbatch allocation: its variables win)."""
 
@@ -242,7 +276,7 @@ class TorchrunEnvironment(LaunchEnvironment):
     TABLE = {
         **LaunchEnvironment.TABLE,
         "rank": read("RANK"),
-        "local_rank": read("LOCAL_RANK"),
+        "local_rank": read("LOCAL_RANK", parse=torchrun_local_rank),
         "world_size": read("WORLD_SIZE"),
         "local_world_size": read("LOCAL_WORLD_SIZE", default=1),            # a manual launch may leave it out
         "node_rank": read("GROUP_RANK", default=lambda e: e.rank // max(e.local_world_size, 1)),
@@ -316,15 +350,16 @@ class SlurmEnvironment(LaunchEnvironment):
         "local_rank": read("SLURM_LOCALID"),
         "world_size": read("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
         "node_rank": read("SLURM_NODEID"),
-        "num_nodes": read("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", default=1),
+        "num_nodes": read("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES",     # srun: the step's
+                          default=lambda e: len(e.nodelist)),
         "local_world_size": read("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", parse=tasks_here,
                                  default=lambda e: max(e.world_size // max(e.num_nodes, 1), 1)),
         "nodelist": read("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST", parse=hosts,
                          default=no_nodelist),
         "master_addr": read("MASTER_ADDR", parse=as_text, default=lambda e: e.nodelist[0]),
         "master_port": read("MASTER_PORT", default=slurm_port),
-        "asked_tasks": read("SLURM_NTASKS", default=1),
-        "tasks_per_node": read("SLURM_NTASKS_PER_NODE", default=0),
+        "asked_tasks": read("SLURM_NTASKS", "SLURM_NPROCS", default=1),
+        "tasks_per_node": read("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", parse=as_text, default=""),
     }
     # the batch script or an salloc shell, outside any srun step: a world of one
     OUTSIDE_STEP = {**TABLE, **{key: fixed(0) for key in ("rank", "local_rank", "node_rank")},
@@ -333,7 +368,7 @@ class SlurmEnvironment(LaunchEnvironment):
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
         """Inside a Slurm job (batch script, salloc shell or srun step)."""
-        return "SLURM_JOB_ID" in env and "SLURM_PROCID" in env
+        return "SLURM_JOB_ID" in env
 
     def table(self) -> dict[str, Read]:
         return self.TABLE if self.in_step else self.OUTSIDE_STEP
@@ -343,9 +378,8 @@ class SlurmEnvironment(LaunchEnvironment):
 
     @property
     def in_step(self) -> bool:
-        """True under srun; false in the batch script or an salloc shell."""
-        step = self.env.get("SLURM_STEP_ID", self.env.get("SLURM_STEPID"))
-        return step is not None and step not in ("batch", "extern", "4294967294", "4294967291")
+        """True under srun; false in the batch script, an salloc shell, the extern or interactive step."""
+        return srun_step(self.env) is not None
 
     @property
     def requeue_id(self) -> str | None:
@@ -362,12 +396,17 @@ class SlurmEnvironment(LaunchEnvironment):
                     f"started without srun, so it would run as a world of one.\n"
                     f"HINT: launch it with `srun python -m trainer ...` (or torchrun), not plain `python`.")
             return
-        tpn = self.read("tasks_per_node")
-        if tpn and self.world_size != self.num_nodes * tpn:
-            raise LaunchError(
-                f"slurm: SLURM_NTASKS={self.world_size} but {self.num_nodes} node(s) x "
-                f"SLURM_NTASKS_PER_NODE={tpn} = {self.num_nodes * tpn}.\n"
-                f"HINT: give either --ntasks or --ntasks-per-node, not conflicting values of both.")
+        # a step's own counts (srun -n1 inside a -N2 --ntasks-per-node=4 allocation is a step of one task: the
+        # allocation's SLURM_NTASKS_PER_NODE, inherited, does not describe it)
+        spec = self.read("tasks_per_node")
+        if spec:
+            counts = parse_tasks_per_node(spec)
+            if len(counts) == self.num_nodes and sum(counts) != self.world_size:
+                var = next(v for v in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE") if self.env.get(v))
+                raise LaunchError(
+                    f"slurm: {var}={spec} adds up to {sum(counts)} tasks on {self.num_nodes} node(s), but the step "
+                    f"has {self.world_size} (SLURM_STEP_NUM_TASKS, else SLURM_NTASKS).\n"
+                    f"HINT: these come from srun; a wrapper that sets some of them by hand must set all of them.")
         super().validate(strategy)
 
 
@@ -431,6 +470,86 @@ class SubmititEnvironment(SlurmEnvironment):
         return name
 
 
+class EnvRankEnvironment(LaunchEnvironment):
+    """Processes given RANK, WORLD_SIZE and MASTER_ADDR/PORT but no LOCAL_RANK: Kubeflow's PyTorchJob (one process per
+    pod), torch's env:// convention. Each process is a node of its own unless LOCAL_RANK/LOCAL_WORLD_SIZE say more."""
+
+    name = "env"
+    TABLE = {
+        **LaunchEnvironment.TABLE,
+        "rank": read("RANK"),
+        "local_rank": read("LOCAL_RANK", default=0),
+        "world_size": read("WORLD_SIZE"),
+        "local_world_size": read("LOCAL_WORLD_SIZE", default=1),
+        "node_rank": read("GROUP_RANK", "NODE_RANK", default=lambda e: e.rank // max(e.local_world_size, 1)),
+        "master_addr": read("MASTER_ADDR", parse=as_text),
+        "master_port": read("MASTER_PORT"),
+    }
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        """RANK and WORLD_SIZE set (torchrun's shape has LOCAL_RANK as well)."""
+        return "RANK" in env and "WORLD_SIZE" in env
+
+
+class NodeRankEnvironment(LaunchEnvironment):
+    """Lightning's launcher: LOCAL_RANK, NODE_RANK, WORLD_SIZE and MASTER_ADDR/PORT, no RANK. The processes count
+    each other through a store on MASTER_ADDR:MASTER_PORT (agree()), which the process group then uses."""
+
+    name = "lightning"
+    TABLE = {
+        **LaunchEnvironment.TABLE,
+        "rank": read("RANK"),                          # set by agree()
+        "local_rank": read("LOCAL_RANK"),
+        "world_size": read("WORLD_SIZE"),
+        "local_world_size": read("LOCAL_WORLD_SIZE"),  # set by agree()
+        "node_rank": read("NODE_RANK"),
+        "master_addr": read("MASTER_ADDR", parse=as_text),
+        "master_port": read("MASTER_PORT"),
+    }
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        """NODE_RANK, LOCAL_RANK and WORLD_SIZE without RANK."""
+        return all(k in env for k in ("NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")) and "RANK" not in env
+
+    @property
+    def needs_agreement(self) -> bool:
+        return "RANK" not in self.env or "LOCAL_WORLD_SIZE" not in self.env
+
+    def agree(self, timeout_s: float):
+        """(this environment with RANK and LOCAL_WORLD_SIZE, the store): every process adds itself to its node's
+        count; once all WORLD_SIZE have, a rank is the count of the lower nodes plus its local rank."""
+        import datetime
+        import time
+
+        import torch.distributed as dist
+        world, node = self.world_size, self.node_rank
+        store = dist.TCPStore(self.master_addr, self.master_port, is_master=node == 0 and self.local_rank == 0,
+                              timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+        store.add(f"trainer/nodes/{node}", 1)
+        store.add("trainer/arrived", 1)
+        deadline = time.monotonic() + timeout_s
+        while (arrived := store.add("trainer/arrived", 0)) < world:
+            if time.monotonic() > deadline:
+                raise LaunchError(f"lightning: {arrived} of WORLD_SIZE={world} processes reached "
+                                  f"{self.master_addr}:{self.master_port} within {timeout_s:.0f} s")
+            time.sleep(0.02)
+        counts = [store.add(f"trainer/nodes/{n}", 0) for n in range(node + 1)]
+        if 0 in counts:
+            raise LaunchError(f"lightning: no process has NODE_RANK={counts.index(0)} while this one has "
+                              f"NODE_RANK={node}.\nHINT: node ranks count from 0 without gaps.")
+        rank = sum(counts[:node]) + self.local_rank
+        agreed = NodeRankEnvironment(dict(self.env, RANK=str(rank), LOCAL_WORLD_SIZE=str(counts[node])))
+        return agreed, store
+
+
+def world_vars(env: Mapping[str, str]) -> list[str]:
+    """Variables that say the world is larger than one process."""
+    sizes = ("WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "LOCAL_WORLD_SIZE")
+    return [f"{k}={env[k]}" for k in sizes if env.get(k, "").isdigit() and int(env[k]) > 1]
+
+
 class LocalEnvironment(LaunchEnvironment):
     """A single local process (also DataParallel over the local GPUs)."""
 
@@ -443,9 +562,20 @@ class LocalEnvironment(LaunchEnvironment):
         """Always true: the fallback."""
         return True
 
+    def validate(self, strategy: str = "ddp") -> None:
+        """Never a silent world of one where the environment says the world is larger."""
+        if said := world_vars(self.env):
+            raise LaunchError(
+                f"local: {', '.join(said)} says this process is one of several, but no launcher this trainer "
+                f"knows set its rank (RANK with WORLD_SIZE, LOCAL_RANK with NODE_RANK, SLURM_PROCID, ...).\n"
+                f"HINT: start it with torchrun or srun, give each process RANK, WORLD_SIZE, MASTER_ADDR and "
+                f"MASTER_PORT, or unset {said[0].split('=')[0]} to train as one process.")
+        super().validate(strategy)
+
 
 ENVIRONMENTS: tuple[type[LaunchEnvironment], ...] = (
-    TorchrunEnvironment, SubmititEnvironment, SlurmEnvironment, LocalEnvironment)
+    TorchrunEnvironment, SubmititEnvironment, NodeRankEnvironment, EnvRankEnvironment, SlurmEnvironment,
+    LocalEnvironment)
 
 
 def select_environment(env: Mapping[str, str] | None = None) -> LaunchEnvironment:

@@ -115,6 +115,10 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
     """Validate the environment, create the process group (world > 1 only) and bind the device: under
     ddp the ranks of a node agree through the rendezvous store on who drives which visible GPU."""
     strategy = getattr(dist_cfg, "strategy", "ddp")
+    timeout = float(getattr(dist_cfg, "timeout_s", 1800))
+    met = None
+    if env.needs_agreement:          # Lightning's launcher gives no RANK: the processes count each other first
+        env, met = env.agree(timeout)
     env.validate(strategy)
     cuda = torch.cuda.is_available()
     ids = visible_ids(env.env, torch.cuda.device_count() if cuda else 0)
@@ -123,11 +127,10 @@ def init(env: LaunchEnvironment, dist_cfg: Any) -> DistInfo:
                     "running on CPU with gloo", len(ids), env.env.get("CUDA_VISIBLE_DEVICES"))
     on_gpu = cuda and bool(ids)
     world, backend, join_s = env.world_size, "none", 0.0
-    timeout = float(getattr(dist_cfg, "timeout_s", 1800))
     if world > 1:
         backend = choose_backend(getattr(dist_cfg, "backend", "auto"), "cuda" if on_gpu else "cpu")
         log.debug("init_process_group(%s, %s, rank=%d, world=%d)", backend, env.init_method, env.rank, world)
-        store = attempt_store(env.env, world, timeout)
+        store = met or attempt_store(env.env, world, timeout)
         where = dict(store=store) if store is not None else dict(init_method=env.init_method)
         joining = time.perf_counter()
         dist.init_process_group(backend, rank=env.rank, world_size=world, timeout=datetime.timedelta(seconds=timeout),
