@@ -188,3 +188,30 @@ def test_two_concurrent_srun_steps_of_one_allocation_differ_in_port_and_run_dir(
     assert runs == [f"toy-{job}", f"toy-{job}.1"], runs
     assert all((tmp_path / "runs" / r / "checkpoints" / "final.pt").exists() for r in runs)
     assert read("c.rc") == "2" and "is in use by a live run (pid " in read("c.log"), read("c.log")
+
+
+def test_steps_smaller_than_their_allocation_train(slurm_cluster, tmp_path):
+    """Inside -N2 --ntasks-per-node=4 every step inherits SLURM_NTASKS_PER_NODE=4; `srun -n1`, `srun -N1 -n2` and
+    `srun -N2 -n2` are steps of their own size (Slurm lets -n win), and were refused before (issue 68)."""
+    steps = {"n1": "-n1", "N1n2": "-N1 -n2", "N2n2": "-N2 -n2"}
+    script = "\n".join(f"srun {opts} " + trainer_cmd("train", *TOY, "--epochs", "1", "--run-dir",
+                                                     str(tmp_path / name)) + f" > {tmp_path / name}.log 2>&1"
+                       for name, opts in steps.items())
+    script += "\nsrun -N2 -n2 " + trainer_cmd("doctor", "--json") + f" > {tmp_path}/doctor.log 2>&1"
+    job = sbatch(slurm_cluster, script, "-N2", "--ntasks-per-node=4", "-o", str(tmp_path / "job.out"))
+    assert wait_job(slurm_cluster, job, timeout=300)["JobState"] == "COMPLETED", (tmp_path / "job.out").read_text()
+    for name, world in (("n1", 1), ("N1n2", 2), ("N2n2", 2)):
+        log = (tmp_path / f"{name}.log").read_text()
+        assert f"world={world}" in (tmp_path / name / "train.log").read_text(), log[-2000:]
+        assert (tmp_path / name / "checkpoints" / "final.pt").exists()
+    report = json.loads(next(line for line in (tmp_path / "doctor.log").read_text().splitlines()
+                             if line.startswith("{")))
+    assert report["world_size"] == 2 and sorted(r["slurmd_nodename"] for r in report["ranks"]) == ["node1", "node2"]
+
+
+def test_an_salloc_shell_of_several_tasks_stops_naming_srun(slurm_cluster, tmp_path):
+    proc = subprocess.run(["salloc", "-N1", "-n2", PY, "-m", "trainer", "train", *TOY, "--run-dir",
+                           str(tmp_path / "run")], cwd=REPO, env=slurm_env(slurm_cluster), text=True,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 2 and "SLURM_NTASKS=2" in proc.stderr and "srun python -m trainer" in proc.stderr
+    assert not (tmp_path / "run").exists()
