@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.data:
             D.load(SeqDataConfig(path=args.data, cache=args.root, kcore=args.kcore, cache_cap_gb=args.cap_gb),
                    local_rank=args.local_rank)
+            cache.evict_pending()                 # as the engine does once the run is not refused
             entry = next(Path(w).name for m in said for w in m.split() if w.startswith(args.root.rstrip("/") + "/"))
         else:
             key = dict(source="slow", seconds=args.slow)

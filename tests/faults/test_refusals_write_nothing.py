@@ -1,6 +1,8 @@
-"""Issue 57 item 4: a refusal writes nothing. Every check that can refuse a resume or a start (settings, recipe,
-checkpoint format, data, weights' shapes, memory) runs before any file of the run directory is written: the
-directory's bytes (its lock file aside) are the same before and after each refusal."""
+"""Issue 57 item 4, issue 68 point 4: a refusal writes nothing. Every check that can refuse a resume or a start
+(settings, recipe, checkpoint format, data, weights' shapes, memory) runs before any file of the run directory is
+written, renamed or removed: on a run directory that also holds a damaged final.pt and a stale temporary of an
+interrupted save, the directory's bytes (its lock file aside) are the same before and after each refusal, and the
+data cache keeps every entry it had (a refusal that parsed other data may add one)."""
 from __future__ import annotations
 
 import shutil
@@ -27,10 +29,26 @@ def other_items(data):
 
 
 def future_format(run):
-    path = run / "checkpoints" / "final.pt"
+    path = run / "checkpoints" / RESUMED
     ckpt = torch.load(path, weights_only=True)
     ckpt["format"] = 99
     torch.save(ckpt, path)
+
+
+RESUMED = "step-00000002.pt"       # final.pt's copy: --resume auto takes it, final.pt being damaged
+
+
+def damage(run):
+    """final.pt truncated, its content kept as the newest periodic checkpoint, and a killed save's temporary."""
+    ckpts = run / "checkpoints"
+    final = (ckpts / "final.pt").read_bytes()
+    (ckpts / RESUMED).write_bytes(final)
+    (ckpts / "final.pt").write_bytes(final[: len(final) // 2])
+    (ckpts / f".{RESUMED}.tmp.4242").write_bytes(b"half a save")
+
+
+def cache_entries(cache):
+    return {p.name: p.stat().st_ino for p in cache.iterdir() if not p.name.startswith(".")}
 
 
 CASES = {   # name: (what to change before the resume (on data or run), the resume's extra words, the refusal)
@@ -47,6 +65,11 @@ def test_a_refused_resume_leaves_the_run_directory_as_it_was(trained, tmp_path, 
     where, change, said = CASES[case]
     shutil.copytree(trained / "run", tmp_path / "run")
     shutil.copytree(trained / "data", tmp_path / "data")
+    damage(tmp_path / "run")
+    cache = tmp_path / "cache"
+    trainer("train", *ARGS, f"data.path={trained / 'data'}", f"data.cache={cache}", "--epochs", "1", "--run-dir",
+            str(tmp_path / "other"))                       # an entry in the cache, mapped by no job now
+    cached = cache_entries(cache)
     extra = []
     if where == "data":
         change(tmp_path / "data")
@@ -58,18 +81,21 @@ def test_a_refused_resume_leaves_the_run_directory_as_it_was(trained, tmp_path, 
     before = contents(tmp_path / "run")
     base = ARGS if case != "another recipe" else ("train.tensorboard=false",)
     args = [*base, *(extra if where is None else []), f"data.path={tmp_path / 'data'}", "--epochs", "2",
+            f"data.cache={cache}", "data.cache_cap_gb=0.000001",
             "--run-dir", str(tmp_path / "run"), "--resume", "auto", *(extra if where == "data" else [])]
     proc = trainer("train", *args, check=False)
     assert proc.returncode == 2 and said in proc.stderr, proc.stderr[-2000:]
     after = contents(tmp_path / "run")
     assert after == before, sorted(set(after.items()) ^ set(before.items()), key=str)[:6]
+    now = cache_entries(cache)
+    assert {k: now.get(k) for k in cached} == cached           # every entry kept, none renamed (at a cap of ~0)
 
 
 def test_a_refused_start_leaves_only_the_claim(tmp_path):
     proc = trainer("train", *ARGS, "model.width=65536", "--epochs", "1", "--run-dir", str(tmp_path / "run"),
                    check=False)
     assert proc.returncode == 4 and "the model needs" in proc.stderr
-    assert list(contents(tmp_path / "run")) == [".trainer-run"]      # the lock and the claim's marker alone
+    assert list(contents(tmp_path / "run")) == []                     # the lock alone (created and removed)
 
 
 def test_a_resume_that_passes_writes_the_log_from_the_start(trained, tmp_path):
@@ -82,3 +108,13 @@ def test_a_resume_that_passes_writes_the_log_from_the_start(trained, tmp_path):
     assert "model: " in second and "resumed from" in second
     assert len(list((tmp_path / "run").glob("config.*.yaml"))) == 1     # epochs 1 -> 2: the old one kept
     assert (tmp_path / "run" / "exits" / "rank-0.json").exists()
+
+
+def test_a_resume_that_passes_then_sets_the_damage_aside(trained, tmp_path):
+    shutil.copytree(trained / "run", tmp_path / "run")
+    damage(tmp_path / "run")
+    proc = trainer("train", *ARGS, f"data.path={trained / 'data'}", "--epochs", "2", "--run-dir",
+                   str(tmp_path / "run"), "--resume", "auto")
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert f"resumed from {ckpts / RESUMED}" in proc.stderr
+    assert (ckpts / "final.pt.corrupt").exists() and not (ckpts / f".{RESUMED}.tmp.4242").exists()

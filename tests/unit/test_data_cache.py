@@ -77,6 +77,7 @@ def test_past_the_cap_only_entries_without_a_live_lease_go_oldest_first(tmp_path
         D.load(SeqDataConfig(path=str(path), cache=str(root), kcore=kcore))
     names = [e.path.name for e in cache.entries_of(root)]
     D.load(SeqDataConfig(path=str(path), cache=str(root), kcore=4, cache_cap_gb=1e-9))
+    cache.evict_pending()                                # as the engine does once the run is not refused
     assert len(entries(root)) == 4                       # every one is leased: none removed
     owners._LEASES.release_all()                         # as if the jobs that mapped them had ended
     (root / cache.LEASES / names[1]).mkdir(parents=True, exist_ok=True)
@@ -84,12 +85,15 @@ def test_past_the_cap_only_entries_without_a_live_lease_go_oldest_first(tmp_path
     other.write_text('{"node": "node9", "host": "h", "pid": 4242, "job": "7", "launch": "x", "started": 0, '
                      '"token": "abc"}')
     D.load(SeqDataConfig(path=str(path), cache=str(root), kcore=5, cache_cap_gb=1e-9))
+    assert len(entries(root)) == 5                       # nothing removed before the run is not refused
+    cache.evict_pending()
     left = entries(root)
     assert names[0] not in left and names[2] not in left  # leaseless, oldest first: gone
     assert names[1] in left and len(left) == 2           # leased by another node's live job, and the one mapped now
     stale = os.path.getmtime(other) - owners.LEASE_STALE_S - 5
     os.utime(other, (stale, stale))                      # that job's heartbeat stopped
     D.load(SeqDataConfig(path=str(path), cache=str(root), duplicates="keep", cache_cap_gb=1e-9))
+    cache.evict_pending()
     assert names[1] not in entries(root) and not other.exists()
 
 

@@ -336,8 +336,8 @@ def load_or_build(root: Path, name: str, key: dict[str, Any], builder: str, args
                   timeout_s: float = 1800.0, in_child: bool = False, error: type = CacheError,
                   cap_gb: float = DEFAULT_CAP_GB):
     """(arrays, meta) of the entry for `key` under root: loaded, or built once (see obtain()). This process holds a
-    lease on it for as long as it lives, so no other job removes it; after a build, the least recently used
-    leaseless entries go while the cache is over cap_gb. `error` is the exception type a failed build is raised as
+    lease on it for as long as it lives, so no other job removes it; after a build, evict_pending() removes the
+    least recently used leaseless entries while the cache is over cap_gb. `error` is the exception type a failed build is raised as
     (the recipe's DataError)."""
     entry = entry_name(name, key)
     start = time.perf_counter()
@@ -357,8 +357,19 @@ def load_or_build(root: Path, name: str, key: dict[str, Any], builder: str, args
     got = obtain(root, entry, key, builder, args, local_rank, timeout_s, in_child, error)
     _touch(root / entry)
     if local_rank == 0 and cap_gb > 0:
-        evict(root, cap_gb * 1e9, keep=entry)
+        _PENDING[root] = cap_gb       # removed by evict_pending(): once the run is not refused
     return got
+
+
+_PENDING: dict[Path, float] = {}      # cache folders this process built into, with their caps
+
+
+def evict_pending() -> None:
+    """Bring the caches this process built into under their caps (the engine calls it once nothing refused the run:
+    a refused run removes nothing from the cache)."""
+    while _PENDING:
+        root, cap_gb = _PENDING.popitem()
+        evict(root, cap_gb * 1e9)
 
 
 def _touch(folder: Path) -> None:

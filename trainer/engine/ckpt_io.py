@@ -253,6 +253,12 @@ class CheckpointFolder:
             log.warning("removed %s, the temporary of a checkpoint save that was interrupted", tmp)
         return found
 
+    def set_aside_damaged(self, damaged: list[Path]) -> None:
+        """The damaged checkpoints newest_valid skipped, moved aside as *.corrupt now that the run goes on."""
+        for path in damaged:
+            if path.exists():
+                log.warning("%s does not load; moved aside as %s", path, set_aside(path, ".corrupt").name)
+
     def set_aside_newer(self, step: int, resumed: str | Path, recipe: str | None = None) -> list[Path]:
         """After resuming `resumed` at `step`: periodic/final files of a later step belong to an abandoned
         history; rename them *.superseded so that neither pruning nor a later `--resume auto` picks them. A
@@ -282,9 +288,10 @@ class CheckpointFolder:
         final = [self.dir / "final.pt"] if (self.dir / "final.pt").exists() else []
         return final + self.periodic()[::-1]
 
-    def newest_valid(self) -> tuple[Path, dict[str, Any]] | None:
+    def newest_valid(self, damaged: list[Path] | None = None) -> tuple[Path, dict[str, Any]] | None:
         """The newest checkpoint that loads. Truncated or corrupt ones are moved aside as *.corrupt (kept,
-        never deleted) with a warning, so that neither a requeue nor pruning meets them again."""
+        never deleted) with a warning, so that neither a requeue nor pruning meets them again; or, given a list
+        `damaged`, only named there, to be set aside once nothing refuses the run (set_aside_damaged)."""
         best: tuple[int, Path, dict] | None = None
         for path in self.candidates():
             try:
@@ -292,7 +299,11 @@ class CheckpointFolder:
             except NewerCheckpointError:
                 raise                     # a newer trainer's checkpoint: stop, and leave it where it is
             except CheckpointError as err:
-                log.warning("skipping %s; moved aside as %s", err, set_aside(path, ".corrupt").name)
+                if damaged is None:
+                    log.warning("skipping %s; moved aside as %s", err, set_aside(path, ".corrupt").name)
+                else:
+                    log.warning("skipping %s", err)
+                    damaged.append(path)
                 continue
             if best is None or ckpt["global_step"] > best[0]:
                 best = (ckpt["global_step"], path, ckpt)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -75,13 +75,14 @@ def describe(changes: list[tuple[str, Any, Any]]) -> str:
     return ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in changes)
 
 
-def resume_checkpoint(cfg: Config) -> tuple[Path, dict] | None:
-    """The checkpoint --resume will load (rank 0): the newest valid one for auto, else the path given."""
+def resume_checkpoint(cfg: Config, damaged: list[Path] | None = None) -> tuple[Path, dict] | None:
+    """The checkpoint --resume will load (rank 0): the newest valid one for auto, else the path given; with
+    `damaged`, the checkpoints that do not load are named there instead of being moved aside."""
     spec = cfg.ckpt.resume
     if not spec:
         return None
     if spec == "auto":
-        return ckpt_io.CheckpointFolder(cfg.run_dir, cfg.ckpt.keep_last).newest_valid()
+        return ckpt_io.CheckpointFolder(cfg.run_dir, cfg.ckpt.keep_last).newest_valid(damaged)
     return Path(spec), ckpt_io.load(spec)
 
 
@@ -95,6 +96,7 @@ class Planned:
     path: str | None = None
     ckpt: dict | None = None
     keep_previous: int | None = None    # rank 0: keep config.yaml as config.<this step>.yaml once nothing refuses
+    damaged: list[Path] = field(default_factory=list)   # rank 0: checkpoints that do not load, moved aside then
 
     def take(self, path: str) -> dict | None:
         """The checkpoint read for the check if it is `path` (once: the memory is released after)."""
@@ -107,10 +109,10 @@ def check_resume_config(cfg: Config, info: DistInfo, spec: RecipeSpec) -> Planne
     ranks raise ConfigError); else return the changes (logged once the run directory may be written) with the
     checkpoint to load, and the step at which the previous config.yaml is to be kept (keep_previous_config,
     once the other checks passed too)."""
-    problem, changes, path, ckpt, keep = None, [], None, None, None
+    problem, changes, path, ckpt, keep, damaged = None, [], None, None, None, []
     if info.is_main:
         try:
-            found = resume_checkpoint(cfg)
+            found = resume_checkpoint(cfg, damaged)
             if found is not None:
                 path, ckpt = str(found[0]), found[1]
                 changes = config_changes(ckpt["config"], cfg) if ckpt["recipe"] == cfg.recipe else []
@@ -131,7 +133,7 @@ def check_resume_config(cfg: Config, info: DistInfo, spec: RecipeSpec) -> Planne
     problem, changes, path = runtime.broadcast_object((problem, changes, path), info)
     if problem:
         raise ConfigError(problem)
-    return Planned([c for c in changes if c[0] not in QUIET], path, ckpt, keep)
+    return Planned([c for c in changes if c[0] not in QUIET], path, ckpt, keep, damaged)
 
 
 def keep_previous_config(run_dir: Path, step: int) -> None:

@@ -144,8 +144,8 @@ def holder_text(info: DistInfo) -> str:
 
 
 def claim_run_dir(run_dir: str | Path, resume: str, info: DistInfo) -> RunDirLock | None:
-    """Before anything is written: lock the run directory (rank 0; refused while another run holds it),
-    remove temporaries of interrupted saves and refuse a fresh run into a run directory with checkpoints.
+    """Before anything is written: lock the run directory (rank 0; refused while another run holds it) and refuse
+    a fresh run into a run directory with checkpoints (what a run may change there waits for commit_run_dir).
     Rank 0 looks (run directories need not be shared); all ranks raise. Returns rank 0's lock."""
     problem, lock = None, None
     if info.is_main:
@@ -153,9 +153,7 @@ def claim_run_dir(run_dir: str | Path, resume: str, info: DistInfo) -> RunDirLoc
             lock = RunDirLock(run_dir)
             if not resume:
                 ckpt_io.refuse_fresh_run(run_dir)
-            ckpt_io.CheckpointFolder(run_dir).remove_temporaries()
             lock.mark(holder_text(info))
-            mark_as_run(Path(run_dir), holder_text(info))
         except ckpt_io.CheckpointError as err:
             problem = ("usage", str(err))
         except DiskError as err:                        # check_writable's
@@ -169,6 +167,17 @@ def claim_run_dir(run_dir: str | Path, resume: str, info: DistInfo) -> RunDirLoc
             lock.release(refused=True)
         raise (DiskError if problem[0] == "disk" else ckpt_io.CheckpointError)(problem[1])
     return lock
+
+
+def commit_run_dir(run_dir: str | Path, info: DistInfo, damaged: list[Path]) -> None:
+    """Rank 0, once nothing refused the run: mark the directory as a run's, remove the temporaries of interrupted
+    saves and move the checkpoints that do not load aside (a refusal leaves all of them as they were)."""
+    if not info.is_main:
+        return
+    mark_as_run(Path(run_dir), holder_text(info))
+    folder = ckpt_io.CheckpointFolder(run_dir)
+    folder.remove_temporaries()
+    folder.set_aside_damaged(damaged)
 
 
 def make_private(run_dir: str | Path | None = None) -> None:

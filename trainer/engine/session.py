@@ -13,6 +13,7 @@ from pathlib import Path
 
 from trainer.config.settings import Config, save_config
 from trainer.config.spec import RecipeSpec
+from trainer.data.cache import evict_pending
 from trainer.data.download import check_data_path
 from trainer.distributed import runtime
 from trainer.distributed.environment import select_environment
@@ -20,7 +21,7 @@ from trainer.engine.exits import exit_code_of, exit_of
 from trainer.engine.fit_loop import FitResult
 from trainer.engine.logging import attach_run_log, hold_logging
 from trainer.engine.resume import check_resume_config, describe, keep_previous_config
-from trainer.engine.rundir import claim_run_dir, make_private
+from trainer.engine.rundir import claim_run_dir, commit_run_dir, make_private
 from trainer.engine.trainer import Trainer
 from trainer.launch.exitcodes import record_exit, record_start
 
@@ -65,6 +66,8 @@ def run_train(cfg: Config, spec: RecipeSpec) -> tuple[FitResult, Config]:
             nonlocal started
             if cfg.private and info.is_main:
                 make_private(cfg.run_dir)
+            commit_run_dir(cfg.run_dir, info, planned.damaged)
+            evict_pending()                      # the data cache's cap: nothing removed by a refused run
             attach_run_log(info, cfg.run_dir, held, per_rank=cfg.train.log_per_rank)
             if planned.changes:
                 log.warning("changed on resume: %s", describe(planned.changes))
