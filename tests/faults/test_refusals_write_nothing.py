@@ -118,3 +118,16 @@ def test_a_resume_that_passes_then_sets_the_damage_aside(trained, tmp_path):
     ckpts = tmp_path / "run" / "checkpoints"
     assert f"resumed from {ckpts / RESUMED}" in proc.stderr
     assert (ckpts / "final.pt.corrupt").exists() and not (ckpts / f".{RESUMED}.tmp.4242").exists()
+
+
+def test_a_checkpoint_of_another_torch_resumes_with_the_difference_logged(trained, tmp_path):
+    shutil.copytree(trained / "run", tmp_path / "run")
+    path = tmp_path / "run" / "checkpoints" / "final.pt"
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["versions"] = dict(ckpt["versions"], torch="2.11.0")
+    torch.save(ckpt, path)
+    proc = trainer("train", *ARGS, f"data.path={trained / 'data'}", "--epochs", "2", "--run-dir",
+                   str(tmp_path / "run"), "--resume", "auto")
+    assert f"versions changed on resume: torch 2.11.0 -> {torch.__version__}" in proc.stderr
+    from trainer.engine.logging import read_metrics
+    assert any("torch 2.11.0" in str(r) for r in read_metrics(tmp_path / "run", "resume"))

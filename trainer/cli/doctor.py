@@ -245,6 +245,18 @@ def preflight_report(run_dir: Path) -> str:
         return f"  pre-flight: {path} unreadable ({err})"
 
 
+def metrics_report(run_dir: Path) -> str:
+    """metrics.jsonl's records, and each line that is not one, by file and line (a write cut off by a full disk)."""
+    from trainer.engine.logging import read_lines
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return "  metrics: no metrics.jsonl"
+    rows, damaged = read_lines(path.read_text(errors="replace"), path)
+    lines = [f"  metrics: {len(rows)} records in {path}" + (f", {len(damaged)} damaged line(s) skipped:"
+                                                              if damaged else "")]
+    return "\n".join(lines + [f"    {d}" for d in damaged])
+
+
 def straggler_report(run_dir: Path) -> str:
     """The stragglers metrics.jsonl's train records name (trainer/distributed/stragglers.py)."""
     from trainer.distributed import stragglers
@@ -260,6 +272,7 @@ def run_doctor(args) -> int:
         print(run_report(Path(args.run)))
         if Path(args.run).is_dir():
             print(preflight_report(Path(args.run)))
+            print(metrics_report(Path(args.run)))
             print(straggler_report(Path(args.run)))
             print(data_report(Path(args.run)))
         return 0

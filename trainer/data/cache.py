@@ -41,6 +41,7 @@ import numpy as np
 
 from trainer.data import owners
 from trainer.data.fingerprint import fingerprints
+from trainer.launch.exitcodes import disk_error
 from trainer.native import memory
 
 log = logging.getLogger(__name__)
@@ -114,12 +115,23 @@ def _build_into(tmp: Path, builder: str, args: tuple) -> tuple[dict, dict, float
     finally:
         logging.getLogger("trainer").removeHandler(caught)
     meta = dict(meta, warnings=caught.messages)
-    tmp.mkdir(parents=True)
     specs = {}
-    for name, arr in arrays.items():
-        np.save(tmp / f"{name}.npy", np.ascontiguousarray(arr))
-        specs[name] = dict(shape=list(arr.shape), dtype=str(arr.dtype))
+    try:
+        tmp.mkdir(parents=True)
+        for name, arr in arrays.items():
+            np.save(tmp / f"{name}.npy", np.ascontiguousarray(arr))
+            specs[name] = dict(shape=list(arr.shape), dtype=str(arr.dtype))
+    except (OSError, ValueError) as err:     # numpy's own OSError on a full disk carries no errno
+        raise _WriteFailed(tmp, err) from None
     return specs, meta, round(time.perf_counter() - start, 3)
+
+
+class _WriteFailed(Exception):
+    """A build's arrays could not be written (the cause, with the folder)."""
+
+    def __init__(self, path: Path, cause: BaseException):
+        super().__init__(str(cause))
+        self.path, self.cause = path, cause
 
 
 def _child(tmp: Path, builder: str, args: tuple, key: dict) -> None:
@@ -146,7 +158,10 @@ def _peak_rss_mb() -> float | None:
 def _write_manifest(folder: Path, key: dict, specs: dict, meta: dict, seconds: float) -> None:
     manifest = dict(format=FORMAT, key=key, arrays=specs, meta=meta, built_s=seconds, host=socket.gethostname(),
                     created=time.strftime("%Y-%m-%d %H:%M:%S"))
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    try:
+        (folder / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    except OSError as err:
+        raise _WriteFailed(folder / "manifest.json", err) from None
 
 
 # ------------------------------------------------------------------------------ one build across jobs
@@ -206,6 +221,8 @@ def build(root: Path, entry: str, key: dict, builder: str, args: tuple, in_child
             if failure.exists():
                 info = json.loads(failure.read_text())
                 failure.unlink()
+                if info["type"] == "_WriteFailed":
+                    raise _WriteFailed(tmp, OSError(info["message"]))
                 raise (error if info["type"] != "CacheError" else CacheError)(info["message"])
             if proc.exitcode != 0:
                 killed = " (killed: out of memory?)" if proc.exitcode == -9 else ""
@@ -213,6 +230,12 @@ def build(root: Path, entry: str, key: dict, builder: str, args: tuple, in_child
         else:
             specs, meta, seconds = _build_into(tmp, builder, args)
             _write_manifest(tmp, key, specs, meta, seconds)
+    except _WriteFailed as failed:           # the disk, not the data: exit 4, as any write the run must make
+        err = disk_error(failed.path, failed.cause, "the data cache entry",
+                         "free space under data.cache, or data.cache=DIR elsewhere, or data.cache=off")
+        shutil.rmtree(tmp, ignore_errors=True)
+        _mark_failed(root, entry, lock, err)
+        raise err from None
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
         _mark_failed(root, entry, lock, err)
@@ -344,8 +367,8 @@ def load_or_build(root: Path, name: str, key: dict[str, Any], builder: str, args
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise CacheError(f"data.cache {root}: cannot create it ({err.strerror}).\nHINT: data.cache=DIR on a "
-                         f"writable disk, or data.cache=off (every launch parses again)") from None
+        raise disk_error(root, err, "the data cache folder (data.cache): cannot create it",
+                         "data.cache=DIR on a writable disk, or data.cache=off (every launch parses again)") from None
     owners.hold_lease(root / LEASES / entry)           # before the entry is mapped: never removed under us
     got = load(root / entry, key)
     if got is not None:

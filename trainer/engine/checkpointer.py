@@ -127,7 +127,7 @@ class Checkpointer:
         state = TrainState(**ckpt["state"])
         if ckpt["world_size"] == self.info.world_size:
             ckpt_io.restore_rng(ckpt["rng"][self.info.rank])
-        self.notes = resume.continue_at(state, ckpt, run) + data_note
+        self.notes = resume.continue_at(state, ckpt, run) + data_note + ckpt_io.version_changes(ckpt.get("versions"))
         old_lr = list(run.scheduler.base_lrs)
         if resume.apply_lr(run.scheduler, fresh):
             self.notes.append(f"peak lr {old_lr[0]:g} -> {fresh[0]:g} from step {state.global_step + 1}")

@@ -44,6 +44,18 @@ def versions() -> dict[str, str]:
                 cuda=str(torch.version.cuda), trainer=_trainer_version())
 
 
+def version_changes(saved: dict | None) -> list[str]:
+    """What differs between the versions a checkpoint was written with and this process's (torch, the trainer,
+    CUDA, numpy, Python), as one note; [] when they agree or the checkpoint predates the record."""
+    if not saved:
+        return []
+    now = versions()
+    diff = [f"{k} {saved[k]} -> {now[k]}" for k in ("torch", "trainer", "cuda", "numpy", "python")
+            if k in saved and saved[k] != now.get(k)]
+    return [f"versions changed on resume: {', '.join(diff)} (training goes on; a result bitwise equal to an "
+            f"uninterrupted run is promised only on the same versions)"] if diff else []
+
+
 def _trainer_version() -> str:
     try:
         from importlib.metadata import version

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.distributed.runtime import DistInfo
+from trainer.engine.write_failures import RunLogHandler, WriteFailures
 
 FORMAT = "%(asctime)s %(levelname)s [rank %(rank)s] %(message)s"
 
@@ -53,11 +54,11 @@ def setup_logging(info: DistInfo, run_dir: str | Path | None = None, level: int 
     handlers[0].setLevel(level if info.is_main else logging.WARNING)
     if run_dir is not None and info.is_main:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(Path(run_dir) / "train.log"))
+        handlers.append(RunLogHandler(Path(run_dir) / "train.log"))
         handlers[-1].setLevel(level)
     if run_dir is not None and per_rank:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(Path(run_dir) / f"train.rank{info.rank}.log"))
+        handlers.append(RunLogHandler(Path(run_dir) / f"train.rank{info.rank}.log"))
         handlers[-1].setLevel(level)
     for handler in handlers:
         handler._trainer = True
@@ -121,9 +122,14 @@ class MetricsWriter:
     purge_step: a resumed run's step; TensorBoard drops what an earlier attempt logged from that step on, so
     the steps replayed after the checkpoint are not shown twice."""
 
-    def __init__(self, run_dir: str | Path, info: DistInfo, tensorboard: bool = True, purge_step: int | None = None):
+    def __init__(self, run_dir: str | Path, info: DistInfo, tensorboard: bool = True, purge_step: int | None = None,
+                 failures: WriteFailures | None = None):
         self.enabled = info.is_main
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.failures = failures        # a failed write is noted there (every rank stops at the next agreement)
+        self.redone_to = -1             # a resumed run's train steps up to this one were logged before: marked
+        if self.enabled and purge_step is not None:
+            self.redone_to = repair_metrics(self.path)
         self.tb = None
         if self.enabled and tensorboard:
             try:
@@ -137,13 +143,30 @@ class MetricsWriter:
         if not self.enabled:
             return
         record = dict(split=split, epoch=epoch, step=step, time=round(time.time(), 3), **_plain(metrics))
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        if split == "train" and step <= self.redone_to:
+            record["redone"] = True     # logged before the resume too: the run went back to its checkpoint
+        try:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+        except OSError as err:
+            self._failed(self.path, err, "metrics")
+            return
         if self.tb is not None:
-            for name, value in metrics.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                    self.tb.add_scalar(f"{split}/{name}", value, step)
-            self.tb.flush()
+            try:
+                for name, value in metrics.items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                        self.tb.add_scalar(f"{split}/{name}", value, step)
+                self.tb.flush()
+            except OSError as err:
+                self._failed(self.tb.log_dir, err, "TensorBoard events")
+
+    def _failed(self, path: str | Path, err: OSError, what: str) -> None:
+        """No more records after a failed write (a later one could land after a cut-off line); noted, or raised."""
+        self.enabled = False
+        if self.failures is None:
+            from trainer.launch.exitcodes import disk_error
+            raise disk_error(path, err, what) from None
+        self.failures.note(path, err, what)
 
     def image(self, tag: str, png: str | Path, step: int) -> None:
         """A PNG written by a recipe (e.g. a confusion matrix), also as a TensorBoard image."""
@@ -161,10 +184,51 @@ class MetricsWriter:
             self.tb = None
 
 
+def repair_metrics(path: Path) -> int:
+    """Before a resumed run appends: a last record cut off by a failed write (no newline) is moved to
+    metrics.jsonl.damaged, so the next record starts a line of its own. Returns the last train step logged."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return -1
+    if data and not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+        with open(path.with_name(path.name + ".damaged"), "ab") as fh:
+            fh.write(data[keep:] + b"\n")
+        with open(path, "r+b") as fh:
+            fh.truncate(keep)
+        logging.getLogger(__name__).warning("%s: its last record was cut off (%d bytes, a failed write); kept in %s",
+                                            path, len(data) - keep, path.name + ".damaged")
+        data = data[:keep]
+    steps = [r["step"] for r in read_lines(data.decode(errors="replace"), path)[0] if r.get("split") == "train"]
+    return max(steps, default=-1)
+
+
+def read_lines(text: str, path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the records, "FILE:LINE: what is wrong" for each line that is not one)."""
+    rows, damaged = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            damaged.append(f"{path}:{number}: not a JSON record ({err})")
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            damaged.append(f"{path}:{number}: not a JSON object")
+    return rows, damaged
+
+
 def read_metrics(run_dir: str | Path, split: str | None = None) -> list[dict[str, Any]]:
-    """Records of run_dir/metrics.jsonl (optionally one split), for tests and tools."""
+    """Records of run_dir/metrics.jsonl (optionally one split), for tests and tools; a damaged line is skipped with
+    a warning naming its file and line."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if split is None or r["split"] == split]
+    rows, damaged = read_lines(path.read_text(errors="replace"), path)
+    for line in damaged:
+        logging.getLogger(__name__).warning("%s: skipped", line)
+    return [r for r in rows if split is None or r.get("split") == split]

@@ -40,6 +40,7 @@ from trainer.engine.recipe import Recipe
 from trainer.engine.resume import Planned, write_resume_record
 from trainer.engine.state import TrainState
 from trainer.engine.window import TrainLosses
+from trainer.engine.write_failures import WriteFailures, watch
 from trainer.launch.exitcodes import PREEMPTED_MARKER, UnfitHostError
 
 log = logging.getLogger(__name__)
@@ -81,8 +82,11 @@ class Trainer:
         self.state, metrics = resumed or (TrainState(), {})
         # a resumed run logs again from the step after its checkpoint: TensorBoard drops what an earlier attempt
         # logged from there on (a crash after the checkpoint leaves such steps behind)
+        self.failures = WriteFailures()         # a write failed mid-run: every rank stops alike, exit 4
+        watch(self.failures)
         self.writer = MetricsWriter(self.run_dir, info, cfg.train.tensorboard,
-                                    purge_step=self.state.global_step + 1 if resumed else None)
+                                    purge_step=self.state.global_step + 1 if resumed else None,
+                                    failures=self.failures)
         self.components: list[Component] = []
         try:
             if resumed:
@@ -115,7 +119,7 @@ class Trainer:
         stragglers = Stragglers(info, tc.straggler_action, clock) \
             if Stragglers.wanted(info, tc.straggler_action) else None
         self.window = LoggingWindow(self.run, self.state, self.losses, self.meter, self.writer, self.preempt, clock,
-                                    readers=[stragglers] if stragglers else [])
+                                    readers=[stragglers] if stragglers else [], failures=self.failures)
         self.eviction = Eviction(stragglers) if stragglers else None
         built = [
             StepProfiler(tc.profile, self.run_dir, info, self.state),
@@ -133,9 +137,11 @@ class Trainer:
         """Train until the configured end, a signal's checkpoint, early stopping or an eviction."""
         self.preempt.install()
         try:
-            return FitLoop(self).run()
+            result = FitLoop(self).run()
         finally:
             self.preempt.restore()
+        self.failures.agree(self.info)          # a write failed after the last agreement: every rank stops with it
+        return result
 
     def save(self, kind: str) -> None:
         """A checkpoint of `kind` (periodic, best, final), after the losses' read that covers its steps."""
@@ -143,6 +149,7 @@ class Trainer:
         t0 = time.perf_counter()
         self.ckpts.save(kind, self.state, self.evaluations.last_metrics)
         seconds = time.perf_counter() - t0
+        self.failures.agree(self.info)          # a failed log or metrics write stops every rank, after the save
         for component in self.components:
             component.saved(seconds)
 

@@ -5,9 +5,10 @@
 | 0         | done (or preempted, checkpointed and requeued by rank 0)     | nothing                          |
 | 2         | usage or configuration error (bad flag, key, data file)      | never retried: it fails the same |
 | 3         | non-finite loss                                              | never retried: it fails the same |
-| 4         | resource: the run directory cannot be written (disk full,    | never retried: a relaunch meets  |
-|           | quota, read-only file system, permission), or the model,     | the same disk and memory         |
-|           | its gradients and optimizer state exceed the free memory     |                                  |
+| 4         | resource: a file the run must write cannot be written (disk  | never retried: a relaunch meets  |
+|           | full, quota, read-only file system, permission: checkpoints, | the same disk and memory         |
+|           | logs, metrics, the data cache), on every rank alike, or the  |                                  |
+|           | model, its gradients and optimizer state exceed free memory  |                                  |
 | 5         | unfit host: the pre-flight found a host slow or failing its  | relaunch without that host, at   |
 |           | checks, or a straggler was evicted after a checkpoint         | once; stop where none is left    |
 |           | (named in the cause: "unfit host(s) [h1,h2]")                 |                                  |
@@ -87,7 +88,9 @@ def free_space(path: str | Path) -> str:
         free = shutil.disk_usage(target).free
     except OSError:
         return "free space unknown"
-    return f"{free / 2**30:.1f} GiB free" if free >= 2**30 else f"{free / 2**20:.1f} MiB free"
+    if free >= 2**30:
+        return f"{free / 2**30:.1f} GiB free"
+    return f"{free / 2**20:.1f} MiB free" if free >= 2**20 else f"{free / 2**10:.0f} KiB free"
 
 
 def disk_error(path: str | Path, err: BaseException, what: str = "", hint: str = "") -> DiskError:
@@ -138,12 +141,20 @@ def _write(run_dir: str | Path, rank: int, fields: dict) -> Path | None:
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     record = dict(rank=rank, host=host, pid=os.getpid(), **fields, time=round(time.time(), 3),
                   **attempt_env())
+    path = folder / f"rank-{rank}.json"
+    text = json.dumps(record) + "\n"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"rank-{rank}.json"
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(record) + "\n")
+        tmp.write_text(text)
         os.replace(tmp, path)
+        return path
+    except OSError:
+        tmp.unlink(missing_ok=True)
+    try:        # a full disk: over the start record in place, in the blocks it already holds
+        with open(path, "r+") as fh:
+            fh.write(text)
+            fh.truncate()
         return path
     except OSError:
         return None

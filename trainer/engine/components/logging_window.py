@@ -26,6 +26,7 @@ from trainer.engine.meters import SystemStats, Throughput
 from trainer.engine.preemption import AgreementCadence, PreemptionHandler
 from trainer.engine.state import TrainState
 from trainer.engine.window import TrainLosses
+from trainer.engine.write_failures import WriteFailures
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,11 @@ class LoggingWindow(Component):
 
     def __init__(self, run: Run, state: TrainState, losses: TrainLosses, meter: Throughput,
                  writer: MetricsWriter, preempt: PreemptionHandler, clock: StepClock,
-                 readers: Sequence[WindowReader] = ()):
+                 readers: Sequence[WindowReader] = (), failures: WriteFailures | None = None):
         self.run, self.info, self.tc, self.state = run, run.info, run.cfg.train, state
         self.losses, self.meter, self.writer, self.preempt = losses, meter, writer, preempt
         self.clock, self.readers = clock, list(readers)
+        self.failures = failures or WriteFailures()
         self.cadence = AgreementCadence(run.info, run.cfg.ckpt.signal_latency_s, self.tc.log_every_steps)
         self.stats = SystemStats()
         self.steps = 0                        # the steps whose clock figures this rank sent
@@ -110,12 +112,16 @@ class LoggingWindow(Component):
         if not self.info.distributed:              # a single process agrees with itself
             self.losses.read()
             self.cadence.agreed(step)
+            self.failures.agree(self.info)
             return self.preempt.received
         flags = self.preempt.flags().double()
+        failed = torch.tensor([self.failures.flag()], dtype=torch.float64)   # a failed write on some rank
         own_s, wall_s, self.steps = self.clock.figures()
-        summed = self.losses.read(torch.cat([flags, window_slots(self.info, own_s, wall_s)]))
+        summed = self.losses.read(torch.cat([flags, failed, window_slots(self.info, own_s, wall_s)]))
         self.cadence.agreed(step)
-        own, wall_s = own_times(summed[len(flags):], self.info.world_size)
+        if summed[len(flags)] > 0:
+            self.failures.agree(self.info)         # every rank raises the same DiskError
+        own, wall_s = own_times(summed[len(flags) + 1:], self.info.world_size)
         self.cadence.measured(wall_s)
         for reader in self.readers:
             reader.window_read(WindowFigures(own, wall_s, self.steps))
