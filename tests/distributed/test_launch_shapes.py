@@ -52,8 +52,8 @@ def test_torchruns_virtual_local_rank_binds_each_worker_and_elects_one_cache_bui
     data.write_text("".join(f"{u}\t{(3 * u + j) % 50 + 1}\t5\t{100 * u + j}\n" for u in range(1, 41) for j in range(8)))
     cmd = [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--virtual-local-rank", "--master-port",
            str(free_port()), "-m", "trainer", "train", "--recipe", "sasrec", "--epochs", "1", "--batch-size", "8",
-           f"data.path={data}", f"data.cache={tmp_path / 'cache'}", "train.tensorboard=false", "model.width=8", "dist.timeout_s=20",
-           "--run-dir", str(tmp_path / "run")]
+           f"data.path={data}", f"data.cache={tmp_path / 'cache'}", "train.tensorboard=false", "model.width=8",
+           "dist.timeout_s=20", "--run-dir", str(tmp_path / "run")]     # a wait for keys never set fails fast
     proc = subprocess.run(cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stderr.count("parsing the data into the cache") == 1             # one builder on this node

@@ -12,6 +12,9 @@ import torch
 
 from tests.conftest import trainer
 from tests.faults.conftest import ARGS, write_udata
+from trainer.data import owners
+from trainer.recipes.sasrec import data as SD
+from trainer.recipes.sasrec.config import SeqDataConfig
 
 
 def contents(run_dir):
@@ -67,8 +70,8 @@ def test_a_refused_resume_leaves_the_run_directory_as_it_was(trained, tmp_path, 
     shutil.copytree(trained / "data", tmp_path / "data")
     damage(tmp_path / "run")
     cache = tmp_path / "cache"
-    trainer("train", *ARGS, f"data.path={trained / 'data'}", f"data.cache={cache}", "--epochs", "1", "--run-dir",
-            str(tmp_path / "other"))                       # an entry in the cache, mapped by no job now
+    SD.load(SeqDataConfig(path=str(trained / "data"), cache=str(cache), maxlen=20))   # an entry of the cache
+    owners._LEASES.release_all()                               # ... that no job maps now
     cached = cache_entries(cache)
     extra = []
     if where == "data":

@@ -169,6 +169,7 @@ def test_two_jobs_extracting_one_folder_at_once_decode_each_video_once(tmp_path,
     import json
     import subprocess
     import sys
+
     from tests.conftest import clean_env
     src = tmp_path / "src"
     shutil.copytree(synth, src)

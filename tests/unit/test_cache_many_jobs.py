@@ -71,7 +71,7 @@ def test_a_killed_build_child_stops_its_launch_within_10_s_and_the_next_launch_b
     time.sleep(1.0)
     killed = time.monotonic()
     os.kill(child, signal.SIGKILL)                           # the OOM killer's way
-    (b, _, _), (w, w_log, done) = result(builder), result(waiter)
+    (b, _, _), (w, _, done) = result(builder), result(waiter)
     assert "exited -9 (killed: out of memory?)" in b["error"]
     assert "build failed on local rank 0" in w["error"] and "exited -9" in w["error"] and done - killed < 10
     assert (root / f".{cache.entry_name('slow', KEY)}.failed").exists()

@@ -150,7 +150,7 @@ def test_a_large_file_is_parsed_in_process_before_malloc_keeps_freed_memory(tmp_
 def test_a_cache_that_cannot_be_created_is_refused_with_the_way_out(tmp_path):
     path = udata(tmp_path / "u.data", ROWS)
     (tmp_path / "file").write_text("")
-    from trainer.launch.exitcodes import DiskError       # a file the run must write: exit 4, not a usage error
+    from trainer.launch.exitcodes import DiskError  # a file the run must write: exit 4, not a usage error
     with pytest.raises(DiskError, match=r"(?s)cannot create it.*data.cache=off"):
         D.load(SeqDataConfig(path=str(path), cache=str(tmp_path / "file" / "cache")))
 

@@ -45,6 +45,7 @@ class Bound:
 DEFAULT = Bound(0)
 POSITIVE = Bound(1)                              # counts and sizes
 FRACTION = Bound(0, 1, hi_open=True)             # dropout, label smoothing, held-out shares
+CACHE_CAP = Bound(0, zero="no cap")               # data.cache_cap_gb
 
 
 def bound_of(config: Any, name: str) -> Bound:

@@ -26,8 +26,8 @@ class WriteFailures:
 
     def note(self, path: str | Path, err: BaseException, what: str) -> None:
         if self.first is None:
-            self.first = str(disk_error(path, err, what, f"free space on that file system, then resume with "
-                                                         f"--resume auto (the last checkpoint is kept)"))
+            self.first = str(disk_error(path, err, what, "free space on that file system, then resume with "
+                                                         "--resume auto (the last checkpoint is kept)"))
 
     def flag(self) -> float:
         """1.0 once a write failed here: summed in the logging window's collective."""

@@ -4,14 +4,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from trainer.config.bounds import FRACTION, POSITIVE, Bound
+from trainer.config.bounds import CACHE_CAP, FRACTION, POSITIVE, Bound
 
 
 @dataclass
 class HARDataConfig:
     """Where the windows come from and how they are split and normalised."""
 
-    bounds: ClassVar[dict[str, Bound]] = dict(val_fraction=FRACTION, cache_cap_gb=Bound(0, zero="no cap"), length=Bound(0, zero="the longest case"),
+    bounds: ClassVar[dict[str, Bound]] = dict(cache_cap_gb=CACHE_CAP,
+                                              val_fraction=FRACTION, length=Bound(0, zero="the longest case"),
                                               synthetic_cases=POSITIVE, synthetic_channels=POSITIVE,
                                               synthetic_length=POSITIVE, synthetic_classes=Bound(2))
 

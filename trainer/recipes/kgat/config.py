@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from trainer.config.bounds import FRACTION, POSITIVE, Bound
+from trainer.config.bounds import CACHE_CAP, FRACTION, POSITIVE, Bound
 
 KS = (20, 40, 60, 80, 100)          # cut-offs of recall/ndcg@K (the KGAT paper's)
 
@@ -13,7 +13,8 @@ KS = (20, 40, 60, 80, 100)          # cut-offs of recall/ndcg@K (the KGAT paper'
 class KGATDataConfig:
     """Where the data comes from and how it is split."""
 
-    bounds: ClassVar[dict[str, Bound]] = dict(val_fraction=Bound(0, 1, hi_open=True, zero="the test split is used"), cache_cap_gb=Bound(0, zero="no cap"),
+    bounds: ClassVar[dict[str, Bound]] = dict(cache_cap_gb=CACHE_CAP,
+                                              val_fraction=Bound(0, 1, hi_open=True, zero="the test split is used"),
                                               kg_batch_size=Bound(0, zero="twice the CF batch"),
                                               synthetic_users=POSITIVE, synthetic_items=POSITIVE,
                                               synthetic_entities=POSITIVE, synthetic_relations=POSITIVE,

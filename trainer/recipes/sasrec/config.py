@@ -4,14 +4,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from trainer.config.bounds import FRACTION, POSITIVE, Bound
+from trainer.config.bounds import CACHE_CAP, FRACTION, POSITIVE, Bound
 
 
 @dataclass
 class SeqDataConfig:
     """Where the interactions come from and how they are cut into samples."""
 
-    bounds: ClassVar[dict[str, Bound]] = dict(kcore=Bound(0, zero="no filtering"), cache_cap_gb=Bound(0, zero="no cap"), maxlen=POSITIVE,
+    bounds: ClassVar[dict[str, Bound]] = dict(cache_cap_gb=CACHE_CAP,
+                                              kcore=Bound(0, zero="no filtering"), maxlen=POSITIVE,
                                               train_negatives=POSITIVE,
                                               synthetic_users=POSITIVE, synthetic_items=Bound(2),
                                               synthetic_mean_len=POSITIVE)
