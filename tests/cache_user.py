@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     seconds = time.monotonic() - start
     manifest = json.loads((Path(args.root) / entry / "manifest.json").read_text())
-    print(json.dumps(dict(seconds=round(seconds, 2), built_s=manifest["built_s"], entry=entry,
+    print(json.dumps(dict(seconds=round(seconds, 2), built_s=manifest["built_s"], entry=entry, done_at=time.time(),
                           node=os.environ.get("SLURMD_NODENAME"), built=any("parsing the data" in m for m in said))),
           flush=True)
     time.sleep(args.hold)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import PY
+from tests.conftest import PY, slurm_env
 from tests.slurm.test_cluster import sbatch, wait_job
 
 pytestmark = pytest.mark.slurm
@@ -88,3 +89,29 @@ def test_job_arrays_on_both_nodes_share_one_cache(slurm_cluster, tmp_path):
     assert {w1[0]["entry"], w1[1]["entry"]} <= cached              # and none that wave 1 still held
     for a in (0, 1):
         assert wait_job(slurm_cluster, f"{first}_{a}", timeout=300)["JobState"] == "COMPLETED"
+
+
+def test_a_builder_killed_on_one_node_is_taken_over_from_the_other_within_10_s(slurm_cluster, tmp_path):
+    """The waiter is on another node: it cannot look the builder's pid up, and learns of its death from the lock's
+    stale heartbeat."""
+    root, pid_file, out = tmp_path / "cache", tmp_path / "b.pid", tmp_path / "out"
+    out.mkdir()
+    user = " ".join(shlex.quote(a) for a in (PY, "-m", "tests.cache_user", "--root", str(root), "--slow", "60",
+                                              "--pid-file", str(pid_file)))
+    builder = sbatch(slurm_cluster, user, "-w", "node1", "-n1", f"--output={out}/b.out", f"--error={out}/b.err")
+    deadline = time.monotonic() + 120
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.monotonic() < deadline, (out / "b.err").read_text()[-2000:] if (out / "b.err").exists() else ""
+        time.sleep(0.2)
+    waiter = sbatch(slurm_cluster, user, "-w", "node2", "-n1", f"--output={out}/w.out", f"--error={out}/w.err")
+    while "waiting for pid" not in ((out / "w.err").read_text() if (out / "w.err").exists() else ""):
+        assert time.monotonic() < deadline, "the waiter never waited"
+        time.sleep(0.2)
+    assert "on node1" in (out / "w.err").read_text()
+    subprocess.run(["scancel", "--signal=KILL", "--full", builder], env=slurm_env(slurm_cluster), check=True)
+    killed = time.time()
+    assert wait_job(slurm_cluster, waiter, timeout=120)["JobState"] == "COMPLETED", (out / "w.err").read_text()
+    got = json.loads((out / "w.out").read_text().strip().splitlines()[-1])
+    log = (out / "w.err").read_text()
+    assert got["done_at"] - killed < 10, (got, log[-2000:])
+    assert "has not been heard of" in log and "taken over" in log and "parsing the data" in log
