@@ -262,3 +262,17 @@ def test_the_shutdown_budget_warns_once_when_a_step_and_a_checkpoint_outlast_the
     budget.saved(60.0)
     assert caplog.text.count("a step plus a checkpoint") == 1
     assert not ShutdownBudget(DistInfo()).warned
+
+
+def test_lightnings_shape_is_detected_and_counted_before_its_ranks_are_read():
+    """LOCAL_RANK, NODE_RANK, WORLD_SIZE and no RANK: the processes meet on MASTER_PORT first (trained for real in
+    tests/distributed/test_launch_shapes.py); before that the facts it has are read, and the rank is not guessed."""
+    from trainer.distributed.environment import NodeRankEnvironment
+    env = select_environment(dict(LOCAL_RANK="1", NODE_RANK="2", WORLD_SIZE="8", MASTER_ADDR="h", MASTER_PORT="7"))
+    assert type(env) is NodeRankEnvironment and env.needs_agreement
+    assert (env.local_rank, env.node_rank, env.world_size) == (1, 2, 8)
+    with pytest.raises(LaunchError, match="RANK"):
+        env.rank  # noqa: B018
+    agreed = NodeRankEnvironment(dict(env.env, RANK="5", LOCAL_WORLD_SIZE="2"))
+    assert not agreed.needs_agreement and (agreed.rank, agreed.local_world_size) == (5, 2)
+    agreed.validate("ddp")
