@@ -239,3 +239,23 @@ def test_the_data_cache_command_lists_and_clears_only_what_no_job_maps(tmp_path)
     owners._LEASES.release_all()
     assert "removed 2 entries" in trainer("data", "cache", "clear", "--root", str(root)).stdout
     assert entries(root) == []
+
+
+def test_a_full_disk_under_the_cache_is_a_resource_error_naming_the_entry(tmp_path):
+    """numpy's OSError on a full disk carries no errno: it was a traceback, exit 1, retried for ever."""
+    import subprocess
+    from trainer.engine.exits import exit_of
+    from trainer.launch.exitcodes import DiskError
+    root = tmp_path / "cache"
+    root.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(root)]).returncode:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    try:
+        path = udata(tmp_path / "u.data", [(u, i, 100 * u + i) for u in range(1, 400) for i in range(1, 30)])
+        with pytest.raises(DiskError) as err:
+            D.load(SeqDataConfig(path=str(path), cache=str(root)))
+        assert exit_of(err.value).code == 4 and "could not write the data cache entry" in str(err.value)
+        assert "KiB free there" in str(err.value) and "data.cache=off" in str(err.value)
+        assert not [p for p in root.iterdir() if p.name.endswith(".tmp")]      # no partial entry left behind
+    finally:
+        subprocess.run(["umount", "-l", str(root)])
