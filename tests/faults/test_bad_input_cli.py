@@ -31,8 +31,8 @@ def _out_of_range(tmp_path):
 
 def _bad_slurm_count(tmp_path):
     env = dict(SLURM_JOB_ID="5", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0", SLURM_STEP_ID="0",
-               SLURM_NTASKS="2", SLURM_NNODES="1", SLURM_JOB_NODELIST="node1", SLURM_NTASKS_PER_NODE="two")
-    return ["--recipe", "toy"], env, "SLURM_NTASKS_PER_NODE='two' is not an integer"
+               SLURM_NTASKS="two", SLURM_NNODES="1", SLURM_JOB_NODELIST="node1", SLURM_NTASKS_PER_NODE="2")
+    return ["--recipe", "toy"], env, "SLURM_NTASKS='two' is not an integer"
 
 
 CASES = {"malicious pickle as --resume": _malicious_checkpoint,

@@ -37,10 +37,9 @@ def test_a_resumed_writer_marks_the_steps_it_logs_again(tmp_path):
 def test_doctor_names_a_damaged_line_by_file_and_line(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    write(run / "metrics.jsonl", RECORDS)
-    text = (run / "metrics.jsonl").read_text().splitlines()
-    text[1] = text[1][:20] + text[2]                       # a cut-off record joined to the next (before issue 68)
-    (run / "metrics.jsonl").write_text("\n".join(text) + "\n")
+    lines = [json.dumps(r) for r in RECORDS]
+    lines[1] = lines[1][:20] + lines[2]                    # a cut-off record joined to the next (before issue 68)
+    (run / "metrics.jsonl").write_bytes(("\n".join(lines) + "\n").encode())
     report = trainer("doctor", "--run", str(run)).stdout
     assert f"{run / 'metrics.jsonl'}:2: not a JSON record" in report and "2 records" in report
 
