@@ -13,6 +13,7 @@ store's host has stopped answering.
 from __future__ import annotations
 
 import datetime
+import os
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -51,9 +52,11 @@ class Beat:
 class HeartbeatBoard:
     """The ranks' heartbeats, on a store client of this process's watch alone."""
 
-    def __init__(self, client, info: DistInfo):
+    def __init__(self, client, info: DistInfo, attempt: str = ""):
         self.client, self.info = client, info
-        self.keys = [f"{PREFIX}/{r}" for r in range(info.world_size)]
+        # torchrun's agent store outlives a restart of its workers: each attempt reads its own keys
+        attempt = attempt or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self.keys = [f"{PREFIX}/{attempt}/{r}" for r in range(info.world_size)]
 
     @classmethod
     def connect(cls, info: DistInfo, timeout_s: float) -> HeartbeatBoard | None:
