@@ -42,7 +42,8 @@ class ToyDataConfig:
     crash_at_step: int = 0        # this process dies at this training step (0: never), on the launches below:
     crash_attempts: int = 1       # while the restart attempt (TRAINER_ATTEMPT / TORCHELASTIC_RESTART_COUNT) is lower
     crash_rank: int = 0
-    crash_how: str = "kill"       # kill: SIGKILL itself (no exit record); raise: an uncaught exception (exit 1)
+    crash_how: str = "kill"       # kill: SIGKILL itself (no exit record); raise: an uncaught exception (exit 1);
+    # stop: SIGSTOP itself (a hung rank: alive, silent, its threads stopped too)
     log_ids: str = ""             # append "epoch rank id id ..." per training batch to this file (exact resume tests)
 
 
@@ -142,6 +143,9 @@ class ToyRecipe(Recipe):
             return
         if d.crash_how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if d.crash_how == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
         raise RuntimeError(f"toy: rank {self.dist.rank} crashes at step {self.steps_seen} (injected)")
 
     def on_epoch_start(self, epoch, model):

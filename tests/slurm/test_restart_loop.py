@@ -15,6 +15,7 @@ from tests.slurm.test_cluster import wait_job
 from tests.slurm.test_sbatch import submit_script
 from trainer.launch.restarts import read_jsonl
 
+HANG_TIMEOUT = 5
 TWO_BY_TWO = ("-N2", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1", "--time=10")
 ONE = ("-N1", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1", "--time=10")
 JOBS = {   # name: (sbatch options, toy data settings, environment)
@@ -23,6 +24,8 @@ JOBS = {   # name: (sbatch options, toy data settings, environment)
     "config": (ONE, "crash_at_step: 0", {"EXTRA": "train.no_such_key=1"}),
     "nan": (ONE, "nan_at_step: 3", {}),
     "always": (TWO_BY_TWO, "crash_at_step: 6\n  crash_rank: 0\n  crash_attempts: 99", {"MAX_RESTARTS": "2"}),
+    "stop": (TWO_BY_TWO, "crash_at_step: 10\n  crash_rank: 3\n  crash_how: stop",
+             {"EXTRA": f"train.hang_timeout_s={HANG_TIMEOUT}"}),
 }
 
 
@@ -99,6 +102,26 @@ def test_a_crashed_rank_is_relaunched_in_the_same_job_and_ends_bitwise_equal(job
                  exit_s=float(summary.group(2)),
                  outcome="relaunched in the same job (1 restart; time: from the crash to training again), bitwise "
                          "equal to an uninterrupted run")
+
+
+def test_a_hung_rank_is_found_in_seconds_and_relaunched_ending_bitwise_equal(jobs, uninterrupted):
+    """Rank 3 (node2) SIGSTOPs itself at step 10: alive and silent, as a rank stuck in NCCL or a Lustre read. The
+    other ranks' hang watches name it within train.hang_timeout_s and exit 6; srun ends it; the loop relaunches."""
+    info, log, run = jobs["stop"]
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]
+    entries = read_jsonl(run / "restarts.jsonl")
+    assert [(e["decision"], e["ranks"], e["hosts"]) for e in entries] == [("relaunch", [3], ["node2"])], entries
+    assert entries[0]["cause"].startswith("hang: rank 3 made no progress") and entries[0]["codes"] == [None]
+    assert sorted(p.name for p in (run / "hangs").glob("rank-*.txt")) == ["rank-0.txt", "rank-1.txt", "rank-2.txt"]
+    train = [r for r in read_jsonl(run / "metrics.jsonl") if r["split"] == "train"]
+    gaps = [(train[i]["time"] - train[i - 1]["time"], i) for i in range(1, len(train))]
+    gap, at = max(gaps)                # from the last step before the stop to the first step of the relaunch
+    assert gap < HANG_TIMEOUT + 30, gap
+    assert_bitwise_equal(weights(run), weights(uninterrupted))
+    record_fault("rank 3 of 2 nodes x 2 tasks SIGSTOPped (hung, alive) at step 10, train.hang_timeout_s=5 (sbatch, "
+                 "MAX_RESTARTS=2)", steps_lost=train[at - 1]["step"] - entries[0]["checkpoint_step"],
+                 exit_s=round(gap, 1), outcome="the hang watches name rank 3 and exit 6; relaunched in the same job "
+                 "(time: last step before the stop to training again), bitwise equal to an uninterrupted run")
 
 
 def test_submit_max_restarts_relaunches_inside_the_submitit_job(jobs, uninterrupted):

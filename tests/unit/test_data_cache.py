@@ -244,6 +244,7 @@ def test_the_data_cache_command_lists_and_clears_only_what_no_job_maps(tmp_path)
 def test_a_full_disk_under_the_cache_is_a_resource_error_naming_the_entry(tmp_path):
     """numpy's OSError on a full disk carries no errno: it was a traceback, exit 1, retried for ever."""
     import subprocess
+
     from trainer.engine.exits import exit_of
     from trainer.launch.exitcodes import DiskError
     root = tmp_path / "cache"

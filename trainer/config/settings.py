@@ -75,6 +75,10 @@ class TrainConfig:
     # a rank slower than the others while training (trainer/distributed/stragglers.py): name it in the log and the
     # train records (warn), or also checkpoint and exit 5 so that the restart loop relaunches without its host
     straggler_action: Literal["warn", "evict", "off"] = "warn"
+    # no rank of the group making progress (a step, an evaluation batch, a checkpoint) for this long is a hang: every
+    # rank's stacks in RUN_DIR/hangs/, the oldest heartbeat's rank named, exit 6 for the restart loop to relaunch
+    # (trainer/engine/components/hang_watch.py). 0: auto, max(60 s, 20 x the slowest step); below 0: off
+    hang_timeout_s: float = 0.0
 
 
 @dataclass

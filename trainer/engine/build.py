@@ -102,6 +102,7 @@ class Run:
     scaler: Any = None
     sync_timer: Any = None            # train.measure_sync: time spent in DDP's collectives
     grad_sync: Any = None             # Recipe.average_after_backward: averages the gradients after the backward
+    beat: Any = None                  # () -> None: progress for the hang watch (each evaluation batch)
     device_data: Any = None           # Recipe.device_dataset: the training set on the device (no DataLoader)
     train_step: Any = None            # batch -> loss: the recipe's training_step on `wrapped`, compiled or not
     footprint: Any = None             # the model's memory estimate (trainer/engine/footprint.py), None if none

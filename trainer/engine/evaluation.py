@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def evaluate(recipe: Recipe, model: torch.nn.Module, dataset, info: DistInfo, batch_size: int,
-             num_workers: int, autocast: Callable) -> dict[str, Any]:
-    """Metrics of `dataset` (every sample exactly once over all ranks)."""
+             num_workers: int, autocast: Callable, beat: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Metrics of `dataset` (every sample exactly once over all ranks); `beat` is called after each batch (the hang
+    watch's progress)."""
     sampler = ShardSampler(len(dataset), info.rank, info.world_size)
     loader = make_loader(dataset, sampler, batch_size, num_workers, recipe.collate_fn(), 0)
     was_training = model.training
@@ -44,6 +45,8 @@ def evaluate(recipe: Recipe, model: torch.nn.Module, dataset, info: DistInfo, ba
             for key, value in stats.items():
                 value = value.detach().to("cpu", torch.float64)
                 totals[key] = totals[key] + value if key in totals else value
+            if beat is not None:
+                beat()
     finally:
         recipe.on_evaluation_end()
         model.train(was_training)
@@ -67,7 +70,7 @@ def reduce_totals(totals: dict[str, torch.Tensor], info: DistInfo) -> dict[str, 
 def evaluate_split(run, split: str) -> dict[str, Any]:
     """Metrics of one evaluation split of a built run (trainer/engine/build.py), sharded across ranks."""
     return evaluate(run.recipe, run.eval_model, run.eval_sets[split], run.info, run.eval_batch_size,
-                    run.cfg.train.num_workers, run.autocast)
+                    run.cfg.train.num_workers, run.autocast, getattr(run, "beat", None))
 
 
 def metrics_table(results: dict[str, dict[str, Any]]) -> str:

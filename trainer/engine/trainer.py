@@ -9,6 +9,7 @@ one line in Trainer._components(), or register_component() from a TRAINER_PLUGIN
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from trainer.engine.callbacks import Component, registered_components
 from trainer.engine.checkpointer import Checkpointer
 from trainer.engine.components.budget import ShutdownBudget
 from trainer.engine.components.eviction import Eviction
+from trainer.engine.components.hang_watch import HangWatch
 from trainer.engine.components.limits import StepLimit
 from trainer.engine.components.logging_window import LoggingWindow
 from trainer.engine.components.periodic import PeriodicSaves
@@ -121,7 +123,12 @@ class Trainer:
         self.window = LoggingWindow(self.run, self.state, self.losses, self.meter, self.writer, self.preempt, clock,
                                     readers=[stragglers] if stragglers else [], failures=self.failures)
         self.eviction = Eviction(stragglers) if stragglers else None
+        self.hang_watch = HangWatch(info, self.run_dir, tc.hang_timeout_s) \
+            if HangWatch.wanted(info, tc.hang_timeout_s) else None
+        if self.hang_watch is not None:
+            self.run.beat = self.hang_watch.beat
         built = [
+            *([self.hang_watch] if self.hang_watch else []),
             StepProfiler(tc.profile, self.run_dir, info, self.state),
             ShutdownBudget(info),
             self.window,
@@ -147,7 +154,8 @@ class Trainer:
         """A checkpoint of `kind` (periodic, best, final), after the losses' read that covers its steps."""
         self.losses.read()
         t0 = time.perf_counter()
-        self.ckpts.save(kind, self.state, self.evaluations.last_metrics)
+        with self.hang_watch.busy("checkpoint") if self.hang_watch else contextlib.nullcontext():
+            self.ckpts.save(kind, self.state, self.evaluations.last_metrics)
         seconds = time.perf_counter() - t0
         self.failures.agree(self.info)          # a failed log or metrics write stops every rank, after the save
         for component in self.components:

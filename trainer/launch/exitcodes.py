@@ -12,6 +12,9 @@
 | 5         | unfit host: the pre-flight found a host slow or failing its  | relaunch without that host, at   |
 |           | checks, or a straggler was evicted after a checkpoint         | once; stop where none is left    |
 |           | (named in the cause: "unfit host(s) [h1,h2]")                 |                                  |
+| 6         | hang: no rank made progress for train.hang_timeout_s; the    | relaunch from the last agreed    |
+|           | rank whose heartbeat is oldest named ("hang: rank R ..."),    | checkpoint (counts in            |
+|           | stacks in RUN_DIR/hangs/                                     | MAX_RESTARTS)                    |
 | 128 + N   | stopped by signal N after an agreed checkpoint (.preempted)  | requeue, not relaunch            |
 | any other | a crash, an uncaught error, a signal without a checkpoint    | retryable                        |
 
@@ -31,7 +34,7 @@ import socket
 import time
 from pathlib import Path
 
-DONE, USAGE, NON_FINITE, RESOURCE, UNFIT_HOST = 0, 2, 3, 4, 5
+DONE, USAGE, NON_FINITE, RESOURCE, UNFIT_HOST, HANG = 0, 2, 3, 4, 5, 6
 RUNNING = "running"       # the kind of a record whose process has not exited (or was killed without a word)
 NEVER_RETRIED = {USAGE: "usage", NON_FINITE: "non-finite", RESOURCE: "resource"}
 # errors of writing that a relaunch on the same file system meets again
@@ -111,6 +114,8 @@ def kind_of(code: int, preempted: bool = False) -> str:
         return NEVER_RETRIED[code]
     if code == UNFIT_HOST:
         return "unfit-host"
+    if code == HANG:
+        return "hang"
     if code > 128 and preempted:
         return "preempted"
     return "retryable"

@@ -30,6 +30,7 @@ SIMULTANEOUS_S = 0.2     # ranks that failed within this long of the first are a
 LOST_PEER = re.compile(r"has exited|closed by peer|connection reset|broken pipe|remote process exited|"
                        r"SIGTERM|terminated", re.IGNORECASE)
 HOST_FAILURES = 2        # a host that failed this often in one allocation is left out of the next relaunch
+HUNG = re.compile(r"hang: rank (\d+) ")
 
 
 @dataclass
@@ -64,6 +65,12 @@ def failure_of(records: list[dict], rc: int) -> Failure:
     kinds = {r["kind"] for r in records}
     silent = [r for r in records if r["kind"] == RUNNING]
     failed = [r for r in records if r["kind"] not in (RUNNING, "done")]
+    hung = sorted({int(m.group(1)) for r in failed if r["kind"] == "hang" and (m := HUNG.match(r["cause"]))})
+    if hung:        # the ranks' hang watches agree on whom: the rank whose heartbeat is oldest
+        named = [r for r in records if r["rank"] in hung] or [min(failed, key=lambda r: r["rank"])]
+        cause = next(r["cause"] for r in failed if r["kind"] == "hang")
+        return Failure([r["rank"] for r in named], [r["host"] for r in named], [r["code"] for r in named], cause,
+                       kinds, min(r["time"] for r in failed))
     if silent:
         blamed = silent
         cause = "killed by a signal without an exit record (SIGKILL, the OOM killer or a lost node)"

@@ -1,0 +1,114 @@
+"""The hang watch's judgement (trainer/engine/components/hang_watch.py), with each rank's watch a real thread and a
+shared board standing in for the rendezvous store: a stopped rank (its watch silent too) is named; a rank working
+alone through a checkpoint or an evaluation is progress, not a hang; ranks all waiting with their watches alive are
+a hang named by the oldest progress. The end-to-end runs: tests/distributed/test_hang_watch.py (two ranks, one
+SIGSTOPped) and tests/slurm/test_restart_loop.py (the restart loop relaunches it)."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from trainer.distributed.heartbeats import Beat
+from trainer.distributed.runtime import DistInfo
+from trainer.engine.callbacks import StepEnd
+from trainer.engine.components.hang_watch import HangWatch, auto_timeout
+from trainer.launch.exitcodes import HANG
+
+PERIOD, TIMEOUT = 0.05, 0.6
+
+
+class Board:
+    """The store's heartbeat keys, shared by the ranks' watches (a rank's watch stopped: it publishes nothing)."""
+
+    def __init__(self):
+        self.values: dict[int, str] = {}
+        self.lock = threading.Lock()
+
+    def for_rank(self, rank: int):
+        board = self
+
+        class View:
+            def publish(self, progress: int, tick: int, doing: str) -> None:
+                with board.lock:
+                    board.values[rank] = f"{progress}:{tick}:{doing}"
+
+            def read(self) -> dict[int, Beat]:
+                with board.lock:
+                    return {r: Beat.parse(v.encode()) for r, v in board.values.items()}
+        return View()
+
+
+def watches(tmp_path, board: Board, n: int = 2, timeout: float = TIMEOUT):
+    exits: dict[int, int] = {}
+    made = [HangWatch(DistInfo(rank=r, world_size=n), tmp_path, timeout, board=board.for_rank(r), period_s=PERIOD,
+                      exit_fn=lambda code, r=r: exits.__setitem__(r, code)) for r in range(n)]
+    return made, exits
+
+
+def step(watch: HangWatch, n: int) -> None:
+    watch.step_end(StepEnd(epoch=0, micro=n, end=100, step=n, seconds=0.01, waited=0.0))
+
+
+def test_a_stopped_rank_is_named_by_its_silent_watch(tmp_path):
+    (w0, w1), exits = watches(tmp_path, Board())
+    for n in (1, 2):
+        step(w0, n)
+        step(w1, n)
+    time.sleep(5 * PERIOD)
+    w1.close()                                 # SIGSTOP: rank 1's watch stops with it; rank 0 waits in a collective
+    start = time.monotonic()
+    while 0 not in exits and time.monotonic() - start < 10 * TIMEOUT:
+        time.sleep(PERIOD)
+    w0.close()
+    assert exits == {0: HANG} and time.monotonic() - start < TIMEOUT + 10 * PERIOD
+    text = (tmp_path / "hangs" / "rank-0.txt").read_text()
+    assert text.startswith("hang: rank 1 made no progress") and "its hang watch has been silent" in text
+    assert "Thread" in text and "_watch" in text                   # every thread's stack
+    record = json.loads((tmp_path / "exits" / "rank-0.json").read_text())
+    assert (record["code"], record["kind"]) == (HANG, "hang") and record["cause"].startswith("hang: rank 1 ")
+
+
+def test_one_rank_working_alone_through_a_checkpoint_or_an_evaluation_is_no_hang(tmp_path):
+    (w0, w1), exits = watches(tmp_path, Board())
+    for n in (1, 2):
+        step(w0, n)
+        step(w1, n)
+    with w0.busy("checkpoint"):                # rank 0 writes for three timeouts; rank 1 waits at the broadcast
+        time.sleep(3 * TIMEOUT)
+    for _ in range(int(3 * TIMEOUT / 0.1)):    # an evaluation on rank 0 alone: a beat per batch
+        w0.beat()
+        time.sleep(0.1)
+    for w in (w0, w1):
+        w.close()
+    assert exits == {}
+
+
+def test_ranks_all_waiting_with_their_watches_alive_are_a_hang_named_by_the_oldest_progress(tmp_path):
+    (w0, w1), exits = watches(tmp_path, Board())
+    for n in (1, 2):
+        step(w0, n)
+        step(w1, n)
+    time.sleep(3 * PERIOD)
+    step(w0, 3)                                # rank 0 got one step further, then both wait (a deadlock)
+    start = time.monotonic()
+    while len(exits) < 2 and time.monotonic() - start < 10 * TIMEOUT:
+        time.sleep(PERIOD)
+    for w in (w0, w1):
+        w.close()
+    assert exits == {0: HANG, 1: HANG}
+    assert "hang: rank 1 made no progress" in (tmp_path / "hangs" / "rank-0.txt").read_text()
+    assert "its progress is the oldest (last: step 2)" in (tmp_path / "hangs" / "rank-1.txt").read_text()
+
+
+def test_nothing_is_judged_before_every_rank_made_its_first_step(tmp_path):
+    (w0, w1), exits = watches(tmp_path, Board())
+    step(w0, 1)                                # rank 1 still compiling its first step
+    time.sleep(3 * TIMEOUT)
+    for w in (w0, w1):
+        w.close()
+    assert exits == {}
+
+
+def test_the_automatic_timeout_is_a_minute_or_twenty_of_the_slowest_steps():
+    assert auto_timeout(0.5) == 60.0 and auto_timeout(6.0) == 120.0
