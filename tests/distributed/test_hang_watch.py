@@ -6,6 +6,7 @@ import signal
 import time
 
 from tests.conftest import launch_ranks
+from trainer.engine.logging import read_metrics
 
 TIMEOUT = 4
 
@@ -20,8 +21,7 @@ def test_a_stopped_rank_is_named_and_the_others_exit_6_within_the_timeout(tmp_pa
                          "dist.timeout_s=600")
     try:
         _, err = procs[0].communicate(timeout=120)
-        stopped_at = max(r["time"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-                         if r["split"] == "train")
+        stopped_at = max(r["time"] for r in read_metrics(run, "train"))
         ended = time.time()
     finally:
         procs[1].send_signal(signal.SIGKILL)
