@@ -111,8 +111,11 @@ def test_a_hung_rank_is_found_in_seconds_and_relaunched_ending_bitwise_equal(job
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]
     entries = read_jsonl(run / "restarts.jsonl")
     assert [(e["decision"], e["ranks"], e["hosts"]) for e in entries] == [("relaunch", [3], ["node2"])], entries
-    assert entries[0]["cause"].startswith("hang: rank 3 made no progress") and entries[0]["codes"] == [None]
-    assert sorted(p.name for p in (run / "hangs").glob("rank-*.txt")) == ["rank-0.txt", "rank-1.txt", "rank-2.txt"]
+    # (srun's SIGCONT and SIGTERM wake rank 3 before its SIGKILL: it may leave a record of its own, code 1)
+    assert entries[0]["cause"].startswith("hang: rank 3 made no progress") and "hang watch has been silent" in \
+        entries[0]["cause"]
+    dumps = sorted(p.name for p in (run / "hangs").glob("rank-*.txt"))   # the first watch to exit 6 ends the step:
+    assert dumps and "rank-3.txt" not in dumps, dumps                      # srun stops the others, maybe before theirs
     train = [r for r in read_jsonl(run / "metrics.jsonl") if r["split"] == "train"]
     gaps = [(train[i]["time"] - train[i - 1]["time"], i) for i in range(1, len(train))]
     gap, at = max(gaps)                # from the last step before the stop to the first step of the relaunch

@@ -65,12 +65,13 @@ def failure_of(records: list[dict], rc: int) -> Failure:
     kinds = {r["kind"] for r in records}
     silent = [r for r in records if r["kind"] == RUNNING]
     failed = [r for r in records if r["kind"] not in (RUNNING, "done")]
-    hung = sorted({int(m.group(1)) for r in failed if r["kind"] == "hang" and (m := HUNG.match(r["cause"]))})
-    if hung:        # the ranks' hang watches agree on whom: the rank whose heartbeat is oldest
-        named = [r for r in records if r["rank"] in hung] or [min(failed, key=lambda r: r["rank"])]
-        cause = next(r["cause"] for r in failed if r["kind"] == "hang")
-        return Failure([r["rank"] for r in named], [r["host"] for r in named], [r["code"] for r in named], cause,
-                       kinds, min(r["time"] for r in failed))
+    hangs = sorted((r for r in failed if r["kind"] == "hang" and HUNG.match(r["cause"])), key=lambda r: r["time"])
+    if hangs:       # the first watch to tell names the rank whose heartbeat is oldest; the later ones may name a rank
+        first = hangs[0]            # that srun had already ended (or woken: SIGCONT comes before its SIGTERM)
+        hung = int(HUNG.match(first["cause"]).group(1))
+        named = [r for r in records if r["rank"] == hung] or [first]
+        return Failure([r["rank"] for r in named], [r["host"] for r in named], [r["code"] for r in named],
+                       first["cause"], kinds, first["time"])
     if silent:
         blamed = silent
         cause = "killed by a signal without an exit record (SIGKILL, the OOM killer or a lost node)"
