@@ -50,18 +50,30 @@ def step(watch: HangWatch, n: int) -> None:
     watch.step_end(StepEnd(epoch=0, micro=n, end=100, step=n, seconds=0.01, waited=0.0))
 
 
-def test_a_stopped_rank_is_named_by_its_silent_watch(tmp_path):
+def started(tmp_path):
+    """Two ranks' watches, both past their first two steps (before that nothing is judged)."""
     (w0, w1), exits = watches(tmp_path, Board())
     for n in (1, 2):
         step(w0, n)
         step(w1, n)
+    return w0, w1, exits
+
+
+def wait_for(exits: dict, count: int) -> float:
+    """Seconds until `count` ranks exited (at most ten timeouts)."""
+    start = time.monotonic()
+    while len(exits) < count and time.monotonic() - start < 10 * TIMEOUT:
+        time.sleep(PERIOD)
+    return time.monotonic() - start
+
+
+def test_a_stopped_rank_is_named_by_its_silent_watch(tmp_path):
+    w0, w1, exits = started(tmp_path)
     time.sleep(5 * PERIOD)
     w1.close()                                 # SIGSTOP: rank 1's watch stops with it; rank 0 waits in a collective
-    start = time.monotonic()
-    while 0 not in exits and time.monotonic() - start < 10 * TIMEOUT:
-        time.sleep(PERIOD)
+    took = wait_for(exits, 1)
     w0.close()
-    assert exits == {0: HANG} and time.monotonic() - start < TIMEOUT + 10 * PERIOD
+    assert exits == {0: HANG} and took < TIMEOUT + 10 * PERIOD
     text = (tmp_path / "hangs" / "rank-0.txt").read_text()
     assert text.startswith("hang: rank 1 made no progress") and "its hang watch has been silent" in text
     assert "Thread" in text and "_watch" in text                   # every thread's stack
@@ -70,10 +82,7 @@ def test_a_stopped_rank_is_named_by_its_silent_watch(tmp_path):
 
 
 def test_one_rank_working_alone_through_a_checkpoint_or_an_evaluation_is_no_hang(tmp_path):
-    (w0, w1), exits = watches(tmp_path, Board())
-    for n in (1, 2):
-        step(w0, n)
-        step(w1, n)
+    w0, w1, exits = started(tmp_path)
     with w0.busy("checkpoint"):                # rank 0 writes for three timeouts; rank 1 waits at the broadcast
         time.sleep(3 * TIMEOUT)
     for _ in range(int(3 * TIMEOUT / 0.1)):    # an evaluation on rank 0 alone: a beat per batch
@@ -85,15 +94,10 @@ def test_one_rank_working_alone_through_a_checkpoint_or_an_evaluation_is_no_hang
 
 
 def test_ranks_all_waiting_with_their_watches_alive_are_a_hang_named_by_the_oldest_progress(tmp_path):
-    (w0, w1), exits = watches(tmp_path, Board())
-    for n in (1, 2):
-        step(w0, n)
-        step(w1, n)
+    w0, w1, exits = started(tmp_path)
     time.sleep(3 * PERIOD)
     step(w0, 3)                                # rank 0 got one step further, then both wait (a deadlock)
-    start = time.monotonic()
-    while len(exits) < 2 and time.monotonic() - start < 10 * TIMEOUT:
-        time.sleep(PERIOD)
+    wait_for(exits, 2)
     for w in (w0, w1):
         w.close()
     assert exits == {0: HANG, 1: HANG}

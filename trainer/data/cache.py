@@ -249,14 +249,21 @@ def build(root: Path, entry: str, key: dict, builder: str, args: tuple, in_child
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _discard(folder: Path) -> None:
-    """Remove an entry: renamed aside first (one remover wins, no reader finds it half-deleted)."""
+def _set_aside(folder: Path) -> Path | None:
+    """An entry renamed to a private name, to be removed (one remover wins, no reader finds it half-deleted); None
+    where another remover won."""
     trash = owners.private_name(folder.with_name("trash-" + folder.name))
     try:
         os.rename(folder, trash)
     except OSError:
-        return
-    shutil.rmtree(trash, ignore_errors=True)
+        return None
+    return trash
+
+
+def _discard(folder: Path) -> None:
+    """Remove an entry."""
+    if (trash := _set_aside(folder)) is not None:
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def _report(root: Path, entry: str, waited: float) -> None:
@@ -335,10 +342,7 @@ def evict(root: Path, cap_bytes: float, keep: str = "") -> list[Entry]:
             break
         if e.leases or e.path.name == keep:
             continue
-        trash = owners.private_name(e.path.with_name("trash-" + e.path.name))
-        try:
-            os.rename(e.path, trash)
-        except OSError:
+        if (trash := _set_aside(e.path)) is None:
             continue
         if owners.live_leases(root / LEASES / e.path.name):        # leased in between: put back
             try:

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
+from trainer.launch.exitcodes import host_name, slurm_job_to_requeue
+
 log = logging.getLogger(__name__)
 BEAT_S = 1.0            # a build lock's heartbeat
 STALE_S = 6.0           # a build lock not touched for this long is a dead builder's (waiters learn within 10 s)
@@ -60,11 +62,6 @@ class Owner:
             return None
 
 
-def node_name(env=None) -> str:
-    env = os.environ if env is None else env
-    return env.get("SLURMD_NODENAME") or socket.gethostname()
-
-
 def launch_of(env=None) -> str:
     """What every rank of one launch shares and the next launch does not: the Slurm job, step and restart, torchrun's
     run id and restart, the rendezvous address; outside any launcher this process's parent on this node."""
@@ -72,7 +69,7 @@ def launch_of(env=None) -> str:
     parts = [env.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
                                       "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT")]
     if not any(parts):
-        parts = [node_name(env), str(os.getppid())]
+        parts = [host_name(), str(os.getppid())]
     return "/".join(parts)
 
 
@@ -94,10 +91,8 @@ def me() -> Owner:
     """This process as an owner."""
     pid = os.getpid()
     if pid not in _ME:
-        array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-        job = f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID")
-        _ME[pid] = Owner(node_name(), socket.gethostname(), pid, job, launch_of(), started_of() or time.time(),
-                         secrets.token_hex(6))
+        _ME[pid] = Owner(host_name(), socket.gethostname(), pid, slurm_job_to_requeue(os.environ), launch_of(),
+                         started_of() or time.time(), secrets.token_hex(6))
     return _ME[pid]
 
 
@@ -116,7 +111,7 @@ def alive_here(owner: Owner) -> bool:
 def dead_reason(owner: Owner | None, mtime: float, stale_s: float, now: float | None = None) -> str | None:
     """Why the holder of a file touched at mtime is dead (None: it may be alive)."""
     now = time.time() if now is None else now
-    if owner is not None and owner.node == node_name() and not alive_here(owner):
+    if owner is not None and owner.node == host_name() and not alive_here(owner):
         return f"{owner} is gone"
     if now - mtime > stale_s:
         return f"{owner or 'its holder'} has not been heard of for {now - mtime:.0f} s"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping
 
 from trainer.distributed.hostlist import HostlistError, expand
+from trainer.launch.exitcodes import slurm_job_to_requeue  # noqa: F401 - part of this module's API
 
 PORT_BASE, PORT_SPAN = 15000, 15000  # 15000-29999: below Linux's ephemeral range (32768+)
 
@@ -26,15 +27,6 @@ def port_from_job_id(job_id: str, step_id: str | int = 0) -> int:
     job = int(re.sub(r"\D", "", str(job_id)) or 0)
     step = int(step_id) if str(step_id).isdigit() else 0
     return PORT_BASE + (job + (job // PORT_SPAN) * 7919 + step * 1009) % PORT_SPAN
-
-
-def slurm_job_to_requeue(env: Mapping[str, str]) -> str | None:
-    """SLURM_JOB_ID, or ARRAYID_TASKID inside a job array: one task's job id is the array's own (on Slurm
-    22.05 the last task started), and `scontrol requeue` of it would restart every task."""
-    if not env.get("SLURM_JOB_ID"):
-        return None
-    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-    return f"{array}_{task}" if array and task else env["SLURM_JOB_ID"]
 
 
 TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")   # what torchrun's agent forwards by default

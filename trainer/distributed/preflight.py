@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,6 +28,7 @@ import torch.distributed as dist
 
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
+from trainer.launch.exitcodes import host_name
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +40,6 @@ MATMUL_N = {"cuda": 4096, "cpu": 256}
 BUFFER_BYTES = 8 * 2**20   # the all-reduce's buffer
 ALLOC_BYTES = 64 * 2**20   # the small allocation
 REPORT = "preflight.json"
-
-
-def host_name() -> str:
-    """The node as Slurm names it (what srun --exclude takes), else the host name."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 @dataclass

@@ -70,7 +70,7 @@ def reduce_totals(totals: dict[str, torch.Tensor], info: DistInfo) -> dict[str, 
 def evaluate_split(run, split: str) -> dict[str, Any]:
     """Metrics of one evaluation split of a built run (trainer/engine/build.py), sharded across ranks."""
     return evaluate(run.recipe, run.eval_model, run.eval_sets[split], run.info, run.eval_batch_size,
-                    run.cfg.train.num_workers, run.autocast, getattr(run, "beat", None))
+                    run.cfg.train.num_workers, run.autocast, run.beat)
 
 
 def metrics_table(results: dict[str, dict[str, Any]]) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 from trainer.distributed.runtime import DistInfo
 from trainer.engine.write_failures import RunLogHandler, WriteFailures
+from trainer.launch.exitcodes import disk_error
 
 FORMAT = "%(asctime)s %(levelname)s [rank %(rank)s] %(message)s"
 
@@ -164,7 +165,6 @@ class MetricsWriter:
         """No more records after a failed write (a later one could land after a cut-off line); noted, or raised."""
         self.enabled = False
         if self.failures is None:
-            from trainer.launch.exitcodes import disk_error
             raise disk_error(path, err, what) from None
         self.failures.note(path, err, what)
 

@@ -121,6 +121,20 @@ def kind_of(code: int, preempted: bool = False) -> str:
     return "retryable"
 
 
+def host_name() -> str:
+    """The node as Slurm names it (what srun --exclude takes; several slurmds may share a host), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def slurm_job_to_requeue(env) -> str | None:
+    """SLURM_JOB_ID, or ARRAYID_TASKID inside a job array: one task's job id is the array's own (on Slurm
+    22.05 the last task started), and `scontrol requeue` of it would restart every task."""
+    if not env.get("SLURM_JOB_ID"):
+        return None
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else env["SLURM_JOB_ID"]
+
+
 def attempt_env() -> dict:
     """Which launch this process belongs to: the Slurm job, its requeue count and the restart loop's attempt."""
     env = os.environ
@@ -142,9 +156,7 @@ def record_exit(run_dir: str | Path, rank: int, code: int, cause: str, preempted
 
 def _write(run_dir: str | Path, rank: int, fields: dict) -> Path | None:
     folder = Path(run_dir) / EXITS_DIR
-    # SLURMD_NODENAME: the node as Slurm names it (what srun --exclude takes; several slurmds may share a host)
-    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    record = dict(rank=rank, host=host, pid=os.getpid(), **fields, time=round(time.time(), 3),
+    record = dict(rank=rank, host=host_name(), pid=os.getpid(), **fields, time=round(time.time(), 3),
                   **attempt_env())
     path = folder / f"rank-{rank}.json"
     text = json.dumps(record) + "\n"
