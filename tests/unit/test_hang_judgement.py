@@ -24,12 +24,15 @@ class Board:
     def __init__(self):
         self.values: dict[int, str] = {}
         self.lock = threading.Lock()
+        self.running = threading.Event()         # cleared: every watch stops at its next publish (the job suspended)
+        self.running.set()
 
     def for_rank(self, rank: int):
         board = self
 
         class View:
             def publish(self, progress: int, tick: int, doing: str) -> None:
+                board.running.wait()
                 with board.lock:
                     board.values[rank] = f"{progress}:{tick}:{doing}"
 
@@ -103,6 +106,31 @@ def test_ranks_all_waiting_with_their_watches_alive_are_a_hang_named_by_the_olde
     assert exits == {0: HANG, 1: HANG}
     assert "hang: rank 1 made no progress" in (tmp_path / "hangs" / "rank-0.txt").read_text()
     assert "its progress is the oldest (last: step 2)" in (tmp_path / "hangs" / "rank-1.txt").read_text()
+
+
+def test_a_suspended_job_is_judged_again_from_its_resumption_not_from_its_last_step(tmp_path, caplog):
+    """`scontrol suspend` SIGSTOPs every rank, watches included; after `scontrol resume` every watch wakes to heartbeats
+    seconds old. Judged on those, the whole job would exit 6 at once; a watch that finds its own loop was paused
+    judges again from then."""
+    board = Board()
+    (w0, w1), exits = watches(tmp_path, board)
+    for n in (1, 2):
+        step(w0, n)
+        step(w1, n)
+    time.sleep(5 * PERIOD)
+    board.running.clear()
+    time.sleep(2.5)                            # suspended: longer than the timeout and than frozen_after_s()
+    assert w0.frozen_after_s() < 2.5 and TIMEOUT < 2.5
+    board.running.set()
+    time.sleep(TIMEOUT / 2)                    # resumed: the steps in flight finish
+    for n in range(3, 3 + int(2 * TIMEOUT / PERIOD)):
+        step(w0, n)
+        step(w1, n)
+        time.sleep(PERIOD)
+    for w in (w0, w1):
+        w.close()
+    assert exits == {}
+    assert "the hang watch did not run for 3 s" in caplog.text or "did not run for 2 s" in caplog.text, caplog.text
 
 
 def test_nothing_is_judged_before_every_rank_made_its_first_step(tmp_path):

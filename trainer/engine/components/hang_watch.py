@@ -4,7 +4,8 @@ heartbeats.py): progress (each optimizer step, each evaluation batch, a checkpoi
 tick. When no rank of the group has made progress for train.hang_timeout_s, each rank that can still tell dumps its
 threads' stacks (and, under NCCL, the flight recorder) into RUN_DIR/hangs/, names the rank whose heartbeat is oldest
 (a stopped rank's watch is stopped too: its tick is the oldest; else the rank whose progress is), records its exit
-and exits HANG (6), which the restart loop relaunches from the last agreed checkpoint.
+and exits HANG (6), which the restart loop relaunches from the last agreed checkpoint. A watch that finds its own
+loop paused (the job suspended by `scontrol suspend`, the process stopped) judges the group again from then.
 
     watch = HangWatch(info, run_dir, timeout_s=0)      # 0: auto, max(60 s, 20 x the slowest step); < 0: off
     watch.step_end(step)                              # progress (a Component hook)
@@ -60,6 +61,10 @@ class HangWatch(Component):
     def timeout_s(self) -> float:
         return self.setting if self.setting > 0 else auto_timeout(self.slowest_step_s)
 
+    def frozen_after_s(self) -> float:
+        """A pause of the watch's own loop longer than this is this process stopped, not the group hung."""
+        return max(3 * self.period_s, 2.0)
+
     # ---------------------------------------------------------------- progress, from the main thread
     def beat(self, doing: str = "") -> None:
         self.progress += 1
@@ -93,12 +98,21 @@ class HangWatch(Component):
     # ---------------------------------------------------------------- the watch, in its thread
     def _watch(self) -> None:
         tick, seen, progress_at, tick_at, started = 0, {}, {}, {}, False
-        reached = time.monotonic()        # the store answered last
+        reached = last = time.monotonic()        # the store answered last; this watch ran last
         while not self._stop.wait(self.period_s):
             tick += 1
             if self.busy_with:
                 self.progress += 1
             now = time.monotonic()
+            if now - last > self.frozen_after_s():
+                # This process itself was stopped (`scontrol suspend`, a paused VM, a SIGSTOP): every rank's
+                # silence was seen through a stopped clock; the group is judged again from now.
+                log.warning("rank %d: the hang watch did not run for %.0f s (the job suspended or this process "
+                            "stopped): progress is judged again from now", self.info.rank, now - last)
+                progress_at = dict.fromkeys(progress_at, now)
+                tick_at = dict.fromkeys(tick_at, now)
+                reached = now
+            last = now
             try:
                 self.board.publish(self.progress, tick, self.doing)
                 beats = self.board.read()
