@@ -76,16 +76,19 @@ def trainer(*args: str, env: dict | None = None, timeout: float = 180, check: bo
 
 
 def launch_ranks(n: int, *args: str, extra_env: dict | None = None, rank_env: list[dict] | None = None,
-                 own_sessions: bool = False) -> list[subprocess.Popen]:
-    """Start n ranks of `python -m trainer ARGS` with the variables torchrun would set; rank_env: each rank's own
-    extra variables (its host name); own_sessions: each rank in a session of its own (slowed_rank needs it)."""
+                 own_sessions: bool = False, wrap=None) -> list[subprocess.Popen]:
+    """Start n ranks of `python -m trainer ARGS` with the variables torchrun would set; extra_env and rank_env (each
+    rank's own: its host name) add to them or replace them; own_sessions: each rank in a session of its own
+    (slowed_rank needs it); wrap(rank, argv): the argv that runs it (inside a node's network namespace)."""
     port = free_port()
     procs = []
     for rank in range(n):
         env = clean_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **(extra_env or {}),
-                        **(rank_env[rank] if rank_env else {}))
-        procs.append(subprocess.Popen([PY, "-m", "trainer", *args], cwd=REPO, env=env, text=True,
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.update(extra_env or {})
+        env.update(rank_env[rank] if rank_env else {})
+        argv = [PY, "-m", "trainer", *args]
+        procs.append(subprocess.Popen(wrap(rank, argv) if wrap else argv, cwd=REPO, env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=own_sessions))
     return procs
 

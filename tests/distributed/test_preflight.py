@@ -16,8 +16,9 @@ import time
 
 import pytest
 
+from tests import netns
 from tests.conftest import launch_ranks, record_fault, run_ended, slowed_rank, trainer, wait_all
-from trainer.distributed.preflight import SLOW_FRACTION, RankFigures, judge
+from trainer.distributed.preflight import JOIN_LATE_S, SLOW_FRACTION, LinkFigures, RankFigures, judge, ring_rounds
 from trainer.engine.rundir import MARKER
 from trainer.launch.exitcodes import UNFIT_HOST, unfit_hosts
 
@@ -28,20 +29,76 @@ def figures(host, rank, gflops, bw=None, failed=()):
     return RankFigures(rank=rank, host=host, device="cpu", gflops=gflops, host_busbw_gbs=bw, failed=list(failed))
 
 
+def unfit(ranks, links=()):
+    return judge(ranks, links)[0]
+
+
 def test_the_rule_names_a_host_three_times_slower_and_not_the_machines_noise():
     assert SLOW_FRACTION == 0.5
     healthy = [figures("a", 0, 100.0), figures("b", 1, 100.0 / 1.5)]           # the noise seen here: 1.2-1.5x
-    assert judge(healthy) == {}
+    assert unfit(healthy) == {}
     slowed = [figures("a", 0, 100.0), figures("b", 1, 100.0 / 3)]               # 3x: below half the median
-    assert list(judge(slowed)) == ["b"] and "matmul 33.33 GFLOP/s" in judge(slowed)["b"]
+    assert list(unfit(slowed)) == ["b"] and "matmul 33.33 GFLOP/s" in unfit(slowed)["b"]
     four = [figures(h, r, g) for r, (h, g) in enumerate([("a", 90), ("b", 100), ("c", 110), ("d", 40)])]
-    assert list(judge(four)) == ["d"]
-    assert judge([figures("a", 0, 100.0), figures("a", 1, 10.0)]) == {}         # one host: nothing to compare
+    assert list(unfit(four)) == ["d"]
+    assert unfit([figures("a", 0, 100.0), figures("a", 1, 10.0)]) == {}         # one host: nothing to compare
     failed = [figures("a", 0, 100.0), figures("b", 1, 100.0, failed=["a 64 MiB allocation failed: x"])]
-    assert "allocation failed" in judge(failed)["b"]
+    assert "allocation failed" in unfit(failed)["b"]
     links = [figures("a", 0, 100, 1.0), figures("a", 1, 100, 1.0), figures("b", 2, 100, 0.2), figures("b", 3, 100, 0.2),
              figures("c", 4, 100, 0.9), figures("c", 5, 100, 0.9)]
-    assert list(judge(links)) == ["b"] and "all-reduce among its ranks" in judge(links)["b"]
+    assert list(unfit(links)) == ["b"] and "all-reduce among its ranks" in unfit(links)["b"]
+
+
+def test_the_ring_is_timed_in_two_or_three_rounds_whatever_the_hosts_and_no_host_is_twice_in_a_round():
+    assert ring_rounds(1) == [] and ring_rounds(2) == [[(0, 1)]]
+    assert ring_rounds(3) == [[(0, 1)], [(1, 2)], [(2, 0)]]
+    assert ring_rounds(4) == [[(0, 1), (2, 3)], [(1, 2), (3, 0)]]
+    for n in (3, 4, 5, 8, 63, 64):
+        rounds = ring_rounds(n)
+        assert len(rounds) == (2 if n % 2 == 0 else 3)
+        assert sorted(link for links in rounds for link in links) == sorted((i, (i + 1) % n) for i in range(n))
+        for links in rounds:
+            ends = [h for link in links for h in link]
+            assert len(ends) == len(set(ends))
+
+
+def ring(speeds: dict[str, float]) -> list[LinkFigures]:
+    """Links of a ring of hosts a, b, c, ... ("ab": the link a-b) at the given GB/s."""
+    return [LinkFigures(k[0], k[1], v) for k, v in speeds.items()]
+
+
+def test_a_host_both_of_whose_links_are_slow_is_named_a_single_slow_link_is_noted():
+    ranks = [figures(h, r, 100.0) for r, h in enumerate("abc")]
+    named, notes = judge(ranks, ring({"ab": 1.5, "bc": 0.1, "ca": 0.12}))        # c's network slowed
+    assert list(named) == ["c"] and "links to b 0.10 GB/s, to a 0.12 GB/s" in named["c"] and notes == []
+    assert judge(ranks, ring({"ab": 1.5, "bc": 1.2, "ca": 0.9}))[0] == {}           # this machine's noise
+    four = [figures(h, r, 100.0) for r, h in enumerate("abcd")]
+    named, notes = judge(four, ring({"ab": 1.5, "bc": 1.4, "cd": 0.1, "da": 1.3}))  # one cable between c and d
+    assert named == {} and len(notes) == 1 and "the link c-d is slow" in notes[0]
+    named, _ = judge(four, ring({"ab": 1.5, "bc": 1.4, "cd": 0.1, "da": 0.2}))      # d's card
+    assert list(named) == ["d"]
+    two = [figures(h, r, 100.0) for r, h in enumerate("ab")]
+    assert judge(two, ring({"ab": 0.01})) == ({}, [])                               # one link: no end to blame
+
+
+def test_a_slow_gpu_among_its_hosts_gpus_names_the_host_cpu_ranks_sharing_cores_do_not():
+    gpus = [RankFigures(rank=r, host="n1", device=f"cuda:{r}", gflops=g) for r, g in enumerate([400, 410, 180, 395])]
+    named, _ = judge(gpus)
+    assert list(named) == ["n1"] and named["n1"].startswith("GPU cuda:2 (rank 2): matmul 180.00 GFLOP/s, 0.45x")
+    gpus[2].gflops = 300                                                              # 0.75x: within the rule
+    assert judge(gpus)[0] == {}
+    cpus = [figures("n1", r, g) for r, g in enumerate([40, 10])]                     # shared cores: not judged
+    assert judge(cpus)[0] == {}
+
+
+def test_a_host_that_joined_late_is_noted_from_join_times_alone():
+    ranks = [RankFigures(rank=r, host=h, device="cpu", gflops=100, join_s=j)
+             for r, (h, j) in enumerate([("a", 95.0), ("a", 94.0), ("b", 93.5), ("c", 0.4)])]
+    named, notes = judge(ranks)
+    assert named == {} and len(notes) == 1 and notes[0].startswith("c joined the group 94 s after")
+    for r in ranks:
+        r.join_s = min(r.join_s, JOIN_LATE_S - 1)
+    assert judge(ranks) == ({}, [])
 
 
 def launch(n: int, run_dir, hosts: list[str], *extra: str) -> list[subprocess.Popen]:
@@ -87,6 +144,52 @@ def test_a_host_slowed_three_times_is_named_and_the_run_exits_5(tmp_path, busy_c
                  exit_s=round(time.monotonic() - start, 2), steps_lost=0,
                  outcome=f"exit 5 naming it (matmul {b['gflops']:.0f} against {a['gflops']:.0f} GFLOP/s); the "
                  f"restart loop relaunches without it")
+
+
+NETNS = netns.available()
+
+
+def launch_on_nodes(hosts: list[netns.Node], run_dir) -> list[subprocess.Popen]:
+    """A rank on each node, in its network namespace, bound to its veth (GLOO_SOCKET_IFNAME), the shared-memory
+    all-reduce off (the nodes share /dev/shm): everything between ranks crosses the links."""
+    return launch_ranks(len(hosts), *TOY, "--run-dir", str(run_dir), "dist.shm_allreduce=off",
+                        extra_env=dict(MASTER_ADDR=hosts[0].addr, GLOO_SOCKET_IFNAME=netns.IFNAME, LOCAL_RANK="0",
+                                       LOCAL_WORLD_SIZE="1"),
+                        rank_env=[{"SLURMD_NODENAME": h.name} for h in hosts], wrap=lambda r, argv: hosts[r].run(argv))
+
+
+@pytest.mark.skipif(NETNS is not None, reason=f"needs network namespaces: {NETNS}")
+def test_three_nodes_with_networks_of_their_own_time_each_link_and_train(tmp_path):
+    with netns.nodes(3) as hosts:
+        results = wait_all(launch_on_nodes(hosts, tmp_path / "run"), timeout=240)
+    assert [c for c, _ in results] == [0, 0, 0], results[0][1][-3000:]
+    report = json.loads((tmp_path / "run" / "preflight.json").read_text())
+    assert report["unfit"] == {} and report["notes"] == []
+    assert [(link["a"], link["b"]) for link in report["links"]] == [("node1", "node2"), ("node2", "node3"),
+                                                                    ("node3", "node1")]
+    assert all(link["gbs"] > 0 for link in report["links"])
+
+
+@pytest.mark.skipif(NETNS is not None, reason=f"needs network namespaces: {NETNS}")
+def test_a_node_whose_network_is_slowed_is_named_by_its_links_and_the_run_exits_5(tmp_path):
+    """node3's veth at 400 Mbit/s each way (a TBF on both ends): its matmul and everything inside it unchanged, one
+    rank per node (no host all-reduce): only the links can tell. On main before issue 69 this run trained."""
+    start = time.monotonic()
+    with netns.nodes(3) as hosts:
+        netns.slow(hosts[2], "400mbit")
+        results = wait_all(launch_on_nodes(hosts, tmp_path / "run"), timeout=240)
+    assert [c for c, _ in results] == [UNFIT_HOST] * 3, results[0][1][-3000:]
+    line = [x for x in results[0][1].splitlines() if x.startswith("error:")][0]
+    assert unfit_hosts(line) == ["node3"] and "links to node2" in line, line
+    report = json.loads((tmp_path / "run" / "preflight.json").read_text())
+    speeds = {(link["a"], link["b"]): link["gbs"] for link in report["links"]}
+    assert speeds[("node2", "node3")] < 0.05 and speeds[("node3", "node1")] < 0.05       # 400 Mbit/s: 0.05 GB/s
+    assert speeds[("node1", "node2")] > 2 * max(speeds[("node2", "node3")], speeds[("node3", "node1")])
+    record_fault("a node's network slowed to 400 Mbit/s (3 nodes in network namespaces, 1 rank each)",
+                 exit_s=round(time.monotonic() - start, 2), steps_lost=0,
+                 outcome=f"exit 5 naming it by its links ({speeds[('node2', 'node3')]:.3f} and "
+                 f"{speeds[('node3', 'node1')]:.3f} GB/s against {speeds[('node1', 'node2')]:.2f}); the restart loop "
+                 f"relaunches without it")
 
 
 def test_the_checks_leave_the_runs_random_streams_alone():

@@ -9,9 +9,16 @@ rank, or a GPU).
 Per rank: a matmul at the training dtype (GFLOP/s, the best of REPEATS), the free memory against the model's
 estimate (trainer/engine/footprint.py), a small allocation written and read back. Per host and for the group:
 an all-reduce of a fixed buffer, timed to bus bandwidth (2 (n-1)/n x bytes / time: the ring's traffic per rank),
-among the ranks of each host and across all of them; each rank's time to join the process group. A host whose
-matmul or host-local all-reduce falls below SLOW_FRACTION of the other hosts' median, or that fails a check, is
-unfit: the run stops with exit 5 (trainer/launch/exitcodes.py) naming it, and the restart loop leaves it out at once.
+among the ranks of each host and across all of them; each rank's time to join the process group. Between hosts:
+each host's first rank exchanges a buffer with the next host's in a ring, every link at once within a round (2
+rounds, 3 for an odd number of hosts: the time does not grow with the hosts), so a slow link is timed on its own.
+
+Unfit (the run stops with exit 5, trainer/launch/exitcodes.py, naming the host; the restart loop leaves it out at
+once): a failed check; a host whose matmul or host-local all-reduce falls below SLOW_FRACTION of the other hosts'
+median; a host both of whose ring links fall below SLOW_FRACTION of the median of the links it is not on (three
+hosts or more: with two, the one link has no end to blame); a GPU below SLOW_FRACTION of its own host's other GPUs
+(the host is left out: srun leaves out nodes, not devices, and the layout of the relaunch stays whole). Noted, not
+unfit: a single slow link whose ends are otherwise fine (a cable or a switch port), a host that joined late.
 """
 from __future__ import annotations
 
@@ -39,6 +46,9 @@ CONFIRM = 2                # a host found slow is measured again (matmul and hos
 MATMUL_N = {"cuda": 4096, "cpu": 256}
 BUFFER_BYTES = 8 * 2**20   # the all-reduce's buffer
 ALLOC_BYTES = 64 * 2**20   # the small allocation
+LINK_BYTES = 8 * 2**20     # exchanged both ways over each link between hosts
+LINK_REPEATS = 2           # timed exchanges per link (after one untimed); the best counts
+JOIN_LATE_S = 30.0         # a host whose ranks reached the group this much after the others' is noted
 REPORT = "preflight.json"
 
 
@@ -56,19 +66,32 @@ class RankFigures:
 
 
 @dataclass
+class LinkFigures:
+    a: str                              # the hosts at its ends (their first ranks exchanged)
+    b: str
+    gbs: float                          # GB/s each way, both ways at once
+
+
+@dataclass
 class Verdict:
     ranks: list[RankFigures]
     group_busbw_gbs: float | None
     seconds: float
     unfit: dict[str, str]               # host -> why
+    links: list[LinkFigures] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)      # found, not a reason to leave a host out
 
     def summary(self) -> str:
         hosts = sorted({r.host for r in self.ranks})
         rates = [r.gflops for r in self.ranks]
         bw = f"; all-reduce {self.group_busbw_gbs:.2f} GB/s bus across the group" if self.group_busbw_gbs else ""
+        if self.links:
+            speeds = [link.gbs for link in self.links]
+            bw += f"; {len(speeds)} link(s) between hosts {min(speeds):.2f}-{max(speeds):.2f} GB/s"
         verdict = "; UNFIT: " + "; ".join(f"{h}: {why}" for h, why in self.unfit.items()) if self.unfit else "; ok"
+        notes = "".join(f"; note: {n}" for n in self.notes)
         return (f"pre-flight: {len(self.ranks)} rank(s) on {len(hosts)} host(s) in {self.seconds:.1f} s; matmul "
-                f"{min(rates):.1f}-{max(rates):.1f} GFLOP/s per rank{bw}{verdict}")
+                f"{min(rates):.1f}-{max(rates):.1f} GFLOP/s per rank{bw}{verdict}{notes}")
 
 
 def matmul_gflops(device: torch.device, dtype: torch.dtype) -> float:
@@ -129,6 +152,58 @@ def busbw_gbs(info: DistInfo, group, size: int) -> float:
     return 2 * (size - 1) / size * BUFFER_BYTES / best / 1e9
 
 
+def ring_rounds(n: int) -> list[list[tuple[int, int]]]:
+    """The links (i, i+1 mod n) of a ring of n hosts, in rounds where no host is on two links: two rounds, a third
+    for the closing link of an odd ring; one link for two hosts, none for one."""
+    if n < 2:
+        return []
+    if n == 2:
+        return [[(0, 1)]]
+    links = [(i, (i + 1) % n) for i in range(n)]
+    even = links[:n - n % 2]
+    rounds = [[link for k, link in enumerate(even) if k % 2 == colour] for colour in (0, 1)]
+    return rounds + ([[links[-1]]] if n % 2 else [])
+
+
+def link_figures(info: DistInfo, hosts: list[str]) -> list[LinkFigures]:
+    """Each host's first rank exchanges LINK_BYTES both ways with the next host's first rank, one round of
+    ring_rounds at a time (every link of a round at once); collective: every rank must call it."""
+    leaders: dict[str, int] = {}
+    for rank, host in enumerate(hosts):
+        leaders.setdefault(host, rank)
+    order = list(leaders)
+    device = runtime.comm_device(info)
+    send = torch.ones(LINK_BYTES // 4, device=device)
+    recv = torch.empty_like(send)
+    mine: dict[tuple[int, int], float] = {}
+    for links in ring_rounds(len(order)):
+        dist.barrier()
+        for i, j in links:
+            a, b = leaders[order[i]], leaders[order[j]]
+            if info.rank in (a, b):
+                mine[(i, j)] = _exchange(send, recv, b if info.rank == a else a, device)
+    seen = runtime.all_gather_object(mine, info)
+    figures = []
+    for i, j in sorted({link for ends in seen for link in ends}):
+        took = max(ends[(i, j)] for ends in seen if (i, j) in ends)       # both ends done
+        figures.append(LinkFigures(order[i], order[j], round(LINK_BYTES / took / 1e9, 3)))
+    return figures
+
+
+def _exchange(send: torch.Tensor, recv: torch.Tensor, peer: int, device: torch.device) -> float:
+    """Seconds of the best of LINK_REPEATS exchanges (a send and a receive at once) with `peer`."""
+    best = float("inf")
+    for k in range(LINK_REPEATS + 1):
+        t0 = time.perf_counter()
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, peer)]):
+            work.wait()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if k:
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def run_checks(info: DistInfo, need_bytes: int, dtype: torch.dtype, free_bytes: int | None = None) -> Verdict:
     """Every rank: its own checks, then the links' (collective: every rank must call it)."""
     from trainer.native.memory import free_memory
@@ -147,7 +222,8 @@ def run_checks(info: DistInfo, need_bytes: int, dtype: torch.dtype, free_bytes: 
         me.failed.append(f"{need_bytes * sharing / 2**30:.1f} GiB needed, {me.free_bytes / 2**30:.1f} GiB free")
     if (why := allocation_ok(device)) is not None:
         me.failed.append(why)
-    group_bw, host_bw = None, (lambda: None)
+    group_bw, host_bw, hosts = None, (lambda: None), [me.host]
+    links: list[LinkFigures] = []
     if info.distributed:
         hosts = runtime.all_gather_object(me.host, info)
         by_host: dict[str, list[int]] = {}
@@ -160,13 +236,14 @@ def run_checks(info: DistInfo, need_bytes: int, dtype: torch.dtype, free_bytes: 
         def host_bw() -> float | None:
             return round(busbw_gbs(info, groups[me.host], len(mine)), 3) if len(mine) > 1 else None
         me.host_busbw_gbs = host_bw()
+        links = link_figures(info, hosts)
         dist.barrier()
         group_bw = round(busbw_gbs(info, None, info.world_size), 3)
     ranks = [RankFigures(**r) for r in runtime.all_gather_object(asdict(me), info)]
-    unfit = judge(ranks)
+    unfit, notes = judge(ranks, links)
     for _ in range(CONFIRM):
-        # a host found slow is measured again, both figures on every rank, and each rank keeps its best round:
-        # a load spike on a shared machine passes, a slow host stays slow (a failed check is not measured again)
+        # a host found slow is measured again, every figure on every rank, and each keeps its best round: a load
+        # spike on a shared machine passes, a slow host stays slow (a failed check is not measured again)
         if all(why.startswith("rank ") for why in unfit.values()):
             break
         if info.distributed:
@@ -177,8 +254,11 @@ def run_checks(info: DistInfo, need_bytes: int, dtype: torch.dtype, free_bytes: 
             r.gflops = max(r.gflops, rate)
             if bw is not None:
                 r.host_busbw_gbs = max(r.host_busbw_gbs or 0.0, bw)
-        unfit = judge(ranks)
-    return Verdict(ranks, group_bw, round(time.perf_counter() - t0, 2), unfit)
+        if links:
+            for link, other in zip(links, link_figures(info, hosts)):
+                link.gbs = max(link.gbs, other.gbs)
+        unfit, notes = judge(ranks, links)
+    return Verdict(ranks, group_bw, round(time.perf_counter() - t0, 2), unfit, links, notes)
 
 
 def _matmul(device: torch.device, dtype: torch.dtype) -> tuple[float, str | None]:
@@ -189,35 +269,98 @@ def _matmul(device: torch.device, dtype: torch.dtype) -> tuple[float, str | None
         return 0.0, f"matmul failed: {str(err).splitlines()[0][:200]}"
 
 
-def judge(ranks: list[RankFigures]) -> dict[str, str]:
-    """The unfit hosts: a failed check, or a host's matmul (its slowest rank) or host-local all-reduce below
-    SLOW_FRACTION of the other hosts' median (with at least two hosts to compare)."""
+def judge(ranks: list[RankFigures], links: list[LinkFigures] = ()) -> tuple[dict[str, str], list[str]]:
+    """(the unfit hosts with why, notes): a failed check; a host's matmul (its slowest rank) or host-local
+    all-reduce below SLOW_FRACTION of the other hosts' median (two hosts or more); a GPU below SLOW_FRACTION of its
+    host's other GPUs; a host both of whose links are slow (judge_links). Notes: a slow link alone, a late host."""
     unfit: dict[str, str] = {}
     for r in ranks:
         if r.failed:
             unfit.setdefault(r.host, f"rank {r.rank}: {'; '.join(r.failed)}")
     hosts = sorted({r.host for r in ranks})
-    if len(hosts) < 2:
-        return unfit
-    for name, value in (("matmul", lambda rs: min(r.gflops for r in rs)),
-                        ("all-reduce among its ranks", lambda rs: min((r.host_busbw_gbs for r in rs
-                                                                      if r.host_busbw_gbs), default=None))):
-        per_host = {h: value([r for r in ranks if r.host == h]) for h in hosts}
-        if sum(1 for v in per_host.values() if v) < 2:
-            continue
-        for h, v in per_host.items():
-            others = [w for g, w in per_host.items() if g != h and w]
-            median = statistics.median(others) if others else None
-            if v and median and v < SLOW_FRACTION * median and h not in unfit:
-                unit = "GFLOP/s" if name == "matmul" else "GB/s"
-                unfit[h] = f"{name} {v:.2f} {unit}, {v / median:.2f}x the other hosts' median {median:.2f}"
-    return unfit
+    for h in hosts:
+        why = _slow_gpu([r for r in ranks if r.host == h])
+        if why and h not in unfit:
+            unfit[h] = why
+    if len(hosts) >= 2:
+        for name, value in (("matmul", lambda rs: min(r.gflops for r in rs)),
+                            ("all-reduce among its ranks", lambda rs: min((r.host_busbw_gbs for r in rs
+                                                                          if r.host_busbw_gbs), default=None))):
+            per_host = {h: value([r for r in ranks if r.host == h]) for h in hosts}
+            if sum(1 for v in per_host.values() if v) < 2:
+                continue
+            for h, v in per_host.items():
+                median = _median([w for g, w in per_host.items() if g != h and w])
+                if v and median and v < SLOW_FRACTION * median and h not in unfit:
+                    unit = "GFLOP/s" if name == "matmul" else "GB/s"
+                    unfit[h] = f"{name} {v:.2f} {unit}, {v / median:.2f}x the other hosts' median {median:.2f}"
+    slow_hosts, notes = judge_links(list(links))
+    for h, why in slow_hosts.items():
+        unfit.setdefault(h, why)
+    return unfit, notes + late_hosts(ranks)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _slow_gpu(host_ranks: list[RankFigures]) -> str | None:
+    """Why a host's slowest GPU makes it unfit: below SLOW_FRACTION of the median of the host's other GPUs. GPUs
+    only: a CPU host's ranks share its cores and memory, so their rates differ by where the scheduler put them."""
+    gpus = [r for r in host_ranks if r.device.startswith("cuda") and r.gflops > 0]
+    if len(gpus) < 2:
+        return None
+    slow = min(gpus, key=lambda r: r.gflops)
+    median = _median([r.gflops for r in gpus if r is not slow])
+    if slow.gflops >= SLOW_FRACTION * median:
+        return None
+    return (f"GPU {slow.device} (rank {slow.rank}): matmul {slow.gflops:.2f} GFLOP/s, {slow.gflops / median:.2f}x "
+            f"the median {median:.2f} of this host's other GPUs")
+
+
+def judge_links(links: list[LinkFigures]) -> tuple[dict[str, str], list[str]]:
+    """(hosts both of whose links are below SLOW_FRACTION of the median of the links they are not on, notes on
+    slow links with no host to blame). Two hosts have one link and no reference: nothing is judged."""
+    hosts = sorted({h for link in links for h in (link.a, link.b)})
+    unfit: dict[str, str] = {}
+    if len(hosts) < 3:
+        return unfit, []
+    for h in hosts:
+        on = [link for link in links if h in (link.a, link.b)]
+        median = _median([link.gbs for link in links if h not in (link.a, link.b)])
+        if on and median and all(link.gbs < SLOW_FRACTION * median for link in on):
+            unfit[h] = ("links " + ", ".join(f"to {link.b if link.a == h else link.a} {link.gbs:.2f} GB/s"
+                                              for link in on)
+                        + f": {max(link.gbs for link in on) / median:.2f}x or less the median {median:.2f} of the "
+                          f"links it is not on")
+    notes = []
+    for link in links:
+        median = _median([other.gbs for other in links if other is not link])
+        if link.a not in unfit and link.b not in unfit and median and link.gbs < SLOW_FRACTION * median:
+            notes.append(f"the link {link.a}-{link.b} is slow ({link.gbs:.2f} GB/s, {link.gbs / median:.2f}x the "
+                         f"others' median) while its ends' other links are not: a cable or a switch port?")
+    return unfit, notes
+
+
+def late_hosts(ranks: list[RankFigures]) -> list[str]:
+    """Hosts that reached the group JOIN_LATE_S or more after the others. Every rank leaves init_process_group at
+    about the same moment, so a rank's join time says how long it waited: the late rank's is the shortest (no
+    clocks compared). Noted, not unfit: a late start (a container pulled, a slow file system) costs once."""
+    notes = []
+    for h in sorted({r.host for r in ranks}):
+        others = _median([r.join_s for r in ranks if r.host != h])
+        latest = min(r.join_s for r in ranks if r.host == h)
+        if others is not None and others - latest >= JOIN_LATE_S:
+            notes.append(f"{h} joined the group {others - latest:.0f} s after the other hosts' ranks (a slow start: "
+                         f"image, file system, or a node still busy?)")
+    return notes
 
 
 def write_report(run_dir: str | Path, verdict: Verdict) -> Path:
     path = Path(run_dir) / REPORT
     body = dict(time=round(time.time(), 3), seconds=verdict.seconds, slow_fraction=SLOW_FRACTION,
-                group_busbw_gbs=verdict.group_busbw_gbs, unfit=verdict.unfit, ranks=[asdict(r) for r in verdict.ranks])
+                group_busbw_gbs=verdict.group_busbw_gbs, unfit=verdict.unfit, notes=verdict.notes,
+                links=[asdict(link) for link in verdict.links], ranks=[asdict(r) for r in verdict.ranks])
     tmp = path.with_name(f".{REPORT}.{os.getpid()}")
     tmp.write_text(json.dumps(body, indent=1) + "\n")
     tmp.replace(path)
@@ -232,7 +375,8 @@ def wanted(setting: str, info: DistInfo) -> bool:
 def read_report(path: Path) -> Verdict:
     body = json.loads(Path(path).read_text())
     return Verdict([RankFigures(**r) for r in body["ranks"]], body.get("group_busbw_gbs"), body.get("seconds", 0.0),
-                   body.get("unfit", {}))
+                   body.get("unfit", {}), [LinkFigures(**link) for link in body.get("links", [])],
+                   body.get("notes", []))
 
 
 def render(verdict: Verdict) -> str:
@@ -243,4 +387,5 @@ def render(verdict: Verdict) -> str:
         lines.append(f"  rank {r.rank} on {r.host} ({r.device}): matmul {r.gflops:.1f} GFLOP/s, joined in "
                      f"{r.join_s:.2f} s, {r.free_bytes / 2**30:.1f} GiB free for {r.need_bytes / 2**20:.1f} MiB"
                      f"{bw}" + (f"; FAILED: {'; '.join(r.failed)}" if r.failed else ""))
+    lines += [f"  link {link.a}-{link.b}: {link.gbs:.2f} GB/s each way" for link in verdict.links]
     return "\n".join(lines)

@@ -55,7 +55,7 @@ def check_hosts(run: Run, run_dir: Path) -> None:
     verdict = preflight.run_checks(run.info, need, run.amp_dtype or torch.float32)
     if run.info.is_main:
         preflight.write_report(run_dir, verdict)
-        (log.warning if verdict.unfit else log.info)("%s", verdict.summary())
+        (log.warning if verdict.unfit or verdict.notes else log.info)("%s", verdict.summary())
     if verdict.unfit:
         raise UnfitHostError(verdict.unfit)
 
