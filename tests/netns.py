@@ -33,8 +33,9 @@ class Node:
     outside: str        # the root namespace's end of its veth
 
     def run(self, argv: list[str]) -> list[str]:
-        """argv run inside this node's network namespace."""
-        return ["ip", "netns", "exec", self.ns, *argv]
+        """argv run inside this node's network namespace (nsenter: `ip netns exec` would also remount /sys, and
+        with it the cgroup files the trainer reads its memory limit from)."""
+        return ["nsenter", f"--net=/run/netns/{self.ns}", *argv]
 
 
 def _ip(*args: str, ns: str | None = None) -> None:

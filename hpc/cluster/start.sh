@@ -5,6 +5,10 @@
 # Everything lives in a fresh private directory (see where.sh); clients need `source DIR/env.sh`
 # (or: eval "$(make -s slurm-env)").  Stop with hpc/cluster/stop.sh (our pid files only).
 # Needs root: it adds "127.0.0.1 nodeI" lines to /etc/hosts and mknod's the fake GPU devices.
+# HPC_CLUSTER_NETNS=1: each node gets a network of its own (a network namespace with its own loopback, joined to
+# this one by a veth "cl0" that the root namespace routes between: what crosses it can be slowed with tc), its
+# slurmd runs there, and tasks bind gloo to it with GLOO_SOCKET_IFNAME=cl0. HPC_CLUSTER_NODE_PREFIX names the nodes
+# (default node): a second cluster beside the first (with its own HPC_CLUSTER_DIR and HPC_CLUSTER_POINTER).
 # Every daemon listens on 127.0.0.1 only; the accounting database gets a random password.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -19,6 +23,11 @@ MYSQL_PORT=${HPC_CLUSTER_MYSQL_PORT:-3307}
 SLURMD_PORT0=${HPC_CLUSTER_SLURMD_PORT0:-6830}
 ACCOUNTING=${HPC_CLUSTER_ACCOUNTING:-1}
 ADDR=127.0.0.1
+NETNS=${HPC_CLUSTER_NETNS:-0}
+PREFIX=${HPC_CLUSTER_NODE_PREFIX:-node}
+NET=${HPC_CLUSTER_NET:-10.97}            # NETNS=1: node I is NET.I.2 on its cl0, this namespace NET.I.1
+HOSTS_MARK="hpc-trainer-cluster"; [ "$PREFIX" = node ] || HOSTS_MARK="hpc-trainer-cluster-$PREFIX"
+case "$PREFIX" in *[!a-z]*|"") echo "HPC_CLUSTER_NODE_PREFIX: lower-case letters only, not '$PREFIX'" >&2; exit 2;; esac
 T0=$(date +%s.%N)
 
 DIR=$(cluster_dir)
@@ -50,17 +59,34 @@ trap 'echo "start.sh failed at line $LINENO; stopping what started (logs in $DIR
 mkdir -p "$DIR"/{munge,munge-key,state,spool,log,fakegpu}
 # others may traverse (munged wants a world-executable path to its socket) but not list or read
 chmod 711 "$DIR"; chmod 755 "$DIR/munge"; chmod 700 "$DIR"/{munge-key,state,spool,log}
-# munged refuses a socket whose parent folders are not world-executable
-p="$DIR"; while [ "$p" != / ]; do chmod o+x "$p" 2>/dev/null || true; p=$(dirname "$p"); done
+# munged refuses a socket whose parent folders are not executable by all (group too)
+p="$DIR"; while [ "$p" != / ]; do chmod go+x "$p" 2>/dev/null || true; p=$(dirname "$p"); done
 
 # munge with our own key and socket (independent of /etc/munge)
 mungekey --create --keyfile="$DIR/munge-key/munge.key"
 munged --key-file="$DIR/munge-key/munge.key" --socket="$DIR/munge/munge.sock" \
        --pid-file="$DIR/munge/munged.pid" --log-file="$DIR/munge/munged.log" --seed-file="$DIR/munge/munged.seed"
 
-# node names resolve to loopback (MASTER_ADDR = first node of the step)
-sed -i -E '/[[:space:]]# hpc-trainer-cluster$/d' /etc/hosts
-for i in $(seq 1 "$NNODES"); do echo "$ADDR node$i # hpc-trainer-cluster" >> /etc/hosts; done
+echo "$HOSTS_MARK" > "$DIR/hosts-mark"
+node_addr() { if [ "$NETNS" = 1 ]; then echo "$NET.$1.2"; else echo "$ADDR"; fi; }
+if [ "$NETNS" = 1 ]; then
+  # a namespace per node, its veth's far end here; this namespace routes between them (ip_forward, put back by
+  # stop.sh); the daemons listen on node 1's gateway address, which every node reaches by its default route
+  cat /proc/sys/net/ipv4/ip_forward > "$DIR/ip_forward"
+  for i in $(seq 1 "$NNODES"); do
+    ns="hpc-$PREFIX$i"
+    ip netns add "$ns"; echo "$ns" >> "$DIR/netns"
+    ip link add "$ns" type veth peer name cl0 netns "$ns"
+    ip addr add "$NET.$i.1/24" dev "$ns"; ip link set "$ns" up
+    ip -n "$ns" addr add "$NET.$i.2/24" dev cl0; ip -n "$ns" link set cl0 up; ip -n "$ns" link set lo up
+    ip -n "$ns" route add default via "$NET.$i.1"
+  done
+  echo 1 > /proc/sys/net/ipv4/ip_forward
+  ADDR=$NET.1.1
+fi
+# node names resolve to their address, loopback unless NETNS=1 (MASTER_ADDR = first node of the step)
+sed -i -E "/[[:space:]]# $HOSTS_MARK\$/d" /etc/hosts
+for i in $(seq 1 "$NNODES"); do echo "$(node_addr "$i") $PREFIX$i # $HOSTS_MARK" >> /etc/hosts; done
 
 # fake GPUs must be character devices (regular files are rejected by gres)
 for g in $(seq 0 $((GPUS-1))); do mknod -m 666 "$DIR/fakegpu/nvidia$g" c 1 3; done
@@ -149,7 +175,7 @@ CONF
 [ "$GPUS" -gt 0 ] && echo "GresTypes=gpu" >> "$C"
 for i in $(seq 1 "$NNODES"); do
   gres=""; [ "$GPUS" -gt 0 ] && gres="Gres=gpu:$GPUS"
-  echo "NodeName=node$i NodeAddr=$ADDR Port=$((SLURMD_PORT0+i-1)) CPUs=$CPUS RealMemory=16000 $gres State=UNKNOWN" >> "$C"
+  echo "NodeName=$PREFIX$i NodeAddr=$(node_addr "$i") Port=$((SLURMD_PORT0+i-1)) CPUs=$CPUS RealMemory=16000 $gres State=UNKNOWN" >> "$C"
 done
 cat >> "$C" <<CONF
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=5
@@ -164,12 +190,30 @@ if [ "$ACCOUNTING" = 1 ]; then
   for _ in $(seq 1 100); do timeout 5 sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.1; done
   timeout 20 sacctmgr -i add cluster hpctrainer >/dev/null
 fi
-slurmctld -f "$C"
-for i in $(seq 1 "$NNODES"); do mkdir -p "$DIR/spool/node$i"; slurmd -f "$C" -N "node$i"; done
+# With NETNS=1 each daemon runs with a hosts file of its own (in a mount namespace of its own) that names this host
+# by the daemon's address: NoInAddrAny/NoCtldInAddrAny bind to what the host's name resolves to (else 127.0.0.1,
+# unreachable across namespaces), and a node's tasks bind gloo to it too. The host's own lines are left out:
+# getaddrinfo would sort a loopback address first.
+as_host() {  # ADDR CMD...: CMD where this host's name is ADDR
+  local hosts="$DIR/hosts-$1"
+  { echo "$1 $(hostname -s) $(hostname)"
+    awk -v s="$(hostname -s)" -v l="$(hostname)" '{ for (f = 2; f <= NF; f++) if ($f == s || $f == l) next } 1' \
+        /etc/hosts; } > "$hosts"
+  shift
+  # shellcheck disable=SC2016  # (the inner shell expands them)
+  unshare --mount --propagation private sh -c 'mount --bind "$1" /etc/hosts && shift && exec "$@"' sh "$hosts" "$@"
+}
+if [ "$NETNS" = 1 ]; then as_host "$ADDR" slurmctld -f "$C"; else slurmctld -f "$C"; fi
+for i in $(seq 1 "$NNODES"); do
+  mkdir -p "$DIR/spool/$PREFIX$i"
+  # nsenter, not `ip netns exec`: that remounts /sys, and slurmd wants the cgroup file system under it
+  if [ "$NETNS" = 1 ]; then as_host "$NET.$i.2" nsenter --net="/run/netns/hpc-$PREFIX$i" slurmd -f "$C" -N "$PREFIX$i"
+  else slurmd -f "$C" -N "$PREFIX$i"; fi
+done
 
-idle=0
-for _ in $(seq 1 300); do
-  idle=$(sinfo -h -N -o '%N %T' 2>/dev/null | sort -u | awk '$2=="idle"' | wc -l || true)
+idle=0; deadline=$(( $(date +%s) + 60 ))
+while [ "$(date +%s)" -lt "$deadline" ]; do
+  idle=$(timeout 10 sinfo -h -N -o '%N %T' 2>/dev/null | sort -u | awk '$2=="idle"' | wc -l || true)
   [ "$idle" -ge "$NNODES" ] && break
   sleep 0.1
 done

@@ -27,5 +27,13 @@ for _ in $(seq 1 150); do
   [ $alive = 0 ] && break; sleep 0.1
 done
 for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && kill -9 "$p"; done
-sed -i -E '/[[:space:]]# hpc-trainer-cluster$/d' /etc/hosts
+MARK=hpc-trainer-cluster
+[ -s "$DIR/hosts-mark" ] && MARK=$(cat "$DIR/hosts-mark")
+case "$MARK" in hpc-trainer-cluster|hpc-trainer-cluster-[a-z]*) ;; *) MARK=hpc-trainer-cluster;; esac
+sed -i -E "/[[:space:]]# $MARK\$/d" /etc/hosts
+if [ -s "$DIR/netns" ]; then                  # HPC_CLUSTER_NETNS=1: the nodes' namespaces (their veths go with them)
+  while read -r ns; do case "$ns" in hpc-[a-z]*[0-9]) ip netns del "$ns" 2>/dev/null || true;; esac; done < "$DIR/netns"
+  rm -f "$DIR/netns"
+  [ -s "$DIR/ip_forward" ] && cat "$DIR/ip_forward" > /proc/sys/net/ipv4/ip_forward
+fi
 echo "stopped slurm cluster in $DIR"
