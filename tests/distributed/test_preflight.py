@@ -160,6 +160,8 @@ def launch_on_nodes(hosts: list[netns.Node], run_dir) -> list[subprocess.Popen]:
 
 @pytest.mark.skipif(NETNS is not None, reason=f"needs network namespaces: {NETNS}")
 def test_three_nodes_with_networks_of_their_own_time_each_link_and_train(tmp_path):
+    """No false alarm across three real links (a slowed one: tests/slurm/test_slow_link.py, where the restart loop
+    acts on it; it measured 0.024 GB/s each way at 400 Mbit/s against 1.17 GB/s here on a run of this harness)."""
     with netns.nodes(3) as hosts:
         results = wait_all(launch_on_nodes(hosts, tmp_path / "run"), timeout=240)
     assert [c for c, _ in results] == [0, 0, 0], results[0][1][-3000:]
@@ -168,28 +170,6 @@ def test_three_nodes_with_networks_of_their_own_time_each_link_and_train(tmp_pat
     assert [(link["a"], link["b"]) for link in report["links"]] == [("node1", "node2"), ("node2", "node3"),
                                                                     ("node3", "node1")]
     assert all(link["gbs"] > 0 for link in report["links"])
-
-
-@pytest.mark.skipif(NETNS is not None, reason=f"needs network namespaces: {NETNS}")
-def test_a_node_whose_network_is_slowed_is_named_by_its_links_and_the_run_exits_5(tmp_path):
-    """node3's veth at 400 Mbit/s each way (a TBF on both ends): its matmul and everything inside it unchanged, one
-    rank per node (no host all-reduce): only the links can tell. On main before issue 69 this run trained."""
-    start = time.monotonic()
-    with netns.nodes(3) as hosts:
-        netns.slow(hosts[2], "400mbit")
-        results = wait_all(launch_on_nodes(hosts, tmp_path / "run"), timeout=240)
-    assert [c for c, _ in results] == [UNFIT_HOST] * 3, results[0][1][-3000:]
-    line = [x for x in results[0][1].splitlines() if x.startswith("error:")][0]
-    assert unfit_hosts(line) == ["node3"] and "links to node2" in line, line
-    report = json.loads((tmp_path / "run" / "preflight.json").read_text())
-    speeds = {(link["a"], link["b"]): link["gbs"] for link in report["links"]}
-    assert speeds[("node2", "node3")] < 0.05 and speeds[("node3", "node1")] < 0.05       # 400 Mbit/s: 0.05 GB/s
-    assert speeds[("node1", "node2")] > 2 * max(speeds[("node2", "node3")], speeds[("node3", "node1")])
-    record_fault("a node's network slowed to 400 Mbit/s (3 nodes in network namespaces, 1 rank each)",
-                 exit_s=round(time.monotonic() - start, 2), steps_lost=0,
-                 outcome=f"exit 5 naming it by its links ({speeds[('node2', 'node3')]:.3f} and "
-                 f"{speeds[('node3', 'node1')]:.3f} GB/s against {speeds[('node1', 'node2')]:.2f}); the restart loop "
-                 f"relaunches without it")
 
 
 def test_the_checks_leave_the_runs_random_streams_alone():
