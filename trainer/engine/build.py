@@ -23,6 +23,7 @@ from trainer.config.settings import Config
 from trainer.distributed import gradsync, runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import footprint
+from trainer.engine.device_clock import DeviceClock
 from trainer.engine.loader import ResumableSampler, per_rank_batch_size
 from trainer.engine.optim import build_optimizer, build_scheduler, scaled_lr
 from trainer.engine.recipe import Recipe
@@ -101,6 +102,7 @@ class Run:
     scheduler: Any = None
     scaler: Any = None
     sync_timer: Any = None            # train.measure_sync: time spent in DDP's collectives
+    device_clock: Any = None          # a GPU's own time per step for the straggler watch (engine/device_clock.py)
     grad_sync: Any = None             # Recipe.average_after_backward: averages the gradients after the backward
     beat: Any = None                  # () -> None: progress for the hang watch (each evaluation batch)
     device_data: Any = None           # Recipe.device_dataset: the training set on the device (no DataLoader)
@@ -161,9 +163,12 @@ def build_for_eval(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
 def _sync_gradients(run: Run, comm) -> None:
     """How the ranks' gradients meet: DDP's comm hook, or one all-reduce after the backward; timed with
     train.measure_sync."""
-    # the straggler watch needs each step's wait too (trainer/distributed/stragglers.py); only measure_sync logs it
-    info, measure = run.info, run.cfg.train.measure_sync or (run.info.distributed and
-                                                              run.cfg.train.straggler_action != "off")
+    # the straggler watch needs each step's wait on the CPU (trainer/distributed/stragglers.py; only measure_sync
+    # logs it); on a GPU it reads the device clock, and NCCL's steps go without a Python comm hook
+    info, watch = run.info, run.info.distributed and run.cfg.train.straggler_action != "off"
+    measure = run.cfg.train.measure_sync or (watch and run.device.type != "cuda")
+    if watch and run.device.type == "cuda":
+        run.device_clock = DeviceClock(run.model.parameters())
     how = f"shared memory, {info.world_size} ranks on one host" if comm \
         else f"{info.backend} (no shared memory: {runtime.shm.attach.why})"
     if isinstance(run.wrapped, DDP):

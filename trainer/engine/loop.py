@@ -86,6 +86,8 @@ class EpochLoop:
         last = (micro + 1) % run.accum == 0 or micro + 1 == self.end
         sync = contextlib.nullcontext() if last or not isinstance(run.wrapped, DDP) else run.wrapped.no_sync()
         batch = move_to(batch, run.device)
+        if run.device_clock is not None:
+            run.device_clock.step_start()
         t0 = time.perf_counter()
         run.recipe.before_step(batch)
         with sync:
@@ -115,6 +117,8 @@ class EpochLoop:
         run.scaler.update()
         run.optimizer.zero_grad(set_to_none=True)
         run.scheduler.step()
+        if run.device_clock is not None:
+            run.device_clock.step_end()
         self.state.global_step += 1
 
     def _advance(self, micro: int) -> None:

@@ -129,11 +129,16 @@ class LoggingWindow(Component):
 
     def _rates(self) -> dict[str, float]:
         """The window's rates; its figures are fixed for the next window's collective. On a GPU the host only queues
-        the steps, so the window's CUDA-event time (Throughput's) is their time."""
+        the steps, so the window's CUDA-event time (Throughput's) is their time, and their own time the device
+        clock's (its steps' time to their last gradient; none timed yet: 0, a window not judged)."""
         rates, steps = self.meter.rates(), self.meter.steps
         if self.meter.cuda:
             wall = rates["step_time_s"] * steps
-            self.clock.add(wall, wall * rates.get("sync_wait_frac", 0.0), steps)
+            waits = wall * rates.get("sync_wait_frac", 0.0)
+            if self.run.device_clock is not None:
+                seconds, timed = self.run.device_clock.take()
+                waits = max(wall - seconds / timed * steps, 0.0) if timed else wall
+            self.clock.add(wall, waits, steps)
         self.clock.mark()
         if not self.tc.measure_sync:
             rates.pop("sync_wait_frac", None)
