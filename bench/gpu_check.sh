@@ -16,6 +16,10 @@
 #   4 SIGTERM and resume, bitwise, train.deterministic=true, every recipe; the same run twice, bitwise (100)
 #   5 the straggler watch on CUDA: two ranks share the GPU over gloo, one slowed, it is named (90; not in STEPS'
 #     default)
+#   6 the device clock (issue 69): two ranks on the GPU, rank 1's device work slowed, rank 0's stream waiting for it
+#     through an interprocess event as under NCCL: the device clock names it, the window's time does not (90)
+#   7 the straggler watch's cost: DDP under NCCL in a world of one, SASRec and video steps, plain against the comm
+#     hook and against the device clock (bench/comm_hook.py; 150). STEPS="6 7": issue 69's device checks alone
 # ONLY=video,epoch: step 1's bench measures those rows only (its log 1-bench-video-epoch.log); AMPS=bf16,deterministic:
 # each row's modes (bench.gpu --amps; deterministic's cost is its step over the bf16 row's of the same run)
 # Everything lands in $OUT: each step's log, summary.txt (step, exit code, seconds), versions.txt, the JSON.
@@ -94,6 +98,13 @@ if wants 4; then
 fi
 if wants 5; then
     later 5-stragglers "${CAP_5:-90}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_cuda_stragglers.py -s
+fi
+if wants 6; then
+    later 6-device-clock "${CAP_6:-90}" "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_device_clock_cuda.py -s
+fi
+if wants 7; then
+    step 7-hook-cost "${CAP_7:-150}" "$PY" -m bench.comm_hook --ml100k "$ml100k" --out "$OUT/comm-hook-$name.json" \
+        ${GPU_CHECK_ON_CPU:+--device cpu --tiny}
 fi
 for pid in "${pids[@]}"; do wait "$pid"; done
 cat "$OUT/summary.txt"
