@@ -130,7 +130,8 @@ def rows(args) -> list[tuple[str, str, list[str]]]:
            ("tisasrec+mhc", "sasrec", sas_data + seq),
            ("har", "har", ["train.batch_size=64"]),
            ("kgat", "kgat", ["train.batch_size=64" if args.tiny else "train.batch_size=1024"]),
-           ("video", "video", video)]
+           ("video", "video", video),
+           ("video-frames", "video", video + ["model.layout=frames"])]   # issue 70: the same model as 2D convs
     return out[:1] + out[3:] if args.quick else out
 
 

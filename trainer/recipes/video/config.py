@@ -44,6 +44,9 @@ class VideoModelConfig:
     arch: Literal["mouse3d", "light", "r3d_18"] = "mouse3d"
     dropout: float = 0.5
     grad_checkpoint: bool = False     # recompute each block in the backward pass (less activation memory)
+    # how mouse3d/light compute (the same weights, checkpoints and results): conv3d (Conv3d, MaxPool3d), or frames
+    # (each 3D convolution as one 2D convolution over its three temporal taps stacked as channels, pooling in 2D)
+    layout: Literal["conv3d", "frames"] = "conv3d"
 
 
 @dataclass

@@ -6,10 +6,15 @@
 `mouse3d` is the seed's Mouse3DCNN: four Conv3d blocks (32/64/128/256, BatchNorm, ReLU), max-pooling
 (1,2,2) after the first block and (2,2,2) after the others, global average pooling, FC 512 -> 256 ->
 classes with dropout. `light` halves the widths and the head. `r3d_18` is torchvision's (weights=None).
+`model.layout=frames` computes mouse3d/light with the same modules and weights as 2D convolutions over the frames
+(frames_block): another order of the same sums, for GPUs whose 2D convolution kernels outrun their 3D ones.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -49,6 +54,45 @@ def window_max(x: torch.Tensor, kernel: tuple[int, int, int], ceil_mode: bool) -
     return x.reshape(b, c, t // k[0], k[0], h // k[1], k[1], w // k[2], k[2]).amax(dim=(3, 5, 7))
 
 
+def frames_block(block: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """A conv3d block (Conv3d 3x3x3 padding 1, BatchNorm3d, ReLU, WindowMaxPool3d) on frames: x is [B, T, C, H, W]
+    (frame-major), the result too. The 3D convolution is one 2D convolution of the B*T frames over their three
+    temporal taps stacked as channels (frame t-1, t, t+1; zeros past the ends, as Conv3d's padding), with the
+    Conv3d's own weight laid out as [out, tap x in, kh, kw]: the same products and sums in another order. Batch
+    norm over the B*T frames is BatchNorm3d's (the same mean and variance per channel, the same running stats)."""
+    conv, norm, _, pool = block
+    b, t, c, h, w = x.shape
+    padded = F.pad(x, (0, 0, 0, 0, 0, 0, 1, 1))                    # the time axis (dim 1), one zero frame each side
+    taps = torch.cat([padded[:, k:k + t] for k in range(3)], dim=2).reshape(b * t, 3 * c, h, w)
+    weight = conv.weight.transpose(1, 2).reshape(conv.out_channels, 3 * c, *conv.kernel_size[1:])
+    y = F.conv2d(taps, weight, None, 1, conv.padding[1:])
+    y = F.batch_norm(y, norm.running_mean, norm.running_var, norm.weight, norm.bias,
+                     norm.training or not norm.track_running_stats, _bn_momentum(norm), norm.eps)
+    if norm.training and norm.track_running_stats:
+        norm.num_batches_tracked.add_(1)
+    y = F.relu(y)
+    kt, kh, kw = pool.kernel_size
+    if (kh, kw) != (1, 1):
+        y = window_max(y.unsqueeze(2), (1, kh, kw), pool.ceil_mode).squeeze(2) \
+            if y.is_cuda and torch.are_deterministic_algorithms_enabled() else \
+            F.max_pool2d(y, (kh, kw), (kh, kw), ceil_mode=pool.ceil_mode)
+    y = y.reshape(b, t, *y.shape[1:])
+    if kt > 1:                                                      # the time axis's windows: a max over frame pairs
+        if pool.ceil_mode and t % kt:
+            y = F.pad(y, (0, 0, 0, 0, 0, 0, 0, kt - t % kt), value=float("-inf"))
+        else:
+            y = y[:, :t // kt * kt]
+        y = y.reshape(b, y.shape[1] // kt, kt, *y.shape[2:]).amax(dim=2)
+    return y
+
+
+def _bn_momentum(norm: nn.BatchNorm3d) -> float:
+    """The momentum BatchNorm's own forward passes (None: a cumulative average, as nn.BatchNorm does)."""
+    if norm.momentum is not None:
+        return norm.momentum
+    return 1.0 / float(norm.num_batches_tracked + 1) if norm.training and norm.track_running_stats else 0.0
+
+
 class Video3DCNN(nn.Module):
     """Conv3d blocks -> global average pool -> MLP head."""
 
@@ -66,9 +110,13 @@ class Video3DCNN(nn.Module):
         self.head = nn.Sequential(*layers, nn.Dropout(cfg.dropout), nn.Linear(prev, classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        frames = getattr(self.cfg, "layout", "conv3d") == "frames"
+        if frames:
+            x = x.transpose(1, 2)                  # [B, T, C, H, W]: the frames are the 2D convolutions' batch
         for b in self.blocks:
-            x = checkpoint(b, x, use_reentrant=False) if self.cfg.grad_checkpoint and self.training else b(x)
-        return self.head(x.mean(dim=(2, 3, 4)))
+            run = functools.partial(frames_block, b) if frames else b
+            x = checkpoint(run, x, use_reentrant=False) if self.cfg.grad_checkpoint and self.training else run(x)
+        return self.head(x.mean(dim=(1, 3, 4) if frames else (2, 3, 4)))
 
 
 def build(cfg: VideoModelConfig, in_channels: int, classes: int) -> nn.Module:
