@@ -85,5 +85,7 @@ class SeqLossConfig:
 
     bounds: ClassVar[dict[str, Bound]] = dict(l2_emb=Bound(0, zero="off"))
 
-    kind: Literal["bce", "sampled_softmax"] = "bce"   # one sampled negative per position, or softmax over them
+    # bce: one sampled negative per position; sampled_softmax: a softmax over the position's sampled negatives;
+    # ce: a softmax over the whole catalogue at every position (chunked: losses.py)
+    kind: Literal["bce", "sampled_softmax", "ce"] = "bce"
     l2_emb: float = 0.0                               # L2 penalty on the item embeddings

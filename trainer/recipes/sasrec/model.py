@@ -753,7 +753,9 @@ class SeqRec(nn.Module):
     def forward(self, seq, time, pos, neg):
         """Training logits: (B, T) for the next items and (B, T, K) for the sampled negatives. Computed on the
         real positions (packs) or per length bucket on the trimmed positions; only the logits are put back at
-        full length."""
+        full length. pos None: the (B, T, D) features (loss.kind=ce scores them against every item)."""
+        if pos is None:
+            return self.features(seq, time)
         def logits(h, p, n):
             # a multiply-and-sum: einsum made K=1 a batched matmul of B*T 1x1 products
             return torch.cat([(h * self.item_emb(p)).sum(-1, keepdim=True),

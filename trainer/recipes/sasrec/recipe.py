@@ -13,13 +13,14 @@ from trainer.engine.loader import fits_on_device
 from trainer.engine.recipe import Recipe, unwrap
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.device import DeviceSequences
+from trainer.recipes.sasrec.losses import full_softmax_ce
 from trainer.recipes.sasrec.model import MHCMaps, SeqRec
 
 KS = (5, 10, 20)
 
 
 class SASRecRecipe(Recipe):
-    """Next-item prediction with BCE (or sampled softmax) on sampled negatives."""
+    """Next-item prediction: BCE or a softmax on sampled negatives, or a softmax over every item (loss.kind)."""
 
     primary_metric = ("ndcg@10", "max")
 
@@ -91,11 +92,29 @@ class SASRecRecipe(Recipe):
         return int(batch["seq"].shape[0])
 
     def training_step(self, model, batch):
-        pos_logits, neg_logits = model(batch["seq"], batch["time"], batch["pos"], batch["neg"])
-        loss = sequence_loss(pos_logits, neg_logits, batch["pos"], self.loss_cfg.kind)
+        if self.loss_cfg.kind == "ce":
+            loss = self._full_ce(model, batch)
+        else:
+            pos_logits, neg_logits = model(batch["seq"], batch["time"], batch["pos"], batch["neg"])
+            loss = sequence_loss(pos_logits, neg_logits, batch["pos"], self.loss_cfg.kind)
         if self.loss_cfg.l2_emb > 0:
             loss = loss + self.loss_cfg.l2_emb * unwrap(model).item_emb.weight.pow(2).sum()
         return loss
+
+    def _full_ce(self, model, batch):
+        """loss.kind=ce: the softmax over every item (item 0, the padding, left out) at each real position, the
+        mean over them. The features come through the wrapped model's forward (DDP's hooks see it); on the
+        GPU-shaped path every position is kept, padding weighed 0 (fixed shapes, no host sync)."""
+        h = model(batch["seq"], batch["time"], None, None)
+        pos, weight = batch["pos"], unwrap(model).item_emb.weight[1:]
+        valid = pos != 0
+        if self.gpu_shaped:
+            scale = valid.reshape(-1).float() / valid.sum().clamp(min=1)
+            return full_softmax_ce(h.reshape(-1, h.shape[-1]), weight, (pos - 1).clamp(min=0).reshape(-1), scale)
+        rows = valid.nonzero(as_tuple=True)
+        target = pos[rows] - 1
+        return full_softmax_ce(h[rows], weight, target, torch.full(target.shape, 1.0 / max(len(target), 1),
+                                                                    device=h.device))
 
     def eval_step(self, model, batch):
         model = unwrap(model)
