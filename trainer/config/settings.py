@@ -56,6 +56,8 @@ class TrainConfig:
     eval_every_epochs: int = 1
     eval_batch_size: int = 0              # per rank (0: the training batch size)
     early_stop_patience: int = 0          # epochs without improvement of the primary metric (0: off)
+    # the validation metric that picks best.pt and drives early stopping ("": the recipe's; NAME or NAME:max|min)
+    select_metric: str = ""
     log_every_steps: int = 10
     measure_sync: bool = False            # log forward/backward_frac; under DDP sync_wait_frac (collectives)
     num_workers: int = 0

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
-from trainer.config.settings import Config
+from trainer.config.settings import Config, ConfigError
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine.build import Run
@@ -63,6 +63,18 @@ class FitResult:
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+def selected_metric(setting: str, recipe: tuple[str, str]) -> tuple[str, str]:
+    """(metric, mode) of train.select_metric: "" the recipe's; NAME (max, or min for a loss); NAME:max|min."""
+    if not setting.strip():
+        return recipe
+    name, _, mode = setting.strip().partition(":")
+    if mode and mode not in ("max", "min"):
+        raise ConfigError(f"train.select_metric={setting!r}: the mode after ':' is max or min")
+    if name == recipe[0] and not mode:
+        return recipe
+    return name, mode or ("min" if "loss" in name else "max")
+
+
 def better(value: float, than: float, mode: str) -> bool:
     """value beats than under mode 'min' or 'max'."""
     return value < than if mode == "min" else value > than
@@ -74,7 +86,8 @@ class FitLoop:
     def __init__(self, trainer: RunOwner):
         self.trainer, self.cfg, self.info, self.state = trainer, trainer.cfg, trainer.info, trainer.state
         self.recipe = trainer.run.recipe
-        self.metric, self.mode = self.recipe.primary_metric
+        self.metric, self.mode = selected_metric(self.cfg.train.select_metric, self.recipe.primary_metric)
+        self._follow_selection()
         self.epoch_loop = EpochLoop(trainer.run, trainer.state, trainer.meter, trainer.losses, trainer.components)
 
     def run(self) -> FitResult:
@@ -121,6 +134,17 @@ class FitLoop:
             return True
         return False
 
+    def _follow_selection(self) -> None:
+        """A resume whose train.select_metric differs from the metric of the checkpoint's best: the best so far
+        and the early-stopping count start over (best.pt stays until a new best replaces it)."""
+        state = self.state
+        was = state.best_metric or self.recipe.primary_metric[0]
+        if state.best is not None and was != self.metric:
+            log.info("train.select_metric: best.pt and early stopping now follow %s (was %s, best %.5g): the best "
+                     "so far starts over", self.metric, was, state.best)
+            state.best, state.best_tie, state.bad_epochs = None, None, 0
+        state.best_metric = self.metric
+
     def _track_best(self, metrics: dict[str, Any]) -> None:
         state = self.state
         if not self.improved(metrics):
@@ -135,8 +159,8 @@ class FitLoop:
     def improved(self, metrics: dict[str, Any]) -> bool:
         """True when the primary metric beats the best so far."""
         if self.metric not in metrics:
-            raise KeyError(f"recipe {self.cfg.recipe}: primary metric {self.metric!r} not among the "
-                           f"validation metrics {sorted(metrics)}")
+            raise ConfigError(f"train.select_metric: {self.metric!r} is not among the validation metrics of recipe "
+                              f"{self.cfg.recipe}: {', '.join(sorted(metrics))}")
         value, best = float(metrics[self.metric]), self.state.best
         if best is None:
             return True

@@ -21,6 +21,7 @@ class TrainState:
     best: float | None = None     # best value of the primary validation metric
     best_tie: float | None = None  # the recipe's tie-break metric at that evaluation
     bad_epochs: int = 0           # evaluations without improvement (early stopping)
+    best_metric: str = ""         # the metric `best` is of ("": the recipe's, in checkpoints older than the setting)
 
 
 def where(state: TrainState) -> str:
