@@ -10,7 +10,7 @@
 # slurmd runs there, and tasks bind gloo to it with GLOO_SOCKET_IFNAME=cl0. HPC_CLUSTER_NODE_PREFIX names the nodes
 # (default node): a second cluster beside the first (with its own HPC_CLUSTER_DIR and HPC_CLUSTER_POINTER).
 # Every daemon listens on 127.0.0.1 only; the accounting database gets a random password.
-set -euo pipefail
+set -Eeuo pipefail      # -E: the ERR trap (stop what started) fires inside functions too
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=hpc/cluster/where.sh
 source "$HERE/where.sh"
@@ -53,6 +53,8 @@ else
   DIR=$(mktemp -d "${TMPDIR:-/tmp}/hpc-trainer-slurm.XXXXXXXX")
 fi
 touch "$DIR/$MARKER"
+# before anything can fail: stop.sh (the trap below) removes only this cluster's /etc/hosts lines
+echo "$HOSTS_MARK" > "$DIR/hosts-mark"
 mkdir -p "$(dirname "$POINTER")"
 echo "$DIR" > "$POINTER"
 trap 'echo "start.sh failed at line $LINENO; stopping what started (logs in $DIR/log)" >&2; HPC_CLUSTER_DIR="$DIR" bash "$HERE/stop.sh" >&2' ERR
@@ -67,7 +69,6 @@ mungekey --create --keyfile="$DIR/munge-key/munge.key"
 munged --key-file="$DIR/munge-key/munge.key" --socket="$DIR/munge/munge.sock" \
        --pid-file="$DIR/munge/munged.pid" --log-file="$DIR/munge/munged.log" --seed-file="$DIR/munge/munged.seed"
 
-echo "$HOSTS_MARK" > "$DIR/hosts-mark"
 node_addr() { if [ "$NETNS" = 1 ]; then echo "$NET.$1.2"; else echo "$ADDR"; fi; }
 if [ "$NETNS" = 1 ]; then
   # a namespace per node, its veth's far end here; this namespace routes between them (ip_forward, put back by

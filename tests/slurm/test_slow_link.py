@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,23 @@ def test_a_node_with_a_slow_network_is_named_by_its_links_and_the_job_completes_
                  "each, MAX_RESTARTS=2)", exit_s=round(entries[0]["time"] - start, 2), steps_lost=0,
                  outcome="the pre-flight names it by its links (exit 5); relaunched at once on the other two nodes, "
                          "completes (time: from submission to the relaunch)")
+
+
+def hosts_lines(mark: str) -> list[str]:
+    return [line for line in Path("/etc/hosts").read_text().splitlines() if line.endswith(f"# {mark}")]
+
+
+def test_a_second_cluster_that_fails_to_start_leaves_the_other_clusters_hosts_lines(tmp_path):
+    """A start that fails (here slurmctld, on a port that is no number) stops what it started and removes its own
+    /etc/hosts lines and namespaces only: a run of this module once removed the suite's cluster's lines, and every
+    sbatch test after it waited for a MASTER_ADDR that no longer resolved."""
+    before = {mark: hosts_lines(mark) for mark in ("hpc-trainer-cluster", "hpc-trainer-cluster-net")}
+    env = dict(os.environ, HPC_CLUSTER_DIR=str(tmp_path / "cluster"), HPC_CLUSTER_POINTER=str(tmp_path / "pointer"),
+               HPC_CLUSTER_NETNS="1", HPC_CLUSTER_NODE_PREFIX="fail", HPC_CLUSTER_NET="10.98", HPC_CLUSTER_NODES="2",
+               HPC_CLUSTER_ACCOUNTING="0", HPC_CLUSTER_CTLD_PORT="notaport")
+    failed = subprocess.run(["bash", str(REPO / "hpc/cluster/start.sh")], env=env, capture_output=True, text=True,
+                            timeout=180)
+    assert failed.returncode != 0 and "start.sh failed" in failed.stderr, failed.stderr[-2000:]
+    assert {mark: hosts_lines(mark) for mark in before} == before and not hosts_lines("hpc-trainer-cluster-fail")
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    assert not [ns for ns in names if ns.startswith("hpc-fail")], names
