@@ -83,9 +83,10 @@ class SeqEvalConfig:
 class SeqLossConfig:
     """The training loss."""
 
-    bounds: ClassVar[dict[str, Bound]] = dict(l2_emb=Bound(0, zero="off"))
+    bounds: ClassVar[dict[str, Bound]] = dict(l2_emb=Bound(0, zero="off"), gbce_t=FRACTION)
 
     # bce: one sampled negative per position; sampled_softmax: a softmax over the position's sampled negatives;
-    # ce: a softmax over the whole catalogue at every position (chunked: losses.py)
-    kind: Literal["bce", "sampled_softmax", "ce"] = "bce"
+    # ce: a softmax over the whole catalogue at every position (chunked: losses.py); gbce: gSASRec's calibrated BCE
+    kind: Literal["bce", "sampled_softmax", "ce", "gbce"] = "bce"
+    gbce_t: float = 0.75                              # gbce's calibration t in [0, 1] (gSASRec's default)
     l2_emb: float = 0.0                               # L2 penalty on the item embeddings

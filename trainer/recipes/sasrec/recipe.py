@@ -96,7 +96,8 @@ class SASRecRecipe(Recipe):
             loss = self._full_ce(model, batch)
         else:
             pos_logits, neg_logits = model(batch["seq"], batch["time"], batch["pos"], batch["neg"])
-            loss = sequence_loss(pos_logits, neg_logits, batch["pos"], self.loss_cfg.kind)
+            loss = sequence_loss(pos_logits, neg_logits, batch["pos"], self.loss_cfg.kind,
+                                 gbce_beta(neg_logits.shape[-1], self.data.num_items, self.loss_cfg.gbce_t))
         if self.loss_cfg.l2_emb > 0:
             loss = loss + self.loss_cfg.l2_emb * unwrap(model).item_emb.weight.pow(2).sum()
         return loss
@@ -142,13 +143,25 @@ class SASRecRecipe(Recipe):
         return out
 
 
+def gbce_beta(negatives: int, items: int, t: float) -> float:
+    """gSASRec's beta (Petrov & Macdonald, RecSys 2023): alpha = negatives / (items - 1), the sampling rate, and
+    beta = alpha (t (1 - 1/alpha) + 1/alpha): t = 0 gives 1 (plain BCE), t = 1 gives alpha."""
+    alpha = negatives / max(items - 1, 1)
+    return alpha * (t * (1 - 1 / alpha) + 1 / alpha)
+
+
 def sequence_loss(pos_logits: torch.Tensor, neg_logits: torch.Tensor, pos: torch.Tensor,
-                  kind: str = "bce") -> torch.Tensor:
+                  kind: str = "bce", beta: float = 1.0) -> torch.Tensor:
     """The training loss over the real positions (pos != 0): BCE on the positive and its sampled negatives,
-    or a softmax over them (loss.kind=sampled_softmax)."""
+    a softmax over them (loss.kind=sampled_softmax), or gSASRec's gBCE: BCE whose positive probability is raised
+    to `beta` (-beta log sigmoid(s+), the same as its transformed logit's BCE), averaged over the positive and
+    negative terms together, as gSASRec does."""
     valid = (pos != 0).float()
     count = valid.sum().clamp(min=1)
     pos_logits, neg_logits = pos_logits.float(), neg_logits.float()
+    if kind == "gbce":
+        terms = beta * F.softplus(-pos_logits) + F.softplus(neg_logits).sum(-1)
+        return (terms * valid).sum() / (count * (1 + neg_logits.shape[-1]))
     if kind == "bce":      # mean over real positions (and their negatives)
         pos_loss = (F.softplus(-pos_logits) * valid).sum() / count
         neg_loss = (F.softplus(neg_logits) * valid.unsqueeze(-1)).sum() / (count * neg_logits.shape[-1])
