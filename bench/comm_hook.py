@@ -90,7 +90,7 @@ def measure(recipe: str, overrides: list[str], device: str, steps: int, rounds: 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--tiny", action="store_true", help="small rows (a plumbing check)")
     p.add_argument("--steps", type=int, default=50, help="steps per round and variant")
