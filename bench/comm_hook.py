@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from bench.gpu import timed_rates
 from bench.opcount import endless, epoch_loop_for
-from trainer.engine.meters import Throughput
 
 VARIANTS = ("plain", "hook", "clock")
 LIMIT_PCT = 1.0
@@ -62,15 +62,7 @@ def wrapped_loop(recipe: str, overrides: list[str], device: str, variant: str):
 
 def timed(tr, feed, steps: int, device: str) -> float:
     """Seconds per optimizer step over `steps` (CUDA events on a GPU: the engine's Throughput)."""
-    meter, done = Throughput(torch.device(device)), 0
-    batches = meter.timed(feed)
-    while done < steps:
-        batch, micro = next(batches)
-        n = tr.step(batch, micro)
-        meter.update(tr.run.recipe.batch_size_of(batch), steps=int(n))
-        done += n
-    tr.losses.read()
-    return meter.rates()["step_time_s"]
+    return timed_rates(tr, feed, steps, device)["step_time_s"]
 
 
 def measure(recipe: str, overrides: list[str], device: str, steps: int, rounds: int) -> dict:

@@ -61,6 +61,20 @@ def advance(tr, feed, steps: int, device: str) -> int:
     return done
 
 
+def timed_rates(tr, feed, steps: int, device: str) -> dict:
+    """The engine's Throughput rates over `steps` optimizer steps of feed's batches (CUDA events on a GPU: its
+    time, not the host's queueing; the wait for each batch: the GPU's idle time)."""
+    meter, done = Throughput(torch.device(device)), 0
+    batches = meter.timed(feed)
+    while done < steps:
+        batch, micro = next(batches)
+        n = tr.step(batch, micro)
+        meter.update(tr.run.recipe.batch_size_of(batch), steps=int(n))
+        done += n
+    tr.losses.read()
+    return meter.rates()
+
+
 def time_steps(recipe: str, overrides: list[str], device: str, steps: int, warmup: int,
                profile: bool = False) -> dict:
     """Optimizer steps of a fresh EpochLoop: warm-up (compile included) timed apart, then `steps` timed; with
@@ -72,15 +86,7 @@ def time_steps(recipe: str, overrides: list[str], device: str, steps: int, warmu
     warm = time.perf_counter() - t0
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    meter, done = Throughput(dev), 0
-    batches = meter.timed(feed)               # the wait for each batch: the GPU's idle time, from events
-    while done < steps:
-        batch, micro = next(batches)
-        n = tr.step(batch, micro)
-        meter.update(tr.run.recipe.batch_size_of(batch), steps=int(n))
-        done += n
-    tr.losses.read()
-    rates = meter.rates()
+    rates = timed_rates(tr, feed, steps, device)
     out = dict(step_ms=round(rates["step_time_s"] * 1e3, 3), samples_per_s=round(rates["samples_per_s"], 1),
                data_wait_frac=rates["data_wait_frac"], warmup_s=round(warm, 2), steps=steps)
     if dev.type == "cuda":
