@@ -35,6 +35,10 @@ SAS = ["model.time=false", "model.mhc=false"]
 VIDEO = ["model.arch=light", "data.size=32", "data.clip_len=9", "data.synthetic_videos=4", "data.synthetic_frames=30",
          "train.num_workers=0", "train.batch_size=4"]
 BIG = ["data.maxlen=200", "train.batch_size=128"]
+CE = ["loss.kind=ce"]
+POPULAR = ["loss.kind=sampled_softmax", "loss.shared_negatives=sequence", "loss.negative_distribution=popularity",
+           "data.train_negatives=64"]
+IN_BATCH = ["loss.kind=gbce", "loss.shared_negatives=in_batch"]
 # (recipe, overrides, most ATen ops per step or None: counted and reported)
 STEPS = [
     ("sasrec", SAS + BIG, 800),
@@ -44,6 +48,12 @@ STEPS = [
     ("sasrec", SAS + ["data.maxlen=50", "train.amp=bf16"], None),
     ("sasrec", SAS + ["data.maxlen=50", "train.amp=fp16"], None),
     ("sasrec", SAS + ["data.maxlen=50", "train.grad_accum_steps=2"], None),
+    # issue 71's losses: the full softmax, gBCE, shared negatives by popularity with logQ, the batch's, in-batch
+    ("sasrec", SAS + ["data.maxlen=50"] + CE, None),
+    ("sasrec", SAS + ["data.maxlen=50", "loss.kind=gbce", "data.train_negatives=16"], None),
+    ("sasrec", SAS + ["data.maxlen=50"] + POPULAR, None),
+    ("sasrec", SAS + ["data.maxlen=50", "loss.shared_negatives=batch", "data.train_negatives=64"], None),
+    ("sasrec", SAS + ["data.maxlen=50"] + IN_BATCH, None),
     ("har", [], None),
     ("har", ["model.encoder=transformer"], None),
     ("kgat", [], None),
@@ -146,11 +156,13 @@ def test_fixed_shape_pieces_equal_their_cpu_forms():
 
 # ------------------------------------------------------------------------------------------ compile
 COMPILED = [("sasrec", SAS), ("sasrec", ["model.time=true", "model.mhc=false"]),
-            ("sasrec", ["model.time=false", "model.mhc=true"]), ("sasrec", []), ("har", []), ("video", VIDEO)]
+            ("sasrec", ["model.time=false", "model.mhc=true"]), ("sasrec", []), ("har", []), ("video", VIDEO),
+            ("sasrec", SAS + CE), ("sasrec", SAS + POPULAR), ("sasrec", SAS + IN_BATCH)]
 
 
 @pytest.mark.parametrize("recipe,overrides", COMPILED, ids=[f"{r}-{' '.join(o)}" for r, o in COMPILED])
 def test_the_training_step_compiles_as_one_graph(recipe, overrides):
+    torch._dynamo.reset()          # each case traces the same training_step: past 8, dynamo's recompile limit
     tr, batches = epoch_loop_for(recipe, GPU + ["data.maxlen=30", "train.batch_size=8"] + overrides
                               if recipe == "sasrec" else GPU + overrides)
     run, batch = tr.run, next(batches)

@@ -89,4 +89,12 @@ class SeqLossConfig:
     # ce: a softmax over the whole catalogue at every position (chunked: losses.py); gbce: gSASRec's calibrated BCE
     kind: Literal["bce", "sampled_softmax", "ce", "gbce"] = "bce"
     gbce_t: float = 0.75                              # gbce's calibration t in [0, 1] (gSASRec's default)
+    # the sampled negatives (bce, sampled_softmax, gbce): none = data.train_negatives of their own at every position;
+    # sequence = data.train_negatives shared by all positions of a sequence; batch = shared by the whole batch;
+    # in_batch = the batch's own targets, one per sequence (negatives.py)
+    shared_negatives: Literal["none", "sequence", "batch", "in_batch"] = "none"
+    negative_distribution: Literal["uniform", "popularity"] = "uniform"   # popularity: training counts (shared)
+    logq: bool = True             # sampled_softmax: subtract log q where the sampling is not uniform (popularity,
+    #                               in_batch): Yi et al. 2019's correction
+    exclude_history: bool = True  # negatives the user has seen: drawn again (none) or masked (shared)
     l2_emb: float = 0.0                               # L2 penalty on the item embeddings

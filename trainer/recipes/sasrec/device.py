@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from trainer.recipes.sasrec.data import DataError, TrainSequences, left_pad, mix64
+from trainer.recipes.sasrec.negatives import PICK_SLOT, SHARED_SLOT, Sharing, epoch_base
 
 CANDIDATES = 16
 _MASK64 = (1 << 64) - 1
@@ -45,10 +46,16 @@ def mix64_t(x: torch.Tensor) -> torch.Tensor:
     return z ^ _shr(z, 31)
 
 
-def unsigned_mod(z: torch.Tensor, n: int) -> torch.Tensor:
-    """(uint64 bits of z) mod n for n < 2^31, from its 32-bit halves (int64 % would see a negative number)."""
+def unsigned_mod(z: torch.Tensor, n: int | torch.Tensor) -> torch.Tensor:
+    """(uint64 bits of z) mod n for n < 2^31 (an int or a tensor of them), from its 32-bit halves (int64 % would see
+    a negative number)."""
     hi, lo = _shr(z, 32), z & 0xFFFFFFFF
     return ((hi % n) * ((1 << 32) % n) + lo % n) % n
+
+
+def unit_interval_t(z: torch.Tensor) -> torch.Tensor:
+    """negatives.unit_interval on int64 tensors of uint64 bits: the top 53 bits as a float64 in [0, 1)."""
+    return _shr(z, 11).double() * 2.0 ** -53
 
 
 class DeviceSequences:
@@ -58,6 +65,7 @@ class DeviceSequences:
     def __init__(self, train: TrainSequences, device: torch.device, candidates: int = CANDIDATES):
         split, maxlen = train.split, train.maxlen
         self.seed, self.negatives, self.num_items = train.seed, train.negatives, split.data.num_items
+        self.sharing = train.sharing or Sharing()
         histories = [split.train(u) for u in train.users]
         seen = [np.unique(h) for h in histories]            # sorted: the membership test's rows
         full = next((u for u, items in zip(train.users, seen) if len(items) >= self.num_items), None)
@@ -77,6 +85,11 @@ class DeviceSequences:
         counters = np.arange(1, slots + 1, dtype=np.uint64)[None, :] + \
             (np.arange(candidates, dtype=np.uint64) * np.uint64(slots))[:, None]
         self.salts = torch.from_numpy(mix64(counters).view(np.int64)).to(device)      # (candidates, slots)
+        shared_slots = mix64(SHARED_SLOT + np.arange(1, self.negatives + 1, dtype=np.uint64))
+        self.shared_salts = torch.from_numpy(shared_slots.view(np.int64)).to(device)  # (negatives,)
+        self.pick_salt = _signed(int(mix64(np.array([PICK_SLOT]))[0]))
+        cdf = self.sharing.popularity
+        self.cdf = None if cdf is None else torch.from_numpy(cdf).to(device)
 
     def __len__(self) -> int:
         return len(self.users)
@@ -88,8 +101,42 @@ class DeviceSequences:
     def gather(self, index: torch.Tensor, epoch: int) -> dict[str, torch.Tensor]:
         """The batch of samples `index` (a device tensor) in epoch `epoch`: collate's dict of (B, T) tensors."""
         pos = self.pos[index]
+        if self.sharing.shared:
+            neg, seen = self.draw_shared(index, epoch, pos)
+            return dict(seq=self.seq[index], time=self.time[index], pos=pos, neg=neg, neg_seen=seen)
         neg = self.draw(index, epoch) * (pos != 0).unsqueeze(-1)
         return dict(seq=self.seq[index], time=self.time[index], pos=pos, neg=neg)
+
+    def _items(self, z: torch.Tensor) -> torch.Tensor:
+        """negatives.Sharing.items_of: uniform, or by popularity (the same float64 bits, the same search)."""
+        if self.cdf is None:
+            return unsigned_mod(z, self.num_items) + 1
+        return torch.searchsorted(self.cdf, unit_interval_t(z), right=True) + 1
+
+    def draw_shared(self, index: torch.Tensor, epoch: int, pos: torch.Tensor):
+        """negatives.Sharing.draw on the device: (B, K) items and whether each is in its row's history."""
+        base = int(epoch_base(self.seed, epoch))
+        users = self.users[index]
+        keys = mix64_t(users ^ _signed(base))                                             # (B,)
+        b = len(index)
+        if self.sharing.mode == "sequence":
+            neg = self._items(mix64_t(keys[:, None] ^ self.shared_salts[None, :]))
+        elif self.sharing.mode == "batch":
+            z = mix64_t(users)
+            lo, hi = (z & 0xFFFFFFFF).sum(), _shr(z, 32).sum()
+            lo_mix = mix64_t(lo.reshape(1))
+            key = mix64_t((lo_mix ^ hi) ^ _signed(base))
+            neg = self._items(mix64_t(key ^ self.shared_salts)).expand(b, -1)
+        else:
+            real = (pos != 0).sum(1)
+            back = unsigned_mod(mix64_t(keys ^ self.pick_salt), real)
+            picks = pos.gather(1, (pos.shape[1] - 1 - back)[:, None])[:, 0]
+            neg = picks.expand(b, -1)
+        if not self.sharing.exclude_history:
+            return neg, torch.zeros(neg.shape, dtype=torch.bool, device=neg.device)
+        hist = self.hist[index]
+        at = torch.searchsorted(hist, neg.contiguous()).clamp_(max=hist.shape[1] - 1)
+        return neg, hist.gather(1, at) == neg
 
     def draw(self, index: torch.Tensor, epoch: int) -> torch.Tensor:
         """(B, T, negatives) items outside each user's history: of CANDIDATES draws per slot, the first valid."""
@@ -101,4 +148,6 @@ class DeviceSequences:
         at = torch.searchsorted(hist, items.view(b, c * s)).clamp_(max=hist.shape[1] - 1)
         seen = (hist.gather(1, at) == items.view(b, c * s)).view(b, c, s)
         first = (~seen).to(torch.uint8).argmax(1, keepdim=True)                    # the first valid attempt
+        if not self.sharing.exclude_history:
+            first = torch.zeros_like(first)
         return items.gather(1, first).view(b, -1, self.negatives)

@@ -1,7 +1,8 @@
 """SASRec's full cross-entropy (loss.kind=ce): a softmax over the whole catalogue at every real position, its
-[positions x items] logits never held at once.
+[positions x items] logits never held at once; and the logits of shared negatives (loss.shared_negatives).
 
     loss = full_softmax_ce(h, weight, target, scale)   # h [N, D], weight [V, D], target [N] in [0, V)
+    pos_logits, neg_logits, neg_valid = shared_logits(h, weight, pos, neg, neg_seen, "sequence", log_q)
 
 The forward keeps, per position, only the log-sum-exp of its logits (computed a chunk of positions at a time);
 the backward recomputes each chunk's logits and turns them into their gradient (softmax minus the target's one-hot)
@@ -56,3 +57,21 @@ def full_softmax_ce(h: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
     """sum over positions of scale * (logsumexp(h @ weight.T) - h . weight[target]), in chunks of positions
     (0: chunk_for the catalogue)."""
     return _FullSoftmaxCE.apply(h, weight, target, scale, int(chunk) or chunk_for(weight.shape[0]))
+
+
+def shared_logits(h: torch.Tensor, weight: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
+                  neg_seen: torch.Tensor, mode: str, log_q: torch.Tensor | None = None):
+    """(B, T) target logits, (B, T, K) logits of the shared negatives and (B, T, K) which of them count: not seen
+    by the user (neg_seen) and not the position's own target. neg: (B, K) items, one row per sequence (sequence)
+    or the same row for all (batch, in_batch: scored once against the whole batch). log_q: each item's log
+    proposal probability, subtracted from every logit (logQ correction; None: uniform, nothing to correct)."""
+    pos_logits = (h * weight[pos]).sum(-1)
+    if mode == "sequence":
+        neg_logits = torch.bmm(h, weight[neg].transpose(1, 2))
+    else:
+        neg_logits = h @ weight[neg[0]].t()
+    if log_q is not None:
+        pos_logits = pos_logits - log_q[pos].to(pos_logits.dtype)
+        neg_logits = neg_logits - log_q[neg].to(neg_logits.dtype).unsqueeze(1)
+    neg_valid = ~neg_seen.unsqueeze(1) & (neg.unsqueeze(1) != pos.unsqueeze(-1))
+    return pos_logits, neg_logits, neg_valid

@@ -8,13 +8,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trainer.config.settings import ConfigError
 from trainer.distributed import runtime
 from trainer.engine.loader import fits_on_device
 from trainer.engine.recipe import Recipe, unwrap
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.device import DeviceSequences
-from trainer.recipes.sasrec.losses import full_softmax_ce
+from trainer.recipes.sasrec.losses import full_softmax_ce, shared_logits
 from trainer.recipes.sasrec.model import MHCMaps, SeqRec
+from trainer.recipes.sasrec.negatives import Sharing
+from trainer.recipes.sasrec.negatives import log_q as log_q_of
 
 KS = (5, 10, 20)
 
@@ -28,13 +31,26 @@ class SASRecRecipe(Recipe):
         d, e = self.data_cfg, self.eval_cfg
         self.data = D.load(d, getattr(self.dist, "local_rank", 0))
         self.split = D.Split(self.data)
-        self.train_set = D.TrainSequences(self.split, d.maxlen, d.train_negatives, self.seed)
+        self.popularity = D.popularity_scores(self.split)
+        self.sharing = self._sharing()
+        self.train_set = D.TrainSequences(self.split, d.maxlen, d.train_negatives, self.seed, self.sharing)
         evals = {name: D.EvalSequences(self.split, name, d.maxlen, e.negatives, self.seed, e.max_users)
                  for name in ("val", "test")}
         if len(evals["val"]) == 0:
             raise D.DataError(f"{d.path or 'synthetic data'}: no user has 3 or more interactions, so the "
                               f"validation and test splits are empty")
         return self.train_set, evals
+
+    def _sharing(self) -> Sharing:
+        """The negatives' plan, refusing settings that would be silently ignored."""
+        loss = self.loss_cfg
+        if loss.kind == "ce" and loss.shared_negatives != "none":
+            raise ConfigError(f"loss.shared_negatives={loss.shared_negatives} needs sampled negatives: loss.kind=ce "
+                              f"scores every item (use loss.kind=sampled_softmax, bce or gbce)")
+        if loss.negative_distribution == "popularity" and loss.shared_negatives not in ("sequence", "batch"):
+            raise ConfigError(f"loss.negative_distribution=popularity draws shared negatives: set "
+                              f"loss.shared_negatives=sequence or batch (it is {loss.shared_negatives})")
+        return Sharing.of(loss, self.popularity)
 
     def build_model(self):
         return SeqRec(self.model_cfg, self.data.num_items, self.data_cfg.maxlen, fixed_shapes=self.gpu_shaped)
@@ -94,6 +110,8 @@ class SASRecRecipe(Recipe):
     def training_step(self, model, batch):
         if self.loss_cfg.kind == "ce":
             loss = self._full_ce(model, batch)
+        elif self.sharing.shared:
+            loss = self._shared_loss(model, batch)
         else:
             pos_logits, neg_logits = model(batch["seq"], batch["time"], batch["pos"], batch["neg"])
             loss = sequence_loss(pos_logits, neg_logits, batch["pos"], self.loss_cfg.kind,
@@ -101,6 +119,27 @@ class SASRecRecipe(Recipe):
         if self.loss_cfg.l2_emb > 0:
             loss = loss + self.loss_cfg.l2_emb * unwrap(model).item_emb.weight.pow(2).sum()
         return loss
+
+    def _shared_loss(self, model, batch):
+        """Shared negatives (loss.shared_negatives): the (B, T, D) features through the wrapped model's forward,
+        scored against the batch's (B, K) negatives; logQ-corrected under sampled_softmax where the sampling is
+        not uniform."""
+        h = model(batch["seq"], batch["time"], None, None)
+        weight = unwrap(model).item_emb.weight
+        log_q = None
+        if self.loss_cfg.kind == "sampled_softmax" and self.loss_cfg.logq and self.corrects:
+            if getattr(self, "_log_q", None) is None or self._log_q.device != h.device:
+                self._log_q = torch.from_numpy(log_q_of(self.popularity)).float().to(h.device)
+            log_q = self._log_q
+        pos_logits, neg_logits, neg_valid = shared_logits(h, weight, batch["pos"], batch["neg"], batch["neg_seen"],
+                                                          self.sharing.mode, log_q)
+        beta = gbce_beta(neg_logits.shape[-1], self.data.num_items, self.loss_cfg.gbce_t)
+        return sequence_loss(pos_logits, neg_logits, batch["pos"], self.loss_cfg.kind, beta, neg_valid)
+
+    @property
+    def corrects(self) -> bool:
+        """Whether the negatives' proposal is not uniform (popularity or the batch's targets): what logQ fixes."""
+        return self.sharing.mode == "in_batch" or self.sharing.popularity is not None
 
     def _full_ce(self, model, batch):
         """loss.kind=ce: the softmax over every item (item 0, the padding, left out) at each real position, the
@@ -151,14 +190,16 @@ def gbce_beta(negatives: int, items: int, t: float) -> float:
 
 
 def sequence_loss(pos_logits: torch.Tensor, neg_logits: torch.Tensor, pos: torch.Tensor,
-                  kind: str = "bce", beta: float = 1.0) -> torch.Tensor:
+                  kind: str = "bce", beta: float = 1.0, neg_valid: torch.Tensor | None = None) -> torch.Tensor:
     """The training loss over the real positions (pos != 0): BCE on the positive and its sampled negatives,
     a softmax over them (loss.kind=sampled_softmax), or gSASRec's gBCE: BCE whose positive probability is raised
     to `beta` (-beta log sigmoid(s+), the same as its transformed logit's BCE), averaged over the positive and
-    negative terms together, as gSASRec does."""
+    negative terms together, as gSASRec does. neg_valid (shared negatives): the negatives that count."""
     valid = (pos != 0).float()
     count = valid.sum().clamp(min=1)
     pos_logits, neg_logits = pos_logits.float(), neg_logits.float()
+    if neg_valid is not None:
+        return _masked_loss(pos_logits, neg_logits, valid, count, kind, beta, neg_valid)
     if kind == "gbce":
         terms = beta * F.softplus(-pos_logits) + F.softplus(neg_logits).sum(-1)
         return (terms * valid).sum() / (count * (1 + neg_logits.shape[-1]))
@@ -167,6 +208,19 @@ def sequence_loss(pos_logits: torch.Tensor, neg_logits: torch.Tensor, pos: torch
         neg_loss = (F.softplus(neg_logits) * valid.unsqueeze(-1)).sum() / (count * neg_logits.shape[-1])
         return pos_loss + neg_loss
     logits = torch.cat([pos_logits.unsqueeze(-1), neg_logits], -1)
+    return ((torch.logsumexp(logits, -1) - pos_logits) * valid).sum() / count
+
+
+def _masked_loss(pos_logits, neg_logits, valid, count, kind, beta, neg_valid):
+    """sequence_loss where some negatives do not count: out of the softmax, out of BCE's sums and means."""
+    keep = neg_valid.float() * valid.unsqueeze(-1)
+    if kind == "gbce":
+        terms = (beta * F.softplus(-pos_logits) * valid).sum() + (F.softplus(neg_logits) * keep).sum()
+        return terms / (count + keep.sum())
+    if kind == "bce":
+        return (F.softplus(-pos_logits) * valid).sum() / count + \
+            (F.softplus(neg_logits) * keep).sum() / keep.sum().clamp(min=1)
+    logits = torch.cat([pos_logits.unsqueeze(-1), neg_logits.masked_fill(~neg_valid, float("-inf"))], -1)
     return ((torch.logsumexp(logits, -1) - pos_logits) * valid).sum() / count
 
 
