@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,13 +35,21 @@ def trainer_cmd(*args: str, ranks: int = 1) -> list[str]:
 
 
 def run_trainer(args: list[str], run_dir: Path, threads: int | str | None = None, ranks: int = 1,
-                show: bool = False) -> tuple[list[dict[str, Any]], float]:
+                show: bool = False, measure: dict | None = None) -> tuple[list[dict[str, Any]], float]:
     """`trainer train ARGS --run-dir RUN_DIR` in a fresh RUN_DIR; (metrics.jsonl records, wall seconds).
-    show: the trainer's output goes to this terminal instead of being kept for the error message."""
+    show: the trainer's output goes to this terminal instead of being kept for the error message.
+    measure: a dict that gets the trainer process's peak resident memory (`peak_rss_mb`, its own rusage)."""
     shutil.rmtree(run_dir, ignore_errors=True)       # a fresh run, never a resume of an earlier one
     cmd = trainer_cmd("train", "--run-dir", str(run_dir), *args, ranks=ranks)
     t0 = time.time()
-    proc = subprocess.run(cmd, env=trainer_env(threads), cwd=REPO, capture_output=not show, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{(proc.stderr or '')[-3000:]}")
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, env=trainer_env(threads), cwd=REPO, text=True,
+                                stdout=None if show else subprocess.DEVNULL, stderr=None if show else err)
+        _, status, usage = os.wait4(proc.pid, 0)    # (subprocess.run reaps it without its rusage)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{err.read()[-3000:]}")
+    if measure is not None:
+        measure["peak_rss_mb"] = round(usage.ru_maxrss / 1024, 1)        # ru_maxrss: KiB on Linux
     return read_metrics(run_dir), time.time() - t0
