@@ -144,6 +144,7 @@ RUN = ("train", "--recipe", "sasrec", "train.tensorboard=false", "data.synthetic
        "model.mhc=false", "model.time=false")
 
 
+@pytest.mark.beside_cluster        # six launches of the trainer: in the cluster half, beside its waits on the scheduler
 @pytest.mark.parametrize("overrides", [
     ("loss.kind=sampled_softmax", "loss.shared_negatives=in_batch"),
     ("loss.kind=gbce", "loss.shared_negatives=sequence", "loss.negative_distribution=popularity",

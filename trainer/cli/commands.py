@@ -1,4 +1,4 @@
-"""The commands of `python -m trainer`: train, eval, doctor, data; main() parses and dispatches.
+"""The commands of `python -m trainer`: train, eval, predict, doctor, data; main() parses and dispatches.
 
     python -m trainer train --recipe toy --epochs 2 --run-dir runs/demo     # TRAINER_PLUGINS=tests.toy_recipe
     main(["eval", "--checkpoint", "runs/demo"])
@@ -108,7 +108,12 @@ def cmd_data(args) -> int:
     return run(args)
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "doctor": cmd_doctor, "data": cmd_data}
+def cmd_predict(args) -> int:
+    from trainer.predict.command import cmd_predict as run
+    return run(args)
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "doctor": cmd_doctor, "data": cmd_data}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -146,6 +146,18 @@ class Recipe:
         in RUN_DIR/ids.npz and every checkpoint, and checked against the data on resume and eval."""
         return {}
 
+    predict_unit_name = "items"    # what predict_units lists, for the log ("users", "videos", "recordings")
+
+    def predict_units(self, request: Any) -> Sequence[Any]:
+        """`trainer predict`: what to predict for (users, videos, ...), the same list on every rank (the command
+        cuts it into parts). request: trainer/predict/command.PredictRequest."""
+        from trainer.predict.parts import PredictError
+        raise PredictError(f"{type(self).__name__}: predict is not available for this recipe yet")
+
+    def predict_rows(self, model: torch.nn.Module, units: Sequence[Any], request: Any) -> dict[str, Any]:
+        """The output columns (equal-length arrays) for a slice of predict_units, the model in eval mode."""
+        raise NotImplementedError
+
     def after_evaluation(self, split: str, metrics: dict[str, Any], run_dir: str, epoch: int) -> Sequence[Any]:
         """Rank 0 only: write plots or tables for the metrics of a split; returns the PNG files written (the
         engine also shows them in TensorBoard)."""

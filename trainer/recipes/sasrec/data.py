@@ -220,7 +220,8 @@ def collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return out
 
 
-READER = 1                  # the parse's version: part of the cache key (a change to it rebuilds every entry)
+# the parse's version (2: the raw user and item ids kept): part of the cache key (a change rebuilds every entry)
+READER = 2
 
 
 def load(cfg: SeqDataConfig, local_rank: int = 0) -> SeqData:

@@ -163,14 +163,31 @@ class SASRecRecipe(Recipe):
         rank = (scores[:, 1:] > scores[:, :1]).sum(1)                   # 0 = the target is first
         stats = {"count": torch.tensor(float(len(rank))), **rank_stats(rank, (10,), prefix="")}
         if self.eval_cfg.full_ranking:
-            full = model.score(seq, time).float()
-            target = batch["candidates"][:, 0]
-            target_score = full.gather(1, target[:, None])
-            full[:, 0] = float("-inf")                                    # padding item
-            full.scatter_(1, batch["history"], float("-inf"))            # seen items are not ranked
+            full = self.ranked_scores(model, seq, time, batch["history"])    # (the history holds no target)
+            target_score = full.gather(1, batch["candidates"][:, :1])
             full_rank = (full > target_score).sum(1)
             stats.update(rank_stats(full_rank, KS, prefix="full_"))
         return stats
+
+    @staticmethod
+    def ranked_scores(model, seq, time, history=None) -> torch.Tensor:
+        """(B, num_items + 1) scores of every item after each sequence, the padding item and each row's `history`
+        (item ids, 0-padded) at -inf: what the full ranking ranks and `trainer predict` takes the top-K of."""
+        full = model.score(seq, time).float()
+        full[:, 0] = float("-inf")                                        # padding item
+        if history is not None:
+            full.scatter_(1, history, float("-inf"))                      # seen items are not ranked
+        return full
+
+    predict_unit_name = "users"
+
+    def predict_units(self, request):
+        from trainer.recipes.sasrec import predict
+        return predict.units(self, request)
+
+    def predict_rows(self, model, units, request):
+        from trainer.recipes.sasrec import predict
+        return predict.rows(self, model, units, request)
 
     def compute_metrics(self, totals):
         n = max(float(totals["count"]), 1.0)

@@ -23,6 +23,8 @@ class SeqData:
     seqs: Ragged
     times: Ragged
     num_items: int
+    user_ids: np.ndarray | None = None     # each user's id in the data (code order), for predictions
+    item_ids: np.ndarray | None = None     # item i's id in the data is item_ids[i - 1] (sorted as the codes are)
 
     def __post_init__(self):
         if not isinstance(self.seqs, Ragged):
@@ -86,13 +88,16 @@ def rescale_flat(times: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def build_sequences(inter: Interactions, k: int = 0) -> SeqData:
     """Remap ids, apply k-core, order each user's items by time (stable), rescale times."""
-    u, _, i, num_items = inter.coded()
+    u, num_users, i, num_items = inter.coded()
+    user_ids, item_ids = ids_of(inter.user_ids, u, num_users), ids_of(inter.item_ids, i, num_items)
     times = inter.times if inter.times is not None else np.zeros(len(u), dtype=np.int64)
     if k > 1:
         keep = kcore(u, i, k)
         if not keep.any():
             raise DataError(f"{k}-core filtering removed every interaction")
         u, i, times = u[keep], i[keep], times[keep]
+        user_ids = user_ids[np.bincount(u, minlength=len(user_ids)) > 0]        # codes keep their order
+        item_ids = item_ids[np.bincount(i, minlength=len(item_ids)) > 0]
         u, _ = codes(u)
         i, num_items = codes(i)
         order = stable_order(u, times)                      # by user, then time, then file order
@@ -105,7 +110,18 @@ def build_sequences(inter: Interactions, k: int = 0) -> SeqData:
         tflat = np.arange(len(u), dtype=np.int64) - np.repeat(offsets[:-1], np.diff(offsets)) + 1
     else:
         tflat = rescale_flat(times[order], offsets)
-    return SeqData(Ragged(items, offsets), Ragged(tflat, offsets), num_items)
+    return SeqData(Ragged(items, offsets), Ragged(tflat, offsets), num_items, user_ids, item_ids)
+
+
+def ids_of(raw: np.ndarray, coded: np.ndarray, count: int) -> np.ndarray:
+    """The raw id of each code 0..count-1, as the file wrote it (text ids as fixed-width str: memory-mappable)."""
+    raw = np.asarray(raw)
+    out = np.empty(count, dtype=raw.dtype if raw.dtype.kind in "iuU" else str)
+    if raw.dtype.kind not in "iuU":
+        raw = raw.astype(str)
+        out = np.empty(count, dtype=raw.dtype)
+    out[coded] = raw
+    return out
 
 
 VECTORIZED_FROM = 1_000_000          # expected interactions from which synthesize draws all users at once
@@ -189,10 +205,11 @@ def build_flat(path: str, fmt: str, duplicates: str, k: int,
     times, offsets) and meta (num_items, rows)."""
     inter = read_interactions(path, fmt, duplicates, columns)
     data = build_sequences(inter, k)
-    arrays = dict(items=data.seqs.flat, times=data.times.flat, offsets=data.seqs.offsets)
+    arrays = dict(items=data.seqs.flat, times=data.times.flat, offsets=data.seqs.offsets, user_ids=data.user_ids,
+                  item_ids=data.item_ids)
     return arrays, dict(num_items=data.num_items, rows=len(inter))
 
 
 def from_flat(arrays: dict[str, np.ndarray], meta: dict) -> SeqData:
     return SeqData(Ragged(arrays["items"], arrays["offsets"]), Ragged(arrays["times"], arrays["offsets"]),
-                   int(meta["num_items"]))
+                   int(meta["num_items"]), arrays.get("user_ids"), arrays.get("item_ids"))

@@ -1,0 +1,131 @@
+"""`python -m trainer predict`: a checkpoint turned into predictions, on one process or many ranks.
+
+    python -m trainer predict --checkpoint runs/sasrec --out top10.csv --top-k 10
+    torchrun --nproc-per-node 4 -m trainer predict --checkpoint runs/sasrec --out top10.parquet --users ids.txt
+
+The recipe lists its units (users, videos, recordings) the same way on every rank and turns a slice of them into
+rows (Recipe.predict_units / predict_rows); parts.py splits the units into parts, writes each rank's parts and
+joins them. The model is the checkpoint's (best.pt, else final.pt, as `eval` takes it), in eval mode, without DDP.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainer.predict.parts import Parts, PredictError, format_of
+
+log = logging.getLogger("trainer")
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    """What was asked (the predict command's flags), as the recipes read it."""
+
+    top_k: int = 10
+    data: str = ""              # the data to predict for ("": the checkpoint's own data.path)
+    users: str = ""             # a file of user ids, one per line ("": every user of the data)
+    keep_seen: bool = False     # recommenders: items the user has seen may be recommended again
+    history: str = "full"       # sasrec: full (every known item) or train (the training part, as eval's val input)
+    unknown_users: str = "skip"  # kgat: users the checkpoint never saw: skip or popular (cold start)
+
+
+def request_of(args) -> PredictRequest:
+    if args.top_k < 1:
+        raise PredictError(f"--top-k {args.top_k}: must be at least 1")
+    if args.users and not Path(args.users).is_file():
+        raise PredictError(f"--users {args.users}: no such file (one user id per line)")
+    if args.data and not Path(args.data).exists():
+        raise PredictError(f"--data {args.data}: no such file or folder")
+    return PredictRequest(top_k=args.top_k, data=args.data or "", users=args.users or "", keep_seen=args.keep_seen,
+                          history=args.history, unknown_users=args.unknown_users)
+
+
+def cmd_predict(args) -> int:
+    from trainer.cli.commands import eval_checkpoint
+    from trainer.config.registry import get_spec
+    from trainer.config.settings import from_dict, parse_override, set_key
+    from trainer.distributed import runtime
+    from trainer.distributed.environment import select_environment
+    from trainer.engine import ckpt_io
+    from trainer.engine.build import build_for_eval
+    from trainer.engine.logging import setup_logging
+    from trainer.engine.recipe import unwrap
+    from trainer.engine.session import build_recipe
+    request = request_of(args)
+    out = Path(args.out)
+    format_of(out)                                  # before anything is loaded: a wrong name fails at once
+    if out.exists() and not args.overwrite:
+        raise PredictError(f"--out {out} exists: pass --overwrite to replace it, or name another file")
+    path, ckpt = eval_checkpoint(args.checkpoint, args.overrides)
+    cfg = from_dict(ckpt["config"])
+    for text in args.overrides:
+        set_key(cfg, *parse_override(text), f"override {text!r}")
+    info = runtime.init(select_environment(), cfg.dist)
+    ok = False
+    try:
+        setup_logging(info)
+        run = build_for_eval(build_recipe(cfg, info, get_spec(cfg.recipe)), info, cfg)
+        ckpt_io.check_compatible(ckpt, cfg.recipe, run.model, path)
+        run.model.load_state_dict(ckpt["model"])
+        model = unwrap(run.model).eval()
+        recipe = run.recipe
+        units = recipe.predict_units(request)
+        if len(units) == 0:
+            raise PredictError(f"{request.data or cfg.data.path or 'the data'}: nothing to predict for")
+        size = max(1, args.part_size)
+        count = -(-len(units) // size)
+        manifest = dict(checkpoint=str(Path(path).resolve()), step=int(ckpt["global_step"]), recipe=cfg.recipe,
+                        units=len(units), part_size=size, request=request.__dict__,
+                        overrides=list(args.overrides))
+        parts = Parts(out, manifest, count, keep_parts=args.parts)
+        done = parts.open(args.overwrite, info.is_main)
+        runtime.barrier(info)
+        done = parts.done()
+        mine = parts.todo(info.rank, info.world_size)
+        if info.is_main:
+            log.info("predicting %s for %d %s from %s (step %d): %d parts of %d, %d already written in %s%s",
+                     cfg.recipe, len(units), recipe.predict_unit_name, path, ckpt["global_step"], count, size, done,
+                     parts.folder, " (continuing)" if done else "")
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for n, i in enumerate(mine):
+                parts.write(i, recipe.predict_rows(model, units[i * size:(i + 1) * size], request))
+                if info.is_main and (n + 1) % max(1, len(mine) // 10) == 0:
+                    log.info("part %d/%d of rank 0 written (%.1f s)", n + 1, len(mine), time.perf_counter() - start)
+        runtime.barrier(info)
+        if info.is_main:
+            where = parts.join()
+            log.info("predictions of %d %s: %s (%.1f s)", len(units), recipe.predict_unit_name, where,
+                     time.perf_counter() - start)
+            print(f"wrote {where}")
+        ok = True
+    finally:
+        runtime.teardown(info, clean=ok)
+    return 0
+
+
+def top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of each row's k highest scores, highest first; ties go to the lower index. topk picks
+    among tied scores as it likes: a row whose k-th and (k+1)-th scores tie is sorted whole (stable) instead."""
+    k = min(k, scores.shape[1])
+    probe = min(k + 1, scores.shape[1])
+    values, index = torch.topk(scores, probe, dim=1)
+    order = torch.argsort(index, dim=1)                         # by index, then (stable) by score
+    values, index = values.gather(1, order), index.gather(1, order)
+    order = torch.sort(values, dim=1, descending=True, stable=True).indices
+    values, index = values.gather(1, order), index.gather(1, order)
+    if probe > k:
+        tied = (values[:, k - 1] == values[:, k]).nonzero()[:, 0]
+        if len(tied):
+            full = torch.sort(scores[tied], dim=1, descending=True, stable=True)
+            values[tied], index[tied] = full.values[:, :probe], full.indices[:, :probe]
+    return values[:, :k], index[:, :k]
+
+
+def as_numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
