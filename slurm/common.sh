@@ -37,7 +37,7 @@ export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 # ---------------------------------------------------------------- knobs
 # Knobs come from the submitting shell: a newline would cut EXTRA short (read takes one line) and a
 # control character in a path is never what was meant. Values are otherwise used literally (quoted).
-for knob in IMAGE CONTAINER_ENGINE CONFIG EXTRA PYTHON RUN_DIR TRAINER_HOME DATA PER_TASK_LOGS MAX_RESTARTS; do
+for knob in IMAGE CONTAINER_ENGINE CONFIG EXTRA PYTHON RUN_DIR TRAINER_HOME DATA PER_TASK_LOGS MAX_RESTARTS CHECKPOINT OUT; do
   if [[ "${!knob:-}" =~ [[:cntrl:]] ]]; then
     echo "common.sh: $knob holds a control character (newline, tab, ...): refused; value: $(printf '%q' "${!knob}")" >&2
     exit 2

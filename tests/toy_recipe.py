@@ -159,6 +159,19 @@ class ToyRecipe(Recipe):
     def compute_metrics(self, totals):
         return {"mse": float(totals["sq_err"] / totals["count"]), "count": int(totals["count"])}
 
+    # `trainer predict` on the test split's rows: its machinery (parts, ranks, requeue) with a sleep per part
+    predict_unit_name = "rows"
+
+    def predict_units(self, request):
+        return list(range(self.data_cfg.n_test))
+
+    def predict_rows(self, model, units, request):
+        if self.data_cfg.step_sleep:
+            time.sleep(self.data_cfg.step_sleep)
+        x = make_split(self.data_cfg.n_test, self.data_cfg.features, self.data_cfg.noise,
+                       self.data_cfg.data_seed + 2).tensors[0][units]
+        return {"row": units, "rank": [self.dist.rank] * len(units), "y": model(x).reshape(len(units), -1)[:, 0].tolist()}
+
 
 register(RecipeSpec(name="toy", recipe=ToyRecipe, summary="test-only MLP regression", data_config=ToyDataConfig,
                     model_config=_toy_model_config,

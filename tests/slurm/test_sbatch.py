@@ -30,9 +30,15 @@ def test_sbatch_header_matches_golden_file(script):
     opts = dict(re.match(r"#SBATCH --([\w-]+)(?:=(\S+))?", line).groups() for line in lines)
     assert opts["ntasks-per-node"] == opts["gpus-per-node"]            # one task per GPU
     assert opts["signal"] == "B:USR1@120" and "requeue" in opts and opts["output"].startswith("logs/")
-    assert script.stem.endswith(f"_{opts['nodes']}node")
     text = script.read_text()
     assert 'source "${TRAINER_HOME:-$SLURM_SUBMIT_DIR}/slurm/common.sh"' in text
+    if script.stem == "predict":       # no training: one step that writes parts, under the same signal forwarding
+        last = text.replace("\\\n", "").rstrip().splitlines()[-3:]
+        assert re.fullmatch(r'srun --kill-on-bad-exit=1 .*"\$\{LAUNCH\[@\]\}" -m trainer predict --checkpoint '
+                            r'"\$CHECKPOINT" --out "\$OUT" *"\$@" "\$\{EXTRA_ARGS\[@\]\}" &', last[0]), last
+        assert last[1:] == ["wait_forwarding $! || rc=$?", 'exit "$rc"']
+        return
+    assert script.stem.endswith(f"_{opts['nodes']}node")
     # the last line: the training step under the restart loop (which waits, forwarding signals)
     last = text.replace("\\\n", "").rstrip().splitlines()[-1]
     assert re.fullmatch(r'run_training srun --kill-on-bad-exit=1 .*"\$\{LAUNCH\[@\]\}" -m trainer train '
@@ -233,3 +239,31 @@ def test_image_runs_tasks_through_apptainer(slurm_cluster, tmp_path):
                             "--gpus-per-node=1", "--cpus-per-task=1", env=dict(env, IMAGE=str(tmp_path / "no.sif")))
     assert wait_job(slurm_cluster, missing, timeout=120)["JobState"] == "FAILED"
     assert "no.sif: no such file" in (tmp_path / "logs" / f"sasrec-{missing}.out").read_text()
+
+
+def test_predict_stops_at_the_time_limit_warning_and_the_requeued_job_continues_from_its_parts(slurm_cluster,
+                                                                                                tmp_path):
+    """slurm/predict.sbatch, two tasks (the toy recipe's predict: its parts machinery, a sleep per part): USR1 to the
+    batch shell (what --signal=B:USR1@120 sends) stops each task after its current part and requeues the job; the
+    rerun says how many parts were written and computes the rest; every row once, as one process writes them."""
+    from tests.conftest import trainer
+    run, out = tmp_path / "toy", tmp_path / "pred.csv"
+    trainer("train", "--recipe", "toy", "--epochs", "1", "train.tensorboard=false", "--run-dir", str(run))
+    job = submit_script(slurm_cluster, tmp_path, "predict.sbatch", "--ntasks-per-node=2", "--gpus-per-node=2",
+                        "--cpus-per-task=1", "--time=10",
+                        env=dict(CHECKPOINT=str(run), OUT=str(out), TRAINER_PLUGINS="tests.toy_recipe",
+                                 EXTRA="data.step_sleep=0.4 data.n_test=120"), args=("--part-size", "4"))
+    log = tmp_path / "logs" / f"predict-{job}.out"
+    wait_for_log(log, r"part 3/15 of rank 0 written")
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm_env(slurm_cluster), check=True)
+    info = wait_job(slurm_cluster, job, timeout=300, restarts=1)
+    text = log.read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-3000:]
+    assert re.search(r"SIGUSR1: rank 0 stops after \d+ of its 15 parts", text) and f"job {job} requeued" in text
+    written = int(re.search(r"30 parts of 4, (\d+) already written .* \(continuing\)", text).group(1))
+    assert 3 * 2 <= written < 30, text[-3000:]
+    rows = out.read_text().splitlines()
+    assert rows[0] == "row,rank,y" and [int(r.split(",")[0]) for r in rows[1:]] == list(range(120))
+    trainer("predict", "--checkpoint", str(run), "--out", str(tmp_path / "one.csv"), "data.n_test=120")
+    one = (tmp_path / "one.csv").read_text().splitlines()
+    assert [r.split(",")[2] for r in rows[1:]] == [r.split(",")[2] for r in one[1:]]

@@ -10,6 +10,7 @@ joins them. The model is the checkpoint's (best.pt, else final.pt, as `eval` tak
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,7 @@ def cmd_predict(args) -> int:
     from trainer.engine import ckpt_io
     from trainer.engine.build import build_for_eval
     from trainer.engine.logging import setup_logging
+    from trainer.engine.preemption import PreemptionHandler
     from trainer.engine.recipe import unwrap
     from trainer.engine.session import build_recipe
     request = request_of(args)
@@ -92,11 +94,19 @@ def cmd_predict(args) -> int:
                      cfg.recipe, len(units), recipe.predict_unit_name, path, ckpt["global_step"], count, size, done,
                      parts.folder, " (continuing)" if done else "")
         start = time.perf_counter()
-        with torch.inference_mode():
-            for n, i in enumerate(mine):
-                parts.write(i, recipe.predict_rows(model, units[i * size:(i + 1) * size], request))
-                if info.is_main and (n + 1) % max(1, len(mine) // 10) == 0:
-                    log.info("part %d/%d of rank 0 written (%.1f s)", n + 1, len(mine), time.perf_counter() - start)
+        signals = PreemptionHandler().install()
+        try:
+            with torch.inference_mode():
+                for n, i in enumerate(mine):
+                    parts.write(i, recipe.predict_rows(model, units[i * size:(i + 1) * size], request))
+                    if signals.received:
+                        ok = True
+                        return stopped(signals.received, info, n + 1, len(mine), parts)
+                    if info.is_main and (n + 1) % max(1, len(mine) // 10) == 0:
+                        log.info("part %d/%d of rank 0 written (%.1f s)", n + 1, len(mine),
+                                 time.perf_counter() - start)
+        finally:
+            signals.restore()
         runtime.barrier(info)
         if info.is_main:
             where = parts.join()
@@ -107,6 +117,22 @@ def cmd_predict(args) -> int:
     finally:
         runtime.teardown(info, clean=ok)
     return 0
+
+
+def stopped(signum: int, info, written: int, owned: int, parts: Parts) -> int:
+    """A signal (Slurm's time-limit warning, a preemption, scancel) came: this rank stops after the part it was
+    writing; rank 0 requeues the job on USR1/USR2 as training does (SIGTERM: Slurm requeues or cancels)."""
+    import signal as signals
+
+    from trainer.engine.preemption import requeue_slurm_job
+    name = signals.Signals(signum).name
+    log.warning("%s: rank %d stops after %d of its %d parts (%s); a rerun continues from the parts written", name,
+                info.rank, written, owned, parts.folder)
+    job = os.environ.get("SLURM_JOB_ID")
+    if info.is_main and job and signum != signals.SIGTERM and requeue_slurm_job(job):
+        log.info("job %s requeued", job)
+        return 0
+    return 128 + signum
 
 
 def top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

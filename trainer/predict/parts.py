@@ -103,6 +103,8 @@ class Parts:
                 if old != self.manifest:
                     shutil.rmtree(self.folder)
             self.folder.mkdir(parents=True, exist_ok=True)
+            for stale in self.folder.glob(".*.tmp"):          # a part a killed run was writing: not a part
+                stale.unlink(missing_ok=True)
             if not target.exists():
                 _replace_atomically(target, lambda tmp: tmp.write_text(json.dumps(self.manifest, indent=1) + "\n"))
         return self.done()
