@@ -4,6 +4,7 @@
         --time 04:00:00 --partition gpu --follow
     python hpc/submit.py --recipe sasrec --nodes 1 --tasks-per-node 4 --dry-run data.path=data/ml-1m
     python hpc/submit.py --recipe sasrec --sweep train.lr=0.001,0.0003 --sweep model.width=64,128 ...
+    python hpc/submit.py predict --checkpoint runs/sasrec --out top10.parquet --nodes 1 --gpus-per-node 4 --top-k 10
 
 Every trainer flag and key=value override is accepted and validated before anything is submitted.
 """
@@ -46,6 +47,11 @@ def get_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="hpc/submit.py", parents=[get_train_parser()],
         description="Submit a trainer run with submitit. Trainer flags and key=value overrides pass through.")
+    return add_job_arguments(p)
+
+
+def add_job_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The job's shape, Slurm options, containers and submission: a training's and a predict's."""
     job = p.add_argument_group("job shape and Slurm options")
     job.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     job.add_argument("--gpus-per-node", type=int, default=0, metavar="G",
@@ -228,6 +234,8 @@ def validate(args) -> None:
     if found is not None and args.gpus_per_node > found[1]:
         raise SubmitError(f"--gpus-per-node {args.gpus_per_node}: nodes of partition {found[0]!r} have at "
                           f"most {found[1]} GPUs (ask `sinfo -N -o '%P %G'`)")
+    if getattr(args, "predict", False):
+        return
     from trainer.config.settings import to_dict
     seen: dict[str, list[str]] = {}
     for extra in parse_sweeps(args.sweep):
@@ -447,7 +455,65 @@ def describe(jobs, dirs: list[Path]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------------- predict
+
+def get_predict_parser() -> argparse.ArgumentParser:
+    from trainer.cli.parser import add_predict_arguments
+    p = Parser(prog="hpc/submit.py predict",
+               description="Submit `trainer predict` with submitit: every task writes its parts of --out, rank 0 "
+                           "joins them; the time-limit warning requeues the job, which continues from its parts.")
+    return add_job_arguments(add_predict_arguments(p))
+
+
+def predict_argv(args) -> list[str]:
+    """The `python -m trainer predict` arguments (absolute paths: tasks may start elsewhere)."""
+    argv = ["--checkpoint", str(Path(args.checkpoint).resolve()), "--out", str(Path(args.out).resolve()),
+            "--top-k", str(args.top_k), "--history", args.history, "--part-size", str(args.part_size)]
+    for flag in ("data", "users"):
+        if getattr(args, flag):
+            argv += [f"--{flag}", str(Path(getattr(args, flag)).resolve())]
+    argv += [f"--{flag.replace('_', '-')}" for flag in ("keep_seen", "parts", "overwrite") if getattr(args, flag)]
+    return argv + list(args.overrides)
+
+
+def main_predict(argv: list[str]) -> int:
+    from hpc.task import PredictTask
+    from trainer.predict.command import request_of
+    from trainer.predict.parts import format_of
+    args = parse_args(get_predict_parser(), argv, legacy_flags=False)
+    args.predict, args.recipe = True, "predict"
+    try:
+        if args.sweep or args.max_restarts:
+            raise SubmitError("--sweep and --max-restarts are for training: a predict is one job, requeued "
+                              "whole (it continues from the parts it wrote)")
+        if not Path(args.checkpoint).exists():
+            raise SubmitError(f"--checkpoint {args.checkpoint}: no such run directory or file")
+        request_of(args)
+        format_of(Path(args.out))
+        if Path(args.out).exists() and not args.overwrite:
+            raise SubmitError(f"--out {args.out} exists: pass --overwrite to replace it, or name another file")
+        validate(args)
+        task = PredictTask(predict_argv(args))
+        if args.dry_run:
+            print("# task: python -m trainer predict " + shlex.join(task.argv), file=sys.stderr)
+            if args.cluster == "slurm":
+                print(render_sbatch(args, Path(args.folder).resolve(), 1), end="")
+            return 0
+        job = make_executor(args, private_folder(args.folder)).submit(task)
+    except (ValueError, MissingExtraError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"submitted job {job.job_id}  predictions to {Path(args.out).resolve()}\n"
+          f"rank 0 log: tail -f {shlex.quote(str(job.paths.stderr))}", flush=True)
+    if args.follow or args.cluster == "debug":
+        return follow([job])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["predict"]:
+        return main_predict(argv[1:])
     parser = get_parser()
     args = parse_args(parser, argv, legacy_flags=True)
     try:

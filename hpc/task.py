@@ -1,7 +1,8 @@
-"""The callable that submitit pickles and runs in every task: one trainer run, requeueable.
+"""The callables that submitit pickles and runs in every task: one trainer run, requeueable (or a predict).
 
     from hpc.task import TrainTask
     TrainTask(["--recipe", "sasrec", "--run-dir", "/abs/runs/x", "data.path=..."])()   # one process
+    PredictTask(["--checkpoint", "/abs/runs/x", "--out", "/abs/top10.csv"])()
 
 Preemption: the engine installs flag-only handlers for USR1/USR2/TERM, ckpt.requeue_signals and submitit's
 preemption signal (SUBMITIT_PREEMPT_SIGNAL, default USR2), so a signal is turned into an
@@ -115,3 +116,26 @@ class SupervisedTask:
             raise RuntimeError(f"the training step failed (exit {code}) after {relaunches} relaunch(es) in this "
                                f"job; see {run_dir}/restarts.jsonl or `python -m trainer doctor --run {run_dir}`")
         return dict(status="completed", run_dir=run_dir, relaunches=relaunches)
+
+
+class PredictTask:
+    """hpc/submit.py predict: `python -m trainer predict ARGV` in every task. Each rank writes its parts; a
+    time-limit signal stops each after its current part and rank 0 requeues the job (`scontrol requeue`), which
+    runs this again: it continues from the parts written. Stopped, a task leaves no result (no pickle for a job that
+    goes on later)."""
+
+    def __init__(self, argv: list[str]):
+        self.argv = list(argv)
+
+    def __repr__(self) -> str:
+        return f"PredictTask({self.argv!r})"
+
+    def __call__(self) -> dict[str, Any]:
+        from trainer.cli.parser import get_parser, parse_args
+        from trainer.predict.command import run_predict
+        _bind_threads()
+        logging.getLogger("submitit").propagate = False
+        outcome = run_predict(parse_args(get_parser(), ["predict", *self.argv]))
+        if outcome.status == "stopped" and os.environ.get("SUBMITIT_EXECUTOR") in ("slurm", "local"):
+            sys.exit(outcome.code)
+        return dict(status=outcome.status, out=outcome.out)

@@ -170,7 +170,8 @@ class ToyRecipe(Recipe):
             time.sleep(self.data_cfg.step_sleep)
         x = make_split(self.data_cfg.n_test, self.data_cfg.features, self.data_cfg.noise,
                        self.data_cfg.data_seed + 2).tensors[0][units]
-        return {"row": units, "rank": [self.dist.rank] * len(units), "y": model(x).reshape(len(units), -1)[:, 0].tolist()}
+        y = model(x).reshape(len(units), -1)[:, 0]
+        return {"row": units, "rank": [self.dist.rank] * len(units), "y": y.tolist()}
 
 
 register(RecipeSpec(name="toy", recipe=ToyRecipe, summary="test-only MLP regression", data_config=ToyDataConfig,

@@ -160,3 +160,26 @@ def test_parquet_output(trained):
     table = pq.read_table(root / "top.parquet")
     assert table.column_names == ["user", "rank", "item", "score"] and table.num_rows == USERS * 4
     assert table.column("item").type.bit_width == 64 and str(table.column("score").type) == "float"
+
+
+def test_submitit_runs_the_predict_in_two_tasks(trained, tmp_path):
+    """hpc/submit.py predict: checked before anything is submitted, then two local submitit tasks (the tasks and
+    the environment of a Slurm job, without Slurm: the cluster test is tests/slurm/test_sbatch.py's) write the one
+    process's rows."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, clean_env
+    root, _ = trained
+    if not (root / "one.csv").exists():
+        predict(root, "one.csv", "--top-k", "5", "--part-size", "40")
+    submit = [sys.executable, str(REPO / "hpc" / "submit.py"), "predict", "--checkpoint", str(root / "run")]
+    refused = subprocess.run([*submit, "--out", str(root / "one.csv"), "--dry-run"], env=clean_env(), text=True,
+                             capture_output=True, cwd=tmp_path)
+    assert refused.returncode == 2 and "one.csv exists: pass --overwrite" in refused.stderr
+    done = subprocess.run([*submit, "--out", str(root / "submitit.csv"), "--top-k", "5", "--part-size", "40",
+                           "--cluster", "local", "--tasks-per-node", "2", "--follow", "--folder", str(tmp_path / "s")],
+                          env=clean_env(), text=True, capture_output=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0 and "FINISHED" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    assert (root / "submitit.csv").read_text() == (root / "one.csv").read_text()
+    assert (tmp_path / "s").stat().st_mode & 0o077 == 0            # the submitit folder is private

@@ -130,6 +130,28 @@ def get_train_parser(add_help: bool = False) -> argparse.ArgumentParser:
     return add_train_arguments(Parser(add_help=add_help))
 
 
+def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`trainer predict`'s arguments (hpc/submit.py predict takes the same)."""
+    parser.add_argument("--checkpoint", required=True, metavar="PATH",
+                        help="a run directory (its best.pt, else final.pt) or a checkpoint file")
+    parser.add_argument("--out", required=True, metavar="FILE", help="the output: FILE.csv or FILE.parquet")
+    parser.add_argument("--data", metavar="PATH", help="the data to predict for (default: the checkpoint's data.path); "
+                        "it needs no labels")
+    parser.add_argument("--top-k", type=int, default=10, help="recommenders: items per user (default 10)")
+    parser.add_argument("--users", metavar="FILE", help="recommenders: only these users (one id per line)")
+    parser.add_argument("--keep-seen", action="store_true", help="recommenders: items the user has seen may be listed")
+    parser.add_argument("--history", choices=("full", "train"), default="full",
+                        help="sasrec: score from every item of the user (full) or from its training part (train)")
+    parser.add_argument("--part-size", type=int, default=4096, metavar="N",
+                        help="units (users, videos) per part: what a requeued predict does not compute again")
+    parser.add_argument("--parts", action="store_true", help="leave OUT.parts/ (the parts and their manifest) "
+                        "instead of joining them into OUT")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing OUT (and parts of another "
+                        "prediction)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (e.g. train.device=cpu)")
+    return parser
+
+
 def get_parser() -> argparse.ArgumentParser:
     """`python -m trainer {train,eval,predict,doctor,data}`."""
     parser = Parser(
@@ -153,25 +175,7 @@ def get_parser() -> argparse.ArgumentParser:
                         "Parquet file", description="Predictions of a checkpoint, on one process or many ranks "
                         "(torchrun, srun, hpc/submit.py): each rank writes its parts of OUT, rank 0 joins them; a "
                         "requeued predict continues from the parts already written.")
-    pr.add_argument("--checkpoint", required=True, metavar="PATH",
-                    help="a run directory (its best.pt, else final.pt) or a checkpoint file")
-    pr.add_argument("--out", required=True, metavar="FILE", help="the output: FILE.csv or FILE.parquet")
-    pr.add_argument("--data", metavar="PATH", help="the data to predict for (default: the checkpoint's data.path); "
-                    "it needs no labels")
-    pr.add_argument("--top-k", type=int, default=10, help="recommenders: items per user (default 10)")
-    pr.add_argument("--users", metavar="FILE", help="recommenders: only these users (one id per line)")
-    pr.add_argument("--keep-seen", action="store_true", help="recommenders: items the user has seen may be listed")
-    pr.add_argument("--history", choices=("full", "train"), default="full",
-                    help="sasrec: score from every item of the user (full) or from its training part (train)")
-    pr.add_argument("--unknown-users", choices=("skip", "popular"), default="skip",
-                    help="kgat: users the checkpoint never saw: skipped, or given the most popular items")
-    pr.add_argument("--part-size", type=int, default=4096, metavar="N",
-                    help="units (users, videos) per part: what a requeued predict does not compute again")
-    pr.add_argument("--parts", action="store_true", help="leave OUT.parts/ (the parts and their manifest) "
-                    "instead of joining them into OUT")
-    pr.add_argument("--overwrite", action="store_true", help="replace an existing OUT (and parts of another "
-                    "prediction)")
-    pr.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (e.g. train.device=cpu)")
+    add_predict_arguments(pr)
     doc = sub.add_parser("doctor", help="check the launch environment, devices and collectives")
     doc.add_argument("--json", action="store_true", help="print one JSON report (rank 0)")
     doc.add_argument("--bandwidth-mb", type=float, default=16.0, help="all_reduce size for the bandwidth test")

@@ -32,7 +32,6 @@ class PredictRequest:
     users: str = ""             # a file of user ids, one per line ("": every user of the data)
     keep_seen: bool = False     # recommenders: items the user has seen may be recommended again
     history: str = "full"       # sasrec: full (every known item) or train (the training part, as eval's val input)
-    unknown_users: str = "skip"  # kgat: users the checkpoint never saw: skip or popular (cold start)
 
 
 def request_of(args) -> PredictRequest:
@@ -43,10 +42,24 @@ def request_of(args) -> PredictRequest:
     if args.data and not Path(args.data).exists():
         raise PredictError(f"--data {args.data}: no such file or folder")
     return PredictRequest(top_k=args.top_k, data=args.data or "", users=args.users or "", keep_seen=args.keep_seen,
-                          history=args.history, unknown_users=args.unknown_users)
+                          history=args.history)
+
+
+@dataclass(frozen=True)
+class PredictOutcome:
+    """How a predict ended on this rank: done (OUT written, by rank 0) or stopped by a signal (code: 0 when this
+    rank requeued the job, else 128 + the signal)."""
+
+    status: str
+    code: int
+    out: str = ""
 
 
 def cmd_predict(args) -> int:
+    return run_predict(args).code
+
+
+def run_predict(args) -> PredictOutcome:
     from trainer.cli.commands import eval_checkpoint
     from trainer.config.registry import get_spec
     from trainer.config.settings import from_dict, parse_override, set_key
@@ -101,22 +114,23 @@ def cmd_predict(args) -> int:
                     parts.write(i, recipe.predict_rows(model, units[i * size:(i + 1) * size], request))
                     if signals.received:
                         ok = True
-                        return stopped(signals.received, info, n + 1, len(mine), parts)
+                        return PredictOutcome("stopped", stopped(signals.received, info, n + 1, len(mine), parts))
                     if info.is_main and (n + 1) % max(1, len(mine) // 10) == 0:
                         log.info("part %d/%d of rank 0 written (%.1f s)", n + 1, len(mine),
                                  time.perf_counter() - start)
         finally:
             signals.restore()
         runtime.barrier(info)
+        where = ""
         if info.is_main:
-            where = parts.join()
+            where = str(parts.join())
             log.info("predictions of %d %s: %s (%.1f s)", len(units), recipe.predict_unit_name, where,
                      time.perf_counter() - start)
             print(f"wrote {where}")
         ok = True
     finally:
         runtime.teardown(info, clean=ok)
-    return 0
+    return PredictOutcome("done", 0, where)
 
 
 def stopped(signum: int, info, written: int, owned: int, parts: Parts) -> int:
