@@ -478,8 +478,8 @@ def predict_argv(args) -> list[str]:
 
 def main_predict(argv: list[str]) -> int:
     from hpc.task import PredictTask
-    from trainer.predict.command import request_of
-    from trainer.predict.parts import format_of
+    from trainer.engine.predict import request_of
+    from trainer.engine.predict_parts import format_of
     args = parse_args(get_predict_parser(), argv, legacy_flags=False)
     args.predict, args.recipe = True, "predict"
     try:

@@ -132,7 +132,7 @@ class PredictTask:
 
     def __call__(self) -> dict[str, Any]:
         from trainer.cli.parser import get_parser, parse_args
-        from trainer.predict.command import run_predict
+        from trainer.engine.predict import run_predict
         _bind_threads()
         logging.getLogger("submitit").propagate = False
         outcome = run_predict(parse_args(get_parser(), ["predict", *self.argv]))

@@ -34,32 +34,6 @@ def cmd_train(args) -> int:
     return exit_code_of(result)
 
 
-def eval_checkpoint(path: str, overrides: list[str]) -> tuple[Path, dict]:
-    """--checkpoint: a checkpoint file, or a run directory (its best.pt, else final.pt; a best.pt that cannot
-    be read falls back to final.pt with a warning naming both), loaded. Paths among the overrides mean a shell
-    glob matched several: refused by name rather than taken for the first."""
-    from trainer.engine import ckpt_io
-    globbed = [o for o in overrides if "=" not in o and Path(o).exists()]
-    if globbed:
-        raise ckpt_io.CheckpointError(f"--checkpoint matched {len(globbed) + 1} paths ({', '.join([path, *globbed])}): "
-                                      f"a glob of the shell, most likely.\nHINT: name one run directory or file.")
-    given = Path(path)
-    if not given.is_dir():
-        return given, ckpt_io.load(given)
-    folder = given / "checkpoints" if (given / "checkpoints").is_dir() else given
-    found = [folder / name for name in ("best.pt", "final.pt") if (folder / name).is_file()]
-    for k, candidate in enumerate(found):
-        try:
-            return candidate, ckpt_io.load(candidate)
-        except ckpt_io.NewerCheckpointError:
-            raise
-        except ckpt_io.CheckpointError as err:
-            if k + 1 == len(found):
-                raise
-            print(f"warning: {err}; evaluating {found[k + 1]} instead", file=sys.stderr)
-    return given, ckpt_io.load(given)        # which says what the directory holds
-
-
 def cmd_eval(args) -> int:
     import numpy as np
     import torch
@@ -68,7 +42,7 @@ def cmd_eval(args) -> int:
     from trainer.engine.build import build_for_eval
     from trainer.engine.evaluation import evaluate_split, metrics_table
     from trainer.engine.logging import setup_logging
-    path, ckpt = eval_checkpoint(args.checkpoint, args.overrides)
+    path, ckpt = ckpt_io.checkpoint_for_eval(args.checkpoint, args.overrides)
     cfg = from_dict(ckpt["config"])
     for text in args.overrides:
         set_key(cfg, *parse_override(text), f"override {text!r}")
@@ -109,8 +83,8 @@ def cmd_data(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from trainer.predict.command import cmd_predict as run
-    return run(args)
+    from trainer.engine.predict import run_predict
+    return run_predict(args).code
 
 
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "doctor": cmd_doctor, "data": cmd_data}

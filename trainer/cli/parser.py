@@ -141,7 +141,8 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--users", metavar="FILE", help="recommenders: only these users (one id per line)")
     parser.add_argument("--keep-seen", action="store_true", help="recommenders: items the user has seen may be listed")
     parser.add_argument("--history", choices=("full", "train"), default="full",
-                        help="sasrec: score from every item of the user (full) or from its training part (train)")
+                        help="sequential recommenders: score from every item of the user (full) or from its training "
+                        "part (train)")
     parser.add_argument("--part-size", type=int, default=4096, metavar="N",
                         help="units (users, videos) per part: what a requeued predict does not compute again")
     parser.add_argument("--parts", action="store_true", help="leave OUT.parts/ (the parts and their manifest) "

@@ -6,6 +6,7 @@ import os
 import platform
 import random
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -333,3 +334,28 @@ def refuse_fresh_run(run_dir: str | Path) -> None:
         raise CheckpointError(f"run directory {run_dir} already holds checkpoints ({names}) and this run "
                               f"was started without --resume.\nHINT: continue that run with --resume auto, "
                               f"or start a new one with another --run-dir.")
+
+
+def checkpoint_for_eval(path: str, overrides: list[str]) -> tuple[Path, dict]:
+    """--checkpoint: a checkpoint file, or a run directory (its best.pt, else final.pt; a best.pt that cannot
+    be read falls back to final.pt with a warning naming both), loaded. Paths among the overrides mean a shell
+    glob matched several: refused by name rather than taken for the first."""
+    globbed = [o for o in overrides if "=" not in o and Path(o).exists()]
+    if globbed:
+        raise CheckpointError(f"--checkpoint matched {len(globbed) + 1} paths ({', '.join([path, *globbed])}): "
+                                      f"a glob of the shell, most likely.\nHINT: name one run directory or file.")
+    given = Path(path)
+    if not given.is_dir():
+        return given, load(given)
+    folder = given / "checkpoints" if (given / "checkpoints").is_dir() else given
+    found = [folder / name for name in ("best.pt", "final.pt") if (folder / name).is_file()]
+    for k, candidate in enumerate(found):
+        try:
+            return candidate, load(candidate)
+        except NewerCheckpointError:
+            raise
+        except CheckpointError as err:
+            if k + 1 == len(found):
+                raise
+            print(f"warning: {err}; evaluating {found[k + 1]} instead", file=sys.stderr)
+    return given, load(given)        # which says what the directory holds

@@ -150,8 +150,8 @@ class Recipe:
 
     def predict_units(self, request: Any) -> Sequence[Any]:
         """`trainer predict`: what to predict for (users, videos, ...), the same list on every rank (the command
-        cuts it into parts). request: trainer/predict/command.PredictRequest."""
-        from trainer.predict.parts import PredictError
+        cuts it into parts). request: engine/predict.PredictRequest."""
+        from trainer.engine.predict_parts import PredictError
         raise PredictError(f"{type(self).__name__}: predict is not available for this recipe yet")
 
     def predict_rows(self, model: torch.nn.Module, units: Sequence[Any], request: Any) -> dict[str, Any]:

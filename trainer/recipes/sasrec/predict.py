@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from trainer.data.flat import Ragged
-from trainer.predict.command import PredictRequest, as_numpy, top_k
-from trainer.predict.parts import PredictError
+from trainer.engine.predict import PredictRequest, as_numpy, top_k
+from trainer.engine.predict_parts import PredictError
 from trainer.recipes.sasrec import data as D
 
 log = logging.getLogger(__name__)

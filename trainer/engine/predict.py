@@ -10,7 +10,6 @@ joins them. The model is the checkpoint's (best.pt, else final.pt, as `eval` tak
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer.predict.parts import Parts, PredictError, format_of
+from trainer.engine.predict_parts import Parts, PredictError, format_of
 
 log = logging.getLogger("trainer")
 
@@ -55,12 +54,8 @@ class PredictOutcome:
     out: str = ""
 
 
-def cmd_predict(args) -> int:
-    return run_predict(args).code
-
-
 def run_predict(args) -> PredictOutcome:
-    from trainer.cli.commands import eval_checkpoint
+    """The predict command on this rank: the checkpoint's model over this rank's parts, then (rank 0) the join."""
     from trainer.config.registry import get_spec
     from trainer.config.settings import from_dict, parse_override, set_key
     from trainer.distributed import runtime
@@ -68,15 +63,13 @@ def run_predict(args) -> PredictOutcome:
     from trainer.engine import ckpt_io
     from trainer.engine.build import build_for_eval
     from trainer.engine.logging import setup_logging
-    from trainer.engine.preemption import PreemptionHandler
-    from trainer.engine.recipe import unwrap
     from trainer.engine.session import build_recipe
     request = request_of(args)
     out = Path(args.out)
     format_of(out)                                  # before anything is loaded: a wrong name fails at once
     if out.exists() and not args.overwrite:
         raise PredictError(f"--out {out} exists: pass --overwrite to replace it, or name another file")
-    path, ckpt = eval_checkpoint(args.checkpoint, args.overrides)
+    path, ckpt = ckpt_io.checkpoint_for_eval(args.checkpoint, args.overrides)
     cfg = from_dict(ckpt["config"])
     for text in args.overrides:
         set_key(cfg, *parse_override(text), f"override {text!r}")
@@ -87,49 +80,52 @@ def run_predict(args) -> PredictOutcome:
         run = build_for_eval(build_recipe(cfg, info, get_spec(cfg.recipe)), info, cfg)
         ckpt_io.check_compatible(ckpt, cfg.recipe, run.model, path)
         run.model.load_state_dict(ckpt["model"])
-        model = unwrap(run.model).eval()
-        recipe = run.recipe
-        units = recipe.predict_units(request)
-        if len(units) == 0:
-            raise PredictError(f"{request.data or cfg.data.path or 'the data'}: nothing to predict for")
-        size = max(1, args.part_size)
-        count = -(-len(units) // size)
-        manifest = dict(checkpoint=str(Path(path).resolve()), step=int(ckpt["global_step"]), recipe=cfg.recipe,
-                        units=len(units), part_size=size, request=request.__dict__,
-                        overrides=list(args.overrides))
-        parts = Parts(out, manifest, count, keep_parts=args.parts)
-        done = parts.open(args.overwrite, info.is_main)
-        runtime.barrier(info)
-        done = parts.done()
-        mine = parts.todo(info.rank, info.world_size)
-        if info.is_main:
-            log.info("predicting %s for %d %s from %s (step %d): %d parts of %d, %d already written in %s%s",
-                     cfg.recipe, len(units), recipe.predict_unit_name, path, ckpt["global_step"], count, size, done,
-                     parts.folder, " (continuing)" if done else "")
-        start = time.perf_counter()
-        signals = PreemptionHandler().install()
-        try:
-            with torch.inference_mode():
-                for n, i in enumerate(mine):
-                    parts.write(i, recipe.predict_rows(model, units[i * size:(i + 1) * size], request))
-                    if signals.received:
-                        ok = True
-                        return PredictOutcome("stopped", stopped(signals.received, info, n + 1, len(mine), parts))
-                    if info.is_main and (n + 1) % max(1, len(mine) // 10) == 0:
-                        log.info("part %d/%d of rank 0 written (%.1f s)", n + 1, len(mine),
-                                 time.perf_counter() - start)
-        finally:
-            signals.restore()
-        runtime.barrier(info)
-        where = ""
-        if info.is_main:
-            where = str(parts.join())
-            log.info("predictions of %d %s: %s (%.1f s)", len(units), recipe.predict_unit_name, where,
-                     time.perf_counter() - start)
-            print(f"wrote {where}")
+        outcome = _predict(run, args, request, dict(checkpoint=str(Path(path).resolve()),
+                                                    step=int(ckpt["global_step"]), recipe=cfg.recipe))
         ok = True
     finally:
         runtime.teardown(info, clean=ok)
+    return outcome
+
+
+def _predict(run, args, request: PredictRequest, source: dict) -> PredictOutcome:
+    """The parts of this rank, written one by one (a signal stops it after the current one), then the join."""
+    from trainer.distributed import runtime
+    from trainer.engine.preemption import PreemptionHandler
+    from trainer.engine.recipe import unwrap
+    info, recipe, model = run.info, run.recipe, unwrap(run.model).eval()
+    units = recipe.predict_units(request)
+    if len(units) == 0:
+        raise PredictError(f"{request.data or run.cfg.data.path or 'the data'}: nothing to predict for")
+    size = max(1, args.part_size)
+    manifest = dict(source, units=len(units), part_size=size, request=request.__dict__, overrides=list(args.overrides))
+    parts = Parts(Path(args.out), manifest, -(-len(units) // size), keep_parts=args.parts)
+    parts.open(args.overwrite, info.is_main)
+    runtime.barrier(info)
+    done, mine = parts.done(), parts.todo(info.rank, info.world_size)
+    if info.is_main:
+        log.info("predicting %s for %d %s from %s (step %d): %d parts of %d, %d already written in %s%s",
+                 source["recipe"], len(units), recipe.predict_unit_name, source["checkpoint"], source["step"],
+                 parts.count, size, done, parts.folder, " (continuing)" if done else "")
+    start = time.perf_counter()
+    signals = PreemptionHandler().install()
+    try:
+        with torch.inference_mode():
+            for n, i in enumerate(mine):
+                parts.write(i, recipe.predict_rows(model, units[i * size:(i + 1) * size], request))
+                if signals.received:
+                    return PredictOutcome("stopped", stopped(signals.received, info, n + 1, len(mine), parts))
+                if info.is_main and (n + 1) % max(1, len(mine) // 10) == 0:
+                    log.info("part %d/%d of rank 0 written (%.1f s)", n + 1, len(mine), time.perf_counter() - start)
+    finally:
+        signals.restore()
+    runtime.barrier(info)
+    if not info.is_main:
+        return PredictOutcome("done", 0)
+    where = str(parts.join())
+    log.info("predictions of %d %s: %s (%.1f s)", len(units), recipe.predict_unit_name, where,
+             time.perf_counter() - start)
+    print(f"wrote {where}")
     return PredictOutcome("done", 0, where)
 
 
@@ -142,7 +138,7 @@ def stopped(signum: int, info, written: int, owned: int, parts: Parts) -> int:
     name = signals.Signals(signum).name
     log.warning("%s: rank %d stops after %d of its %d parts (%s); a rerun continues from the parts written", name,
                 info.rank, written, owned, parts.folder)
-    job = os.environ.get("SLURM_JOB_ID")
+    job = info.requeue_id if info.can_requeue else None
     if info.is_main and job and signum != signals.SIGTERM and requeue_slurm_job(job):
         log.info("job %s requeued", job)
         return 0
