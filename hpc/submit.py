@@ -468,7 +468,8 @@ def get_predict_parser() -> argparse.ArgumentParser:
 def predict_argv(args) -> list[str]:
     """The `python -m trainer predict` arguments (absolute paths: tasks may start elsewhere)."""
     argv = ["--checkpoint", str(Path(args.checkpoint).resolve()), "--out", str(Path(args.out).resolve()),
-            "--top-k", str(args.top_k), "--history", args.history, "--part-size", str(args.part_size)]
+            "--top-k", str(args.top_k), "--history", args.history, "--unknown-users", args.unknown_users,
+            "--part-size", str(args.part_size)]
     for flag in ("data", "users"):
         if getattr(args, flag):
             argv += [f"--{flag}", str(Path(getattr(args, flag)).resolve())]

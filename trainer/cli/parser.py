@@ -143,6 +143,9 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--history", choices=("full", "train"), default="full",
                         help="sequential recommenders: score from every item of the user (full) or from its training "
                         "part (train)")
+    parser.add_argument("--unknown-users", choices=("skip", "popular"), default="skip",
+                        help="knowledge-graph recommenders: listed users the checkpoint never saw are skipped, or "
+                        "given the most popular items")
     parser.add_argument("--part-size", type=int, default=4096, metavar="N",
                         help="units (users, videos) per part: what a requeued predict does not compute again")
     parser.add_argument("--parts", action="store_true", help="leave OUT.parts/ (the parts and their manifest) "

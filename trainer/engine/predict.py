@@ -31,6 +31,7 @@ class PredictRequest:
     users: str = ""             # a file of user ids, one per line ("": every user of the data)
     keep_seen: bool = False     # recommenders: items the user has seen may be recommended again
     history: str = "full"       # sasrec: full (every known item) or train (the training part, as eval's val input)
+    unknown_users: str = "skip"  # kgat: listed users the checkpoint never saw: skip, or popular (cold start)
 
 
 def request_of(args) -> PredictRequest:
@@ -41,7 +42,7 @@ def request_of(args) -> PredictRequest:
     if args.data and not Path(args.data).exists():
         raise PredictError(f"--data {args.data}: no such file or folder")
     return PredictRequest(top_k=args.top_k, data=args.data or "", users=args.users or "", keep_seen=args.keep_seen,
-                          history=args.history)
+                          history=args.history, unknown_users=args.unknown_users)
 
 
 @dataclass(frozen=True)

@@ -239,13 +239,28 @@ class KGATRecipe(Recipe):
     def eval_step(self, model, batch):
         users, split = batch[0], int(batch[1][0])
         (known_ptr, known_idx), (test_ptr, test_idx) = self.tables[split]
-        n_items, emb = self.data.n_items, self.emb
-        scores = (emb[users + self.data.n_entities] @ emb[:n_items].T).float()
+        n_items = self.data.n_items
+        scores = self.user_scores(self.emb, users)
         scores[batch_entries(known_ptr, known_idx, users)] = float("-inf")     # trained-on items are not ranked
         top = scores.topk(min(max(self.eval_cfg.ks), n_items), dim=1).indices
         n_test = test_ptr[users + 1] - test_ptr[users]
         return sums_from_hits(hits_of(test_ptr, test_idx, users, top, n_items), n_test, tuple(self.eval_cfg.ks),
                               self.eval_cfg.ndcg)
 
+    def user_scores(self, emb: torch.Tensor, users: torch.Tensor) -> torch.Tensor:
+        """(B, items) scores of every item for these users from the propagated embeddings: what the evaluation ranks
+        and `trainer predict` takes the top-K of."""
+        return (emb[users + self.data.n_entities] @ emb[:self.data.n_items].T).float()
+
     def compute_metrics(self, totals):
         return finalize(totals)
+
+    predict_unit_name = "users"
+
+    def predict_units(self, request):
+        from trainer.recipes.kgat import predict
+        return predict.units(self, request)
+
+    def predict_rows(self, model, units, request):
+        from trainer.recipes.kgat import predict
+        return predict.rows(self, model, units, request)
