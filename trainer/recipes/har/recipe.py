@@ -51,3 +51,13 @@ class HARRecipe(ClassifierRecipe):
     def training_step(self, model, batch):
         return F.cross_entropy(self.counted(self.logits(model, batch).float(), batch[2]), batch[2],
                                label_smoothing=self.loss_cfg.label_smoothing)
+
+    predict_unit_name = "windows"
+
+    def predict_units(self, request):
+        from trainer.recipes.har import predict
+        return predict.units(self, request)
+
+    def predict_rows(self, model, units, request):
+        from trainer.recipes.har import predict
+        return predict.rows(self, model, units, request)
