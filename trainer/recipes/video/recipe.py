@@ -65,3 +65,13 @@ class VideoRecipe(ClassifierRecipe):
         weight = self.loss_weight(batch[1].device)
         return F.cross_entropy(self.counted(self.logits(model, batch).float(), batch[1]), batch[1], weight=weight,
                                label_smoothing=self.loss_cfg.label_smoothing)
+
+    predict_unit_name = "frames"
+
+    def predict_units(self, request):
+        from trainer.recipes.video import predict
+        return predict.units(self, request)
+
+    def predict_rows(self, model, units, request):
+        from trainer.recipes.video import predict
+        return predict.rows(self, model, units, request)
