@@ -146,8 +146,10 @@ def test_users_list_new_data_and_refusals(trained, tmp_path):
     assert "1 of 3 interactions are of 1 items the checkpoint does not know: dropped" in proc.stderr
     rows = read_rows(root / "new.csv")
     assert [r["user"] for r in rows] == ["9999"] * 3 and not {r["item"] for r in rows} & {"107", "114"}
+    (tmp_path / "har.ts").write_text("@problemName x\n@classLabel false\n@data\n1,2,3:4,5,6\n")   # another recipe's
     for args, message in [(("--out", str(tmp_path / "x.txt")), "unknown suffix '.txt'"),
-                          (("--checkpoint", str(tmp_path / "none")), "none")]:
+                          (("--checkpoint", str(tmp_path / "none")), "none"),
+                          (("--data", str(tmp_path / "har.ts")), "har.ts")]:
         proc = trainer("predict", "--checkpoint", str(root / "run"), "--out", str(tmp_path / "y.csv"), *args,
                        check=False)
         assert proc.returncode != 0 and message in proc.stderr and proc.stderr.count("\n") <= 3, proc.stderr
