@@ -6,6 +6,7 @@ data does not reach (27k, 100k, 1M items). Writes bench/results/sasrec_losses.js
 
     python -m bench.sasrec_losses --data ../shared/data/ml-100k                          # the table (about 45 min)
     python -m bench.sasrec_losses --data ../shared/data/ml-100k --epochs 2 --seeds 1 --losses bce,ce --sizes 27000
+    python -m bench.sasrec_losses --losses gbce256 --sizes "" --update        # one loss again, the rest kept
 """
 from __future__ import annotations
 
@@ -121,6 +122,8 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", default="27000,100000,1000000", help="catalogues for the full softmax's memory probe")
     p.add_argument("--threads", default=os.environ.get("OMP_NUM_THREADS", "2"))
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument("--update", action="store_true", help="keep the runs of the other losses (and the memory probe "
+                   "when --sizes is empty) of the report this run updates")
     args = p.parse_args(argv)
     unknown = set(args.losses.split(",")) - set(LOSSES)
     if unknown:
@@ -138,6 +141,13 @@ def main(argv=None) -> int:
             print(f"{name} seed {seed}: test full NDCG@10 {r['test_full_ndcg10']:.4f} HR@10 {r['test_full_hr10']:.4f}"
                   f", {r['epochs_run']} epochs, {r['epoch_time_s']:.2f} s/epoch, {r['peak_rss_mb']:.0f} MB", flush=True)
     memory = [memory_probe(int(n), args.threads) for n in filter(None, args.sizes.split(","))]
+    report_path = out / "sasrec_losses.json"
+    if args.update and report_path.exists():
+        old = json.loads(report_path.read_text())
+        ran = {r["loss"] for r in rows}
+        rows = [r for r in old["runs"] if r["loss"] not in ran] + rows
+        rows.sort(key=lambda r: list(LOSSES).index(r["loss"]))
+        memory = memory or old.get("full_softmax_memory", [])
     table = summarise(rows)
     import platform
 
@@ -146,7 +156,7 @@ def main(argv=None) -> int:
                   full_softmax_memory=memory, date=time.strftime("%Y-%m-%d %H:%M"),
                   machine=dict(cpus=os.cpu_count(), python=platform.python_version(), torch=str(torch.__version__),
                                threads=args.threads))
-    (out / "sasrec_losses.json").write_text(json.dumps(report, indent=1))
+    report_path.write_text(json.dumps(report, indent=1))
     plot(rows, table, out / "sasrec_losses.png")
     print(f"{'loss':<18}{'full HR@10':>16}{'full NDCG@10':>18}{'s/epoch':>9}{'peak MB':>9}  epochs run")
     for t in table:

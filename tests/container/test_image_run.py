@@ -106,6 +106,24 @@ def test_ddp_in_the_image_survives_sigterm_and_resumes_bitwise_equal_to_the_run_
     assert_bitwise_equal(weights(runs / "run"), weights(outside))
 
 
+def test_predict_in_the_image_on_two_ranks_writes_the_rows_of_one_process_outside(image, tmp_path):
+    """`trainer predict` under torchrun inside the image, on a checkpoint trained outside: the file equals, byte
+    for byte, one process's outside it (the same parts: the same batches)."""
+    runs = writable_dir(tmp_path / "runs")
+    subprocess.run([PY, "-m", "trainer", *HAR, "--epochs", "1", "--run-dir", str(runs / "run")], cwd=REPO,
+                   env=clean_env(), check=True, capture_output=True, timeout=300)
+    subprocess.run([PY, "-m", "trainer", "predict", "--checkpoint", str(runs / "run"), "--out",
+                    str(tmp_path / "outside.csv"), "--part-size", "32"], cwd=REPO, env=clean_env(), check=True,
+                   capture_output=True, timeout=300)
+    for path in runs.rglob("*"):
+        os.chown(path, UID, UID)
+    podman("run", "--rm", "-v", f"{runs}:/runs", "-e", "OMP_NUM_THREADS=1", image, "torchrun", "--nproc-per-node",
+           "2", "-m", "trainer", "predict", "--checkpoint", "/runs/run", "--out", "/runs/labels.csv", "--part-size",
+           "32")
+    assert (runs / "labels.csv").read_text() == (tmp_path / "outside.csv").read_text()
+    assert (runs / "labels.csv").stat().st_uid == UID
+
+
 def test_a_run_directory_the_container_user_cannot_write_is_a_clear_error(image, tmp_path):
     locked = tmp_path / "root-only"
     locked.mkdir(mode=0o755)
