@@ -152,7 +152,9 @@ def test_users_list_new_data_and_refusals(trained, tmp_path):
                           (("--data", str(tmp_path / "har.ts")), "har.ts")]:
         proc = trainer("predict", "--checkpoint", str(root / "run"), "--out", str(tmp_path / "y.csv"), *args,
                        check=False)
-        assert proc.returncode != 0 and message in proc.stderr and proc.stderr.count("\n") <= 3, proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 2 and last.startswith("error: ") and message in last, proc.stderr
+        assert "Traceback" not in proc.stderr
 
 
 def test_parquet_output(trained):

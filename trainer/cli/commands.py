@@ -13,7 +13,7 @@ from pathlib import Path
 
 from trainer.cli.parser import flags_from_args, get_parser, parse_args
 from trainer.config.registry import get_spec
-from trainer.config.settings import configure, from_dict, parse_override, set_key
+from trainer.config.settings import configure
 from trainer.distributed import runtime
 from trainer.distributed.environment import select_environment
 from trainer.engine.exits import CRASH, exit_code_of, exit_of
@@ -35,28 +35,20 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    import numpy as np
-    import torch
 
     from trainer.engine import ckpt_io
-    from trainer.engine.build import build_for_eval
+    from trainer.engine.build import checkpoint_config, loaded_for_eval
     from trainer.engine.evaluation import evaluate_split, metrics_table
     from trainer.engine.logging import setup_logging
     path, ckpt = ckpt_io.checkpoint_for_eval(args.checkpoint, args.overrides)
-    cfg = from_dict(ckpt["config"])
-    for text in args.overrides:
-        set_key(cfg, *parse_override(text), f"override {text!r}")
+    cfg = checkpoint_config(ckpt, args.overrides)
     info = runtime.init(select_environment(), cfg.dist)
     ok = False
     try:
         setup_logging(info)
         if info.is_main:
             log.info("evaluating %s (%s checkpoint, step %d)", path, ckpt.get("kind", "?"), ckpt["global_step"])
-        run = build_for_eval(build_recipe(cfg, info, get_spec(cfg.recipe)), info, cfg)
-        ckpt_io.check_compatible(ckpt, cfg.recipe, run.model, path)
-        ckpt_io.check_id_maps(ckpt, {k: torch.as_tensor(np.asarray(v)) for k, v in run.recipe.id_maps().items()},
-                              path)
-        run.model.load_state_dict(ckpt["model"])
+        run = loaded_for_eval(build_recipe(cfg, info, get_spec(cfg.recipe)), info, cfg, ckpt, path)
         splits = [s for s in args.splits.split(",") if s in run.eval_sets]
         results = {split: evaluate_split(run, split) for split in splits}
         ok = True

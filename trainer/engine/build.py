@@ -160,6 +160,28 @@ def build_for_eval(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
     return _data_and_model(recipe, info, cfg, wrap=not info.distributed)
 
 
+def checkpoint_config(ckpt: dict, overrides: list[str]) -> Config:
+    """The config a checkpoint was trained with, key=value overrides on top (`eval`, `predict`)."""
+    from trainer.config.settings import from_dict, parse_override, set_key
+    cfg = from_dict(ckpt["config"])
+    for text in overrides:
+        set_key(cfg, *parse_override(text), f"override {text!r}")
+    return cfg
+
+
+def loaded_for_eval(recipe: Recipe, info: DistInfo, cfg: Config, ckpt: dict, path) -> Run:
+    """build_for_eval, with the checkpoint's weights, after checking that they fit this model and that its id
+    maps are this data's."""
+    import numpy as np
+
+    from trainer.engine import ckpt_io
+    run = build_for_eval(recipe, info, cfg)
+    ckpt_io.check_compatible(ckpt, cfg.recipe, run.model, path)
+    ckpt_io.check_id_maps(ckpt, {k: torch.as_tensor(np.asarray(v)) for k, v in run.recipe.id_maps().items()}, path)
+    run.model.load_state_dict(ckpt["model"])
+    return run
+
+
 def _sync_gradients(run: Run, comm) -> None:
     """How the ranks' gradients meet: DDP's comm hook, or one all-reduce after the backward; timed with
     train.measure_sync."""

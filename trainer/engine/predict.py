@@ -58,11 +58,10 @@ class PredictOutcome:
 def run_predict(args) -> PredictOutcome:
     """The predict command on this rank: the checkpoint's model over this rank's parts, then (rank 0) the join."""
     from trainer.config.registry import get_spec
-    from trainer.config.settings import from_dict, parse_override, set_key
     from trainer.distributed import runtime
     from trainer.distributed.environment import select_environment
     from trainer.engine import ckpt_io
-    from trainer.engine.build import build_for_eval
+    from trainer.engine.build import checkpoint_config, loaded_for_eval
     from trainer.engine.logging import setup_logging
     from trainer.engine.session import build_recipe
     request = request_of(args)
@@ -71,16 +70,12 @@ def run_predict(args) -> PredictOutcome:
     if out.exists() and not args.overwrite:
         raise PredictError(f"--out {out} exists: pass --overwrite to replace it, or name another file")
     path, ckpt = ckpt_io.checkpoint_for_eval(args.checkpoint, args.overrides)
-    cfg = from_dict(ckpt["config"])
-    for text in args.overrides:
-        set_key(cfg, *parse_override(text), f"override {text!r}")
+    cfg = checkpoint_config(ckpt, args.overrides)
     info = runtime.init(select_environment(), cfg.dist)
     ok = False
     try:
         setup_logging(info)
-        run = build_for_eval(build_recipe(cfg, info, get_spec(cfg.recipe)), info, cfg)
-        ckpt_io.check_compatible(ckpt, cfg.recipe, run.model, path)
-        run.model.load_state_dict(ckpt["model"])
+        run = loaded_for_eval(build_recipe(cfg, info, get_spec(cfg.recipe)), info, cfg, ckpt, path)
         outcome = _predict(run, args, request, dict(checkpoint=str(Path(path).resolve()),
                                                     step=int(ckpt["global_step"]), recipe=cfg.recipe))
         ok = True
