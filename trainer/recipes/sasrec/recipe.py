@@ -13,6 +13,7 @@ from trainer.distributed import runtime
 from trainer.engine.loader import fits_on_device
 from trainer.engine.recipe import Recipe, unwrap
 from trainer.recipes.sasrec import data as D
+from trainer.recipes.sasrec.config import SeqLossConfig
 from trainer.recipes.sasrec.device import DeviceSequences
 from trainer.recipes.sasrec.losses import full_softmax_ce, shared_logits
 from trainer.recipes.sasrec.model import MHCMaps, SeqRec
@@ -43,7 +44,7 @@ class SASRecRecipe(Recipe):
 
     def _sharing(self) -> Sharing:
         """The negatives' plan, refusing settings that would be silently ignored."""
-        loss = self.loss_cfg
+        loss = self.loss_cfg or SeqLossConfig()          # (a recipe built for its data alone has no loss section)
         if loss.kind == "ce" and loss.shared_negatives != "none":
             raise ConfigError(f"loss.shared_negatives={loss.shared_negatives} needs sampled negatives: loss.kind=ce "
                               f"scores every item (use loss.kind=sampled_softmax, bce or gbce)")
