@@ -480,7 +480,7 @@ def predict_argv(args) -> list[str]:
 def main_predict(argv: list[str]) -> int:
     from hpc.task import PredictTask
     from trainer.engine.predict import request_of
-    from trainer.engine.predict_parts import format_of
+    from trainer.engine.predict_parts import check_out
     args = parse_args(get_predict_parser(), argv, legacy_flags=False)
     args.predict, args.recipe = True, "predict"
     try:
@@ -490,9 +490,7 @@ def main_predict(argv: list[str]) -> int:
         if not Path(args.checkpoint).exists():
             raise SubmitError(f"--checkpoint {args.checkpoint}: no such run directory or file")
         request_of(args)
-        format_of(Path(args.out))
-        if Path(args.out).exists() and not args.overwrite:
-            raise SubmitError(f"--out {args.out} exists: pass --overwrite to replace it, or name another file")
+        check_out(Path(args.out), args.overwrite)
         validate(args)
         task = PredictTask(predict_argv(args))
         if args.dry_run:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer.engine.predict_parts import Parts, PredictError, format_of
+from trainer.engine.predict_parts import Parts, PredictError, check_out
 
 log = logging.getLogger("trainer")
 
@@ -66,9 +66,7 @@ def run_predict(args) -> PredictOutcome:
     from trainer.engine.session import build_recipe
     request = request_of(args)
     out = Path(args.out)
-    format_of(out)                                  # before anything is loaded: a wrong name fails at once
-    if out.exists() and not args.overwrite:
-        raise PredictError(f"--out {out} exists: pass --overwrite to replace it, or name another file")
+    check_out(out, args.overwrite)                  # before anything is loaded: a wrong name fails at once
     path, ckpt = ckpt_io.checkpoint_for_eval(args.checkpoint, args.overrides)
     cfg = checkpoint_config(ckpt, args.overrides)
     info = runtime.init(select_environment(), cfg.dist)

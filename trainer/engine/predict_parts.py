@@ -41,6 +41,14 @@ def format_of(out: Path) -> str:
     return fmt
 
 
+def check_out(out: Path, overwrite: bool) -> str:
+    """--out before anything is loaded or submitted: a known suffix, and no file there unless overwrite."""
+    fmt = format_of(out)
+    if out.exists() and not overwrite:
+        raise PredictError(f"--out {out} exists: pass --overwrite to replace it, or name another file")
+    return fmt
+
+
 def _replace_atomically(path: Path, write) -> None:
     """write(tmp) then rename over path: a reader sees the old file or the whole new one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -92,8 +100,7 @@ class Parts:
         written (the others' ranks call it after a barrier, for the count)."""
         target = self.folder / "manifest.json"
         if is_main:
-            if self.out.exists() and not overwrite:
-                raise PredictError(f"--out {self.out} exists: pass --overwrite to replace it, or name another file")
+            check_out(self.out, overwrite)
             if self.folder.exists() and target.exists():
                 old = json.loads(target.read_text())
                 if old != self.manifest and not overwrite:

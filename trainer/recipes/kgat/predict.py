@@ -83,8 +83,8 @@ def rows(recipe, model, users: np.ndarray, request: PredictRequest) -> dict[str,
         out["rank"].append(np.tile(np.arange(1, k + 1), len(chunk))[keep])
         out["item"].append(_original(data.id_maps, "item", index.ravel())[keep])
         out["score"].append(values.ravel()[keep].astype(np.float32))
-    for unit in users[users < 0]:                              # --unknown-users popular
-        order = np.argsort(-recipe.popular, kind="stable")[:request.top_k]
+    order = np.argsort(-recipe.popular, kind="stable")[:request.top_k]     # --unknown-users popular
+    for unit in users[users < 0]:
         out["user"].append(np.array([recipe.unknown_users[-1 - unit]] * len(order)))
         out["rank"].append(np.arange(1, len(order) + 1))
         out["item"].append(_original(data.id_maps, "item", order))
