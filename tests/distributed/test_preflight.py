@@ -91,6 +91,20 @@ def test_a_slow_gpu_among_its_hosts_gpus_names_the_host_cpu_ranks_sharing_cores_
     assert judge(cpus)[0] == {}
 
 
+def test_a_cpu_host_is_its_ranks_median_a_gpu_host_its_slowest_gpu():
+    """CI, 2026-11-28: a 2-node job beside the rest of the suite on 2 shared cores lost a host to one rank's figure.
+    A CPU host's ranks share its cores: one rank put aside for a moment does not make the host slow; a slow host's
+    ranks all are. A GPU host waits for its slowest GPU."""
+    a = [figures("a", r, g) for r, g in enumerate([100, 95, 105, 98])]
+    b = [figures("b", r + 4, g) for r, g in enumerate([30, 97, 101, 99])]        # one rank descheduled
+    assert unfit(a + b) == {}
+    b = [figures("b", r + 4, g) for r, g in enumerate([30, 40, 35, 101])]        # the host is slow
+    assert list(unfit(a + b)) == ["b"] and "matmul 37.50 GFLOP/s" in unfit(a + b)["b"]
+    gpu = [RankFigures(rank=r, host=h, device=f"cuda:{r % 2}", gflops=g)
+           for r, (h, g) in enumerate([("a", 400), ("a", 400), ("b", 400), ("b", 150), ("c", 410), ("c", 390)])]
+    assert list(unfit(gpu)) == ["b"] and "150.00 GFLOP/s" in unfit(gpu)["b"]
+
+
 def test_a_host_that_joined_late_is_noted_from_join_times_alone():
     ranks = [RankFigures(rank=r, host=h, device="cpu", gflops=100, join_s=j)
              for r, (h, j) in enumerate([("a", 95.0), ("a", 94.0), ("b", 93.5), ("c", 0.4)])]

@@ -84,8 +84,13 @@ def one_epoch_job(conf, workdir: Path, script: str, extra: str, timeout: float,
                         args=("--epochs", "1"))
     info = wait_job(conf, job, timeout=timeout)
     log = workdir / "logs" / f"{script.split('_')[0]}-{job}.out"
+    run = workdir / "runs" / job
     assert info["JobState"] == "COMPLETED", log.read_text()[-3000:]
-    return job, log, workdir / "runs" / job
+    # a relaunch (a host left out by the pre-flight, a crash) would change what the caller asserts: say why here
+    extra_files = [run / name for name in ("restarts.jsonl", "preflight.json") if (run / name).exists()]
+    assert "relaunching the training step" not in log.read_text(), "\n".join(
+        [log.read_text()[-3000:], *(f"{p.name}: {p.read_text()[-3000:]}" for p in extra_files)])
+    return job, log, run
 
 
 def test_sasrec_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
