@@ -8,11 +8,12 @@ BENCH_ARGS    ?=
 BENCH_SLURM   ?= 1
 # the local cluster's directory: fresh and private at each start (hpc/cluster/where.sh); HPC_CLUSTER_DIR picks one
 
-.PHONY: kernels-portable setup demo bench bench-gpu gpu-carry bench-steps bench-recipes faults-report test test-image test-fast lint ruff lock image sif slurm-install slurm-up slurm-down slurm-env clean help
+.PHONY: kernels kernels-portable setup demo bench bench-gpu gpu-carry bench-steps bench-recipes faults-report test test-image test-fast lint ruff lock image sif slurm-install slurm-up slurm-down slurm-env clean help
 
 help:
 	@echo "make setup        virtual environment in $(VENV) (torch==$(TORCH_VERSION), CPU build where available)"
 	@echo "make demo         TiSASRec+mHC, 2-process DDP, on generated data (no download)"
+	@echo "make kernels      the C++ CPU kernels now (else a CPU run builds them behind itself, about 3 min)"
 	@echo "make kernels-portable  the C++ kernels also for x86-64-v3 (shared homes: other CPU types reuse it)"
 	@echo "make bench        the harness: every recipe at 1 and 2 ranks, torchrun/srun (bench/results/harness)"
 	@echo "make bench-gpu    one CUDA device: every recipe fp32/bf16/compiled, video MFU (bench/results/gpu-*.json)"
@@ -30,16 +31,24 @@ help:
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
-# torch is pinned first: an unpinned torch would pull several GB of CUDA wheels
+# torch is pinned first: an unpinned torch would pull several GB of CUDA wheels. scripts/ticking.py says every 10 s
+# that pip still runs. No compiler runs here: a CPU run builds the C++ kernels behind itself when it first needs
+# them (trainer/native/background.py) and trains on the PyTorch path meanwhile; `make kernels` builds them now.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/pip install -q -e ".[tensorboard,test,bench,video,submit,parquet]"
-	$(BIN)/python -m trainer.native build
+	@$(PY) scripts/ticking.py "make setup: installing torch==$(TORCH_VERSION) (pip)" -- \
+	  $(BIN)/pip install -q torch==$(TORCH_VERSION)
+	@$(PY) scripts/ticking.py "make setup: installing hpc-trainer and its extras (pip)" -- \
+	  $(BIN)/pip install -q -e ".[tensorboard,test,bench,video,submit,parquet]"
 	touch $@
+
+# the C++ extensions now, side by side, each announced with its elapsed time every 10 s (the tests and the
+# benchmarks want them from their first step; a user's run does not wait for them); quick once built
+kernels: setup
+	$(BIN)/python -m trainer.native build
 
 # the C++ kernels for -march=x86-64-v3 as well: one build that compute nodes of other CPU types reuse from a
 # shared home directory (TRAINER_EXTENSIONS_DIR on a shared file system)
-kernels-portable: setup
+kernels-portable: kernels
 	$(BIN)/python -m trainer.native build --portable
 
 setup: $(VENV)/.installed
@@ -49,15 +58,15 @@ demo: setup
 
 # the harness (python -m bench): synthetic data, about 6 minutes on 2 cores; the srun figures need the local
 # Slurm cluster, started here unless BENCH_SLURM=0 (it stays up: make slurm-down)
-bench: setup
+bench: kernels
 	@if [ "$(BENCH_SLURM)" = 1 ]; then $(MAKE) -s slurm-up || echo "no local Slurm cluster: srun figures left out"; fi
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # on a GPU node: about 5 minutes (BENCH_ARGS=--quick: 2-3); ml-100k from ../shared/data or --ml100k DIR
-bench-gpu: setup
+bench-gpu: kernels
 	$(BIN)/python -m bench.gpu $(BENCH_ARGS)
 
-bench-steps: setup
+bench-steps: kernels
 	$(BIN)/python -m bench.steps
 
 # what bench/gpu_check.sh needs on a GPU machine without an index (ignored, never committed: the data's licence
@@ -71,7 +80,7 @@ gpu-carry: setup
 
 # accuracy/speed against the reference implementations; the real datasets in ../shared/data (not shipped:
 # licences); hours on 2 cores
-bench-recipes: setup
+bench-recipes: kernels
 	$(BIN)/python -m bench.sasrec
 	$(BIN)/python -m bench.sasrec_stock
 	$(BIN)/python -m bench.mhc_cost
@@ -83,7 +92,7 @@ bench-recipes: setup
 	$(BIN)/python -m bench.video
 
 # the fault tests with their measurements recorded: bench/results/faults.{jsonl,md} (the README's fault table)
-faults-report: setup slurm-install
+faults-report: kernels slurm-install
 	rm -f bench/results/faults.jsonl
 	FAULT_FIGURES=$(CURDIR)/bench/results/faults.jsonl $(BIN)/python -m pytest -q tests/faults \
 		tests/distributed/test_resume_and_faults.py tests/unit/test_submit_offline.py tests/slurm/test_restart_loop.py \
@@ -91,19 +100,19 @@ faults-report: setup slurm-install
 	$(BIN)/python -m bench.faults bench/results/faults.jsonl
 
 # tests/run.sh: the tests on the local cluster (mostly waiting on the scheduler) in a pytest beside the rest
-test: setup slurm-install ruff
+test: kernels slurm-install ruff
 	bash tests/run.sh $(BIN)/python -rs --durations=10 -m "not image" $(PYTEST_ARGS)
 
 # the real Dockerfile built on a local stand-in of its pinned base (docker/standin/build.sh: Debian packages +
 # Python 3.11 + the pinned torch CPU wheel; no registry is reachable here), then run with podman + runc:
 # doctor, 2-rank DDP with SIGTERM and a bitwise resume, an sbatch job in the image on 2 nodes (tests marked image)
-test-image: setup slurm-install
+test-image: kernels slurm-install
 	@command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap >/dev/null; }
 	PYTHON=$(BIN)/python bash docker/standin/build.sh
 	$(BIN)/python -m pytest -rs --durations=5 -m image tests/container $(PYTEST_ARGS)
 
-test-fast: setup
+test-fast: kernels
 	$(BIN)/python -m pytest -rs -m "not slurm and not image" $(PYTEST_ARGS)
 
 # the Python linter (pinned in the test extra, settings in pyproject.toml); part of `make test`

@@ -444,7 +444,8 @@ def test_fused_maps_stay_doubly_stochastic(ops, amp):
 
 
 def test_without_a_compiler_training_warns_and_uses_the_pytorch_path(tmp_path):
-    """A user without g++ (or ninja): one warning naming the cause and the switch, then the same training."""
+    """A user without g++ (or ninja) who asked runs to wait for builds (TRAINER_NATIVE_BUILD=wait): one warning naming
+    the cause and the switch, then the same training."""
     code = ("import warnings, torch\n"
             "from trainer.recipes import kernels\n"
             "from tests.recipes.test_mhc_fused import _model, _batch, _loss_and_grads\n"
@@ -455,7 +456,7 @@ def test_without_a_compiler_training_warns_and_uses_the_pytorch_path(tmp_path):
             "print('OPS', kernels.load())\n"
             "print('SUM', float(out[0].sum()))\n")
     env = clean_env(TRAINER_EXTENSIONS_DIR=str(tmp_path / "ext"), CXX=str(tmp_path / "no-such-compiler"),
-                    PYTHONPATH=str(REPO))
+                    PYTHONPATH=str(REPO), TRAINER_NATIVE_BUILD="wait")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -31,7 +31,7 @@ from trainer.engine.components.limits import StepLimit
 from trainer.engine.components.logging_window import LoggingWindow
 from trainer.engine.components.periodic import PeriodicSaves
 from trainer.engine.components.profiler import StepProfiler
-from trainer.engine.components.progress import ProgressBar
+from trainer.engine.components.progress import FirstStep, ProgressBar
 from trainer.engine.components.stragglers import Stragglers
 from trainer.engine.evaluation import Evaluations
 from trainer.engine.fit_loop import FitLoop, FitResult
@@ -134,6 +134,7 @@ class Trainer:
             self.window,
             *([stragglers] if stragglers else []),
             ProgressBar(info, tc.progress, self.window),
+            FirstStep(info),
             PeriodicSaves(self.cfg.ckpt, self.state, self.save),
             StepLimit(tc.max_steps, self.run.scheduler),
             *([self.eviction] if self.eviction else []),

@@ -24,12 +24,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from trainer.native import background
 
 
 def cache_root() -> Path:
@@ -111,7 +114,8 @@ class Extension:
         return module
 
     def build(self, portable: bool = False):
-        """Compile (announced on stderr: it takes about a minute) and cache; returns the module."""
+        """Compile (announced on stderr, then its elapsed time every TICK_S: it takes about a minute) and cache;
+        returns the module."""
         from torch.utils.cpp_extension import load
         target = self.target(portable)
         kind = f"portable ({PORTABLE_ARCH})" if portable else "native"
@@ -120,6 +124,8 @@ class Extension:
         t0 = time.monotonic()
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix="build-", dir=target.parent))
+        done = threading.Event()
+        threading.Thread(target=_tick, args=(done, f"building {self.what} ({kind})", t0), daemon=True).start()
         try:
             source = self.source
             if self.generate is not None:
@@ -130,6 +136,7 @@ class Extension:
                           build_directory=str(tmp), verbose=False)
             os.replace(module.__file__, target)         # atomic: a concurrent build's result is the same library
         finally:
+            done.set()
             shutil.rmtree(tmp, ignore_errors=True)
         print(f"built {self.what} ({kind}) in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
         return module
@@ -144,6 +151,9 @@ class Extension:
             return None
         found = self.cached()
         try:
+            if found is None and (how := background.build_mode()) != "wait":
+                self._why = self._not_built(how)
+                return None
             self._ops = self._import(found) if found is not None else self.build()
         except Exception as e:           # noqa: BLE001 - any build failure means the fallback
             self._why = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
@@ -151,8 +161,33 @@ class Extension:
                           "silences this.", stacklevel=3)
         return self._ops
 
+    def _not_built(self, how: str) -> str:
+        """No build for this CPU type: the run goes on at once on the fallback, saying so in one line, and (the
+        default) a builder starts behind it unless one runs or the last build of these sources failed."""
+        failed = background.last_failure(self.target().parent)
+        if failed is not None:
+            why = f"its last build failed ({failed.splitlines()[-1][:200]}; log {cache_root() / background.LOG})"
+            hint = "`python -m trainer.native build` retries"
+        elif how == "off":
+            why, hint = f"not built for this CPU type ({background.MODE_ENV}=off)", "`make kernels` builds it"
+        else:
+            why = f"not built for this CPU type yet: {background.start_or_join(self.name, cache_root())}"
+            hint = "runs after it use it; `make kernels` builds ahead"
+        print(f"{self.what}: {why}; this run uses {self.fallback}; {hint}; {self.off_env}=0 silences this",
+              file=sys.stderr, flush=True)
+        return why
+
     def unavailable_reason(self) -> str:
         return self._why
+
+
+TICK_S = 10.0
+
+
+def _tick(done: threading.Event, what: str, t0: float) -> None:
+    """A line every TICK_S while a build runs: a silent minute looks like a hang (and gets a Ctrl-C)."""
+    while not done.wait(TICK_S):
+        print(f"{what}: {time.monotonic() - t0:.0f} s ...", file=sys.stderr, flush=True)
 
 
 def build_cache_dir(cache: Path) -> Path:
@@ -193,17 +228,30 @@ def to_cache(ext: Extension, portable: bool, cache: Path | None) -> None:
         _copy_whole(ext.target(portable), _kept(ext, portable, cache))
 
 
-def build_all(portable: bool, only_portable: bool = False, strict: bool = False, cache: Path | None = None) -> int:
+def build_all(portable: bool, only_portable: bool = False, strict: bool = False, cache: Path | None = None,
+              behind: str | None = None) -> int:
     """`python -m trainer.native build [--portable]`: every extension for this CPU type (and, with --portable and a
     CPU that runs it, the portable target too); an existing build is kept. Exit 0 even without a compiler: the
     trainer then uses its PyTorch paths, and says so. The builds run side by side, one per core (each is one
     compiler process: one after the other, a 2-core image build took 31 + 85 + 28 s; side by side about 85).
     cache (--cache): a build cache that outlives cache_root (the Dockerfile's cache mount): a build found there is
     copied, not compiled (an image rebuilt for a change to the Python alone compiles nothing); one compiled is
-    kept there."""
+    kept there. behind (--background NAME, what a run starts: trainer/native/background.py): niced, one build at a
+    time, NAME's first, a failure recorded for the runs to read, the builders' lock released at the end."""
+    try:
+        return _build_all(portable, only_portable, strict, cache, behind)
+    finally:
+        if behind is not None:
+            background.release(cache_root())
+
+
+def _build_all(portable: bool, only_portable: bool, strict: bool, cache: Path | None, behind: str | None) -> int:
     from concurrent.futures import ThreadPoolExecutor
     for module in EXTENSION_MODULES:                        # each declares its extension when imported
         importlib.import_module(module)
+    if behind is not None:
+        os.nice(10)                                         # the run that started it keeps the cores first
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')}: building behind a run (pid {os.getpid()})", flush=True)
     cache = build_cache_dir(cache) if cache is not None else None
     todo = []
     for ext in EXTENSIONS:
@@ -211,11 +259,15 @@ def build_all(portable: bool, only_portable: bool = False, strict: bool = False,
         for port in targets:
             if ext.target(port).exists():
                 print(f"{ext.what} ({'portable' if port else 'native'}): built already ({ext.target(port)})")
+            elif behind is not None and background.last_failure(ext.target(port).parent) is not None:
+                continue                                    # a run does not retry a failed build: the foreground does
             elif not from_cache(ext, port, cache):
                 todo.append((ext, port))
+    todo.sort(key=lambda job: job[0].name != behind)        # stable: the one the run needs first, then the rest
 
     def build(job: tuple[Extension, bool]) -> bool:
         ext, port = job
+        background.clear_failure(ext.target(port).parent)
         try:
             ext.build(port)
             to_cache(ext, port, cache)
@@ -223,9 +275,12 @@ def build_all(portable: bool, only_portable: bool = False, strict: bool = False,
         except Exception as e:  # noqa: BLE001 - no compiler, no ninja: the fallback works, say it once
             why = "\n  ".join(str(e).strip().splitlines()[-8:])
             print(f"{ext.what}: cannot build ({type(e).__name__}: {why}); the trainer will use {ext.fallback}",
-                  file=sys.stderr)
+                  file=sys.stderr, flush=True)
+            if behind is not None:
+                background.record_failure(ext.target(port).parent, f"{type(e).__name__}: {why}")
             return False
 
-    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), len(os.sched_getaffinity(0))))) as pool:
-        failed = not all(pool.map(build, todo))
+    workers = 1 if behind is not None else max(1, min(len(todo), len(os.sched_getaffinity(0))))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        failed = not all(list(pool.map(build, todo)))     # list: all() would stop at a failure, cancelling the rest
     return 1 if strict and failed else 0

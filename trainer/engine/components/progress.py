@@ -1,13 +1,19 @@
-"""Rank 0's progress bar over an epoch's micro-batches (train.progress: auto shows it on a terminal), with the last
-logging window's loss and learning rate."""
+"""Rank 0's progress: a bar over an epoch's micro-batches (train.progress: auto shows it on a terminal), with the last
+logging window's loss and learning rate; one line when the first step is done, with the time it took to get there."""
 from __future__ import annotations
 
+import logging
+import os
 import sys
+import time
+from pathlib import Path
 
 from trainer.distributed.runtime import DistInfo
 from trainer.engine.callbacks import Component, StepEnd, Stop
 from trainer.engine.components.logging_window import LoggingWindow
 from trainer.native.console import progress_bar
+
+log = logging.getLogger(__name__)
 
 
 class ProgressBar(Component):
@@ -37,3 +43,32 @@ class ProgressBar(Component):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (Linux: /proc; elsewhere since the trainer was imported)."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
+
+
+_IMPORTED = time.monotonic()
+
+
+class FirstStep(Component):
+    """Rank 0's one line when the run's first optimizer step is done, with the seconds since the process started:
+    what a user waits through before training (imports, data, model, pre-flight; a C++ build, were one waited for)
+    shows as one figure."""
+
+    def __init__(self, info: DistInfo):
+        self.pending = info.is_main
+
+    def step_end(self, step: StepEnd) -> Stop | None:
+        if self.pending:
+            self.pending = False
+            log.info("first step done %.1f s after the process started (imports, data, model, pre-flight)",
+                     process_seconds())
+        return None
