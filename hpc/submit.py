@@ -236,11 +236,15 @@ def validate(args) -> None:
                           f"most {found[1]} GPUs (ask `sinfo -N -o '%P %G'`)")
     if getattr(args, "predict", False):
         return
+    from trainer.config.data_source import check_generated_data
     from trainer.config.settings import to_dict
     seen: dict[str, list[str]] = {}
+    args.data_notes = []
     for extra in parse_sweeps(args.sweep):
         cfg = check_config(args, extra)
         args.recipe = cfg.recipe  # the recipe may come from the YAML file
+        # the tasks run under submitit on a cluster; --cluster local/debug are this machine's processes
+        args.data_notes.append(check_generated_data(cfg.data, "submitit" if args.cluster == "slurm" else "local"))
         key = json.dumps(to_dict(cfg), sort_keys=True, default=str)
         if key in seen:
             raise SubmitError(f"--sweep: the points {' '.join(seen[key])} and {' '.join(extra)} give the same "
@@ -519,8 +523,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             validate(args)
             sweeps = parse_sweeps(args.sweep)
-            for d, extra in zip(run_dirs(args, sweeps), sweeps):
+            for d, extra, data in zip(run_dirs(args, sweeps), sweeps, args.data_notes):
                 print("# task: python -m trainer train " + shlex.join(trainer_argv(args, d, extra)), file=sys.stderr)
+                print(f"# data: {data or 'as the recipe reads it'}", file=sys.stderr)
             print(f"# restarts: {restarts_note(args)}", file=sys.stderr)
             if args.cluster != "slurm":
                 print(f"# --cluster {args.cluster}: no sbatch script; tasks run as local processes", file=sys.stderr)

@@ -114,7 +114,7 @@ def test_submit_help_and_dry_run_never_import_torch(tmp_path):
              "try:\n    runpy.run_path('hpc/submit.py', run_name='__main__')\nexcept SystemExit as e:\n"
              "    code = e.code\nprint('TORCH', 'torch' in sys.modules, 'EXIT', code)\n")
     for argv in (["--help"], ["--recipe", "sasrec", "--nodes", "2", "--dry-run", "--run-dir", str(tmp_path / "r"),
-                              "model.hidden=16"]):
+                              "model.hidden=16", "data.synthetic=true"]):
         env = clean_env(TRAINER_PLUGINS="")          # the built-in recipes only (the toy plugin imports torch)
         out = subprocess.run([PY, "-c", probe, *argv], cwd=REPO, env=env, capture_output=True, text=True)
         assert "TORCH False EXIT 0" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]

@@ -11,6 +11,7 @@ import logging
 import time
 from pathlib import Path
 
+from trainer.config.data_source import check_generated_data
 from trainer.config.settings import Config, save_config
 from trainer.config.spec import RecipeSpec
 from trainer.data.cache import evict_pending
@@ -51,9 +52,11 @@ def run_train(cfg: Config, spec: RecipeSpec) -> tuple[FitResult, Config]:
     before the first write into the run directory (its lock aside): commit() below, which the Trainer calls once
     the checkpoint is loaded."""
     check_data_path(str(getattr(cfg.data, "path", "")))
+    env = select_environment()
+    check_generated_data(cfg.data, env.name)            # generated data under Slurm/submitit: only when asked for
     if cfg.private:
         make_private()          # before anything is created: logs, checkpoints, TensorBoard, caches
-    info = runtime.init(select_environment(), cfg.dist)
+    info = runtime.init(env, cfg.dist)
     ok, lock, started = False, None, False
     try:
         cfg.run_dir = resolve_run_dir(cfg, info)

@@ -17,6 +17,7 @@ class HARDataConfig:
                                               synthetic_length=POSITIVE, synthetic_classes=Bound(2))
 
     path: str = ""                    # UCI HAR folder, UEA folder (*_TRAIN.ts), arrays folder or file; "": synthetic
+    synthetic: bool = False               # generated data on purpose: needed under Slurm/submitit (data.path "")
     format: Literal["auto", "uci-har", "ts", "arrays"] = "auto"
     cache: str = ""                   # the parsed-data cache of the text formats: "" ~/.cache/hpc-trainer/data, "off",
     # or a folder (trainer/data/cache.py)

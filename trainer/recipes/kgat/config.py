@@ -21,6 +21,7 @@ class KGATDataConfig:
                                               synthetic_triples=POSITIVE, synthetic_interactions=POSITIVE)
 
     path: str = ""                 # folder in the KGAT format; "" = synthetic data generated in memory
+    synthetic: bool = False               # generated data on purpose: needed under Slurm/submitit (data.path "")
     duplicates: Literal["drop", "keep", "error"] = "drop"   # an item repeated on a user's line (drop: warned)
     cache: str = ""                # the parsed-data cache: "" ~/.cache/hpc-trainer/data, "off", or a folder
     cache_cap_gb: float = 20.0     # past it, the least recently used entries no job maps are removed (0: no cap)

@@ -18,6 +18,7 @@ class SeqDataConfig:
                                               synthetic_mean_len=POSITIVE)
 
     path: str = ""                        # file or folder; "" = synthetic data generated in memory
+    synthetic: bool = False               # generated data on purpose: needed under Slurm/submitit (data.path "")
     format: Literal["auto", "pairs", "udata", "dat", "csv", "parquet", "arrow"] = "auto"
     # the columns of a CSV, Parquet or Arrow file ("": the first of user/user_id/uid..., item/item_id/movie_id...,
     # timestamp/time/ts... that the header has)

@@ -123,19 +123,27 @@ def detect(first: str, path: Path) -> str:
 
 
 def resolve_path(path: str | Path) -> Path:
-    """A file, or the first known interactions file inside a folder."""
+    """A file, or the one interactions file inside a folder: one of FOLDER_FILES, else its only *.txt, else its
+    .parquet files (a dataset). Two candidates (`interactions.csv` beside `ratings.parquet`) stop the run with both
+    named: picking one would train on what the user may not have meant."""
     p = Path(path)
     if p.is_dir():
-        for name in FOLDER_FILES:
-            if (p / name).is_file():
-                return p / name
+        known = [p / name for name in FOLDER_FILES if (p / name).is_file()]
+        parquet = sorted(p.rglob("*.parquet"))
+        if len(known) + bool(parquet) > 1:
+            found = [f.name for f in known] + ([f"{len(parquet)} .parquet file(s)"] if parquet else [])
+            raise DataError(f"{p}: more than one interactions file: {', '.join(found)}; set data.path to the one "
+                            f"to read (e.g. data.path={known[0]})")
+        if known:
+            return known[0]
         txt = sorted(p.glob("*.txt"))
-        if len(txt) == 1:
+        if len(txt) == 1 and not parquet:
             return txt[0]
-        if next(p.rglob("*.parquet"), None) is not None:
+        if parquet:
             return p                                   # a Parquet dataset: every .parquet file under it
+        more = f"; {len(txt)} *.txt files: set data.path to one" if txt else ""
         raise DataError(f"{p}: no interactions file found (looked for {', '.join(FOLDER_FILES)}, one *.txt or "
-                        f".parquet files)")
+                        f".parquet files{more})")
     if not p.is_file():
         raise DataError(f"data.path {p} does not exist")
     return p
@@ -240,7 +248,21 @@ def _csv_header(path: Path, columns: tuple[str, str, str]) -> tuple[list[str], i
 
 
 def _fast_csv(path: Path, columns: tuple[str, str, str]) -> Interactions | None:
+    """At C speed: the ids and integer times together; times written as date-time text in a second pass."""
     header, u, i, t = _csv_header(path, columns)
+    found = _fast_csv_columns(path, header, u, i, t)
+    if found is not None or t is None:
+        return found
+    ids = _fast_csv_columns(path, header, u, i, None)
+    text = read_columns(path, str, ",", usecols=(t,), skiprows=1, quotechar='"')
+    seconds = datetime_seconds(text.reshape(-1)) if ids is not None and text is not None else None
+    if seconds is None:
+        return None                                    # the line-by-line parser names the bad line
+    ids.times = seconds
+    return ids
+
+
+def _fast_csv_columns(path: Path, header: list[str], u: int, i: int, t: int | None) -> Interactions | None:
     cols = (u, i) + ((t,) if t is not None else ())
     kinds = "".join("i" if c in cols else "-" for c in range(len(header)))     # '-': a column read past
     parsed = kernels.parse_columns(path, kinds, ",", skip_lines=1)
@@ -282,6 +304,38 @@ def _int(value: str, path: Path, line: int, field: str) -> int:
         raise DataError(f"{path}:{line}: field '{field}': {value!r} is not an integer") from None
 
 
+TIME_FORMS = ("whole numbers (Unix seconds or any integer clock), ISO 8601 dates and date-times: 1997-09-22, "
+              "1997-09-22 21:57:58, 1997-09-22T21:57:58.5Z, 1997-09-22T21:57:58+02:00")
+
+
+def datetime_seconds(values: np.ndarray) -> np.ndarray | None:
+    """Date-time text (ISO 8601; a space may stand for the T) as whole seconds since 1970 (UTC; an offset is applied,
+    a time without one is taken as UTC; fractions of a second are dropped: ties keep the file's order), or None
+    where a value is not one."""
+    import warnings
+    values = np.char.strip(np.asarray(values, dtype=str))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")            # numpy: "no explicit representation of timezones"
+            stamps = values.astype("datetime64[s]")
+    except ValueError:
+        return None
+    return None if np.isnat(stamps).any() else stamps.astype(np.int64)     # "" and "NaT" are not times
+
+
+def _time(value: str, path: Path, line: int, field: str) -> int:
+    """A time field: a whole number, else ISO 8601 date-time text (datetime_seconds), else a DataError naming the
+    accepted forms and data.time_column."""
+    try:
+        return _int(value, path, line, field)
+    except DataError:
+        seconds = datetime_seconds(np.asarray([value]))
+        if seconds is not None:
+            return int(seconds[0])
+    raise DataError(f"{path}:{line}: field '{field}': {value!r} is not a time; accepted: {TIME_FORMS}. Another "
+                    f"column holds the times? data.time_column=NAME") from None
+
+
 def _id(value: str, path: Path, line: int, field: str) -> int:
     """An id of a format whose ids are integers, written as one: `1.0` would become a second id beside `1`."""
     if value.isdigit() and value.isascii():
@@ -306,7 +360,7 @@ def _read_delimited(path: Path, fmt: str) -> Interactions:
         items.append(_id(parts[1], path, no, "item"))
         lines.append(no)
         if fmt != "pairs":
-            times.append(_int(parts[-1], path, no, "timestamp"))
+            times.append(_time(parts[-1], path, no, "timestamp"))
             if len(parts) == 4:
                 try:
                     rating = float(parts[2])
@@ -335,7 +389,7 @@ def _read_csv(path: Path, columns: tuple[str, str, str]) -> Interactions:
             items.append(row[i].strip())
             lines.append(no)
             if t is not None:
-                times.append(_int(row[t].strip(), path, no, "timestamp"))
+                times.append(_time(row[t].strip(), path, no, header[t].strip() or "timestamp"))
     return Interactions(np.asarray(users, dtype=str), np.asarray(items, dtype=str),
                         np.asarray(times, dtype=np.int64) if t is not None else None, lines)
 

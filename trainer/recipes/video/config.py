@@ -17,6 +17,7 @@ class VideoDataConfig:
                                               synthetic_classes=Bound(2))
 
     path: str = ""                    # videos + Annotations/ or labels.csv; "": synthetic videos in the cache folder
+    synthetic: bool = False               # generated data on purpose: needed under Slurm/submitit (data.path "")
     annotations: str = "auto"         # auto | upstream | csv (a labels.csv path may be given instead)
     merge: dict = field(default_factory=dict)   # upstream action merges, e.g. {paw_guard: paw_withdraw}
     require_all_classes: bool = False   # a class with no training case: refused (else named in a warning)
