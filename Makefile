@@ -3,6 +3,9 @@ PY            ?= python3
 VENV          ?= .venv
 BIN           := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
+# where torch comes from: pip's configured index unless set (PyTorch's install page gives one index per build:
+# CPU, or a CUDA version); `make setup TORCH_INDEX_URL=...` picks the build
+TORCH_INDEX_URL ?=
 PYTEST_ARGS   ?=
 BENCH_ARGS    ?=
 BENCH_SLURM   ?= 1
@@ -36,7 +39,7 @@ $(BIN)/python:
 # them (trainer/native/background.py) and trains on the PyTorch path meanwhile; `make kernels` builds them now.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	@$(PY) scripts/ticking.py "make setup: installing torch==$(TORCH_VERSION) (pip)" -- \
-	  $(BIN)/pip install -q torch==$(TORCH_VERSION)
+	  $(BIN)/pip install -q $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) torch==$(TORCH_VERSION)
 	@$(PY) scripts/ticking.py "make setup: installing hpc-trainer and its extras (pip)" -- \
 	  $(BIN)/pip install -q -e ".[tensorboard,test,bench,video,submit,parquet]"
 	touch $@

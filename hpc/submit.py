@@ -23,6 +23,7 @@ from typing import Any
 try:    # `python hpc/submit.py` works where the project is installed (make setup: pip install -e .)
     from hpc.slurm_info import SubmitError, parse_time_min, partition_gpus, srun_supports
     from trainer.cli.parser import Parser, flag_keys, flags_from_args, get_train_parser, parse_args
+    from trainer.config.settings import config_path
     from trainer.native.extras import MissingExtraError, require
 except ModuleNotFoundError as err:   # e.g. a Python other than the project's venv
     if err.name not in ("hpc", "trainer"):
@@ -263,7 +264,7 @@ def trainer_argv(args, run_dir: Path, extra: list[str]) -> list[str]:
         if value is None or dest in ("run_dir", "resume"):
             continue
         if dest == "config":
-            value = str(Path(value).resolve())
+            value = str(config_path(value).resolve())      # as the trainer finds it: here, else the repository's
         if dest == "gpu_ids":
             value = ",".join(map(str, value))
         argv += [f"--{dest.replace('_', '-')}"] if value is True else [f"--{dest.replace('_', '-')}", str(value)]

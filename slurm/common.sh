@@ -10,7 +10,10 @@
 #   PYTHON=python3      interpreter when IMAGE is not set (default: TRAINER_HOME/.venv/bin/python if
 #                       it exists, else python3; checked once here, before srun, that it imports torch)
 #   RUN_DIR=DIR         default $SLURM_SUBMIT_DIR/runs/$SLURM_JOB_ID (stable across requeues)
-#   TRAINER_HOME=DIR    the repository (default $SLURM_SUBMIT_DIR: submit from the repository root)
+#   TRAINER_HOME=DIR    the repository (default: the one the script was submitted from, found through
+#                       `scontrol show job`'s Command; else $SLURM_SUBMIT_DIR)
+#   DATA=DIR            the dataset: data.path=DIR for every script (har_1node and video_1node have a default);
+#                       relative to the submit directory
 #   PER_TASK_LOGS=1     each task's output in RUN_DIR/task-N.out (srun --output %t) instead of the job's .out
 #   MAX_RESTARTS=2      relaunches of a failed training step inside this allocation (0: off; see run_training)
 
@@ -94,6 +97,7 @@ fi
 
 # shellcheck disable=SC2034  # split on spaces only: read -a does no globbing and no expansion
 read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
+if [ -n "${DATA:-}" ]; then EXTRA_ARGS=("data.path=$DATA" "${EXTRA_ARGS[@]}"); fi    # EXTRA's own data.path wins
 
 # SRUN_LOG is used by the sbatch scripts' srun line; appended to after a requeue, as the job's .out is
 SRUN_LOG=()

@@ -16,5 +16,7 @@ def test_demo_runs_and_reports(tmp_path):
     log = (run / "train.log").read_text()
     assert "world=2" in log
     # the checkpoint line names the epoch as the evaluation line before it does (not the epoch a resume starts)
-    assert "val after epoch 0:" in log
+    assert re.search(r"val after epoch 0 \([\d.]+ s\): .*ndcg@10 0\.\d{4}  ", log), log[-2000:]   # name value pairs
+    assert "{'" not in log                                                       # no Python dict on a log line
+    assert re.search(r"first step done [\d.]+ s after the process started", log)
     assert re.search(r"saved best checkpoint \S+ \(after epoch 0, step \d+\)", log), log[-2000:]

@@ -174,9 +174,10 @@ def render(report: dict) -> str:
                      f"{f['master_addr']}:{f['master_port']}")
     lines.append("slurm: " + (", ".join(f"{k}={v}" for k, v in report["slurm"].items()) or "not in a job"))
     ar = report["allreduce"]
+    speed = (f"{ar['bandwidth_gb_s']} GB/s for {ar['size_mb']} MB" if report["world_size"] > 1 else
+             "no bandwidth: one process copies nothing (run it under srun or torchrun to measure the links)")
     lines.append(f"all_reduce via {ar['via']}: sum={ar['allreduce_sum']} (expected {ar['allreduce_expected']}), "
-                 f"{ar['bandwidth_gb_s']} GB/s for {ar['size_mb']} MB"
-                 + (f" (no shared memory: {ar['shm_off']})" if ar.get("shm_off") else ""))
+                 + speed + (f" (no shared memory: {ar['shm_off']})" if ar.get("shm_off") else ""))
     for c in report["checks"]:
         lines.append(f"[{c['level'].upper()}] {c['check']}: {c['detail']}"
                      + (f"\n       HINT: {c['hint']}" if c["hint"] else ""))

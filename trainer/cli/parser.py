@@ -89,7 +89,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g = parser.add_argument_group("training")
     g.add_argument("--recipe", choices=names or None, metavar="NAME",
                    help=f"recipe to train: {', '.join(names) or '(none registered)'}")
-    g.add_argument("--config", metavar="FILE", help="YAML file of overrides, e.g. configs/<recipe>/<dataset>.yaml")
+    g.add_argument("--config", metavar="FILE", help="YAML file of overrides, e.g. configs/<recipe>/<dataset>.yaml; a "
+                   "relative path is looked up in the working directory, then in the repository")
     g.add_argument("--epochs", type=int, help="number of epochs")
     g.add_argument("--batch-size", type=int, metavar="B", help="batch size per GPU / per rank")
     g.add_argument("--global-batch-size", type=int, metavar="G",

@@ -318,9 +318,22 @@ class UniqueKeyLoader(yaml.SafeLoader):
 UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, UniqueKeyLoader.construct_mapping)
 
 
+REPOSITORY = Path(__file__).resolve().parents[2]     # the clone (an installed package has no configs/ beside it)
+
+
+def config_path(path: str | Path) -> Path:
+    """--config's file: as given (relative to the working directory), else, for a relative path that names nothing
+    there, the repository's (configs/... from any directory); the given path where neither exists."""
+    given = Path(path)
+    if given.exists() or given.is_absolute() or not (REPOSITORY / given).exists():
+        return given
+    return REPOSITORY / given
+
+
 def load_yaml(path: str | Path) -> dict:
-    """A YAML config file as a mapping, with errors that name the file and line."""
-    path = Path(path)
+    """A YAML config file (config_path: the working directory's, else the repository's) as a mapping, with errors
+    that name the file and line."""
+    path = config_path(path)
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.y*ml"))[:6]
         raise ConfigError(f"--config {path} is a directory; give a YAML file"
@@ -332,9 +345,12 @@ def load_yaml(path: str | Path) -> dict:
         raise ConfigError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); "
                           f"save it as UTF-8") from None
     except FileNotFoundError:
-        close = difflib.get_close_matches(path.name, [p.name for p in path.parent.glob("*.y*ml")], n=1)
-        guess = f" (did you mean {path.parent / close[0]}?)" if close else ""
-        raise ConfigError(f"config file {path} does not exist{guess}") from None
+        folders = [path.parent] + ([] if path.is_absolute() else [REPOSITORY / path.parent])
+        names = {p.name: folder / p.name for folder in folders for p in sorted(folder.glob("*.y*ml"), reverse=True)}
+        close = difflib.get_close_matches(path.name, list(names), n=1)
+        guess = f" (did you mean {names[close[0]]}?)" if close else ""
+        where = "" if path.is_absolute() else f" (looked in {Path.cwd()} and in the repository, {REPOSITORY})"
+        raise ConfigError(f"config file {path} does not exist{where}{guess}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
@@ -398,6 +414,8 @@ def from_dict(values: dict, source: str = "checkpoint") -> Config:
     return cfg
 
 
-def save_config(cfg: Config, path: str | Path) -> None:
-    """Write the resolved config as YAML (next to the results)."""
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+def save_config(cfg: Config, path: str | Path, note: str = "") -> None:
+    """Write the resolved config as YAML (next to the results); `note`: a first comment line (what the run trained
+    on, where it is not obvious from the keys: generated data)."""
+    head = f"# {note}\n" if note else ""
+    Path(path).write_text(head + yaml.safe_dump(to_dict(cfg), sort_keys=False))

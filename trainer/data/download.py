@@ -15,6 +15,7 @@ import os
 import shlex
 import stat
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 from dataclasses import dataclass
@@ -57,6 +58,22 @@ def _progress(total: int | None, initial: int, name: str):
         return None
 
 
+def download_failure(url: str, part: Path, dest: Path, err: BaseException) -> str:
+    """Why a download stopped and what to do: a name that does not resolve or a refused connection is no network
+    (nothing to resume: fetch it where there is one and copy it here); a transfer cut short resumes from `part`."""
+    import socket
+    size = part.stat().st_size if part.exists() else 0
+    reason = getattr(err, "reason", err)
+    host = urllib.parse.urlsplit(url).hostname
+    if isinstance(reason, socket.gaierror) or isinstance(reason, ConnectionRefusedError) and not size:
+        what = f"cannot resolve {host}" if isinstance(reason, socket.gaierror) else f"{host} refused the connection"
+        return (f"download of {url} failed: {what} ({reason}): no network here? Fetch it on a machine that has one "
+                f"and copy it to {dest} (its checksum is checked here), or set data.path to where the data is")
+    if size:
+        return f"download of {url} failed after {size} bytes ({err}); run the same command again to resume from {part}"
+    return f"download of {url} failed before any byte arrived ({err}); run the same command again to retry"
+
+
 def fetch(url: str, dest: Path, sha256: str | None, timeout: float = 60.0) -> Path:
     """Download url to dest (resuming dest.part), verify sha256 (None: the caller checks), rename atomically."""
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -85,9 +102,7 @@ def fetch(url: str, dest: Path, sha256: str | None, timeout: float = 60.0) -> Pa
             if length is not None and got < int(length):   # the server closed the connection early
                 raise OSError(f"connection closed after {got} of {length} bytes")
     except (urllib.error.URLError, OSError) as err:
-        size = part.stat().st_size if part.exists() else 0
-        raise DownloadError(f"download of {url} failed after {size} bytes ({err}); run the same command "
-                            f"again to resume from {part}") from None
+        raise DownloadError(download_failure(url, part, dest, err)) from None
     got = sha256_of(part)
     if sha256 is not None and got != sha256:
         bad = part.with_name(part.name + ".bad")

@@ -27,6 +27,30 @@ from trainer.engine.state import TrainState
 log = logging.getLogger(__name__)
 
 
+class EvalProgress:
+    """Rank 0's line every EVERY_S seconds of a long evaluation (a full ranking over a large catalogue runs for
+    minutes, which looked like a hang): batches of its shard done, the share, the seconds so far."""
+
+    EVERY_S = 30.0
+
+    def __init__(self, batches: int, shown: bool, clock: Callable[[], float] = time.monotonic):
+        self.batches, self.shown, self.clock = batches, shown, clock
+        self.done, self.start = 0, clock()
+        self.next = self.start + self.EVERY_S
+
+    def step(self) -> str | None:
+        """One batch done; the line logged, where one was due."""
+        self.done += 1
+        now = self.clock()
+        if not self.shown or now < self.next or self.done >= self.batches:
+            return None
+        self.next = now + self.EVERY_S
+        line = (f"evaluating: {self.done} of {self.batches} batches of this rank's shard "
+                f"({100 * self.done / max(self.batches, 1):.0f}%), {now - self.start:.0f} s")
+        log.info("%s", line)
+        return line
+
+
 @torch.no_grad()
 def evaluate(recipe: Recipe, model: torch.nn.Module, dataset, info: DistInfo, batch_size: int,
              num_workers: int, autocast: Callable, beat: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -38,6 +62,7 @@ def evaluate(recipe: Recipe, model: torch.nn.Module, dataset, info: DistInfo, ba
     model.eval()
     totals: dict[str, torch.Tensor] = {}
     recipe.on_evaluation_start(model)
+    progress = EvalProgress(len(loader), info.is_main)
     try:
         for batch in loader:
             with autocast():
@@ -47,6 +72,7 @@ def evaluate(recipe: Recipe, model: torch.nn.Module, dataset, info: DistInfo, ba
                 totals[key] = totals[key] + value if key in totals else value
             if beat is not None:
                 beat()
+            progress.step()
     finally:
         recipe.on_evaluation_end()
         model.train(was_training)
@@ -91,6 +117,12 @@ def metrics_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def metrics_line(metrics: dict[str, Any]) -> str:
+    """A split's float metrics as `name value` pairs in name order, four decimals (the figures `trainer eval` prints in
+    its table), not a Python dict."""
+    return "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()) if isinstance(v, float) and "/" not in k)
+
+
 class Evaluations:
     """A training run's evaluations, each logged (metrics.jsonl, TensorBoard, console and the recipe's plots on rank
     0); last_metrics holds each split's latest (saved in every checkpoint), last_records as written."""
@@ -110,9 +142,9 @@ class Evaluations:
         self.last_records[split] = dict(metrics, eval_time_s=round(time.perf_counter() - t0, 4), **tags)
         self.writer.write(split, epoch, self.state.global_step, self.last_records[split])
         if run.info.is_main:
-            shown = {k: round(v, 5) for k, v in metrics.items() if isinstance(v, float) and "/" not in k}
             which = f" ({tags['checkpoint']} checkpoint)" if "checkpoint" in tags else ""
-            log.info("%s%s after epoch %d: %s", split, which, epoch, shown)
+            log.info("%s%s after epoch %d (%.1f s): %s", split, which, epoch, time.perf_counter() - t0,
+                     metrics_line(metrics))
             for png in run.recipe.after_evaluation(split, metrics, str(run.cfg.run_dir), epoch) or ():
                 self.writer.image(f"{split}/{Path(png).stem}", png, self.state.global_step)
         return metrics

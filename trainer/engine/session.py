@@ -53,7 +53,8 @@ def run_train(cfg: Config, spec: RecipeSpec) -> tuple[FitResult, Config]:
     the checkpoint is loaded."""
     check_data_path(str(getattr(cfg.data, "path", "")))
     env = select_environment()
-    check_generated_data(cfg.data, env.name)            # generated data under Slurm/submitit: only when asked for
+    source = check_generated_data(cfg.data, env.name) or ""     # generated data under Slurm/submitit: only if asked
+    note = f"trained on {source}" if source.startswith("generated") else ""
     if cfg.private:
         make_private()          # before anything is created: logs, checkpoints, TensorBoard, caches
     info = runtime.init(env, cfg.dist)
@@ -77,7 +78,7 @@ def run_train(cfg: Config, spec: RecipeSpec) -> tuple[FitResult, Config]:
             if info.is_main:
                 if planned.keep_previous is not None:
                     keep_previous_config(Path(cfg.run_dir), planned.keep_previous)
-                save_config(cfg, Path(cfg.run_dir) / "config.yaml")
+                save_config(cfg, Path(cfg.run_dir) / "config.yaml", note)
             record_start(cfg.run_dir, info.rank)
             started = True
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -304,7 +305,20 @@ def run_report(run_dir: Path) -> str:
     if not (run_dir / EXITS_DIR).is_dir():
         lines.append("  no exit records (a run of an older version, or one that never started training)")
     lines.append(summary(run_dir) or "  no relaunches")
+    lines.append(next_step(run_dir, final.is_file()))
     return "\n".join(lines)
+
+
+def next_step(run_dir: Path, finished: bool) -> str:
+    """What to run next: eval a finished run; continue an unfinished one from its newest checkpoint."""
+    q = shlex.quote(str(run_dir))
+    if finished:
+        return f"  next: python -m trainer eval --checkpoint {q}    # or predict --checkpoint {q} --out FILE"
+    step = (checkpoint_steps(run_dir) or [(0, 0)])[-1][0]
+    where = f"from step {step}" if step else "from the start: no checkpoint was written"
+    config = f" --config {shlex.quote(str(run_dir / 'config.yaml'))}" if (run_dir / "config.yaml").is_file() else ""
+    return (f"  next: continue it ({where}) with the same launch and --resume auto, e.g. python -m trainer "
+            f"train{config} --run-dir {q} --resume auto")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -4,14 +4,15 @@ path where one cannot be built (one warning per process).
     ext = Extension("trainer_shm_allreduce", Path("shm.cpp"), ["-O3", "-march=native"], [],
                     what="the shared-memory all-reduce", fallback="gloo's", off_env="TRAINER_SHM_KERNEL")
     ops = ext.load()             # the compiled module, or None (the cause in ext.unavailable_reason())
-    python -m trainer.native build [--portable]     # what `make setup` runs: no first run waits on a compiler
+    python -m trainer.native build [--portable]     # `make kernels`; else a run builds them behind itself
 
-Two targets: `native` (-march=native, cached per CPU type) and `portable` (-march=x86-64-v3, where the CPU has it:
-one build that compute nodes of other CPU types with AVX2 reuse, for images and shared home directories). A
-process loads the native build of its CPU type if there is one, else a portable build its CPU can run, else
-builds the native one, saying so first (about a minute). Builds are cached under $TRAINER_EXTENSIONS_DIR, else
-~/.cache/hpc-trainer/extensions; each process builds in its own temporary folder and moves the library into
-place, so a build killed half-way leaves no lock behind for the next run. `<off_env>=0` turns one off.
+Two targets: `native` (-march=native, cached per CPU type) and `portable` (-march=x86-64-v3, where the CPU has it: one
+build that compute nodes of other CPU types with AVX2 reuse, for images and shared home directories). A process loads
+the native build of its CPU type if there is one, else a portable build its CPU can run, else goes on with the
+fallback and has the native one built behind it (trainer/native/background.py; TRAINER_NATIVE_BUILD=wait builds it in
+the process, saying so first: about a minute). Builds are cached under $TRAINER_EXTENSIONS_DIR, else
+~/.cache/hpc-trainer/extensions; each process builds in its own temporary folder and moves the library into place, so
+a build killed half-way leaves no lock behind for the next run. `<off_env>=0` turns one off.
 """
 from __future__ import annotations
 

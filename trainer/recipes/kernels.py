@@ -1,11 +1,11 @@
 """CPU kernels in C++, one module from each owner's fragment, found by name: every *_kernels.inc under trainer/recipes/
 (today sasrec/mhc_kernels.inc: mHC's streams and maps, sasrec/attention_kernels.inc: SASRec's attention,
 kgat/kgat_kernels.inc: KGAT's edges and sparse Adam, and the shared dropout_kernels.inc). A fragment is a part of the
-one translation unit this module writes, not a header: it is included once, includes only the real header
-cpu_common.h (inline helpers, the registry), never another fragment, and registers its own functions
-(TRAINER_KERNELS), so a recipe adds kernels by adding a fragment to its folder. Built by `make setup` (python -m
-trainer.native build) or on first use, and cached; callers fall back to their PyTorch path where the kernels cannot be
-built (one warning per process) or do not apply (GPU tensors, dtypes other than float32).
+one translation unit this module writes, not a header: it is included once, includes only the real header cpu_common.h
+(inline helpers, the registry), never another fragment, and registers its own functions (TRAINER_KERNELS), so a recipe
+adds kernels by adding a fragment to its folder. Built by `make kernels` (python -m trainer.native build) or behind
+the first run that needs them (trainer/native/background.py), and cached; callers fall back to their PyTorch path
+where the kernels cannot be built (one warning per process) or do not apply (GPU tensors, dtypes other than float32).
 
     ops = load()                 # the compiled module, or None (the cause in unavailable_reason())
 
