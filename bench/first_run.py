@@ -38,8 +38,9 @@ def timed_lines(cmd: list[str], cwd: Path, env: dict) -> list[tuple[float, str]]
 
 
 def builder_done(extensions: Path, demo_end: float, cap_s: float = 900) -> float | None:
-    """Seconds from `make demo`'s start until the kernels' background builder (if the demo started one) finished: it
-    outlives the demo, and the next run must not share the cores with it. None: no builder ran."""
+    """Seconds from `make demo`'s start until the kernels' background builder (if the demo started one) finished, the
+    busy loops stopped at the demo's end: it outlives the demo, and the next run must not share the cores with it.
+    None: no builder ran."""
     lock = extensions / ".building"
     if not (extensions / "build.log").exists():
         return None
@@ -66,10 +67,10 @@ def one_run(ref: str, condition: str, work: Path) -> dict:
             for _ in range(len(os.sched_getaffinity(0)) if condition == "loaded" else 0)]
     try:
         lines = timed_lines(["make", "demo"], clone, env)
-        kernels = builder_done(home / ".cache" / "hpc-trainer" / "extensions", lines[-1][0])
     finally:
         for p in busy:
             p.kill()
+    kernels = builder_done(home / ".cache" / "hpc-trainer" / "extensions", lines[-1][0])   # the load gone
     end = lines[-1][0]
     gaps = [b[0] - a[0] for a, b in zip(lines, lines[1:])]
     step = next((float(m.group(1)) for _, line in lines if (m := FIRST_STEP.search(line))), None)

@@ -96,26 +96,23 @@ def test_off_starts_nothing_and_wait_builds_in_the_run(tmp_path):
         bad.stdout + bad.stderr
 
 
-def test_ticking_says_every_ten_seconds_that_pip_still_runs(tmp_path, monkeypatch):
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import ticking
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+@pytest.fixture
+def ticking(monkeypatch):
+    """scripts/ticking.py (not a package: make setup runs it with the system's python3), ticking every 0.2 s."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import ticking
     monkeypatch.setattr(ticking, "TICK_S", 0.2)
+    return ticking
+
+
+def test_ticking_says_every_ten_seconds_that_pip_still_runs(tmp_path, ticking):
     assert ticking.main(["label", "--", sys.executable, "-c", "import time; time.sleep(1.1)"]) == 0
     assert ticking.main(["label", "--", sys.executable, "-c", "raise SystemExit(3)"]) == 3
     assert ticking.main(["label", "--", str(tmp_path / "no-such-pip")]) == 127
     assert ticking.main(["label", "no separator"]) == 2
 
 
-def test_ticking_output(capfd, monkeypatch):
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import ticking
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
-    monkeypatch.setattr(ticking, "TICK_S", 0.2)
+def test_ticking_output(capfd, ticking):
     ticking.main(["make setup: installing torch (pip)", "--", sys.executable, "-c", "import time; time.sleep(1.1)"])
     out = capfd.readouterr().out.splitlines()
     assert out[0] == "make setup: installing torch (pip) ..."

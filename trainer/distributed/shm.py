@@ -135,7 +135,9 @@ def _segment_from_rank0(info: Any, ops: Any, slot_bytes: int) -> tuple[str, byte
     made: Any = None
     if info.rank == 0:
         if ops is None:
-            made = "the extension could not be built"
+            why = EXT.unavailable_reason()
+            made = "the extension is not built for this CPU type yet" if why.startswith("not built") else \
+                "the extension could not be built"
         elif info.world_size > ops.max_ranks:
             made = f"more than {ops.max_ranks} ranks"
         else:

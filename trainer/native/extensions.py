@@ -246,12 +246,23 @@ def build_all(portable: bool, only_portable: bool = False, strict: bool = False,
             background.release(cache_root())
 
 
+def yield_cores() -> None:
+    """The builder behind a run gives the cores to the run first: nice 10, and the same for its session's autogroup
+    (the builder runs in a session of its own, and with autogroups, Linux's default, a nice value only weighs within
+    a session: measured here, a niced compiler in its own session still took a whole core from a 2-rank run)."""
+    os.nice(10)
+    try:
+        Path("/proc/self/autogroup").write_text("10")
+    except OSError:
+        pass                                                # no autogroups (or not Linux): nice alone holds
+
+
 def _build_all(portable: bool, only_portable: bool, strict: bool, cache: Path | None, behind: str | None) -> int:
     from concurrent.futures import ThreadPoolExecutor
     for module in EXTENSION_MODULES:                        # each declares its extension when imported
         importlib.import_module(module)
     if behind is not None:
-        os.nice(10)                                         # the run that started it keeps the cores first
+        yield_cores()
         print(f"{time.strftime('%Y-%m-%d %H:%M:%S')}: building behind a run (pid {os.getpid()})", flush=True)
     cache = build_cache_dir(cache) if cache is not None else None
     todo = []
