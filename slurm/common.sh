@@ -23,7 +23,8 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 # A failed or timed-out collective aborts the process instead of hanging the whole job.
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
 # torch's NCCL flight recorder: each rank's last collectives, which the hang watch dumps into RUN_DIR/hangs/
-export TORCH_NCCL_TRACE_BUFFER_SIZE=${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}
+# (torch 2.13's name; the old TORCH_NCCL_TRACE_BUFFER_SIZE is still honoured and warned about once per rank)
+export TORCH_FR_BUFFER_SIZE=${TORCH_FR_BUFFER_SIZE:-${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}}
 # Network interface and InfiniBand adapters are site-specific: passed through when the site sets them.
 if [ -n "${NCCL_SOCKET_IFNAME:-}" ]; then export NCCL_SOCKET_IFNAME; fi
 if [ -n "${NCCL_IB_HCA:-}" ]; then export NCCL_IB_HCA; fi

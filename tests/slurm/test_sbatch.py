@@ -272,3 +272,33 @@ def test_predict_stops_at_the_time_limit_warning_and_the_requeued_job_continues_
     trainer("predict", "--checkpoint", str(run), "--out", str(tmp_path / "one.csv"), "data.n_test=120")
     one = (tmp_path / "one.csv").read_text().splitlines()
     assert [r.split(",")[2] for r in rows[1:]] == [r.split(",")[2] for r in one[1:]]
+
+
+def test_a_script_submitted_from_another_directory_finds_its_repository_and_refuses_generated_data(
+        slurm_cluster, tmp_path):
+    """Issue 73 points 4 and 5, from the user's side: `sbatch /path/to/repo/slurm/sasrec_1node.sbatch` from a folder of
+    one's own, no TRAINER_HOME: the script finds its repository from the path Slurm recorded; without a dataset it stops
+    at once (exit 2, never relaunched), and with data.synthetic=true it trains on generated data and says so."""
+    elsewhere = tmp_path / "my-project"
+    (elsewhere / "logs").mkdir(parents=True)          # Slurm opens --output=logs/... before the script runs
+    env = slurm_env(slurm_cluster, PYTHON=PY)
+    assert "TRAINER_HOME" not in env
+    tiny = ("model.width=16 model.depth=1 model.heads=1 data.maxlen=16 data.synthetic_users=120 "
+            "data.synthetic_items=60 train.tensorboard=false")
+    jobs = {}
+    for name, extra in (("refused", f"data.path= {tiny}"), ("asked", f"data.path= data.synthetic=true {tiny}")):
+        out = subprocess.run(["sbatch", "--parsable", "--cpus-per-task=1", "--time=10",
+                              str(REPO / "slurm" / "sasrec_1node.sbatch"), "--epochs", "1"], cwd=elsewhere,
+                             env=dict(env, EXTRA=extra), text=True, capture_output=True, check=True, timeout=60)
+        jobs[name] = out.stdout.strip().split(";")[0]
+    refused = wait_job(slurm_cluster, jobs["refused"], timeout=240)
+    log = (elsewhere / "logs" / f"sasrec-{jobs['refused']}.out").read_text()
+    assert refused["JobState"] == "FAILED", log[-2000:]     # every rank exits 2 (srun may report the TERM it sent)
+    assert "data.path is empty: this slurm run would train on the recipe's generated data" in log
+    assert "relaunching the training step" not in log
+    asked = wait_job(slurm_cluster, jobs["asked"], timeout=300)
+    log = (elsewhere / "logs" / f"sasrec-{jobs['asked']}.out").read_text()
+    assert asked["JobState"] == "COMPLETED", log[-3000:]
+    run = elsewhere / "runs" / jobs["asked"]                      # RUN_DIR's default: the submit directory's runs/
+    assert (run / "config.yaml").read_text().startswith("# trained on generated data (data.path is empty)")
+    assert "training on the recipe's generated data" in log and "TRACE_BUFFER_SIZE is deprecated" not in log

@@ -36,6 +36,6 @@ def test_har_trains_without_the_extras_and_video_names_its_extra(tmp_path):
 
 def test_submit_without_submitit_names_its_extra(tmp_path):
     code = ("import runpy; sys.argv = ['hpc/submit.py', '--recipe', 'har', '--dry-run', '--folder', "
-            f"'{tmp_path / 'sub'}']\nrunpy.run_path('hpc/submit.py', run_name='__main__')")
+            f"'{tmp_path / 'sub'}', 'data.synthetic=true']\nrunpy.run_path('hpc/submit.py', run_name='__main__')")
     proc = run_without_extras(code, tmp_path)
     assert proc.returncode == 2 and "pip install 'hpc-trainer[submit]'" in proc.stderr, proc.stderr[-2000:]

@@ -101,3 +101,30 @@ def test_a_long_evaluation_says_how_far_it_is(caplog):
     quiet = EvalProgress(100, shown=False, clock=lambda: now[0])
     now[0] += 100
     assert quiet.step() is None                             # off rank 0: nothing
+
+
+def test_a_refusal_before_the_run_starts_is_recorded_for_the_restart_loop_which_stops(tmp_path):
+    """Under the sbatch scripts (RUN_DIR and TRAINER_ATTEMPT exported by slurm/common.sh) a settings or data refusal
+    comes before the run writes its own exit record: the loop read srun's 143 (the TERM sent to the other ranks) as
+    a crash and relaunched the refusal twice (seen on the local cluster). Now each rank records it."""
+    import json
+    import time
+
+    from tests.unit.test_generated_data import ONE_SRUN_TASK
+    run = tmp_path / "run"
+    run.mkdir()                                                       # common.sh's mkdir -p "$RUN_DIR"
+    env = clean_env(**ONE_SRUN_TASK, RUN_DIR=str(run), TRAINER_ATTEMPT="0")
+    start = time.time()
+    proc = trainer("train", "--recipe", "sasrec", "--run-dir", str(run), "data.path=", env=env, check=False)
+    assert proc.returncode == 2 and "data.path is empty" in proc.stderr
+    record = json.loads((run / "exits" / "rank-0.json").read_text())
+    assert record["code"] == 2 and record["kind"] == "usage" and "data.path is empty" in record["cause"]
+    decided = subprocess.run([PY, "-m", "trainer.launch.restarts", "decide", "--run-dir", str(run), "--rc", "143",
+                              "--attempt", "0", "--max", "2", "--tasks-per-node", "1", "--attempt-start", str(start),
+                              "--job-start", str(start), "--job", "5"], cwd=REPO, env=clean_env(),
+                             capture_output=True, text=True, timeout=60)
+    assert decided.stdout.strip() == "stop", decided.stdout + decided.stderr
+    plain = tmp_path / "plain"                                        # outside the loop nothing is written
+    trainer("train", "--recipe", "sasrec", "--run-dir", str(plain), "data.path=",
+            env=clean_env(**ONE_SRUN_TASK), check=False)
+    assert not plain.exists()

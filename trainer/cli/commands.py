@@ -89,10 +89,33 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         record_for_agent(err)
         ending = exit_of(err)            # trainer/engine/exits.py: the one table of exit codes
+        record_for_restart_loop(ending.code, ending.message)
         if ending.code == CRASH:         # a bug, not a usage or resource error: keep the traceback
             raise
         print(f"error: {ending.message}", file=sys.stderr)
         return ending.code
+
+
+def record_for_restart_loop(code: int, message: str) -> None:
+    """Under the sbatch scripts' restart loop (slurm/common.sh exports RUN_DIR and TRAINER_ATTEMPT), an ending before
+    the run wrote its own exit record (a refusal of the settings or the data, before the run directory is claimed) is
+    recorded for the loop, which would otherwise read srun's 143 (the TERM it sent the other ranks) as a crash and
+    relaunch a usage error. A record the run wrote itself for this attempt stays."""
+    run_dir, attempt = os.environ.get("RUN_DIR"), os.environ.get("TRAINER_ATTEMPT")
+    if not run_dir or attempt is None or not Path(run_dir).is_dir():
+        return
+    from trainer.launch.exitcodes import EXITS_DIR, RUNNING, record_exit
+    try:
+        rank = int(select_environment().rank or 0)
+    except Exception:                   # noqa: BLE001 - the launch environment itself was the error
+        rank = int(os.environ.get("SLURM_PROCID") or 0)
+    try:
+        own = json.loads((Path(run_dir) / EXITS_DIR / f"rank-{rank}.json").read_text())
+        if own.get("attempt") == int(attempt) and own.get("kind") != RUNNING:
+            return
+    except (OSError, ValueError):
+        pass
+    record_exit(run_dir, rank, code, message[:2000])
 
 
 def record_for_agent(err: BaseException) -> None:

@@ -237,4 +237,5 @@ def check_data_path(path: str) -> None:
     comes from (generated data is used only when data.path is empty, as in the recipes' defaults)."""
     if path and not Path(path).exists():
         raise DownloadError(f"data.path {path} does not exist.\nHINT: {download_hint(path)}, or set "
-                            f"data.path=DIR where it is (data.path= with no value trains on generated data)")
+                            f"data.path=DIR where it is (data.path= with no value trains on generated data; under "
+                            f"Slurm or submitit with data.synthetic=true as well)")
