@@ -89,9 +89,17 @@ def slurm_conf() -> tuple[str | None, str]:
     return conf, ""
 
 
+def generates_on_request(recipe: str) -> bool:
+    """Whether the recipe's data section has data.synthetic (trainer/config/data_source.py)."""
+    from trainer.config.registry import get_spec
+    return hasattr(get_spec(recipe).data_config(), "synthetic")
+
+
 def trainer_args(recipe: str, run_dir: Path, steps: int, warmup: int, max_world: int, out: Path) -> list[str]:
     preset = presets()[recipe]
     data = preset.data(max_world * (warmup + steps) * preset.batch, out)
+    if not any(a.startswith("data.path=") for a in data) and generates_on_request(recipe):
+        data = [*data, "data.synthetic=true"]         # generated data on purpose: srun runs refuse it otherwise
     return ["-m", "trainer", "train", "--recipe", recipe, "--run-dir", str(run_dir), "--batch-size",
             str(preset.batch), *preset.args, *data, *COMMON, f"train.max_steps={warmup + steps}"]
 

@@ -165,8 +165,9 @@ def test_sbatch_runs_its_tasks_in_the_image_on_two_nodes(image, slurm_cluster, t
     (work / "logs").mkdir()
     run_dir = writable_dir(work / "run")
     env = slurm_env(slurm_cluster, PYTHON=PY, TRAINER_HOME=str(REPO), CONTAINER_ENGINE="podman", IMAGE=image,
-                    CONTAINERS_CONF=str(CONF), RUN_DIR=str(run_dir), EXTRA="data.path= model.width=16 "
-                    "model.channel_width=16 model.head_width=32 train.tensorboard=false", OMP_NUM_THREADS="1")
+                    CONTAINERS_CONF=str(CONF), RUN_DIR=str(run_dir), EXTRA="data.path= data.synthetic=true "
+                    "model.width=16 model.channel_width=16 model.head_width=32 train.tensorboard=false",
+                    OMP_NUM_THREADS="1")
     out = subprocess.run(["sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--gpus-per-node=0",
                           "--cpus-per-task=1", "--time=10", str(REPO / "slurm" / "har_1node.sbatch"),
                           "--epochs", "1"], cwd=work, env=env, text=True, capture_output=True, check=True, timeout=60)
