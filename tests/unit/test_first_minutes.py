@@ -33,13 +33,18 @@ def test_a_repository_config_is_found_from_another_directory(tmp_path):
 
 def test_doctor_run_says_what_to_run_next(tmp_path):
     run = tmp_path / "run"
-    trainer("train", "--recipe", "toy", "--epochs", "1", "--run-dir", str(run), "train.tensorboard=false")
+    trainer("train", "--recipe", "toy", "--epochs", "1", "--run-dir", str(run), "train.tensorboard=false",
+            "ckpt.every_steps=2")
     done = trainer("doctor", "--run", str(run)).stdout
     assert f"next: python -m trainer eval --checkpoint {run}" in done
     (run / "checkpoints" / "final.pt").unlink()                        # as a run cut off before its end
     cut = trainer("doctor", "--run", str(run)).stdout
     assert "next: continue it (from step" in cut and f"--run-dir {run} --resume auto" in cut
     assert f"--config {run / 'config.yaml'}" in cut
+    for periodic in (run / "checkpoints").glob("step-*.pt"):
+        periodic.unlink()                                              # best.pt alone does not resume
+    again = trainer("doctor", "--run", str(run)).stdout
+    assert "next: continue it (from the start: no checkpoint was written)" in again
 
 
 def test_a_single_process_doctor_prints_no_bandwidth():
