@@ -162,7 +162,6 @@ def test_sbatch_runs_its_tasks_in_the_image_on_two_nodes(image, slurm_cluster, t
     """slurm/har_1node.sbatch with CONTAINER_ENGINE=podman IMAGE=...: 2 nodes x 1 task, each `srun`
     task a `podman run` of the image (the stand-in here for apptainer/pyxis on a real cluster)."""
     work = writable_dir(tmp_path / "work")
-    (work / "logs").mkdir()
     run_dir = writable_dir(work / "run")
     env = slurm_env(slurm_cluster, PYTHON=PY, TRAINER_HOME=str(REPO), CONTAINER_ENGINE="podman", IMAGE=image,
                     CONTAINERS_CONF=str(CONF), RUN_DIR=str(run_dir), EXTRA="data.path= data.synthetic=true "
@@ -173,7 +172,7 @@ def test_sbatch_runs_its_tasks_in_the_image_on_two_nodes(image, slurm_cluster, t
                           "--epochs", "1"], cwd=work, env=env, text=True, capture_output=True, check=True, timeout=60)
     job = out.stdout.strip().split(";")[0]
     info = wait_job(slurm_cluster, job, timeout=300)
-    log = (work / "logs" / f"har-{job}.out").read_text()
+    log = (work / f"har-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED", log[-3000:]
     ckpt = torch.load(run_dir / "checkpoints" / "final.pt", weights_only=True)
     # two ranks, one per node, written by the image's user: the tasks ran inside the image

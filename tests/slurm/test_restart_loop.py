@@ -65,7 +65,7 @@ def jobs(slurm_cluster, tmp_path_factory):
             logs = sorted((work / "submitit" / job).glob("*_log.*"))
             done[name] = (info, "".join(p.read_text() for p in logs), work / "run")
             continue
-        done[name] = (info, (work / "logs" / f"sasrec-{job}.out").read_text(), work / "runs" / job)
+        done[name] = (info, (work / f"sasrec-{job}.out").read_text(), work / "runs" / job)
     return done
 
 

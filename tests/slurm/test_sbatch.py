@@ -29,7 +29,7 @@ def test_sbatch_header_matches_golden_file(script):
     assert lines == (GOLDEN / f"{script.stem}.txt").read_text().splitlines()
     opts = dict(re.match(r"#SBATCH --([\w-]+)(?:=(\S+))?", line).groups() for line in lines)
     assert opts["ntasks-per-node"] == opts["gpus-per-node"]            # one task per GPU
-    assert opts["signal"] == "B:USR1@120" and "requeue" in opts and opts["output"].startswith("logs/")
+    assert opts["signal"] == "B:USR1@120" and "requeue" in opts and opts["output"] == "%x-%j.out"
     text = script.read_text()
     assert 'source "${TRAINER_HOME:-$SLURM_SUBMIT_DIR}/slurm/common.sh"' in text
     if script.stem == "predict":       # no training: one step that writes parts, under the same signal forwarding
@@ -52,7 +52,7 @@ def test_every_golden_file_has_its_script():
 # ------------------------------------------------------------------------------------- on the cluster
 
 def submit_script(conf, workdir: Path, script: str, *opts: str, env: dict | None = None, args=()) -> str:
-    (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    workdir.mkdir(parents=True, exist_ok=True)
     e = slurm_env(conf, PYTHON=PY, TRAINER_HOME=str(REPO), **(env or {}))
     out = subprocess.run(["sbatch", "--parsable", *opts, str(REPO / "slurm" / script), *args], cwd=workdir, env=e,
                          text=True, capture_output=True, check=True, timeout=60).stdout
@@ -83,7 +83,7 @@ def one_epoch_job(conf, workdir: Path, script: str, extra: str, timeout: float,
     job = submit_script(conf, workdir, script, "--cpus-per-task=1", "--time=10", env=dict(EXTRA=extra, **(env or {})),
                         args=("--epochs", "1"))
     info = wait_job(conf, job, timeout=timeout)
-    log = workdir / "logs" / f"{script.split('_')[0]}-{job}.out"
+    log = workdir / f"{script.split('_')[0]}-{job}.out"
     run = workdir / "runs" / job
     assert info["JobState"] == "COMPLETED", log.read_text()[-3000:]
     # a relaunch (a host left out by the pre-flight, a crash) would change what the caller asserts: say why here
@@ -156,7 +156,7 @@ def test_a_crashing_rank_fails_the_job_at_once(slurm_cluster, tmp_path):
     job = submit_script(slurm_cluster, tmp_path, "video_1node.sbatch", "--cpus-per-task=1", "--time=10",
                         env=dict(DATA=str(data)))      # mouse.yaml's merge map does not apply to labels.csv
     info = wait_job(slurm_cluster, job, timeout=120)
-    log = (tmp_path / "logs" / f"video-{job}.out").read_text()
+    log = (tmp_path / f"video-{job}.out").read_text()
     assert info["JobState"] == "FAILED", log[-2000:]
     assert "data.merge applies to the upstream Annotations/ layout" in log and "waiting up to" not in log
 
@@ -187,7 +187,7 @@ def test_preempted_by_higher_priority_partition_resumes(slurm_cluster, tmp_path)
     job = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", "-N2", "--ntasks-per-node=2",
                         "--gpus-per-node=2", "--cpus-per-task=2", "-p", "debug",
                         env=dict(CONFIG=cfg, TRAINER_PLUGINS="tests.toy_recipe"))
-    log = tmp_path / "logs" / f"sasrec-{job}.out"
+    log = tmp_path / f"sasrec-{job}.out"
     wait_for_log(log, r"step 6 loss")
     high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--ntasks-per-node=4", "-o", "/dev/null",
                            "--wrap", "sleep 1"], env=slurm_env(slurm_cluster), text=True, capture_output=True,
@@ -208,7 +208,7 @@ def test_usr1_to_the_batch_shell_is_forwarded_and_requeues(slurm_cluster, tmp_pa
     job = submit_script(slurm_cluster, tmp_path, "tisasrec_2node.sbatch", "--ntasks-per-node=1",
                         "--gpus-per-node=1", "--cpus-per-task=1",
                         env=dict(CONFIG=cfg, TRAINER_PLUGINS="tests.toy_recipe", EXTRA="train.lr=0.002"))
-    log = tmp_path / "logs" / f"tisasrec-{job}.out"
+    log = tmp_path / f"tisasrec-{job}.out"
     wait_for_log(log, r"step 5 loss")
     # what --signal=B:USR1@120 does before the time limit: only the batch shell gets it
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm_env(slurm_cluster), check=True)
@@ -235,7 +235,7 @@ def test_image_runs_tasks_through_apptainer(slurm_cluster, tmp_path):
     job = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", "--ntasks-per-node=2", "--gpus-per-node=2",
                         "--cpus-per-task=1", env=env)
     info = wait_job(slurm_cluster, job, timeout=240)
-    assert info["JobState"] == "COMPLETED", (tmp_path / "logs" / f"sasrec-{job}.out").read_text()[-3000:]
+    assert info["JobState"] == "COMPLETED", (tmp_path / f"sasrec-{job}.out").read_text()[-3000:]
     calls = (tmp_path / "apptainer.calls").read_text().splitlines()
     assert len(calls) == 2 and all(
         c.startswith(f"apptainer exec --nv --bind {tmp_path} {image} python -m trainer train")
@@ -243,7 +243,7 @@ def test_image_runs_tasks_through_apptainer(slurm_cluster, tmp_path):
     missing = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", "--ntasks-per-node=1",
                             "--gpus-per-node=1", "--cpus-per-task=1", env=dict(env, IMAGE=str(tmp_path / "no.sif")))
     assert wait_job(slurm_cluster, missing, timeout=120)["JobState"] == "FAILED"
-    assert "no.sif: no such file" in (tmp_path / "logs" / f"sasrec-{missing}.out").read_text()
+    assert "no.sif: no such file" in (tmp_path / f"sasrec-{missing}.out").read_text()
 
 
 def test_predict_stops_at_the_time_limit_warning_and_the_requeued_job_continues_from_its_parts(slurm_cluster,
@@ -258,7 +258,7 @@ def test_predict_stops_at_the_time_limit_warning_and_the_requeued_job_continues_
                         "--cpus-per-task=1", "--time=10",
                         env=dict(CHECKPOINT=str(run), OUT=str(out), TRAINER_PLUGINS="tests.toy_recipe",
                                  EXTRA="data.step_sleep=0.4 data.n_test=120"), args=("--part-size", "4"))
-    log = tmp_path / "logs" / f"predict-{job}.out"
+    log = tmp_path / f"predict-{job}.out"
     wait_for_log(log, r"part 3/15 of rank 0 written")
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm_env(slurm_cluster), check=True)
     info = wait_job(slurm_cluster, job, timeout=300, restarts=1)
@@ -280,7 +280,7 @@ def test_a_script_submitted_from_another_directory_finds_its_repository_and_refu
     one's own, no TRAINER_HOME: the script finds its repository from the path Slurm recorded; without a dataset it stops
     at once (exit 2, never relaunched), and with data.synthetic=true it trains on generated data and says so."""
     elsewhere = tmp_path / "my-project"
-    (elsewhere / "logs").mkdir(parents=True)          # Slurm opens --output=logs/... before the script runs
+    elsewhere.mkdir(parents=True)                     # nothing in it: Slurm writes %x-%j.out here
     env = slurm_env(slurm_cluster, PYTHON=PY)
     assert "TRAINER_HOME" not in env
     tiny = ("model.width=16 model.depth=1 model.heads=1 data.maxlen=16 data.synthetic_users=120 "
@@ -292,12 +292,12 @@ def test_a_script_submitted_from_another_directory_finds_its_repository_and_refu
                              env=dict(env, EXTRA=extra), text=True, capture_output=True, check=True, timeout=60)
         jobs[name] = out.stdout.strip().split(";")[0]
     refused = wait_job(slurm_cluster, jobs["refused"], timeout=240)
-    log = (elsewhere / "logs" / f"sasrec-{jobs['refused']}.out").read_text()
+    log = (elsewhere / f"sasrec-{jobs['refused']}.out").read_text()
     assert refused["JobState"] == "FAILED", log[-2000:]     # every rank exits 2 (srun may report the TERM it sent)
     assert "data.path is empty: this slurm run would train on the recipe's generated data" in log
     assert "relaunching the training step" not in log
     asked = wait_job(slurm_cluster, jobs["asked"], timeout=300)
-    log = (elsewhere / "logs" / f"sasrec-{jobs['asked']}.out").read_text()
+    log = (elsewhere / f"sasrec-{jobs['asked']}.out").read_text()
     assert asked["JobState"] == "COMPLETED", log[-3000:]
     run = elsewhere / "runs" / jobs["asked"]                      # RUN_DIR's default: the submit directory's runs/
     assert (run / "config.yaml").read_text().startswith("# trained on generated data (data.path is empty)")

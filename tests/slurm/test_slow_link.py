@@ -56,7 +56,7 @@ def test_a_node_with_a_slow_network_is_named_by_its_links_and_the_job_completes_
     job = submit_script(net_cluster, tmp_path, "sasrec_1node.sbatch", *NODES,
                         env=dict(CONFIG=toy(tmp_path), TRAINER_PLUGINS="tests.toy_recipe", MAX_RESTARTS="2"))
     info = wait_job(net_cluster, job, timeout=400)
-    log = (tmp_path / "logs" / f"sasrec-{job}.out").read_text()
+    log = (tmp_path / f"sasrec-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]
     run = tmp_path / "runs" / job
     entries = read_jsonl(run / "restarts.jsonl")

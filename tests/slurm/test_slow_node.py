@@ -74,7 +74,7 @@ def test_the_preflight_names_a_slowed_node_and_the_job_completes_without_it(slur
     # from when rank 0 has claimed the run directory (the ranks' imports done: a minute at a twentieth of a core)
     with slowed_node("node2", "node1", once=(run / MARKER).exists, until=(run / RESTARTS).exists):
         info = wait_job(slurm_cluster, job, timeout=400)
-    log = (tmp_path / "logs" / f"sasrec-{job}.out").read_text()
+    log = (tmp_path / f"sasrec-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]
     entries = read_jsonl(run / "restarts.jsonl")
     assert [(e["decision"], e["excluded"]) for e in entries] == [("relaunch", ["node2"])], entries
@@ -107,7 +107,7 @@ def test_evict_leaves_a_node_slowed_mid_run_out_and_ends_as_a_resume_on_the_smal
     slowed_at = time.time()
     with slowed_node("node2", "node1", until=(run / RESTARTS).exists):
         info = wait_job(slurm_cluster, job, timeout=500)
-    log = (tmp_path / "logs" / f"sasrec-{job}.out").read_text()
+    log = (tmp_path / f"sasrec-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]
     entries = read_jsonl(run / "restarts.jsonl")
     assert [(e["decision"], e["excluded"]) for e in entries] == [("relaunch", ["node2"])], entries
