@@ -543,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: sbatch refused the job: {str(err).strip() or err.__cause__}", file=sys.stderr)
         return 1
     print(describe(jobs, dirs), flush=True)
+    for note in dict.fromkeys(n for n in getattr(args, "data_notes", []) if n and n.startswith("generated")):
+        print(f"data: {note}: the tasks train on the recipe's generated data", flush=True)
     if args.follow or args.cluster == "debug":
         return follow(jobs)
     return 0

@@ -72,3 +72,14 @@ def test_submit_refuses_generated_data_on_the_cluster_and_its_dry_run_says_what_
     local = subprocess.run([PY, "hpc/submit.py", "--recipe", "sasrec", "--cluster", "local", "--dry-run"], cwd=REPO,
                            env=clean_env(TRAINER_PLUGINS=""), capture_output=True, text=True, timeout=120)
     assert local.returncode == 0 and "# data: generated data (data.path is empty)" in local.stderr
+
+
+def test_a_submitted_run_on_generated_data_says_so_and_runs_where_it_is_no_cluster(tmp_path):
+    """--cluster debug (this process, no Slurm): generated data is allowed; the submission says what it trains on."""
+    proc = subprocess.run([PY, "hpc/submit.py", "--recipe", "har", "--cluster", "debug", "--epochs", "1", "--folder",
+                           str(tmp_path / "sub"), "--run-dir", str(tmp_path / "run"), "model.width=8",
+                           "data.synthetic_cases=60", "train.tensorboard=false", "--follow"], cwd=REPO,
+                          env=clean_env(TRAINER_PLUGINS=""), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "data: generated data (data.path is empty): the tasks train on the recipe's generated data" in proc.stdout
+    assert (tmp_path / "run" / "checkpoints" / "final.pt").exists()
