@@ -103,20 +103,22 @@ def _loss_and_grads(model, seq):
     return loss, torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
 
 
-@pytest.mark.parametrize("mhc", [False, True])
-def test_the_model_with_the_kernel_computes_the_pytorch_paths_function(ops, mhc, monkeypatch):
+@pytest.mark.parametrize("mhc,kw", [(False, {}), (True, {}), (False, dict(norm="original", positions="from_start"))],
+                         ids=["sasrec", "mhc", "original-block"])
+def test_the_model_with_the_kernel_computes_the_pytorch_paths_function(ops, mhc, kw, monkeypatch):
     """Nothing dropped (p below the mask's resolution): the kernel's model and the PyTorch path's agree in
-    loss and every gradient; the kernel really ran."""
+    loss and every gradient; the kernel really ran (model.norm=original too: its keys and values from the raw
+    input, its queries from the normalised one)."""
     calls = []
     real = fused.FusedAttention.apply
     monkeypatch.setattr(fused.FusedAttention, "apply", lambda *a: calls.append(1) or real(*a))
     seq = batch()
-    kernel_model = _model(True, 1e-9, mhc=mhc, length_buckets=2)
+    kernel_model = _model(True, 1e-9, mhc=mhc, length_buckets=2, **kw)
     assert kernel_model.packs(seq)                      # one packed batch, mHC too: no length buckets
     loss_k, grads_k = _loss_and_grads(kernel_model, seq)
     assert len(calls) == kernel_model.cfg.depth
     calls.clear()
-    loss_p, grads_p = _loss_and_grads(_model(False, 1e-9, mhc=mhc, length_buckets=2), seq)
+    loss_p, grads_p = _loss_and_grads(_model(False, 1e-9, mhc=mhc, length_buckets=2, **kw), seq)
     assert not calls
     assert torch.allclose(loss_k, loss_p, rtol=1e-5)
     for a, b in zip(grads_k, grads_p):

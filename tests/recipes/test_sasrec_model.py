@@ -1,4 +1,5 @@
 """SASRec/TiSASRec/mHC model properties and the ranking metrics."""
+import dataclasses
 import math
 
 import numpy as np
@@ -363,3 +364,67 @@ def test_mhc_maps_without_fp32_stay_doubly_stochastic_in_bf16():
         _, _, res = maps(torch.randn(2, 5, 4, 16))
     assert torch.allclose(res.float().sum(-1), torch.ones(2, 5, 4), atol=1e-3)
     assert torch.allclose(res.float().sum(-2), torch.ones(2, 5, 4), atol=1e-3)
+
+
+@pytest.mark.parametrize("mhc", [False, True])
+def test_normal_init_draws_matrices_at_init_std_and_zeroes_biases(mhc):
+    """model.init=normal (Klenitskiy & Vasilev's and RecBole's N(0, 0.02)); xavier stays the default, so every
+    checkpoint and figure trained before keeps its initialisation."""
+    assert SeqRecConfig().init == "xavier"
+    torch.manual_seed(0)
+    xavier = SeqRec(SeqRecConfig(width=32, time=False, mhc=mhc), num_items=5000, maxlen=20)
+    torch.manual_seed(0)
+    normal = SeqRec(SeqRecConfig(width=32, time=False, mhc=mhc, init="normal", init_std=0.05), num_items=5000,
+                    maxlen=20)
+    # xavier's embedding std is sqrt(2 / (items + width)): ~1/50 of N(0, 0.05) at 5,000 items
+    assert normal.item_emb.weight[1:].std().item() == pytest.approx(0.05, rel=0.02)
+    assert xavier.item_emb.weight[1:].std().item() == pytest.approx(math.sqrt(2 / 5033), rel=0.02)
+    assert not normal.item_emb.weight[0].any() and not normal.pos_emb.weight[0].any()      # padding rows
+    for name, p in normal.named_parameters():
+        if name.endswith(".bias"):
+            assert not p.any(), name
+        elif ".maps." in name:              # the mHC maps keep their near-identity start
+            assert torch.equal(p, dict(xavier.named_parameters())[name]), name
+        elif p.dim() >= 2 and name != "item_emb.weight" and name != "pos_emb.weight":
+            assert p.std().item() == pytest.approx(0.05, rel=0.25), name
+
+
+def test_original_norm_is_the_block_of_both_papers_code():
+    """model.norm=original against the block written out as SASRec's 2018 code has it: queries LN(x), keys and
+    values the raw x, the residual LN(x); then LN(x) + FFN(LN(x)); padded positions zeroed after each block."""
+    torch.manual_seed(0)
+    cfg = SeqRecConfig(width=16, heads=2, time=False, mhc=False, norm="original", dropout=0.0, length_buckets=3)
+    model = SeqRec(cfg, num_items=30, maxlen=12).eval()
+    seq, time = batch(b=4)
+    seq[1, :9] = 0
+    keep = (seq != 0).unsqueeze(-1).float()
+    positions = torch.arange(1, 13) * (seq != 0)
+    x = (model.item_emb(seq) * 4.0 + model.pos_emb(positions)) * keep
+    allowed = torch.ones(12, 12).tril().bool() & (seq != 0)[:, None, :] | torch.eye(12).bool()
+    for block in model.blocks:
+        att, h = block.attn.fn, block.attn.norm(x)
+        split = lambda t: t.view(4, 12, 2, 8).transpose(1, 2)                     # noqa: E731
+        scores = split(att.q(h)) @ split(att.k(x)).mT / math.sqrt(8)
+        probs = torch.softmax(scores.masked_fill(~allowed[:, None], float("-inf")), -1)
+        x = h + att.out((probs @ split(att.v(x))).transpose(1, 2).reshape(4, 12, 16))
+        h = block.ffn.norm(x)
+        x = (h + block.ffn.fn.net(h)) * keep
+    expected = model.last_norm(x) * keep
+    assert torch.allclose(model.features(seq, time), expected, atol=1e-5)
+    pre = SeqRec(dataclasses.replace(cfg, norm="pre"), num_items=30, maxlen=12).eval()
+    pre.load_state_dict(model.state_dict())                        # the same parameters, another function
+    assert not torch.allclose(pre.features(seq, time), expected, atol=1e-3)
+
+
+def test_positions_from_start_do_not_depend_on_the_padding_before_a_sequence():
+    """model.positions=from_start numbers a sequence's items from its oldest (right-padded code's positions), so
+    its representation is the same however much padding precedes it; from_end numbers them back from the newest
+    (maxlen), where the same items at another length get other positions."""
+    seq, time = batch(b=3, t=12)
+    seq[:, :5] = 0
+    for positions, same in (("from_start", True), ("from_end", False)):
+        torch.manual_seed(0)
+        cfg = SeqRecConfig(width=16, heads=2, time=False, mhc=False, positions=positions, length_buckets=2)
+        model = SeqRec(cfg, num_items=30, maxlen=12).eval()
+        full, trimmed = model.features(seq, time)[:, -4:], model.features(seq[:, 3:], time[:, 3:])[:, -4:]
+        assert torch.allclose(full, trimmed, atol=1e-5) == same, positions

@@ -11,6 +11,7 @@ from trainer.data.download import DownloadError, check_data_path
 EXPECTED = {
     "sasrec/ml-1m.yaml": "python -m trainer data download ml-1m --out data/",
     "sasrec/ml-100k.yaml": "python -m trainer data download ml-100k --out data/",
+    "sasrec/beauty.yaml": "the preprocessed Amazon Beauty of the BERT4Rec paper",
     "tisasrec/ml-1m.yaml": "python -m trainer data download ml-1m --out data/",
     "tisasrec/ml-100k.yaml": "python -m trainer data download ml-100k --out data/",
     "kgat/amazon-book.yaml": "python -m trainer data download amazon-book --out data/",

@@ -47,13 +47,24 @@ class SeqRecConfig:
                                               time_span=POSITIVE, mhc_streams=POSITIVE, mhc_sinkhorn_iters=POSITIVE,
                                               mhc_sinkhorn_tol=Bound(0, zero="fixed count"),
                                               mhc_newton_steps=Bound(0, zero="none: the iterations alone"),
+                                              init_std=Bound(0, lo_open=True),
                                               length_buckets=POSITIVE)
 
     width: int = 50                            # item embedding / transformer width
     depth: int = 2                             # transformer blocks
     heads: int = 1
     dropout: float = 0.2
-    norm: Literal["pre", "post"] = "pre"       # pre-LN (the maintained port) or post-LN (the paper)
+    # pre-LN (the maintained port), post-LN (the paper's text), or original: both papers' code (SASRec 2018's
+    # TensorFlow, pmixer's port before 2024, Klenitskiy & Vasilev's): x -> LN(x) + attention(q=LN(x), k=v=x), then
+    # LN(x) + FFN(LN(x)); plain residuals only (mHC streams always normalise before each sub-layer)
+    norm: Literal["pre", "post", "original"] = "pre"
+    # the matrices' initialisation: xavier (both papers' code) or normal (N(0, init_std), biases zero: RecBole's and
+    # Klenitskiy & Vasilev's; on a large sparse catalogue xavier's embeddings start ~1/sqrt(items) small, learn slowly)
+    init: Literal["xavier", "normal"] = "xavier"
+    init_std: float = 0.02
+    # SASRec's learned positions: from_end (the newest item always at maxlen, as both papers' left-padded code) or
+    # from_start (the oldest kept item at 1, as right-padded code: Klenitskiy & Vasilev's, RecBole's)
+    positions: Literal["from_end", "from_start"] = "from_end"
     time: bool = True                          # TiSASRec time-interval aware attention
     time_span: int = 256                       # intervals are clipped at this many (rescaled) units
     mhc: bool = True                           # manifold-constrained hyper-connections

@@ -323,15 +323,20 @@ class SelfAttention(nn.Module):
         return x.view(b, t, self.h, self.dh).transpose(1, 2)          # (B, H, T, dh)
 
     def forward(self, x: torch.Tensor, mask: AttentionMask, offset: int = 0,
-                packing: Packing | None = None) -> torch.Tensor:
+                packing: Packing | None = None, source: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, D), or with `packing` the real positions' (N, D); offset: how many leading (all-padding)
         positions were trimmed, so absolute positions stay those of the full length. Packed x without the
-        kernel: the padded attention per length bucket of the packing."""
+        kernel: the padded attention per length bucket of the packing. source: the keys' and values' input
+        when it is not x (model.norm=original), in x's form."""
         if packing is not None:
             if self.packs(x):
-                return self.out(self._kernel_attention(self._qkv(x), packing))
+                return self.out(self._kernel_attention(self._qkv(x, source), packing))
+            assert source is None, "packed without the kernel: mHC, whose sub-layers take no source"
             return packing.per_bucket(x, lambda xb, rows, cut: self.forward(xb, mask.rows(rows, cut), offset + cut))
-        q, k, v = (self._split(part) for part in self._qkv(x).chunk(3, -1))
+        q, k, v = (self._split(part) for part in self._qkv(x, source).chunk(3, -1))
+        return self._attend(q, k, v, mask, offset)
+
+    def _attend(self, q, k, v, mask: AttentionMask, offset: int) -> torch.Tensor:
         if self.time:
             out = self._time_attention(q, k, v, mask, offset)
         elif self.fixed:           # the GPU-shaped step: one fused kernel, torch's dropout inside it
@@ -343,9 +348,12 @@ class SelfAttention(nn.Module):
         b, _, t, _ = out.shape
         return self.out(out.transpose(1, 2).reshape(b, t, self.h * self.dh))
 
-    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+    def _qkv(self, x: torch.Tensor, source: torch.Tensor | None = None) -> torch.Tensor:
         """(..., 3D): Q, K and V from one (D, 3D) product (and one for x's gradient): three reads of x and two
-        gradient additions fewer; the parameters stay three Linear layers."""
+        gradient additions fewer; the parameters stay three Linear layers. source: K and V's input, if not x."""
+        if source is not None:
+            return torch.cat([self.q(x), F.linear(source, torch.cat([self.k.weight, self.v.weight]),
+                                                  torch.cat([self.k.bias, self.v.bias]))], -1)
         return F.linear(x, torch.cat([self.q.weight, self.k.weight, self.v.weight]),
                         torch.cat([self.q.bias, self.k.bias, self.v.bias]))
 
@@ -570,7 +578,7 @@ class Sublayer(nn.Module):
 
     def __init__(self, fn: nn.Module, d: int, cfg: SeqRecConfig, fixed: bool = False):
         super().__init__()
-        self.fn, self.norm, self.pre_ln = fn, nn.LayerNorm(d, eps=1e-8), cfg.norm == "pre"
+        self.fn, self.norm, self.form = fn, nn.LayerNorm(d, eps=1e-8), cfg.norm
         self.maps = MHCMaps(cfg.mhc_streams, d, cfg, fixed) if cfg.mhc else None
         self.fused = cfg.mhc and cfg.mhc_fused and not fixed
         # the streams in the basis form (fused.BasisStreams) between the kernels; not under grad_checkpoint,
@@ -584,9 +592,14 @@ class Sublayer(nn.Module):
         the basis form (fused.BasisStreams), the first sub-layer's being the embedding (N, D) itself. collapse
         (mHC, the last sub-layer): return the mean of the output streams, (N, D), never written as streams."""
         if self.maps is None:
-            if self.pre_ln:
+            if self.form == "pre":
                 return x + self.fn(self.norm(x), **kw)
-            return self.norm(x + self.fn(x, **kw))
+            if self.form == "post":
+                return self.norm(x + self.fn(x, **kw))
+            # original (both papers' code): the residual is the normalised input; attention's keys and values
+            # are the raw x (SelfAttention's `source`), its queries the normalised x
+            h = self.norm(x)
+            return h + self.fn(h, source=x, **kw)
         if isinstance(x, BasisStreams):
             return self._from_basis(x, collapse, **kw)
         if x.dim() == 2:
@@ -669,11 +682,17 @@ class SeqRec(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier-normal matrices as in both papers' code (PyTorch's N(0, 1) embeddings train far slower);
-        the mHC maps keep their near-identity initialisation."""
+        """model.init: xavier-normal matrices as in both papers' code (PyTorch's N(0, 1) embeddings train far
+        slower), or N(0, init_std) matrices with zero biases; the mHC maps keep their near-identity
+        initialisation either way."""
+        normal = self.cfg.init == "normal"
         for name, param in self.named_parameters():
-            if param.dim() >= 2 and ".maps." not in name:
-                nn.init.xavier_normal_(param)
+            if ".maps." in name:
+                continue
+            if param.dim() >= 2:
+                nn.init.normal_(param, std=self.cfg.init_std) if normal else nn.init.xavier_normal_(param)
+            elif normal and name.endswith(".bias"):       # (a LayerNorm's bias is zero already)
+                nn.init.zeros_(param)
         with torch.no_grad():
             self.item_emb.weight[0].zero_()
             if self.pos_emb is not None:
@@ -735,7 +754,10 @@ class SeqRec(nn.Module):
         ids = seq if packing is None else packing.pack(seq)
         x = self.item_emb(ids) * math.sqrt(self.cfg.width)
         if self.pos_emb is not None:
-            positions = torch.arange(offset + 1, offset + seq.shape[1] + 1, device=seq.device) * (seq != 0)
+            if self.cfg.positions == "from_start":       # (a trimmed prefix is all padding: nothing to count)
+                positions = (seq != 0).cumsum(1) * (seq != 0)
+            else:
+                positions = torch.arange(offset + 1, offset + seq.shape[1] + 1, device=seq.device) * (seq != 0)
             x = x + self.pos_emb(positions if packing is None else packing.pack(positions))
         x = self.drop(x)
         return x * keep if packing is None else x

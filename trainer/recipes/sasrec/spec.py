@@ -35,6 +35,9 @@ SPEC = RecipeSpec(
     synth=DataCommand("user sequences with timestamps in the MovieLens u.data layout", _synth_arguments, _synth),
     datasets={"ml-100k": Dataset("trainer.recipes.sasrec.download:ml_100k", "ml-100k"),
               "ml-1m": Dataset("trainer.recipes.sasrec.download:ml_1m", "ml-1m")},
+    # configs/sasrec/beauty.yaml: no licence lets us fetch it for the user
+    data_hints={"beauty.txt": "put there the preprocessed Amazon Beauty of the BERT4Rec paper (one `user item` pair "
+                              "per line, each user's lines in time order), or point data.path at your copy"},
 )
 
 

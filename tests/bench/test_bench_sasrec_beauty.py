@@ -1,0 +1,46 @@
+"""bench/sasrec_beauty.py on a small generated `user item` file in Beauty's layout (the real set is not shipped):
+every run's report row, its curve and the paper's figures beside it; a missing file and an unknown run refused."""
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests.conftest import PY, REPO, clean_env
+
+pytestmark = pytest.mark.beside_cluster      # two short trainings: tests/run.sh runs it in the cluster half
+
+
+def pairs_file(path, users=150, items=300, seed=0):
+    rng = np.random.default_rng(seed)
+    lines = [f"{u} {i}" for u in range(1, users + 1) for i in rng.integers(1, items + 1, rng.integers(5, 12))]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_beauty_bench_reports_each_run_beside_the_paper(tmp_path):
+    data = pairs_file(tmp_path / "beauty.txt")
+    proc = subprocess.run([PY, "-m", "bench.sasrec_beauty", "--data", str(data), "--runs", "bce,bce_before",
+                           "--epochs", "2", "--out", str(tmp_path / "out")], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "sasrec_beauty.json").read_text())
+    bce, before = report["runs"]
+    assert (bce["run"], before["run"]) == ("bce", "bce_before")
+    assert (bce["paper_full_hr10"], bce["paper_full_ndcg10"]) == (0.0246, 0.0126)
+    assert before["paper_full_ndcg10"] == 0.0126 and "model.init=xavier" in before["overrides"]
+    for run in (bce, before):
+        assert [e for e, _ in run["val_curve"]] == [1, 2] and 1 <= run["best_epoch"] <= 2
+        assert 0 <= run["test_full_ndcg10"] <= run["test_full_hr10"] <= 1 and run["epoch_time_s"] > 0
+    assert (tmp_path / "out" / "sasrec_beauty.png").stat().st_size > 0
+    config = (tmp_path / "out" / "runs" / "beauty-bce" / "config.yaml").read_text()
+    assert "init: normal" in config and "norm: original" in config and "positions: from_start" in config
+
+
+def test_beauty_bench_refuses_a_missing_file_and_an_unknown_run(tmp_path):
+    proc = subprocess.run([PY, "-m", "bench.sasrec_beauty", "--data", str(tmp_path / "none.txt")], cwd=REPO,
+                          env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "none.txt not found" in proc.stdout
+    proc = subprocess.run([PY, "-m", "bench.sasrec_beauty", "--runs", "bce,bec"], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown ['bec']" in proc.stderr
