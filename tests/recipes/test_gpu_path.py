@@ -54,6 +54,9 @@ STEPS = [
     ("sasrec", SAS + ["data.maxlen=50"] + POPULAR, None),
     ("sasrec", SAS + ["data.maxlen=50", "loss.shared_negatives=batch", "data.train_negatives=64"], None),
     ("sasrec", SAS + ["data.maxlen=50"] + IN_BATCH, None),
+    # Klenitskiy & Vasilev's model (configs/sasrec/beauty.yaml): the original block, positions from the oldest item
+    ("sasrec", SAS + ["data.maxlen=50", "model.norm=original", "model.positions=from_start", "model.init=normal"],
+     None),
     ("har", [], None),
     ("har", ["model.encoder=transformer"], None),
     ("kgat", [], None),
