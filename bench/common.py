@@ -27,6 +27,14 @@ def trainer_env(threads: int | str | None = None, **extra: str) -> dict[str, str
     return dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS=omp, **extra)
 
 
+def machine(**extra: Any) -> dict[str, Any]:
+    """The machine a report was measured on (CPUs, Python, torch) and what else the script says of it."""
+    import platform
+
+    import torch
+    return dict(cpus=os.cpu_count(), python=platform.python_version(), torch=str(torch.__version__), **extra)
+
+
 def trainer_cmd(*args: str, ranks: int = 1) -> list[str]:
     """`python -m trainer ARGS`, under torchrun (standalone) for ranks > 1."""
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"] \

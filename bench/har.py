@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.common import run_trainer
+from bench.common import machine, run_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -128,7 +126,6 @@ def main(argv=None) -> int:
     if args.uci is None and not (synth / "UCI HAR Dataset" / "train" / "y_train.txt").exists():
         subprocess.run([sys.executable, "-m", "trainer", "data", "synth", "har", "--preset", args.synth_preset, "--out",
                         str(synth)], check=True, cwd=REPO, capture_output=True)
-    import torch
     report = dict(recipe="har", seeds=args.seeds, basicmotions_data=str(basic),
                   basicmotions=basicmotions(basic, args.seeds, args.modes.split(","), out, args.basic_epochs),
                   throughput_data="real UCI HAR" if args.uci
@@ -136,8 +133,7 @@ def main(argv=None) -> int:
                   throughput=throughput(Path(args.uci) if args.uci else synth, args.steps, out),
                   uci_har=uci_accuracy(Path(args.uci), out) if args.uci else
                   dict(skipped="no --uci folder (archive.ics.uci.edu is not reachable from the build machines)"),
-                  machine=dict(cpus=os.cpu_count(), python=platform.python_version(), torch=str(torch.__version__),
-                               device="cpu"),
+                  machine=machine(device="cpu"),
                   date=time.strftime("%Y-%m-%d %H:%M"))
     by_mode: dict[str, list[float]] = {}
     for r in report["basicmotions"]:

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import run_trainer, trainer_cmd, trainer_env
+from bench.common import machine, run_trainer, trainer_cmd, trainer_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -102,9 +102,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = [run_variant(v, args.data, args.epochs, out, args.seed) for v in args.variants.split(",")]
-    import platform
 
-    import torch
     by = {r["variant"]: r for r in results}
     def ratios_of(field: str, suffix: str = "") -> dict[str, float]:
         out = {f"{v}_vs_{b}{suffix}": round(by[v][field] / by[b][field], 3)
@@ -115,8 +113,7 @@ def main(argv=None) -> int:
     # medians too: a shared VM's stalls lengthen a few epochs by 50% or more, which the mean carries
     ratios = {**ratios_of("epoch_time_s"), **ratios_of("epoch_time_median_s", "_median")}
     report = dict(recipe="sasrec", dataset="ml-100k", reference=REFERENCE, results=results, epoch_time_ratios=ratios,
-                  machine=dict(cpus=os.cpu_count(), python=platform.python_version(), torch=str(torch.__version__),
-                               threads=os.environ.get("OMP_NUM_THREADS", "2")),
+                  machine=machine(threads=os.environ.get("OMP_NUM_THREADS", "2")),
                   date=time.strftime("%Y-%m-%d %H:%M"))
     (out / "sasrec.json").write_text(json.dumps(report, indent=1))
     plot(results, out / "sasrec.png")

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import REPO, run_trainer
+from bench.common import REPO, machine, run_trainer
 
 CONFIG = REPO / "configs" / "sasrec" / "beauty.yaml"
 RUNS = {
@@ -106,13 +106,10 @@ def main(argv=None) -> int:
         old = json.loads(report_path.read_text())
         rows = [r for r in old["runs"] if r["run"] not in names] + rows
         rows.sort(key=lambda r: list(RUNS).index(r["run"]))
-    import platform
 
-    import torch
     report = dict(recipe="sasrec", dataset="beauty", config=str(CONFIG.relative_to(REPO)), runs=rows,
                   date=time.strftime("%Y-%m-%d %H:%M"),
-                  machine=dict(cpus=os.cpu_count(), python=platform.python_version(), torch=str(torch.__version__),
-                               threads=args.threads))
+                  machine=machine(threads=args.threads))
     report_path.write_text(json.dumps(report, indent=1))
     plot(rows, out / "sasrec_beauty.png")
     print(f"{'run':<18}{'full HR@10':>11}{'paper':>8}{'full NDCG@10':>14}{'paper':>8}{'best':>6}{'s/epoch':>9}")

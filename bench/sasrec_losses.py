@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import REPO, run_trainer, trainer_env
+from bench.common import REPO, machine, run_trainer, trainer_env
 
 LOSSES = {
     "bce": [],
@@ -149,13 +149,10 @@ def main(argv=None) -> int:
         rows.sort(key=lambda r: list(LOSSES).index(r["loss"]))
         memory = memory or old.get("full_softmax_memory", [])
     table = summarise(rows)
-    import platform
 
-    import torch
     report = dict(recipe="sasrec", dataset="ml-100k", epochs_budget=args.epochs, table=table, runs=rows,
                   full_softmax_memory=memory, date=time.strftime("%Y-%m-%d %H:%M"),
-                  machine=dict(cpus=os.cpu_count(), python=platform.python_version(), torch=str(torch.__version__),
-                               threads=args.threads))
+                  machine=machine(threads=args.threads))
     report_path.write_text(json.dumps(report, indent=1))
     plot(rows, table, out / "sasrec_losses.png")
     print(f"{'loss':<18}{'full HR@10':>16}{'full NDCG@10':>18}{'s/epoch':>9}{'peak MB':>9}  epochs run")
