@@ -15,7 +15,7 @@ from tests.conftest import assert_bitwise_equal, trainer, weights
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.config import SeqDataConfig, SeqLossConfig
 from trainer.recipes.sasrec.device import DeviceSequences
-from trainer.recipes.sasrec.losses import shared_logits
+from trainer.recipes.sasrec.losses import real_shared_logits, shared_logits
 from trainer.recipes.sasrec.negatives import Sharing, log_q
 from trainer.recipes.sasrec.recipe import sequence_loss
 
@@ -69,6 +69,37 @@ def test_the_shared_losses_are_the_per_position_loop(mode, kind):
     ref.backward()
     assert torch.allclose(ours, ref, atol=1e-5), (float(ours), float(ref))
     assert torch.allclose(got[0], h.grad, atol=1e-5) and torch.allclose(got[1], weight.grad, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["sequence", "batch", "in_batch"])
+@pytest.mark.parametrize("kind", ["sampled_softmax", "bce", "gbce"])
+def test_the_cpu_paths_real_positions_give_the_padded_forms_loss(mode, kind):
+    """The CPU path scores only each length bucket's real positions (real_shared_logits): the same loss and
+    gradients as the padded form the GPU-shaped step keeps, on rows of very different lengths."""
+    torch.manual_seed(1)
+    items, b, t, k = 40, 10, 12, 7
+    lengths = torch.tensor([12, 1, 3, 2, 11, 5, 1, 7, 2, 4])
+    seq = torch.randint(1, items + 1, (b, t)) * (torch.arange(t) >= t - lengths[:, None])
+    pos = torch.randint(1, items + 1, (b, t)) * (seq != 0)
+    neg = torch.randint(1, items + 1, (b, k))
+    if mode != "sequence":
+        neg = neg[:1].expand(b, k).clone()
+    seen = torch.rand(b, k) < 0.3
+    lq = torch.log(torch.rand(items + 1) + 0.1) if kind == "sampled_softmax" else None
+    h = torch.randn(b, t, 4, requires_grad=True)
+    weight = torch.randn(items + 1, 4, requires_grad=True)
+    losses, grads = [], []
+    for padded in (True, False):
+        if padded:
+            logits, target = shared_logits(h, weight, pos, neg, seen, mode, lq), pos
+        else:
+            *logits, target = real_shared_logits(h, weight, seq, pos, neg, seen, mode, lq, buckets=3)
+            assert logits[1].shape == (int(lengths.sum()), k)              # the real positions only
+        losses.append(sequence_loss(*logits[:2], target, kind, 0.4, logits[2]))
+        grads.append(torch.autograd.grad(losses[-1], (h, weight)))
+    assert torch.allclose(losses[0], losses[1], atol=1e-6)
+    for a, c in zip(*grads):
+        assert torch.allclose(a, c, atol=1e-6)
 
 
 def _split(items=60):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from trainer.recipes.sasrec.model import length_groups
+
 LOGITS = 2 ** 26       # a chunk's logits (and their gradient): at most this many, 256 MB in float32
 
 
@@ -75,3 +77,21 @@ def shared_logits(h: torch.Tensor, weight: torch.Tensor, pos: torch.Tensor, neg:
         neg_logits = neg_logits - log_q[neg].to(neg_logits.dtype).unsqueeze(1)
     neg_valid = ~neg_seen.unsqueeze(1) & (neg.unsqueeze(1) != pos.unsqueeze(-1))
     return pos_logits, neg_logits, neg_valid
+
+
+def real_shared_logits(h: torch.Tensor, weight: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor,
+                       neg: torch.Tensor, neg_seen: torch.Tensor, mode: str, log_q: torch.Tensor | None = None,
+                       buckets: int = 4):
+    """shared_logits of the real positions only (the CPU path): per length bucket of `seq` (model.length_groups)
+    on its trimmed positions, then the real ones, concatenated: (N,) target logits, (N, K) negative logits, (N, K)
+    which count, and the (N,) targets. The padded form scored every position against all K negatives: on
+    Amazon Beauty (5.6 training positions per sequence in maxlen 50) 7.7x the real ones."""
+    parts = []
+    for rows, cut in length_groups(seq, buckets):
+        r = slice(None) if rows is None else rows
+        target = pos[r, cut:]
+        real = target != 0
+        logits = shared_logits(h[r, cut:], weight, target, neg[r], neg_seen[r], mode, log_q)
+        parts.append((*(x[real] for x in logits), target[real]))
+    return tuple(torch.cat(x) for x in zip(*parts))
+

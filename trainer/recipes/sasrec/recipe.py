@@ -15,7 +15,7 @@ from trainer.engine.recipe import Recipe, unwrap
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.config import SeqLossConfig
 from trainer.recipes.sasrec.device import DeviceSequences
-from trainer.recipes.sasrec.losses import full_softmax_ce, shared_logits
+from trainer.recipes.sasrec.losses import full_softmax_ce, real_shared_logits, shared_logits
 from trainer.recipes.sasrec.model import MHCMaps, SeqRec
 from trainer.recipes.sasrec.negatives import Sharing
 from trainer.recipes.sasrec.negatives import log_q as log_q_of
@@ -132,10 +132,14 @@ class SASRecRecipe(Recipe):
             if getattr(self, "_log_q", None) is None or self._log_q.device != h.device:
                 self._log_q = torch.from_numpy(log_q_of(self.popularity)).float().to(h.device)
             log_q = self._log_q
-        pos_logits, neg_logits, neg_valid = shared_logits(h, weight, batch["pos"], batch["neg"], batch["neg_seen"],
-                                                          self.sharing.mode, log_q)
+        pos, args = batch["pos"], (batch["neg"], batch["neg_seen"], self.sharing.mode, log_q)
+        if self.gpu_shaped:                      # fixed shapes: every position, padding weighed 0
+            pos_logits, neg_logits, neg_valid = shared_logits(h, weight, pos, *args)
+        else:
+            pos_logits, neg_logits, neg_valid, pos = real_shared_logits(h, weight, batch["seq"], pos, *args,
+                                                                        buckets=self.model_cfg.length_buckets)
         beta = gbce_beta(neg_logits.shape[-1], self.data.num_items, self.loss_cfg.gbce_t)
-        return sequence_loss(pos_logits, neg_logits, batch["pos"], self.loss_cfg.kind, beta, neg_valid)
+        return sequence_loss(pos_logits, neg_logits, pos, self.loss_cfg.kind, beta, neg_valid)
 
     @property
     def corrects(self) -> bool:
