@@ -37,7 +37,7 @@ SPEC = RecipeSpec(
               "ml-1m": Dataset("trainer.recipes.sasrec.download:ml_1m", "ml-1m")},
     # configs/sasrec/beauty.yaml: no licence lets us fetch it for the user
     data_hints={"beauty.txt": "put there the preprocessed Amazon Beauty of the BERT4Rec paper (one `user item` pair "
-                              "per line, each user's lines in time order), or point data.path at your copy"},
+                              "per line, each user's lines in time order)"},
 )
 
 
