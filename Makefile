@@ -20,7 +20,7 @@ help:
 	@echo "make kernels-portable  the C++ kernels also for x86-64-v3 (shared homes: other CPU types reuse it)"
 	@echo "make bench        the harness: every recipe at 1 and 2 ranks, torchrun/srun (bench/results/harness)"
 	@echo "make bench-gpu    one CUDA device: every recipe fp32/bf16/compiled, video MFU (bench/results/gpu-*.json)"
-	@echo "make gpu-carry    ml-100k and PyAV's wheel for bench/gpu_check.sh on a GPU machine without an index"
+	@echo "make gpu-carry    ml-100k, Beauty and PyAV's wheel for bench/gpu_check.sh on a GPU machine without an index"
 	@echo "make bench-steps  ATen ops and host syncs per training step, both paths (bench/results/steps.json)"
 	@echo "make bench-recipes  accuracy and speed against the reference implementations (needs ../shared/data)"
 	@echo "make faults-report  the fault tests with their time-to-exit figures (bench/results/faults.md)"
@@ -73,11 +73,13 @@ bench-steps: kernels
 	$(BIN)/python -m bench.steps
 
 # what bench/gpu_check.sh needs on a GPU machine without an index (ignored, never committed: the data's licence
-# forbids shipping it): ml-100k and PyAV's wheel for that machine's Python (GPU_PY, default 3.12)
+# forbids shipping it): ml-100k, Amazon Beauty and PyAV's wheel for that machine's Python (GPU_PY, default 3.12)
 GPU_PY ?= 3.12
 gpu-carry: setup
 	mkdir -p .gpu-carry/whl
 	if [ -f ../shared/data/ml-100k/u.data ]; then cp -r ../shared/data/ml-100k .gpu-carry/; fi
+	if [ -f ../shared/data/beauty/beauty.txt ]; then \
+		mkdir -p .gpu-carry/beauty && cp ../shared/data/beauty/beauty.txt .gpu-carry/beauty/; fi
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PY) --implementation cp \
 		--platform manylinux_2_28_x86_64 -d .gpu-carry/whl 'av>=12,<19'
 

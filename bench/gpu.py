@@ -141,20 +141,22 @@ def rows(args) -> list[tuple[str, str, list[str]]]:
     return out[:1] + out[3:] if args.quick else out
 
 
-def video_sweep(args, device: str):
+def video_sweep(args, device: str, layout: str = "conv3d", compiled: bool = True, batches=None):
     """The bare model step (model + loss + optimizer on clips already on the device, channels-last, bf16,
-    compiled) at rising batch sizes: clips/s and MFU, one dict per batch as it is measured (with its 3 warm-up
-    steps' seconds: a new batch compiles again); the batch that maximises clips/s is the loop's batch."""
+    compiled unless told) at rising batch sizes: clips/s and MFU, one dict per batch as it is measured (with its 3
+    warm-up steps' seconds: a new batch compiles again); the batch that maximises clips/s is the loop's batch.
+    layout: the model's `model.layout` (issue 70: `frames` computes the same model as 2D convolutions)."""
     from trainer.recipes.video.model import VideoModelConfig, build, train_flops_per_clip
     arch, clip, size = ("light", 9, 32) if args.tiny else ("mouse3d", 17, 256)
-    model = build(VideoModelConfig(arch=arch), 1, 8).to(device, memory_format=torch.channels_last_3d)
+    model = build(VideoModelConfig(arch=arch, layout=layout), 1, 8).to(device, memory_format=torch.channels_last_3d)
     flops = train_flops_per_clip(build(VideoModelConfig(arch=arch), 1, 8), (1, clip, size, size))
     opt = torch.optim.AdamW(model.parameters(), fused=True)
-    step = torch.compile(lambda x, y: torch.nn.functional.cross_entropy(model(x).float(), y)) \
-        if device.startswith("cuda") else (lambda x, y: torch.nn.functional.cross_entropy(model(x).float(), y))
+    compiled = compiled and device.startswith("cuda")
+    step = torch.compile(lambda x, y: torch.nn.functional.cross_entropy(model(x).float(), y)) if compiled \
+        else (lambda x, y: torch.nn.functional.cross_entropy(model(x).float(), y))
     peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items()
                                      if device.startswith("cuda") and k in torch.cuda.get_device_name()), None)
-    for batch in ((2, 4) if args.tiny else (16, 32, 64, 128)):
+    for batch in batches or ((2, 4) if args.tiny else (16, 32, 64, 128)):
         warm = time.perf_counter()
         x = torch.randint(0, 255, (batch, 1, clip, size, size), dtype=torch.uint8, device=device)
         y = torch.randint(0, 8, (batch,), device=device)
@@ -171,7 +173,7 @@ def video_sweep(args, device: str):
             opt.zero_grad(set_to_none=True)
         sync(device)
         rate = batch * args.video_steps / (time.perf_counter() - t0)
-        yield dict(batch=batch, clips_per_s=round(rate, 1), tflops=round(rate * flops / 1e12, 1),
+        yield dict(layout=layout, compiled=compiled, batch=batch, clips_per_s=round(rate, 1), tflops=round(rate * flops / 1e12, 1),
                    mfu=round(rate * flops / (peak * 1e12), 4) if peak else None, warmup_s=round(warm, 2))
 
 
@@ -260,8 +262,13 @@ def main(argv=None) -> int:
     ap.add_argument("--amps", default=",".join(AMPS[:3]), help="the modes of each row, comma-separated, of "
                     f"{', '.join(AMPS)} (deterministic: bf16 under train.deterministic=true; its cost is "
                     "its step over the bf16 row's)")
-    ap.add_argument("--only", default="", help="these rows only (comma-separated names, e.g. har,kgat,video), "
+    ap.add_argument("--only", default="", help="these rows only (comma-separated names, e.g. har,kgat,video; "
+                    "video-bare: the bare video step alone), "
                     "joined to the report already at --out")
+    ap.add_argument("--video-layouts", default="conv3d", help="the bare video step's model.layout values, "
+                    "comma-separated (conv3d, frames)")
+    ap.add_argument("--video-batches", default="", help="the bare video step's batches (default 16,32,64,128)")
+    ap.add_argument("--video-eager", action="store_true", help="the bare video step eager too, before compiled")
     ap.add_argument("--out", default="")
     ap.add_argument("--plot", metavar="JSON", default="", help="only draw JSON's PNG beside it (e.g. on a machine "
                     "with matplotlib, from a GPU machine's JSON)")
@@ -287,6 +294,9 @@ def main(argv=None) -> int:
     compiled = args.device.startswith("cuda") and not args.tiny     # inductor on a GPU: a row of its own
     only = set(filter(None, args.only.split(",")))
     amps = [a.strip() for a in args.amps.split(",") if a.strip()]
+    layouts = [la.strip() for la in args.video_layouts.split(",") if la.strip()]
+    if set(layouts) - {"conv3d", "frames"}:
+        ap.error(f"--video-layouts {args.video_layouts}: each one of conv3d, frames")
     if set(amps) - set(AMPS):
         ap.error(f"--amps {args.amps}: each one of {', '.join(AMPS)}")
     for row, recipe, overrides in [] if args.stock_only else [r for r in rows(args) if not only or r[0] in only]:
@@ -325,14 +335,19 @@ def main(argv=None) -> int:
                 r["met"] = r[metric] <= bound if how == "<=" else r[metric] >= bound
             print(f"{key:28s} {json.dumps(r)}", flush=True)
             save(report, out)         # row by row: a step stopped at its cap keeps the rows it measured
-    if time.perf_counter() - start < args.budget_s and not args.stock_only and (not only or "video" in only):
-        report["video_bare"] = bare = []
-        for one in video_sweep(args, args.device):       # batch by batch: a step stopped at its cap keeps them
-            bare.append(one)
-            print("video bare step:", json.dumps(one), flush=True)
-            save(report, out)
+    if time.perf_counter() - start < args.budget_s and not args.stock_only and \
+            (not only or only & {"video", "video-bare"}):
+        report["video_bare"] = bare = [] if not only or "video" in only else \
+            [b for b in report.get("video_bare", []) if b.get("layout", "conv3d") not in layouts]
+        batches = [int(b) for b in args.video_batches.split(",")] if args.video_batches else None
+        for layout, compiled in [(la, False) for la in layouts if args.video_eager] + [(la, True) for la in layouts]:
+            for one in video_sweep(args, args.device, layout, compiled, batches):    # batch by batch: a step
+                bare.append(one)                                                      # stopped at its cap keeps them
+                print("video bare step:", json.dumps(one), flush=True)
+                save(report, out)
         loop = report["rows"].get("video compiled") or report["rows"].get("video bf16")
-        same = next((b for b in bare if b["batch"] == (4 if args.tiny else 16)), None)
+        same = next((b for b in bare if b["batch"] == (4 if args.tiny else 16) and b.get("compiled", True)
+                     and b.get("layout", "conv3d") == "conv3d"), None)
         if loop and same:     # the loop (loader, engine) against the bare step at the loop's batch
             report["video_loop_loss"] = round(1 - loop["samples_per_s"] / same["clips_per_s"], 4)
     if time.perf_counter() - start < args.budget_s and not args.no_stock and not only:

@@ -20,9 +20,16 @@
 #     through an interprocess event as under NCCL: the device clock names it, the window's time does not (90)
 #   7 the straggler watch's cost: DDP under NCCL in a world of one, SASRec and video steps, plain against the comm
 #     hook and against the device clock (bench/comm_hook.py; 150). STEPS="6 7": issue 69's device checks alone
+#   8 issue 71: SASRec with the full softmax (loss.kind=ce) on Amazon Beauty, the paper's protocol, BEAUTY_EPOCHS
+#     (10) epochs (bench/sasrec_beauty.py; its beauty.txt from $CARRY/beauty, which `make gpu-carry` fills; 160)
+#   9 issue 71's losses on the GPU: their steps with no host sync (sync debug mode "error"; off, bf16, fp16) and the
+#     full softmax compiled with CUDA graphs (100)
+#   10 issue 70: video's bare step at batch 16, model.layout conv3d beside frames, eager and compiled (90)
 # ONLY=video,epoch: step 1's bench measures those rows only (its log 1-bench-video-epoch.log); AMPS=bf16,deterministic:
 # each row's modes (bench.gpu --amps; deterministic's cost is its step over the bf16 row's of the same run)
 # Everything lands in $OUT: each step's log, summary.txt (step, exit code, seconds), versions.txt, the JSON.
+# PACK=FILE: after every step, $OUT (checkpoints left out) is packed into FILE.tgz, for a machine that sends back
+# a few files only.
 # Draw the PNG afterwards where matplotlib is: python -m bench.gpu --plot $OUT/gpu-<device>.json
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -71,6 +78,12 @@ step() {   # step NAME CAP COMMAND...: run it under its cap, log to $OUT/NAME.lo
     rc=$?
     echo "$name rc=$rc $(( $(date +%s) - start ))s (cap ${cap}s)$([ $rc = 124 ] && echo ' TIMED OUT')" \
         | tee -a "$OUT/summary.txt"
+    pack
+}
+pack() {   # $OUT as one archive (PACK): what a cap cuts short still comes back with the steps before it
+    [ -n "${PACK:-}" ] || return 0
+    tar czf "$PACK.tgz.tmp" --exclude='*.pt' --exclude='*.npz' -C "$OUT" . && mv "$PACK.tgz.tmp" "$PACK.tgz"
+    cp "$OUT/summary.txt" "$PACK.summary.txt" 2>/dev/null
 }
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -105,6 +118,20 @@ fi
 if wants 7; then
     step 7-hook-cost "${CAP_7:-150}" "$PY" -m bench.comm_hook --ml100k "$ml100k" --out "$OUT/comm-hook-$name.json" \
         ${GPU_CHECK_ON_CPU:+--device cpu --tiny}
+fi
+if wants 8; then
+    beauty=$CARRY/beauty/beauty.txt
+    [ -f "$beauty" ] || beauty=../shared/data/beauty/beauty.txt
+    step 8-beauty-ce "${CAP_8:-160}" "$PY" -m bench.sasrec_beauty --runs ce --epochs "${BEAUTY_EPOCHS:-10}" \
+        --data "$beauty" --out "$OUT/beauty"
+fi
+if wants 9; then
+    step 9-losses-gpu "${CAP_9:-100}" "$PY" -m pytest -q -p no:cacheprovider -rs -m gpu tests/gpu/test_cuda.py \
+        -k issue71 "${xdist[@]}"
+fi
+if wants 10; then
+    step 10-video-layouts "${CAP_10:-90}" "$PY" -m bench.gpu --only video-bare --video-layouts conv3d,frames \
+        --video-batches "${VIDEO_BATCHES:-16}" --video-eager --out "$json" "${bench[@]}"
 fi
 for pid in "${pids[@]}"; do wait "$pid"; done
 cat "$OUT/summary.txt"

@@ -44,7 +44,7 @@ def run_one(name: str, data: str, epochs: int, out: Path, threads: str) -> dict:
     best = next(r for r in rows if r.get("split") == "test" and r.get("checkpoint") == "best")
     best_epoch = max(val, key=lambda r: r["full_ndcg@10"])["epoch"] + 1
     paper = PAPER.get(name.split("_")[0])
-    return dict(run=name, overrides=RUNS[name], wall_s=round(wall, 1), epochs_budget=epochs,
+    return dict(run=name, device=device_name(), overrides=RUNS[name], wall_s=round(wall, 1), epochs_budget=epochs,
                 epochs_run=len(epoch_times), best_epoch=best_epoch,
                 epoch_time_s=round(statistics.median(epoch_times[1:] or epoch_times), 2),
                 val_time_s=round(statistics.median(r["eval_time_s"] for r in val), 2),
@@ -53,7 +53,13 @@ def run_one(name: str, data: str, epochs: int, out: Path, threads: str) -> dict:
                 paper_full_hr10=paper and paper[0], paper_full_ndcg10=paper and paper[1])
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def device_name() -> str:
+    """Where the trainer ran: its default device (the first GPU where torch sees one)."""
+    import torch
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def plot(rows: list[dict], path: Path, device: str = "cpu") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -70,7 +76,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax2.bar([i - 0.2 for i in x], [r["test_full_ndcg10"] for r in rows], 0.4, label="here (test, best.pt)")
     ax2.bar([i + 0.2 for i in x], [r["paper_full_ndcg10"] or 0 for r in rows], 0.4, label="the paper")
     ax2.set_xticks(list(x), names, rotation=30), ax2.set_ylabel("test full NDCG@10"), ax2.legend(fontsize=8)
-    fig.suptitle("SASRec on Amazon Beauty (54,542 items; Klenitskiy & Vasilev's protocol), CPU")
+    fig.suptitle(f"SASRec on Amazon Beauty (54,542 items; Klenitskiy & Vasilev's protocol), {device}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -109,9 +115,12 @@ def main(argv=None) -> int:
 
     report = dict(recipe="sasrec", dataset="beauty", config=str(CONFIG.relative_to(REPO)), runs=rows,
                   date=time.strftime("%Y-%m-%d %H:%M"),
-                  machine=machine(threads=args.threads))
+                  machine=machine(threads=args.threads, device=device_name()))
     report_path.write_text(json.dumps(report, indent=1))
-    plot(rows, out / "sasrec_beauty.png")
+    try:
+        plot(rows, out / "sasrec_beauty.png", report["machine"]["device"])
+    except ImportError:             # a GPU machine without matplotlib: the PNG is drawn where the JSON goes
+        print("no matplotlib here: the PNG is not drawn")
     print(f"{'run':<18}{'full HR@10':>11}{'paper':>8}{'full NDCG@10':>14}{'paper':>8}{'best':>6}{'s/epoch':>9}")
     for r in rows:
         print(f"{r['run']:<18}{r['test_full_hr10']:>11.4f}{r['paper_full_hr10'] or '-':>8}"

@@ -22,9 +22,19 @@ SMALL = {"sasrec": ["data.maxlen=50", "train.batch_size=32"], "har": [], "kgat":
                    "data.synthetic_frames=30", "train.num_workers=0", "train.batch_size=4"]}
 VARIANTS = [("sasrec", ["model.time=false", "model.mhc=false"]), ("sasrec", ["model.time=true", "model.mhc=false"]),
             ("sasrec", []), ("har", []), ("kgat", []), ("video", [])]
+# issue 71's losses and the Beauty config's model (the CPU's op counter checks them too: tests/recipes/test_gpu_path.py)
+PLAIN = ["model.time=false", "model.mhc=false"]
+LOSSES = [PLAIN + ["loss.kind=ce"], PLAIN + ["loss.kind=gbce", "data.train_negatives=16"],
+          PLAIN + ["loss.kind=sampled_softmax", "loss.shared_negatives=sequence",
+                   "loss.negative_distribution=popularity", "data.train_negatives=64"],
+          PLAIN + ["loss.shared_negatives=batch", "data.train_negatives=64"],
+          PLAIN + ["loss.kind=gbce", "loss.shared_negatives=in_batch"],
+          PLAIN + ["model.norm=original", "model.positions=from_start", "model.init=normal"]]
+LOSS_NAMES = ["ce", "gbce", "popularity-logq", "batch-shared", "in-batch", "beauty-model"]
 
 
-@pytest.mark.parametrize("recipe,extra", VARIANTS)
+@pytest.mark.parametrize("recipe,extra", VARIANTS + [("sasrec", losses) for losses in LOSSES],
+                         ids=[r for r, _ in VARIANTS] + [f"issue71-{n}" for n in LOSS_NAMES])
 @pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
 def test_steps_never_sync_with_the_host(recipe, extra, amp):
     tr, _ = epoch_loop_for(recipe, SMALL[recipe] + extra + [f"train.amp={amp}"], "cuda:0")
@@ -42,11 +52,13 @@ def test_steps_never_sync_with_the_host(recipe, extra, amp):
     tr.losses.read()
 
 
-@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_compiled_training_with_cuda_graphs(tmp_path, mode):
+@pytest.mark.parametrize("mode,loss", [("default", "bce"), ("reduce-overhead", "bce"), ("reduce-overhead", "ce")],
+                         ids=["default", "reduce-overhead", "issue71-reduce-overhead-ce"])
+def test_compiled_training_with_cuda_graphs(tmp_path, mode, loss):
     run = tmp_path / mode
     trainer("train", "--recipe", "sasrec", *SMALL["sasrec"], "model.time=false", "model.mhc=false", "--epochs", "2",
-            f"train.compile={mode}", "--amp", "bf16", "--run-dir", str(run), "train.tensorboard=false", timeout=600)
+            f"train.compile={mode}", "--amp", "bf16", "--run-dir", str(run), "train.tensorboard=false",
+            f"loss.kind={loss}", timeout=600)
     test = read_metrics(run, "test")
     assert test and test[0]["ndcg@10"] > 0.05
 
