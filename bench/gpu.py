@@ -173,7 +173,8 @@ def video_sweep(args, device: str, layout: str = "conv3d", compiled: bool = True
             opt.zero_grad(set_to_none=True)
         sync(device)
         rate = batch * args.video_steps / (time.perf_counter() - t0)
-        yield dict(layout=layout, compiled=compiled, batch=batch, clips_per_s=round(rate, 1), tflops=round(rate * flops / 1e12, 1),
+        yield dict(layout=layout, compiled=compiled, batch=batch, clips_per_s=round(rate, 1),
+                   tflops=round(rate * flops / 1e12, 1),
                    mfu=round(rate * flops / (peak * 1e12), 4) if peak else None, warmup_s=round(warm, 2))
 
 
