@@ -19,7 +19,8 @@
 #   6 the device clock (issue 69): two ranks on the GPU, rank 1's device work slowed, rank 0's stream waiting for it
 #     through an interprocess event as under NCCL: the device clock names it, the window's time does not (90)
 #   7 the straggler watch's cost: DDP under NCCL in a world of one, SASRec and video steps, plain against the comm
-#     hook and against the device clock (bench/comm_hook.py; 150). STEPS="6 7": issue 69's device checks alone
+#     hook and against the device clock (bench/comm_hook.py; 150; HOOK_ARGS="--rounds 9 --steps 100": its
+#     options). STEPS="6 7": issue 69's device checks alone
 #   8 issue 71: SASRec with the full softmax (loss.kind=ce) on Amazon Beauty, the paper's protocol, BEAUTY_EPOCHS
 #     (10) epochs (bench/sasrec_beauty.py; its beauty.txt from $CARRY/beauty, which `make gpu-carry` fills; 160)
 #   9 issue 71's losses on the GPU: their steps with no host sync (sync debug mode "error"; off, bf16, fp16) and the
@@ -117,6 +118,7 @@ if wants 6; then
 fi
 if wants 7; then
     step 7-hook-cost "${CAP_7:-150}" "$PY" -m bench.comm_hook --ml100k "$ml100k" --out "$OUT/comm-hook-$name.json" \
+        ${HOOK_ARGS:-} \
         ${GPU_CHECK_ON_CPU:+--device cpu --tiny}
 fi
 if wants 8; then

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from queue import Empty
 
 import torch
 import torch.distributed as dist
@@ -96,9 +97,9 @@ def _rank(rank: int, port: int, queue) -> None:
         opt.zero_grad(set_to_none=True)
         clock.step_end()
         if step % WINDOW == 0:
-            if cuda:
-                torch.cuda.synchronize()               # the window's one sync
             end = _event(cuda)
+            if cuda:
+                end.synchronize()                      # the window's one sync (elapsed_time needs both complete)
             window_s = _elapsed(window_start, end)
             window_start = _event(cuda)
             seconds, timed = clock.take()
@@ -136,7 +137,15 @@ def test_the_device_clock_names_the_rank_the_window_clock_cannot_see_when_the_st
     procs = [ctx.Process(target=_rank, args=(r, port, queue)) for r in range(2)]
     for p in procs:
         p.start()
-    named_device, named_window, factors = queue.get(timeout=240)
+    deadline = time.monotonic() + 240
+    while True:              # a rank that dies fails the test at once, not at the deadline
+        try:
+            named_device, named_window, factors = queue.get(timeout=2)
+            break
+        except Empty:
+            dead = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode not in (None, 0)}
+            assert not dead, f"ranks exited early (rank: exit code): {dead}"
+            assert time.monotonic() < deadline, "no result from rank 0 in 240 s"
     for p in procs:
         p.join(60)
     print("per window: (device clock own s/step per rank, window clock s/step per rank):", factors)
