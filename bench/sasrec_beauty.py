@@ -34,23 +34,30 @@ RUNS = {
 PAPER = {"bce": (0.0246, 0.0126, 521, 26), "shared3000": (0.0490, 0.0295, 296, 8), "ce": (0.0533, 0.0327, 332, 6)}
 
 
-def run_one(name: str, data: str, epochs: int, out: Path, threads: str) -> dict:
+def run_one(name: str, data: str, epochs: int, out: Path, threads: str, seed: int = 0) -> dict:
     args = ["--config", str(CONFIG), f"data.path={data}", "--epochs", str(epochs), "train.tensorboard=false",
-            "train.log_every_steps=1000", *RUNS[name]]
+            "train.log_every_steps=1000", f"seed={seed}", *RUNS[name]]
     measured: dict = {}
-    rows, wall = run_trainer(args, out / "runs" / f"beauty-{name}", threads=threads, measure=measured)
+    rows, wall = run_trainer(args, out / "runs" / f"beauty-{name}-seed{seed}", threads=threads, measure=measured)
     epoch_times = [r["epoch_time_s"] for r in rows if "epoch_time_s" in r]
     val = [r for r in rows if r.get("split") == "val"]
     best = next(r for r in rows if r.get("split") == "test" and r.get("checkpoint") == "best")
     best_epoch = max(val, key=lambda r: r["full_ndcg@10"])["epoch"] + 1
     paper = PAPER.get(name.split("_")[0])
-    return dict(run=name, device=device_name(), overrides=RUNS[name], wall_s=round(wall, 1), epochs_budget=epochs,
-                epochs_run=len(epoch_times), best_epoch=best_epoch,
+    return dict(run=name, seed=seed, device=device_name(), overrides=RUNS[name], wall_s=round(wall, 1),
+                epochs_budget=epochs, epochs_run=len(epoch_times), best_epoch=best_epoch,
                 epoch_time_s=round(statistics.median(epoch_times[1:] or epoch_times), 2),
                 val_time_s=round(statistics.median(r["eval_time_s"] for r in val), 2),
                 peak_rss_mb=measured["peak_rss_mb"], val_curve=[(r["epoch"] + 1, r["full_ndcg@10"]) for r in val],
                 test_full_hr10=best["full_hr@10"], test_full_ndcg10=best["full_ndcg@10"],
                 paper_full_hr10=paper and paper[0], paper_full_ndcg10=paper and paper[1])
+
+
+def label(row: dict) -> str:
+    """A run's name, its seed when not 0 and its device when not the CPU."""
+    seed = f" seed {row['seed']}" if row.get("seed") else ""
+    device = f" ({row['device']})" if row.get("device", "cpu") != "cpu" else ""
+    return f"{row['run']}{seed}{device}"
 
 
 def device_name() -> str:
@@ -66,12 +73,12 @@ def plot(rows: list[dict], path: Path, device: str = "cpu") -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
     for i, r in enumerate(rows):
         ep, nd = zip(*r["val_curve"])
-        ax1.plot(ep, nd, c=f"C{i}", label=r["run"])
+        ax1.plot(ep, nd, c=f"C{i}", label=label(r))
         if r["paper_full_ndcg10"]:
             ax1.axhline(r["paper_full_ndcg10"], c=f"C{i}", ls=":", lw=1)
     ax1.set_xlabel("epoch"), ax1.set_ylabel("validation full NDCG@10 (dotted: the paper's test figure)")
     ax1.legend(fontsize=8)
-    names = [r["run"] for r in rows]
+    names = [label(r) for r in rows]
     x = range(len(rows))
     ax2.bar([i - 0.2 for i in x], [r["test_full_ndcg10"] for r in rows], 0.4, label="here (test, best.pt)")
     ax2.bar([i + 0.2 for i in x], [r["paper_full_ndcg10"] or 0 for r in rows], 0.4, label="the paper")
@@ -88,6 +95,7 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=100, help="the budget (early stopping may end sooner)")
     p.add_argument("--threads", default=os.environ.get("OMP_NUM_THREADS", "2"))
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument("--seed", type=int, default=0, help="the runs' seed (a report keeps one row per run and seed)")
     p.add_argument("--update", action="store_true", help="keep the other runs of the report this run updates")
     args = p.parse_args(argv)
     names = args.runs.split(",")
@@ -103,15 +111,15 @@ def main(argv=None) -> int:
     report_path = out / "sasrec_beauty.json"
     rows = []
     for name in names:
-        rows.append(run_one(name, args.data, args.epochs, out, args.threads))
+        rows.append(run_one(name, args.data, args.epochs, out, args.threads, args.seed))
         r = rows[-1]
         print(f"{name}: test full HR@10 {r['test_full_hr10']:.4f} NDCG@10 {r['test_full_ndcg10']:.4f} (paper "
               f"{r['paper_full_hr10']} / {r['paper_full_ndcg10']}), best epoch {r['best_epoch']} of "
               f"{r['epochs_run']}, {r['epoch_time_s']:.1f} s/epoch", flush=True)
     if args.update and report_path.exists():
         old = json.loads(report_path.read_text())
-        rows = [r for r in old["runs"] if r["run"] not in names] + rows
-        rows.sort(key=lambda r: list(RUNS).index(r["run"]))
+        rows = [r for r in old["runs"] if r["run"] not in names or r.get("seed", 0) != args.seed] + rows
+        rows.sort(key=lambda r: (list(RUNS).index(r["run"]), r.get("seed", 0)))
 
     report = dict(recipe="sasrec", dataset="beauty", config=str(CONFIG.relative_to(REPO)), runs=rows,
                   date=time.strftime("%Y-%m-%d %H:%M"),
@@ -121,9 +129,9 @@ def main(argv=None) -> int:
         plot(rows, out / "sasrec_beauty.png", report["machine"]["device"])
     except ImportError:             # a GPU machine without matplotlib: the PNG is drawn where the JSON goes
         print("no matplotlib here: the PNG is not drawn")
-    print(f"{'run':<18}{'full HR@10':>11}{'paper':>8}{'full NDCG@10':>14}{'paper':>8}{'best':>6}{'s/epoch':>9}")
+    print(f"{'run':<30}{'full HR@10':>11}{'paper':>8}{'full NDCG@10':>14}{'paper':>8}{'best':>6}{'s/epoch':>9}")
     for r in rows:
-        print(f"{r['run']:<18}{r['test_full_hr10']:>11.4f}{r['paper_full_hr10'] or '-':>8}"
+        print(f"{label(r):<30}{r['test_full_hr10']:>11.4f}{r['paper_full_hr10'] or '-':>8}"
               f"{r['test_full_ndcg10']:>14.4f}{r['paper_full_ndcg10'] or '-':>8}{r['best_epoch']:>6}"
               f"{r['epoch_time_s']:>9.1f}")
     print(f"wrote {report_path} and {out / 'sasrec_beauty.png'}")

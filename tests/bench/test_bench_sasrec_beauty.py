@@ -33,8 +33,18 @@ def test_beauty_bench_reports_each_run_beside_the_paper(tmp_path):
         assert [e for e, _ in run["val_curve"]] == [1, 2] and 1 <= run["best_epoch"] <= 2
         assert 0 <= run["test_full_ndcg10"] <= run["test_full_hr10"] <= 1 and run["epoch_time_s"] > 0
     assert (tmp_path / "out" / "sasrec_beauty.png").stat().st_size > 0
-    config = (tmp_path / "out" / "runs" / "beauty-bce" / "config.yaml").read_text()
+    config = (tmp_path / "out" / "runs" / "beauty-bce-seed0" / "config.yaml").read_text()
     assert "init: normal" in config and "norm: original" in config and "positions: from_start" in config
+    # another seed joins the report (--update) as a row of its own; the seed-0 rows stay as they were
+    proc = subprocess.run([PY, "-m", "bench.sasrec_beauty", "--data", str(data), "--runs", "bce", "--seed", "1",
+                           "--epochs", "1", "--update", "--out", str(tmp_path / "out")], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = json.loads((tmp_path / "out" / "sasrec_beauty.json").read_text())["runs"]
+    assert [(r["run"], r["seed"]) for r in again] == [("bce", 0), ("bce", 1), ("bce_before", 0)]
+    assert again[0] == bce and again[1]["epochs_run"] == 1 and again[1]["device"] == "cpu"
+    assert "bce seed 1" in proc.stdout
+    assert "seed: 1" in (tmp_path / "out" / "runs" / "beauty-bce-seed1" / "config.yaml").read_text()
 
 
 def test_beauty_bench_refuses_a_missing_file_and_an_unknown_run(tmp_path):
