@@ -2,11 +2,13 @@
 negatives shared by a sequence, popularity-sampled with and without logQ, in-batch, gbce; three seeds each, one
 epochs budget, best.pt and early stopping on full_ndcg@10; test full HR@10 / NDCG@10 of best.pt, seconds per
 epoch, peak memory (max RSS) and the validation curves. Then the full softmax's memory at catalogue sizes the
-data does not reach (27k, 100k, 1M items). Writes bench/results/sasrec_losses.json + .png.
+data does not reach (27k, 100k, 1M items), and `ce` trained one epoch through the trainer at a generated 100k-item
+catalogue. Writes bench/results/sasrec_losses.json + .png.
 
     python -m bench.sasrec_losses --data ../shared/data/ml-100k                          # the table (about 45 min)
     python -m bench.sasrec_losses --data ../shared/data/ml-100k --epochs 2 --seeds 1 --losses bce,ce --sizes 27000
-    python -m bench.sasrec_losses --losses gbce256 --sizes "" --update        # one loss again, the rest kept
+    python -m bench.sasrec_losses --losses gbce256 --sizes "" --trained "" --update   # one loss again, the rest kept
+    python -m bench.sasrec_losses --losses "" --sizes "" --update            # only ce trained at 100k items
 """
 from __future__ import annotations
 
@@ -78,6 +80,23 @@ def memory_probe(items: int, threads: str) -> dict:
                 plain_logits_bf16_gb=round(plain_gb / 2, 2))
 
 
+def trained_catalogue(items: int, out: Path, threads: str, users: int = 2000) -> dict:
+    """`ce` trained through the trainer at a generated catalogue of ITEMS: one epoch of USERS sequences of about 100
+    items (maxlen 200, width 50, batch 128, the CPU path), then the test's full ranking of every user over every item:
+    the epoch's seconds, the evaluation's, and the trainer's peak resident memory."""
+    args = ["--recipe", "sasrec", "--epochs", "1", "loss.kind=ce", f"data.synthetic_users={users}",
+            f"data.synthetic_items={items}", "data.synthetic_mean_len=100", "data.maxlen=200", "train.batch_size=128",
+            "model.width=50", "model.time=false", "model.mhc=false", "train.tensorboard=false",
+            "train.log_every_steps=1000"]
+    measured: dict = {}
+    rows, wall = run_trainer(args, out / "runs" / f"ce-catalogue-{items}", threads=threads, measure=measured)
+    epoch = next(r for r in rows if "epoch_time_s" in r)
+    test = next(r for r in rows if r.get("split") == "test")
+    return dict(items=items, users=users, steps=epoch["step"], epoch_time_s=round(epoch["epoch_time_s"], 2),
+                test_eval_time_s=round(test["eval_time_s"], 2), peak_rss_mb=measured["peak_rss_mb"],
+                wall_s=round(wall, 1), test_full_ndcg10=test["full_ndcg@10"])
+
+
 def summarise(rows: list[dict]) -> list[dict]:
     out = []
     for name in dict.fromkeys(r["loss"] for r in rows):
@@ -120,12 +139,16 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--losses", default=",".join(LOSSES))
     p.add_argument("--sizes", default="27000,100000,1000000", help="catalogues for the full softmax's memory probe")
+    p.add_argument("--trained", default="100000", help="catalogues at which `ce` trains one epoch through the "
+                   "trainer on generated data (comma-separated; empty: none)")
+    p.add_argument("--trained-users", type=int, default=2000, help="the generated users of those runs")
     p.add_argument("--threads", default=os.environ.get("OMP_NUM_THREADS", "2"))
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--update", action="store_true", help="keep the runs of the other losses (and the memory probe "
                    "when --sizes is empty) of the report this run updates")
     args = p.parse_args(argv)
-    unknown = set(args.losses.split(",")) - set(LOSSES)
+    losses = [x for x in args.losses.split(",") if x]
+    unknown = set(losses) - set(LOSSES)
     if unknown:
         p.error(f"--losses: unknown {sorted(unknown)} (known: {', '.join(LOSSES)})")
     if not Path(args.data).exists():
@@ -134,13 +157,15 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for name in args.losses.split(","):
+    for name in losses:
         for seed in range(args.seeds):
             rows.append(run_loss(name, args.data, args.epochs, seed, out, args.threads))
             r = rows[-1]
             print(f"{name} seed {seed}: test full NDCG@10 {r['test_full_ndcg10']:.4f} HR@10 {r['test_full_hr10']:.4f}"
                   f", {r['epochs_run']} epochs, {r['epoch_time_s']:.2f} s/epoch, {r['peak_rss_mb']:.0f} MB", flush=True)
     memory = [memory_probe(int(n), args.threads) for n in filter(None, args.sizes.split(","))]
+    trained = [trained_catalogue(int(n), out, args.threads, args.trained_users)
+               for n in filter(None, args.trained.split(","))]
     report_path = out / "sasrec_losses.json"
     if args.update and report_path.exists():
         old = json.loads(report_path.read_text())
@@ -148,10 +173,11 @@ def main(argv=None) -> int:
         rows = [r for r in old["runs"] if r["loss"] not in ran] + rows
         rows.sort(key=lambda r: list(LOSSES).index(r["loss"]))
         memory = memory or old.get("full_softmax_memory", [])
+        trained = trained or old.get("full_softmax_trained", [])
     table = summarise(rows)
 
     report = dict(recipe="sasrec", dataset="ml-100k", epochs_budget=args.epochs, table=table, runs=rows,
-                  full_softmax_memory=memory, date=time.strftime("%Y-%m-%d %H:%M"),
+                  full_softmax_memory=memory, full_softmax_trained=trained, date=time.strftime("%Y-%m-%d %H:%M"),
                   machine=machine(threads=args.threads))
     report_path.write_text(json.dumps(report, indent=1))
     plot(rows, table, out / "sasrec_losses.png")
@@ -163,6 +189,10 @@ def main(argv=None) -> int:
         print(f"full softmax at {m['items']:,} items: {m['extra_peak_mb']:.0f} MB above the inputs (chunks of "
               f"{m['chunk_positions']} positions; the plain logits: {m['plain_logits_float32_gb']} GB float32), "
               f"{m['forward_backward_s']:.1f} s forward + backward")
+    for t in trained:
+        print(f"ce trained at {t['items']:,} items ({t['users']:,} generated users, {t['steps']} steps): "
+              f"{t['epoch_time_s']:.1f} s per epoch, the test's full ranking {t['test_eval_time_s']:.1f} s, peak "
+              f"{t['peak_rss_mb']:.0f} MB")
     print(f"wrote {out / 'sasrec_losses.json'} and {out / 'sasrec_losses.png'}")
     return 0
 
