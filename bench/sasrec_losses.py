@@ -144,8 +144,8 @@ def main(argv=None) -> int:
     p.add_argument("--trained-users", type=int, default=2000, help="the generated users of those runs")
     p.add_argument("--threads", default=os.environ.get("OMP_NUM_THREADS", "2"))
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
-    p.add_argument("--update", action="store_true", help="keep the runs of the other losses (and the memory probe "
-                   "when --sizes is empty) of the report this run updates")
+    p.add_argument("--update", action="store_true", help="keep the runs of the other losses and catalogues of the "
+                   "report this run updates")
     args = p.parse_args(argv)
     losses = [x for x in args.losses.split(",") if x]
     unknown = set(losses) - set(LOSSES)
@@ -172,8 +172,11 @@ def main(argv=None) -> int:
         ran = {r["loss"] for r in rows}
         rows = [r for r in old["runs"] if r["loss"] not in ran] + rows
         rows.sort(key=lambda r: list(LOSSES).index(r["loss"]))
-        memory = memory or old.get("full_softmax_memory", [])
-        trained = trained or old.get("full_softmax_trained", [])
+        # the catalogues measured now replace theirs; the others' rows stay
+        memory = sorted([m for m in old.get("full_softmax_memory", [])
+                         if m["items"] not in {x["items"] for x in memory}] + memory, key=lambda m: m["items"])
+        trained = sorted([t for t in old.get("full_softmax_trained", [])
+                          if t["items"] not in {x["items"] for x in trained}] + trained, key=lambda t: t["items"])
     table = summarise(rows)
 
     report = dict(recipe="sasrec", dataset="ml-100k", epochs_budget=args.epochs, table=table, runs=rows,
