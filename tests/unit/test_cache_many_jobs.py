@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -85,9 +86,32 @@ def test_a_lock_of_another_node_is_taken_over_once_its_heartbeat_is_stale(tmp_pa
     root.mkdir()
     lock = root / f".{cache.entry_name('slow', dict(source='slow', seconds=0.5))}.lock"
     dead = owners.Owner("node9", "elsewhere", 4242, "77", "x", time.time(), "feedbeef")
-    lock.write_text(json.dumps(dead.__dict__))                # heard of just now: alive for STALE_S more
-    start = time.monotonic()
-    got, log, done = result(user(root, "--slow", "0.5"))
-    assert "error" not in got and "waiting for pid 4242 on node9, job 77" in log
-    assert owners.STALE_S - 1 < done - start < owners.STALE_S + 10 and "has not been heard of" in log
+    lock.write_text(json.dumps(dead.__dict__))
+    proc = user(root, "--slow", "0.5")
+    # the other node's heartbeat goes on until this job is waiting for it: a start slower than STALE_S (2 busy cores
+    # of CI) would otherwise find the lock stale at once, and the stale time is counted from the last beat
+    lines: list[str] = []
+    waiting = threading.Event()
+
+    def read_log() -> None:
+        for line in proc.stderr:
+            lines.append(line)
+            if "waiting for pid 4242 on node9, job 77" in line:
+                waiting.set()
+
+    reader = threading.Thread(target=read_log, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while not waiting.is_set():
+        assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+        os.utime(lock)
+        last_beat = time.monotonic()
+        waiting.wait(0.2)
+    got = json.loads(proc.stdout.read().strip().splitlines()[-1])
+    proc.wait(timeout=60)
+    done = time.monotonic()
+    reader.join(timeout=10)
+    log = "".join(lines)
+    assert "error" not in got
+    assert owners.STALE_S - 1 < done - last_beat < owners.STALE_S + 10 and "has not been heard of" in log
     assert "taken over" in log
