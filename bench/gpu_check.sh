@@ -22,7 +22,8 @@
 #     hook and against the device clock (bench/comm_hook.py; 150; HOOK_ARGS="--rounds 9 --steps 100": its
 #     options). STEPS="6 7": issue 69's device checks alone
 #   8 issue 71: SASRec with the full softmax (loss.kind=ce) on Amazon Beauty, the paper's protocol, BEAUTY_EPOCHS
-#     (10) epochs (bench/sasrec_beauty.py; its beauty.txt from $CARRY/beauty, which `make gpu-carry` fills; 160)
+#     (10) epochs (bench/sasrec_beauty.py; its beauty.txt from $CARRY/beauty, which `make gpu-carry` fills; 160 per
+#     seed; BEAUTY_SEEDS="2 3 4": those seeds, one after another, one report)
 #   9 issue 71's losses on the GPU: their steps with no host sync (sync debug mode "error"; off, bf16, fp16) and the
 #     full softmax compiled with CUDA graphs (100)
 #   10 issue 70: video's bare step at batch 16, model.layout conv3d beside frames, eager and compiled (90)
@@ -124,8 +125,10 @@ fi
 if wants 8; then
     beauty=$CARRY/beauty/beauty.txt
     [ -f "$beauty" ] || beauty=../shared/data/beauty/beauty.txt
-    step 8-beauty-ce "${CAP_8:-160}" "$PY" -m bench.sasrec_beauty --runs ce --epochs "${BEAUTY_EPOCHS:-10}" \
-        --data "$beauty" --out "$OUT/beauty"
+    for seed in ${BEAUTY_SEEDS:-0}; do      # one row per seed in the one report (each seed under the step's cap)
+        step "8-beauty-ce-seed$seed" "${CAP_8:-160}" "$PY" -m bench.sasrec_beauty --runs ce --seed "$seed" \
+            --epochs "${BEAUTY_EPOCHS:-10}" --data "$beauty" --out "$OUT/beauty"
+    done
 fi
 if wants 9; then
     step 9-losses-gpu "${CAP_9:-100}" "$PY" -m pytest -q -p no:cacheprovider -rs -m gpu tests/gpu/test_cuda.py \
