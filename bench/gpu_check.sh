@@ -27,6 +27,9 @@
 #   9 issue 71's losses on the GPU: their steps with no host sync (sync debug mode "error"; off, bf16, fp16) and the
 #     full softmax compiled with CUDA graphs (100)
 #   10 issue 70: video's bare step at batch 16, model.layout conv3d beside frames, eager and compiled (90)
+#   11 issue 70 (d): SASRec at MovieLens-20M's shape (20M generated rows, width 256, maxlen 200) beside the stock
+#     model, batch 128 and 1024, ours eager and compiled (bench/sasrec_at_size.py, into the step-1 JSON; 420;
+#     AT_SIZE_ARGS="--batches 128": its options)
 # ONLY=video,epoch: step 1's bench measures those rows only (its log 1-bench-video-epoch.log); AMPS=bf16,deterministic:
 # each row's modes (bench.gpu --amps; deterministic's cost is its step over the bf16 row's of the same run)
 # Everything lands in $OUT: each step's log, summary.txt (step, exit code, seconds), versions.txt, the JSON.
@@ -137,6 +140,13 @@ fi
 if wants 10; then
     step 10-video-layouts "${CAP_10:-90}" "$PY" -m bench.gpu --only video-bare --video-layouts conv3d,frames \
         --video-batches "${VIDEO_BATCHES:-16}" --video-eager --out "$json" "${bench[@]}"
+fi
+if wants 11; then
+    # shellcheck disable=SC2086  # AT_SIZE_ARGS: options, split on purpose
+    small=()
+    [ "${GPU_CHECK_ON_CPU:-0}" = 1 ] && small=(--device cpu --rows 30000 --width 16 --maxlen 20 --batches 32 --warmup 2)
+    step 11-sasrec-at-size "${CAP_11:-420}" "$PY" -m bench.sasrec_at_size --out "$json" --work /tmp/sasrec-at-size \
+        "${small[@]}" ${AT_SIZE_ARGS:-}
 fi
 for pid in "${pids[@]}"; do wait "$pid"; done
 cat "$OUT/summary.txt"

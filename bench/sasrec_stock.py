@@ -4,6 +4,7 @@ bench/results/sasrec_stock.{json,png}.
 
     python -m bench.sasrec_stock --data ../shared/data/ml-100k          # the README's figures (20 epochs each)
     python -m bench.sasrec_stock --data "" --epochs 1                    # generated data (no ../shared)
+    python -m bench.sasrec_stock --width 256 --maxlen 200 --batch 1024     # another shape (both models)
 
 The stock model is the architecture and training step of pmixer/SASRec.pytorch (the reference of issue 3,
 whose epoch was measured once at 3.2 s on this machine kind), written here with stock modules: item and
@@ -126,9 +127,8 @@ def stock_epoch(model: StockSASRec, opt, batches, amp: torch.dtype | None = None
     return time.perf_counter() - t0
 
 
-def bench_data(path: str, seed: int):
+def bench_data(path: str, seed: int, s: dict = SETTINGS):
     """(data, split, the trainer's loader, source): MovieLens-100K at `path`, or generated data of its size."""
-    s = SETTINGS
     if path and Path(path).exists():
         cfg, source = SeqDataConfig(path=path, maxlen=s["maxlen"], kcore=5), path
     else:
@@ -141,9 +141,16 @@ def bench_data(path: str, seed: int):
     return data, split, loader, source
 
 
+def settings(args) -> dict:
+    """SETTINGS with the shape flags given (--width, --depth, --heads, --maxlen, --batch, --dropout)."""
+    given = dict(width=args.width, depth=args.depth, heads=args.heads, maxlen=args.maxlen, batch_size=args.batch,
+                 dropout=args.dropout)
+    return {**SETTINGS, **{k: v for k, v in given.items() if v is not None}}
+
+
 def measure(args) -> dict:
-    s = SETTINGS
-    data, split, loader, source = bench_data(args.data, args.seed)
+    s = settings(args)
+    data, split, loader, source = bench_data(args.data, args.seed, s)
     torch.manual_seed(args.seed)
     ours = SeqRec(SeqRecConfig(time=False, mhc=False, width=s["width"], depth=s["depth"], heads=s["heads"],
                                dropout=s["dropout"]), data.num_items, s["maxlen"]).train()
@@ -193,6 +200,10 @@ def main(argv=None) -> int:
                    help="MovieLens-100K folder; empty or missing: generated data of its size")
     p.add_argument("--epochs", type=int, default=20, help="interleaved epochs of each (after one warm-up each)")
     p.add_argument("--seed", type=int, default=0)
+    for flag, kind in (("width", int), ("depth", int), ("heads", int), ("maxlen", int), ("batch", int),
+                       ("dropout", float)):             # both models' shape; unset: SETTINGS (the README's figures)
+        key = "batch_size" if flag == "batch" else flag
+        p.add_argument(f"--{flag}", type=kind, default=None, help=f"default {SETTINGS[key]}")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = p.parse_args(argv)
     out = Path(args.out)

@@ -39,12 +39,15 @@ def test_stock_sampler_draws_the_references_batches():
 
 
 def test_stock_bench_smoke(tmp_path):
-    proc = subprocess.run([PY, "-m", "bench.sasrec_stock", "--data", "", "--epochs", "1", "--out", str(tmp_path)],
+    proc = subprocess.run([PY, "-m", "bench.sasrec_stock", "--data", "", "--epochs", "1", "--out", str(tmp_path),
+                           "--width", "16", "--maxlen", "40", "--batch", "64"],      # both models take the shape flags
                           cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "sasrec_stock.json").read_text())
     assert len(report["ours_epoch_s"]) == len(report["stock_epoch_s"]) == 1
     assert abs(report["ratio_median"] - report["ours_epoch_s"][0] / report["stock_epoch_s"][0]) < 0.01
-    assert report["stock_batches"] == 943 // 128 and report["our_batches"] == -(-943 // 128)
+    assert report["stock_batches"] == 943 // 64 and report["our_batches"] == -(-943 // 64)
+    assert {k: report["settings"][k] for k in ("width", "maxlen", "batch_size", "depth")} == \
+        dict(width=16, maxlen=40, batch_size=64, depth=2)                   # depth: SETTINGS', not given
     assert (tmp_path / "sasrec_stock.png").stat().st_size > 10_000
     assert "ours / stock" in proc.stdout
