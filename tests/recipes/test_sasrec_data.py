@@ -96,7 +96,14 @@ def test_negatives_avoid_history_and_are_deterministic():
     assert all(np.array_equal(a[i]["neg"], b[i]["neg"]) for i in range(5))
     b.epoch = 1
     assert not np.array_equal(a[0]["neg"], b[0]["neg"])
-    assert len(D.EvalSequences(split, "test", 20, 100, seed=3, max_users=7)) == 7
+    few = D.EvalSequences(split, "test", 20, 100, seed=3, max_users=7)
+    assert len(few) == 7
+    every = D.EvalSequences(split, "test", 20, 100, seed=3).users
+    assert set(few.users) <= set(every) and list(few.users) != list(every[:7])     # drawn, not the first ids
+    assert list(few.users) == sorted(few.users)
+    assert np.array_equal(D.EvalSequences(split, "val", 20, 100, seed=3, max_users=7).users, few.users)  # val = test's
+    assert not np.array_equal(D.EvalSequences(split, "test", 20, 100, seed=4, max_users=7).users, few.users)
+    assert len(D.EvalSequences(split, "test", 20, 100, seed=3, max_users=10_000)) == len(every)
     ev = D.EvalSequences(split, "test", 20, 100, seed=3)
     assert len(ev) == sum(len(s) >= 3 for s in data.seqs)            # every user with targets
     s = ev[0]

@@ -87,7 +87,7 @@ class SeqEvalConfig:
     bounds: ClassVar[dict[str, Bound]] = dict(negatives=POSITIVE, max_users=Bound(0, zero="every user"))
 
     negatives: int = 100          # sampled protocol: the target plus this many never-seen items
-    max_users: int = 0            # 0: every user (the reference ports silently stop at 10,000)
+    max_users: int = 0            # 0: every user; N: N users drawn from the seed (the reference ports: 10,000, random)
     full_ranking: bool = True     # also rank all items (history excluded): full_hr/ndcg/recall@5,10,20
 
 
