@@ -111,6 +111,35 @@ def test_negatives_avoid_history_and_are_deterministic():
     assert not set(s["candidates"][1:].tolist()) & set(data.seqs[ev.users[0]].tolist())
 
 
+def test_eval_samples_kept_in_one_store_equal_the_samples_built_alone():
+    """EvalSequences keeps its samples in arrays made once (the histories flat): each sample equals one built
+    alone from the split (items left-padded, the target first among fixed negatives, the history without the
+    target), in any order of first use, the same at a second read; a pickled copy (a loader worker's) carries no
+    arrays and builds the same samples."""
+    import pickle
+    data = D.build_sequences(D.synthesize(40, 30, 9, seed=4))
+    split = D.Split(data)
+    for which in ("val", "test"):
+        ev = D.EvalSequences(split, which, 6, 10, seed=3)
+        order = list(range(len(ev)))[::-1]                     # first use in another order than the rows'
+        got = {i: ev[i] for i in order}
+        copy = pickle.loads(pickle.dumps(ev))
+        assert copy._store is None and len(pickle.dumps(ev)) < 10_000
+        for i, u in enumerate(ev.users):
+            items, times, target = split.eval_input(u, which)
+            rng = np.random.default_rng([3, 1 if which == "val" else 2, u])
+            negs = D.sample_negatives(rng, 10, data.num_items, data.seqs[u])
+            history = np.unique(items)
+            want = dict(seq=D.left_pad(items, 6), time=D.left_pad(times, 6),
+                        candidates=np.concatenate([[target], negs]), history=history[history != target])
+            for sample in (got[i], ev[i], copy[i]):
+                for key, value in want.items():
+                    assert sample[key].dtype == (torch.int64 if key != "history" else torch.from_numpy(items).dtype)
+                    assert np.array_equal(sample[key].numpy(), value), (which, u, key)
+        batch = D.collate([ev[i] for i in range(4)])
+        assert batch["seq"].shape == (4, 6) and batch["history"].shape[0] == 4
+
+
 def test_train_negatives_per_batch_equal_per_user_and_avoid_the_history():
     """The DataLoader fetches a batch at once (__getitems__): each user's negatives are the same whichever
     users share its batch (so they do not change with the world size), never in its history, zero at
