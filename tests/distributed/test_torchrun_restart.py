@@ -3,6 +3,8 @@ resumes from the same agreed checkpoint in the same run directory, ending bitwis
 import json
 import subprocess
 
+import pytest
+
 from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, free_port, record_fault, run_ranks, weights
 from trainer.engine.logging import read_metrics
 
@@ -15,6 +17,7 @@ def toy_yaml(folder, crash: str):
     return str(path)
 
 
+@pytest.mark.beside_cluster        # 40-45 s of torchrun runs: the cluster half, which mostly waits, runs it
 def test_a_worker_killed_under_torchrun_restarts_the_group_from_the_agreed_checkpoint(tmp_path):
     """Rank 0 (the run-directory lock's holder, with a loader worker) SIGKILLs itself at step 10 of the first launch."""
     run = tmp_path / "run"

@@ -163,6 +163,7 @@ COMPILED = [("sasrec", SAS), ("sasrec", ["model.time=true", "model.mhc=false"]),
             ("sasrec", SAS + CE), ("sasrec", SAS + POPULAR), ("sasrec", SAS + IN_BATCH)]
 
 
+@pytest.mark.beside_cluster        # nine traces, 80-150 s of CPU: run in the cluster half, which mostly waits
 @pytest.mark.parametrize("recipe,overrides", COMPILED, ids=[f"{r}-{' '.join(o)}" for r, o in COMPILED])
 def test_the_training_step_compiles_as_one_graph(recipe, overrides):
     torch._dynamo.reset()          # each case traces the same training_step: past 8, dynamo's recompile limit
