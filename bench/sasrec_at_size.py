@@ -32,7 +32,6 @@ from bench.data_scale import generate
 from bench.gpu import our_epoch, save, sync
 from bench.opcount import endless, epoch_loop_for
 
-REPO = Path(__file__).resolve().parents[1]
 ML20M_ROWS = 20_000_263
 
 
