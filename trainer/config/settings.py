@@ -68,6 +68,9 @@ class TrainConfig:
     # e.g. on a CPU to test the path a GPU takes; off: the CPU path's packing, length buckets and C++ kernels)
     gpu_path: Literal["auto", "on", "off"] = "auto"
     compile: Literal["off", "default", "reduce-overhead"] = "off"   # torch.compile of the model's training step
+    # on: the whole optimizer step (forward, backward, clipping, optimizer) one CUDA graph per batch shape, replayed
+    # (trainer/engine/step_graph.py; the GPU-shaped step, one rank, no accumulation; on a CPU the closure is replayed)
+    step_graph: Literal["off", "on"] = "off"
     # deterministic kernels (torch.use_deterministic_algorithms, cuDNN, CUBLAS_WORKSPACE_CONFIG): bitwise resume on
     # CUDA, at a cost (docs/gpu.md); an op with no deterministic kernel stops the run naming it
     deterministic: bool = False

@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.config.settings import Config
+from trainer.config.settings import Config, ConfigError
 from trainer.distributed import gradsync, runtime
 from trainer.distributed.runtime import DistInfo
-from trainer.engine import footprint
+from trainer.engine import footprint, step_graph
 from trainer.engine.device_clock import DeviceClock
 from trainer.engine.loader import ResumableSampler, per_rank_batch_size
 from trainer.engine.optim import build_optimizer, build_scheduler, scaled_lr
@@ -238,6 +238,8 @@ def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
     run.scheduler = build_scheduler(run.optimizer, tc, run.steps_per_epoch)
     run.scaler = torch.amp.GradScaler(run.device.type, enabled=run.amp_dtype == torch.float16)
     run.train_step = compiled_step(recipe, run.wrapped, tc.compile)
+    if tc.step_graph == "on" and (why := step_graph.refusal(run)):
+        raise ConfigError(f"train.step_graph=on: {why}")
     if recipe.gpu_shaped and run.device.type == "cuda" and not tc.deterministic:
         torch.backends.cudnn.benchmark = True     # fixed shapes: each picks its fastest kernels once
     log.info("recipe=%s world=%d device=%s batch/rank=%d accum=%d steps/epoch=%d params=%d",

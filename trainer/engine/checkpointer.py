@@ -19,7 +19,7 @@ from trainer.config.settings import to_dict
 from trainer.data import cache
 from trainer.data.fingerprint import data_changes, data_fingerprint
 from trainer.distributed import runtime
-from trainer.engine import ckpt_io, resume
+from trainer.engine import ckpt_io, resume, step_graph
 from trainer.engine.build import Run
 from trainer.engine.state import TrainState, where
 from trainer.launch.exitcodes import DiskError
@@ -60,7 +60,7 @@ class Checkpointer:
         run = self.run
         rngs = runtime.all_gather_object(ckpt_io.capture_rng(), self.info)
         return dict(format=ckpt_io.FORMAT_VERSION, recipe=self.cfg.recipe, kind=kind, model=run.model.state_dict(),
-                    optimizer=run.optimizer.state_dict(), scheduler=run.scheduler.state_dict(),
+                    optimizer=step_graph.plain_state(run.optimizer.state_dict()), scheduler=run.scheduler.state_dict(),
                     scaler=run.scaler.state_dict(), state=asdict(state), world_size=self.info.world_size,
                     global_step=state.global_step, rng=rngs, config=to_dict(self.cfg),
                     metrics=metrics, versions=ckpt_io.versions(), data=self.data,

@@ -11,6 +11,7 @@ them. The run's owner (trainer/engine/trainer.py) builds it through its FitLoop;
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from typing import Any, Sequence
@@ -24,9 +25,12 @@ from trainer.engine.loader import device_batches, make_loader
 from trainer.engine.meters import Throughput
 from trainer.engine.recipe import move_to
 from trainer.engine.state import TrainState
+from trainer.engine.step_graph import StepGraph
 from trainer.engine.window import NonFiniteLossError, TrainLosses
 
 __all__ = ["EpochLoop", "NonFiniteLossError", "Stop"]
+
+log = logging.getLogger(__name__)
 
 
 class EpochLoop:
@@ -39,6 +43,7 @@ class EpochLoop:
         self.end = run.micro_per_epoch    # the micro-batch index where the current epoch ends (see batches)
         self.first = (0, 0)               # (micro-batch, sample) where this epoch's part in this process began
         self.waited = 0.0                 # the current step's wait in gradient collectives (train.measure_sync)
+        self.graph: StepGraph | None = None   # train.step_graph=on: made at the first step, after any resume
         state.layout = [run.info.world_size, run.batch_size, run.accum]
 
     def train_epoch(self, epoch: int) -> Stop:
@@ -61,6 +66,8 @@ class EpochLoop:
             if stop is not Stop.EPOCH_DONE:
                 break
             t_step = time.perf_counter()    # a periodic checkpoint at a step's end is not part of a step
+        if self.graph is not None:
+            log.info("%s (epoch %d)", self.graph.summary(), epoch + 1)
         for component in self.components:
             component.epoch_end(epoch, stop)
         return stop
@@ -68,6 +75,9 @@ class EpochLoop:
     def step(self, batch: Any, micro: int) -> bool:
         """One micro-batch, and the optimizer step when it ends an accumulation window (then True). Nothing
         here reads a device value: the path a CUDA step takes queues its kernels without waiting."""
+        if self.run.cfg.train.step_graph == "on":
+            self.meter.update(self._graphed_step(batch, micro))
+            return True
         self.meter.update(self._micro_step(batch, micro))
         if (micro + 1) % self.run.accum and micro + 1 != self.end:
             return False
@@ -107,6 +117,38 @@ class EpochLoop:
         n = run.recipe.batch_size_of(batch)
         self.losses.add(loss, n, self.state.epoch, micro + 1)
         return n
+
+    def _graphed_step(self, batch: Any, micro: int) -> int:
+        """train.step_graph=on: one whole optimizer step through the run's StepGraph (no accumulation: refused at
+        build). The recipe's before/after_step stay outside the graph, as under train.compile."""
+        run = self.run
+        if self.graph is None:
+            self.graph = StepGraph.for_run(run, self._step_closure)
+        batch = move_to(batch, run.device)
+        run.recipe.before_step(batch)
+        loss = self.graph.step(batch)
+        run.recipe.after_step()
+        n = run.recipe.batch_size_of(batch)
+        self.losses.add(loss, n, self.state.epoch, micro + 1)
+        run.scheduler.step()              # fills the learning-rate tensor the graph reads
+        self.state.global_step += 1
+        return n
+
+    def _step_closure(self, batch: Any):
+        """() -> loss: one optimizer step on `batch`, what a step graph captures. The gradients are zeroed in
+        place, not set to None: a graph's backward and optimizer keep their addresses."""
+        run, clip = self.run, self.run.cfg.train.clip_grad_norm
+
+        def closure() -> torch.Tensor:
+            run.optimizer.zero_grad(set_to_none=False)
+            with run.autocast():
+                loss = run.train_step(batch)
+            loss.backward()
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip)
+            run.optimizer.step()
+            return loss
+        return closure
 
     def _optimizer_step(self) -> None:
         run, clip = self.run, self.run.cfg.train.clip_grad_norm

@@ -34,7 +34,7 @@ CHANGEABLE_ON_RESUME = (
     "train.batch_size", "train.global_batch_size", "train.grad_accum_steps",
     "train.num_workers", "train.eval_every_epochs", "train.eval_batch_size", "train.early_stop_patience",
     "train.log_every_steps", "train.progress", "train.log_per_rank", "train.tensorboard", "train.measure_sync",
-    "train.gpu_path", "train.compile", "train.profile", "train.preflight", "train.straggler_action",
+    "train.gpu_path", "train.compile", "train.step_graph", "train.profile", "train.preflight", "train.straggler_action",
     "train.hang_timeout_s", "train.select_metric",
     "ckpt.*", "dist.*", "data.cache", "data.cache_cap_gb",
     "data.path",        # a moved copy of the same data; other data is refused by the checkpoint's data fingerprint
