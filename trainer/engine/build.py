@@ -107,6 +107,7 @@ class Run:
     beat: Any = None                  # () -> None: progress for the hang watch (each evaluation batch)
     device_data: Any = None           # Recipe.device_dataset: the training set on the device (no DataLoader)
     train_step: Any = None            # batch -> loss: the recipe's training_step on `wrapped`, compiled or not
+    step_graph: Any = None            # train.step_graph=on: the StepGraph (engine/step_graph.py) the loop makes
     footprint: Any = None             # the model's memory estimate (trainer/engine/footprint.py), None if none
 
     @property

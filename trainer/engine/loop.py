@@ -43,7 +43,6 @@ class EpochLoop:
         self.end = run.micro_per_epoch    # the micro-batch index where the current epoch ends (see batches)
         self.first = (0, 0)               # (micro-batch, sample) where this epoch's part in this process began
         self.waited = 0.0                 # the current step's wait in gradient collectives (train.measure_sync)
-        self.graph: StepGraph | None = None   # train.step_graph=on: made at the first step, after any resume
         state.layout = [run.info.world_size, run.batch_size, run.accum]
 
     def train_epoch(self, epoch: int) -> Stop:
@@ -66,8 +65,8 @@ class EpochLoop:
             if stop is not Stop.EPOCH_DONE:
                 break
             t_step = time.perf_counter()    # a periodic checkpoint at a step's end is not part of a step
-        if self.graph is not None:
-            log.info("%s (epoch %d)", self.graph.summary(), epoch + 1)
+        if run.step_graph is not None:
+            log.info("%s (epoch %d)", run.step_graph.summary(), epoch + 1)
         for component in self.components:
             component.epoch_end(epoch, stop)
         return stop
@@ -122,11 +121,11 @@ class EpochLoop:
         """train.step_graph=on: one whole optimizer step through the run's StepGraph (no accumulation: refused at
         build). The recipe's before/after_step stay outside the graph, as under train.compile."""
         run = self.run
-        if self.graph is None:
-            self.graph = StepGraph.for_run(run, self._step_closure)
+        if run.step_graph is None:      # made at the first step: after a resume loaded the optimizer's state
+            run.step_graph = StepGraph.for_run(run, self._step_closure)
         batch = move_to(batch, run.device)
         run.recipe.before_step(batch)
-        loss = self.graph.step(batch)
+        loss = run.step_graph.step(batch)
         run.recipe.after_step()
         n = run.recipe.batch_size_of(batch)
         self.losses.add(loss, n, self.state.epoch, micro + 1)
