@@ -123,11 +123,12 @@ class Run:
     def eval_batch_size(self) -> int:
         return self.cfg.train.eval_batch_size or self.batch_size
 
-    def autocast(self):
-        """Mixed precision context for forward passes (a no-op with --amp off)."""
+    def autocast(self, cache: bool = True):
+        """Mixed precision context for forward passes (a no-op with --amp off). cache=False inside a CUDA graph's
+        capture, as torch asks (its cast weights would be the capture's)."""
         if self.amp_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+        return torch.autocast(self.device.type, dtype=self.amp_dtype, cache_enabled=cache)
 
 
 def _data_and_model(recipe: Recipe, info: DistInfo, cfg: Config, wrap: bool, training: bool = False) -> Run:

@@ -140,7 +140,7 @@ class EpochLoop:
 
         def closure() -> torch.Tensor:
             run.optimizer.zero_grad(set_to_none=False)
-            with run.autocast():
+            with run.autocast(cache=False):
                 loss = run.train_step(batch)
             loss.backward()
             if clip > 0:
