@@ -93,3 +93,5 @@ def test_shape_keys_inputs_and_saved_state():
     assert static["x"].eq(2).all() and static["y"][0].tolist() == [0, 1, 2, 3] and a["x"].eq(0).all()
     state = {"state": {}, "param_groups": [{"lr": torch.tensor(0.25, dtype=torch.float64), "capturable": True}]}
     assert plain_state(state)["param_groups"] == [{"lr": 0.25, "capturable": False}]
+    phased = {"phase": "cf", "phases": {"cf": {"state": {}, "param_groups": [{"lr": 0.1}]}}}     # KGAT's layout
+    assert plain_state(phased) == {"phase": "cf", "phases": {"cf": {"state": {}, "param_groups": [{"lr": 0.1}]}}}

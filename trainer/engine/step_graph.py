@@ -153,8 +153,9 @@ def step_outputs(recipe, before: dict) -> dict:
 
 def plain_state(optimizer_state: dict) -> dict:
     """An optimizer's state_dict as a run without the graph writes it (the learning rate a float, not capturable):
-    its checkpoint resumes with or without train.step_graph, on either device."""
-    for group in optimizer_state["param_groups"]:
+    its checkpoint resumes with or without train.step_graph, on either device. A recipe's own layout (KGAT's
+    phases) is left as it is: the graph refuses those optimizers."""
+    for group in optimizer_state.get("param_groups", ()):
         if torch.is_tensor(group.get("lr")):
             group["lr"] = float(group["lr"])
         if group.get("capturable"):
