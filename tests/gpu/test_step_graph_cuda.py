@@ -7,13 +7,13 @@ the same on a CPU, where the step is recorded and replayed instead of captured.
 Skipped with the reason printed where torch sees no CUDA device, unless GPU_CHECK_ON_CPU=1 (a plumbing check)."""
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 import torch
 
 from tests.conftest import assert_bitwise_equal, trainer, weights
+from trainer.engine.logging import read_metrics
 
 ON_CPU = os.environ.get("GPU_CHECK_ON_CPU") == "1"
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -39,7 +39,6 @@ def test_the_graphed_step_trains_what_the_eager_step_trains(tmp_path, recipe):
     print(f"{recipe}: " + "; ".join(line.split("] ", 1)[-1] for line in logs["on"].splitlines()
                                     if "step graph" in line))
     assert_bitwise_equal(weights(tmp_path / "on"), weights(tmp_path / "off"))
-    rows = {m: [json.loads(x) for x in (tmp_path / m / "metrics.jsonl").read_text().splitlines()] for m in logs}
-    losses = {m: [(r["step"], r.get("loss"), r.get("accuracy")) for r in rows[m] if r["split"] == "train"]
-              for m in rows}
+    losses = {m: [(r["step"], r.get("loss"), r.get("accuracy")) for r in read_metrics(tmp_path / m, "train")]
+              for m in logs}
     assert losses["on"] == losses["off"]

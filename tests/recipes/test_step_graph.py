@@ -5,13 +5,13 @@ short last batch's own graph), its checkpoints resume with or without it, and wh
 name before the first step."""
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 import torch
 
 from tests.conftest import assert_bitwise_equal, trainer, weights
+from trainer.engine.logging import read_metrics
 from trainer.engine.step_graph import WARMUP, clone_tree, copy_into, plain_state, shape_key
 
 HAR = ("--recipe", "har", "--seed", "3", "--epochs", "3", "train.gpu_path=on", "train.tensorboard=false",
@@ -19,8 +19,8 @@ HAR = ("--recipe", "har", "--seed", "3", "--epochs", "3", "train.gpu_path=on", "
 
 
 def train_rows(run_dir) -> list[tuple]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(r["split"], r["step"], r.get("loss"), r.get("accuracy")) for r in rows if r["split"] in ("train", "val")]
+    return [(r["split"], r["step"], r.get("loss"), r.get("accuracy")) for r in read_metrics(run_dir)
+            if r["split"] in ("train", "val")]
 
 
 @pytest.fixture(scope="module")
