@@ -12,7 +12,8 @@ import torch
 
 from tests.conftest import assert_bitwise_equal, trainer, weights
 from trainer.engine.logging import read_metrics
-from trainer.engine.step_graph import WARMUP, clone_tree, copy_into, plain_state, shape_key
+from trainer.engine.recipe import map_tensors
+from trainer.engine.step_graph import WARMUP, copy_into, plain_state, shape_key
 
 HAR = ("--recipe", "har", "--seed", "3", "--epochs", "3", "train.gpu_path=on", "train.tensorboard=false",
        "ckpt.every_steps=4", "ckpt.keep_last=0")
@@ -88,7 +89,7 @@ def test_shape_keys_inputs_and_saved_state():
     assert shape_key(a) == shape_key({"x": torch.ones(4, 3), "y": (torch.ones(4, dtype=torch.long), 7)})
     assert shape_key(a) != shape_key({"x": torch.ones(3, 3), "y": (torch.ones(3, dtype=torch.long), 7)})
     assert shape_key(a) != shape_key({"x": torch.ones(4, 3), "y": (torch.ones(4, dtype=torch.long), 8)})
-    static = clone_tree(a)
+    static = map_tensors(a, torch.clone)
     copy_into(static, {"x": torch.full((4, 3), 2.0), "y": (torch.arange(4), 7)})
     assert static["x"].eq(2).all() and static["y"][0].tolist() == [0, 1, 2, 3] and a["x"].eq(0).all()
     state = {"state": {}, "param_groups": [{"lr": torch.tensor(0.25, dtype=torch.float64), "capturable": True}]}

@@ -122,7 +122,7 @@ class EpochLoop:
         build). The recipe's before/after_step stay outside the graph, as under train.compile."""
         run = self.run
         if run.step_graph is None:      # made at the first step: after a resume loaded the optimizer's state
-            run.step_graph = StepGraph.for_run(run, self._step_closure)
+            run.step_graph = StepGraph(run, self._step_closure)
         batch = move_to(batch, run.device)
         run.recipe.before_step(batch)
         loss = run.step_graph.step(batch)

@@ -164,15 +164,27 @@ class Recipe:
         return ()
 
 
+def map_tensors(batch: Any, fn) -> Any:
+    """fn applied to every tensor of a (nested) batch, the nesting and the other leaves kept."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, dict):
+        return {k: map_tensors(v, fn) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(map_tensors(v, fn) for v in batch)
+    return batch
+
+
+def tensors_of(batch: Any) -> list[torch.Tensor]:
+    """Every tensor of a (nested) batch, in map_tensors' order."""
+    found: list[torch.Tensor] = []
+    map_tensors(batch, found.append)
+    return found
+
+
 def move_to(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:
     """Move every tensor of a (nested) batch to device."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, dict):
-        return {k: move_to(v, device, non_blocking) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to(v, device, non_blocking) for v in batch)
-    return batch
+    return map_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

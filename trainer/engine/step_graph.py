@@ -2,7 +2,7 @@
 gradient clipping and the optimizer captured together and replayed, so that the host issues one replay per step
 instead of a launch per kernel (a small model's step is mostly the host's launches: docs/gpu.md).
 
-    graph = StepGraph.for_run(run)          # None unless train.step_graph=on (a clear error where it cannot)
+    graph = StepGraph(run, closure_of)      # train.step_graph=on; build_run refused what it cannot capture
     loss = graph.step(batch)                # the batch copied into the graph's inputs, the step replayed
 
 Each batch shape (the epoch's short last batch is a second one) runs WARMUP steps eagerly, on a side stream as torch
@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from trainer.config.settings import ConfigError
+from trainer.engine.recipe import map_tensors, tensors_of
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +58,6 @@ class StepGraph:
         self.graphs: dict[tuple, tuple[Any, Any, Callable[[], torch.Tensor], dict]] = {}
         self.replays = 0
         self._graph_safe_optimizer()
-
-    @classmethod
-    def for_run(cls, run, closure_of) -> "StepGraph | None":
-        if run.cfg.train.step_graph != "on":
-            return None
-        why = refusal(run)
-        if why:
-            raise ConfigError(f"train.step_graph=on: {why}")
-        return cls(run, closure_of)
 
     def _graph_safe_optimizer(self) -> None:
         """The learning rate as a tensor the scheduler fills in place (a captured step reads it from the device);
@@ -115,7 +106,7 @@ class StepGraph:
 
     def _capture(self, batch: Any):
         """The graph of one step on static copies of `batch`'s tensors (the step is not run: replay runs it)."""
-        inputs = clone_tree(batch)
+        inputs = map_tensors(batch, torch.clone)
         closure = self.closure_of(inputs)
         before = dict(vars(self.run.recipe))
         outputs: dict = {}
@@ -126,7 +117,7 @@ class StepGraph:
         else:
             graph = _Recorded(closure, outputs, self.run.recipe)
         outputs["recipe"] = step_outputs(self.run.recipe, before)
-        log.info("step graph: batch shape %s captured after %d eager steps%s", key_text(shape_key(batch)), WARMUP,
+        log.info("step graph: batch shape %s captured after %d eager steps%s", shapes_text(batch), WARMUP,
                  "" if self.cuda else " (a CPU: recorded, each replay runs the step)")
         return graph, inputs, closure, outputs
 
@@ -174,38 +165,10 @@ def shape_key(batch: Any) -> tuple:
     return ("v", batch)
 
 
-def key_text(key: tuple) -> str:
-    shapes: list[str] = []
-
-    def walk(k):
-        if k and k[0] == "t":
-            shapes.append("x".join(map(str, k[1])) or "scalar")
-        elif k and k[0] == "d":
-            for _, v in k[1:]:
-                walk(v)
-        elif k and k[0] != "v":
-            for v in k[1:]:
-                walk(v)
-    walk(key)
-    return "[" + ", ".join(shapes) + "]"
-
-
-def clone_tree(batch: Any) -> Any:
-    if torch.is_tensor(batch):
-        return batch.clone()
-    if isinstance(batch, dict):
-        return {k: clone_tree(v) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(clone_tree(v) for v in batch)
-    return batch
+def shapes_text(batch: Any) -> str:
+    return "[" + ", ".join("x".join(map(str, t.shape)) or "scalar" for t in tensors_of(batch)) + "]"
 
 
 def copy_into(static: Any, batch: Any) -> None:
-    if torch.is_tensor(static):
-        static.copy_(batch, non_blocking=True)
-    elif isinstance(static, dict):
-        for k, v in static.items():
-            copy_into(v, batch[k])
-    elif isinstance(static, (list, tuple)):
-        for s, b in zip(static, batch):
-            copy_into(s, b)
+    for s, b in zip(tensors_of(static), tensors_of(batch)):
+        s.copy_(b, non_blocking=True)
