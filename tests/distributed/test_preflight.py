@@ -17,8 +17,21 @@ import time
 import pytest
 
 from tests import netns
-from tests.conftest import launch_ranks, record_fault, run_ended, slowed_rank, trainer, wait_all
-from trainer.distributed.preflight import JOIN_LATE_S, SLOW_FRACTION, LinkFigures, RankFigures, judge, ring_rounds
+from tests.conftest import clean_env, launch_ranks, record_fault, run_ended, slowed_rank, trainer, wait_all
+from trainer.config.settings import ConfigError, build_config
+from trainer.distributed.preflight import (
+    JOIN_LATE_S,
+    SLOW_ENV,
+    SLOW_FRACTION,
+    LinkFigures,
+    RankFigures,
+    Verdict,
+    judge,
+    read_report,
+    ring_rounds,
+    slow_fraction,
+    write_report,
+)
 from trainer.engine.rundir import MARKER
 from trainer.launch.exitcodes import UNFIT_HOST, unfit_hosts
 
@@ -47,6 +60,38 @@ def test_the_rule_names_a_host_three_times_slower_and_not_the_machines_noise():
     links = [figures("a", 0, 100, 1.0), figures("a", 1, 100, 1.0), figures("b", 2, 100, 0.2), figures("b", 3, 100, 0.2),
              figures("c", 4, 100, 0.9), figures("c", 5, 100, 0.9)]
     assert list(unfit(links)) == ["b"] and "all-reduce among its ranks" in unfit(links)["b"]
+
+
+def test_a_site_whose_nodes_are_shared_judges_looser_by_its_setting_or_its_environment(monkeypatch, tmp_path):
+    """train.preflight_slow, else TRAINER_PREFLIGHT_SLOW, else 0.5: at 0.2 the host seen at 0.39x beside the rest of
+    the suite (CI, 2026-11-29) trains, a host, a GPU or the links of a host at 0.1x do not."""
+    monkeypatch.delenv(SLOW_ENV, raising=False)
+    assert slow_fraction() == SLOW_FRACTION and slow_fraction(0.3) == 0.3
+    monkeypatch.setenv(SLOW_ENV, "0.2")
+    assert slow_fraction() == 0.2 and slow_fraction(0.3) == 0.3             # the run's own setting wins
+    for bad in ("1.5", "0", "half"):
+        monkeypatch.setenv(SLOW_ENV, bad)
+        with pytest.raises(ConfigError, match=rf"TRAINER_PREFLIGHT_SLOW='{bad}' \(environment\): a fraction"):
+            slow_fraction()
+    busy = [figures("a", 0, 55.96), figures("b", 1, 21.64)]                     # the CI's node2: 0.39x
+    assert list(unfit(busy)) == ["b"] and judge(busy, (), 0.2)[0] == {}
+    assert list(judge([figures("a", 0, 50.0), figures("b", 1, 5.0)], (), 0.2)[0]) == ["b"]
+    gpus = [RankFigures(rank=r, host="g", device=f"cuda:{r}", gflops=g) for r, g in enumerate([100, 100, 39])]
+    assert list(judge(gpus)[0]) == ["g"] and judge(gpus, (), 0.2)[0] == {}
+    four = [figures(h, r, 100) for r, h in enumerate("abcd")]
+    assert list(judge(four, ring({"ab": 1.5, "bc": 1.4, "cd": 0.1, "da": 0.12}), 0.2)[0]) == ["d"]
+    assert judge(four, ring({"ab": 1.5, "bc": 1.4, "cd": 0.6, "da": 0.5}), 0.2)[0] == {}
+    verdict = Verdict(busy, None, 1.0, {}, slow_fraction=0.2)
+    assert "a host below 0.2x the others' median is slow" in verdict.summary()
+    assert "is slow" not in Verdict(busy, None, 1.0, {}).summary()
+    assert read_report(write_report(tmp_path, verdict)).slow_fraction == 0.2
+
+
+def test_the_slow_fraction_setting_is_a_fraction():
+    assert build_config("har", overrides=["train.preflight_slow=0.25"]).train.preflight_slow == 0.25
+    for bad in ("1", "-0.1"):
+        with pytest.raises(ConfigError, match="train.preflight_slow"):
+            build_config("har", overrides=[f"train.preflight_slow={bad}"])
 
 
 def test_the_ring_is_timed_in_two_or_three_rounds_whatever_the_hosts_and_no_host_is_twice_in_a_round():
@@ -197,3 +242,11 @@ def test_the_checks_leave_the_runs_random_streams_alone():
     torch.manual_seed(3)
     assert matmul_gflops(torch.device("cpu"), torch.bfloat16) > 0
     assert torch.equal(torch.rand(4), expected)
+
+
+def test_a_bad_site_fraction_refuses_the_run_before_it_writes_and_is_not_read_with_the_preflight_off(tmp_path):
+    proc = trainer(*TOY, "--run-dir", str(tmp_path / "run"), env=clean_env(TRAINER_PREFLIGHT_SLOW="2"), check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "TRAINER_PREFLIGHT_SLOW='2' (environment): a fraction above 0 and below 1" in proc.stderr
+    assert [p.name for p in (tmp_path / "run").iterdir() if p.name != ".lock"] == []     # nothing written
+    trainer(*TOY, "train.preflight=off", "--run-dir", str(tmp_path / "off"), env=clean_env(TRAINER_PREFLIGHT_SLOW="2"))

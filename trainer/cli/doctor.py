@@ -226,7 +226,7 @@ def preflight_only(info) -> int:
     from trainer.distributed import preflight
     from trainer.launch.exitcodes import UNFIT_HOST
     try:
-        verdict = preflight.run_checks(info, 0, torch.float32)
+        verdict = preflight.run_checks(info, 0, torch.float32, slow=preflight.slow_fraction())
     finally:
         runtime.teardown(info)
     if info.is_main:

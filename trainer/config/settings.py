@@ -35,7 +35,8 @@ class TrainConfig:
         lr=Bound(0, lo_open=True), momentum=Bound(0, 1), betas=FRACTION, min_lr_ratio=Bound(0, 1),
         clip_grad_norm=Bound(0, zero="no clipping"), eval_every_epochs=POSITIVE,
         eval_batch_size=Bound(0, zero="the training batch size"), early_stop_patience=Bound(0, zero="off"),
-        log_every_steps=POSITIVE, num_workers=Bound(0, zero="load in the training process"))
+        log_every_steps=POSITIVE, num_workers=Bound(0, zero="load in the training process"),
+        preflight_slow=Bound(0, 1, hi_open=True, zero="the site's TRAINER_PREFLIGHT_SLOW, else 0.5"))
     epochs: int = 10
     max_steps: int = 0                    # stop after this many optimizer steps (0: no limit)
     batch_size: int = 32                  # per rank (per GPU)
@@ -77,6 +78,9 @@ class TrainConfig:
     profile: str = ""                     # START:STOP: torch.profiler trace of those optimizer steps (RUN_DIR/profile)
     # device and link checks before the first step (trainer/distributed/preflight.py; auto: several ranks or a GPU)
     preflight: Literal["auto", "on", "off"] = "auto"
+    # a host below this fraction of the other hosts' median (matmul, host all-reduce, links) is unfit; lower it where
+    # nodes are shared with other work (0: the site's TRAINER_PREFLIGHT_SLOW, else 0.5)
+    preflight_slow: float = 0.0
     # a rank slower than the others while training (trainer/distributed/stragglers.py): name it in the log and the
     # train records (warn), or also checkpoint and exit 5 so that the restart loop relaunches without its host
     straggler_action: Literal["warn", "evict", "off"] = "warn"

@@ -56,7 +56,8 @@ def unfit_hint(err: UnfitHostError) -> str:
                 f"--exclude={hosts} ... --resume auto (its checkpoint is written), or train.straggler_action=warn to "
                 f"go on with it")
     return (f"the restart loop (slurm/*.sbatch, MAX_RESTARTS) relaunches without the host; by hand: sbatch/srun "
-            f"--exclude={hosts}, or train.preflight=off to train on it anyway (RUN_DIR/preflight.json has the figures)")
+            f"--exclude={hosts}, train.preflight_slow=0.3 where nodes are shared with other work, or "
+            f"train.preflight=off to train on it anyway (RUN_DIR/preflight.json has the figures)")
 
 
 def _resource(err: BaseException) -> str:

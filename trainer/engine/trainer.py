@@ -48,11 +48,12 @@ from trainer.launch.exitcodes import PREEMPTED_MARKER, UnfitHostError
 log = logging.getLogger(__name__)
 
 
-def check_hosts(run: Run, run_dir: Path) -> None:
-    """The pre-flight (trainer/distributed/preflight.py): RUN_DIR/preflight.json and a summary line; unfit hosts
-    stop the run (UnfitHostError, exit 5), which the restart loop relaunches without them."""
+def check_hosts(run: Run, run_dir: Path, slow: float) -> None:
+    """The pre-flight (trainer/distributed/preflight.py) judged by SLOW (preflight.slow_fraction): RUN_DIR/
+    preflight.json and a summary line; unfit hosts stop the run (UnfitHostError, exit 5), which the restart loop
+    relaunches without them."""
     need = run.footprint.total if run.footprint is not None else 0
-    verdict = preflight.run_checks(run.info, need, run.amp_dtype or torch.float32)
+    verdict = preflight.run_checks(run.info, need, run.amp_dtype or torch.float32, slow=slow)
     if run.info.is_main:
         preflight.write_report(run_dir, verdict)
         (log.warning if verdict.unfit or verdict.notes else log.info)("%s", verdict.summary())
@@ -71,6 +72,8 @@ class Trainer:
         if info.restart_count:
             log.info("restart %d of job %s (launcher %s)", info.restart_count, info.job_id, info.launcher)
         self.info, self.cfg, self.run_dir = info, cfg, Path(cfg.run_dir)
+        checked = preflight.wanted(cfg.train.preflight, info)
+        slow = preflight.slow_fraction(cfg.train.preflight_slow) if checked else None   # a bad setting refuses here
         self.run = build_run(recipe, info, cfg)
         self.ckpts = Checkpointer(self.run, self.run_dir, planned)
         resumed = self.ckpts.resume()           # the last check that can refuse the run: nothing written before it
@@ -79,8 +82,8 @@ class Trainer:
         self.ckpts.write_id_maps()
         if info.is_main:
             (self.run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
-        if preflight.wanted(cfg.train.preflight, info):
-            check_hosts(self.run, self.run_dir)
+        if checked:
+            check_hosts(self.run, self.run_dir, slow)
         self.state, metrics = resumed or (TrainState(), {})
         # a resumed run logs again from the step after its checkpoint: TensorBoard drops what an earlier attempt
         # logged from there on (a crash after the checkpoint leaves such steps behind)
