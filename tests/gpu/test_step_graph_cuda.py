@@ -1,8 +1,10 @@
 """train.step_graph=on on a CUDA device (issue 70 point 2; marked gpu, bench/gpu_check.sh step 12): the whole
 optimizer step captured as CUDA graphs and replayed trains what the eager step trains, bit for bit under
-train.deterministic=true (the same kernels, replayed), for SASRec (dropout, device-side negatives) and HAR (the short
-last batch: a second graph; classify's hits named again after each replay). tests/recipes/test_step_graph.py checks
-the same on a CPU, where the step is recorded and replayed instead of captured.
+train.deterministic=true (the same kernels, replayed), for SASRec (dropout, device-side negatives), HAR (the short
+last batch: a second graph; classify's hits named again after each replay) and KGAT (a graph per phase, the sparse
+rows' fixed-shape update, A^T's values refreshed in place after each epoch's attention).
+tests/recipes/test_step_graph.py checks the same on a CPU, where the step is recorded and replayed instead of
+captured.
 
 Skipped with the reason printed where torch sees no CUDA device, unless GPU_CHECK_ON_CPU=1 (a plumbing check)."""
 from __future__ import annotations
@@ -24,6 +26,8 @@ RUNS = {
     "sasrec": ["--recipe", "sasrec", "--seed", "2", "model.time=false", "model.mhc=false", "data.maxlen=50",
                "train.max_steps=12"],
     "har": ["--recipe", "har", "--seed", "3", "--epochs", "3"],
+    # two phases (a graph each), sparse rows in fixed shapes, the attention refreshed between the epochs
+    "kgat": ["--recipe", "kgat", "--seed", "2", "--epochs", "2", "train.batch_size=256"],
 }
 
 

@@ -196,6 +196,24 @@ def test_kgat_breaks_the_graph_at_its_sparse_products_and_still_syncs_nothing():
     assert "csr_matrix" in str(err.value) or "sparse" in str(err.value).lower(), str(err.value)[-2000:]
 
 
+def test_kgats_kg_step_syncs_nothing_either():
+    """The table above counts KGAT's first steps, CF steps: a KG step (TransR) read 4 values on the host before
+    (project's unique_consecutive and two tolist; the row update's step count) and coalesced its rows (a row
+    count only the data knows). On the GPU-shaped step it projects by gathered matrices and updates rows in fixed
+    shapes: nothing."""
+    tr, batches = epoch_loop_for("kgat", GPU)
+    kg = [(micro, b) for micro, b in enumerate(batches) if b["phase"] == "kg"][:4]
+    assert len(kg) == 4
+    counts = []
+    for micro, batch in kg:
+        counted = OpCount()
+        with counted:
+            tr.step(batch, micro)
+        counts.append(counted)
+    assert [c.syncs for c in counts[2:]] == [0, 0], [c.sync_names for c in counts]
+    assert type(tr.run.optimizer).__name__ == "PhasedSparseRowsAdamW" and tr.run.optimizer.fixed_shapes
+
+
 # ------------------------------------------------------------------------------------------ trained
 def _test_ndcg(tmp_path, path: str, seed: int) -> float:
     run = tmp_path / f"{path}-{seed}"
@@ -224,7 +242,7 @@ def test_kgat_batches_drawn_on_the_device_keep_the_host_plans_rules():
     recipe = tr.run.recipe
     plan = recipe.epoch_batches(1)
     assert isinstance(plan.sampler, DeviceTables) and len(plan) == len(recipe.epoch_batches(0))
-    t = recipe.tables
+    t = recipe.device_tables
     users, pos, neg = plan[0]["tensors"]
     assert len(users.unique()) == len(users) == 64 and torch.isin(users, t.cf_users).all()
     keys = users * t.n_items
@@ -235,3 +253,6 @@ def test_kgat_batches_drawn_on_the_device_keep_the_host_plans_rules():
     again = recipe.epoch_batches(1)[plan.n_cf_steps]["tensors"]
     assert all(torch.equal(a, b) for a, b in zip(again, (heads, rels, tails, bad)))
     assert not torch.equal(recipe.epoch_batches(2)[0]["tensors"][0], users)
+    recipe.on_evaluation_start(tr.run.model)          # an evaluation's own tables come and go: the plan stays
+    recipe.on_evaluation_end()
+    assert isinstance(recipe.epoch_batches(3).sampler, DeviceTables)

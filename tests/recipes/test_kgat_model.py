@@ -305,15 +305,27 @@ def test_the_products_are_cached_until_the_attention_changes():
     d, g = small_graph()
     fresh, m = model_for(d, g), model_for(d, g)
     m.set_graph(g.heads, g.rels, g.tails, g.weights, panel_cols=7)
+    def dense(a):
+        if isinstance(a, torch.Tensor):
+            return a.to_dense()
+        return sum(torch.zeros(g.n_nodes, g.n_nodes).index_add_(1, torch.arange(lo, hi), p.to_dense())
+                   for p, lo, hi in a)
+
     for model in (fresh, m):
         first = model.products()
         assert model.products()[0] is first[0]                       # a CF step reuses them
+        before = dense(first[1]).clone()
         model.refresh_attention()                                     # a new propagation matrix
-        assert model.products()[0] is not first[0]
+        now = model.products()
+        if model is fresh:      # whole CSR matrices: the same ones, their values in place (a step graph holds them)
+            assert now[0] is first[0] and now[1] is first[1]
+        else:                   # column panels (CPU): made again
+            assert now[0] is not first[0]
+        assert torch.allclose(dense(now[0]), model.adj.to_dense()) and torch.allclose(dense(now[1]), dense(now[0]).T)
+        assert not torch.allclose(dense(now[1]), before)
     m.load_state_dict(fresh.state_dict())                             # a load: the attention changes in place
-    dense = sum(torch.zeros(g.n_nodes, g.n_nodes).index_add_(1, torch.arange(lo, hi), p.to_dense())
-                for p, lo, hi in m.products()[0])
-    assert torch.allclose(dense, fresh.adj.to_dense())
+    assert torch.allclose(dense(m.products()[0]), fresh.adj.to_dense())
+    assert torch.allclose(dense(m.products()[1]), fresh.adj.to_dense().T)
 
 
 def test_layer_input_raw_follows_the_original_and_normalized_the_ports():
@@ -326,3 +338,24 @@ def test_layer_input_raw_follows_the_original_and_normalized_the_ports():
     x = raw.aggregators[0](raw.embed, (raw.adj, None))   # what the port feeds layer 2: normalised layer 1
     expected = F.normalize(raw.aggregators[1](F.normalize(x, dim=1), (raw.adj, None)), dim=1)
     assert torch.allclose(b[:, 16:], expected.detach(), atol=1e-6)
+
+
+@pytest.mark.parametrize("update", ["sparse", "dense"])
+def test_the_gpu_shaped_projection_is_the_grouped_one(update):
+    """project_fixed (one batched matmul, each row's W_r gathered: fixed shapes) gives project's KG loss and
+    gradients (project groups the rows by relation: unique_consecutive and host reads)."""
+    d, g = small_graph()
+    grouped = model_for(d, g, kg_update=update)
+    fixed = model_for(d, g, kg_update=update)
+    fixed.gpu_shaped = True
+    h, r, t = (torch.as_tensor(d.kg[:, k]) for k in (0, 1, 2))
+    losses = [m("kg", h, r, t, torch.flip(t, (0,))) for m in (grouped, fixed)]
+    assert torch.allclose(losses[0], losses[1], rtol=1e-6, atol=0)
+    for loss in losses:
+        loss.backward()
+    for (name, a), b in zip(grouped.named_parameters(), fixed.parameters()):
+        if a.grad is None:
+            assert b.grad is None, name
+            continue
+        assert a.grad.is_sparse == b.grad.is_sparse == (name == "embed" and update == "sparse"), name
+        assert torch.allclose(a.grad.to_dense(), b.grad.to_dense(), rtol=1e-5, atol=1e-8), name

@@ -2,6 +2,7 @@
 path, Adam on those rows only (torch's SparseAdam), and under DDP every rank's gradient the ranks' mean, the
 table's rows sent instead of the table (`python -m torch.distributed.run --nproc-per-node 2 THIS_FILE` is the
 two-rank check the last test runs)."""
+import contextlib
 import subprocess
 import sys
 from dataclasses import replace
@@ -37,14 +38,15 @@ def _ops_or_skip():
     return ops
 
 
-@pytest.fixture(params=["torch", "kernel"])
-def kernel(request):
-    """Each row-update test runs on torch's path and on the C++ kernel (kgat_kernels.inc adam_rows_)."""
-    if request.param == "torch":
-        yield None
+@pytest.fixture(params=["torch", "kernel", "fixed"])
+def rows_of(request):
+    """base -> sparse_rows(base, ...): each row-update test runs on torch's path, on the C++ kernel
+    (kgat_kernels.inc adam_rows_) and on the fixed-shape update of the GPU-shaped step (adam_rows_fixed_)."""
+    if request.param != "kernel":
+        yield lambda base: sparse_rows(base, fixed=request.param == "fixed")
         return
     counted = _Counted(_ops_or_skip())
-    yield counted
+    yield lambda base: sparse_rows(base, counted)
     assert counted.calls > 0, "the kernel path did not run"
 
 
@@ -70,11 +72,11 @@ def table_step(table, w, rows):
     (w * 3).pow(2).sum().backward()
 
 
-def test_rows_follow_sparse_adam_and_dense_parameters_follow_adam(kernel):
+def test_rows_follow_sparse_adam_and_dense_parameters_follow_adam(rows_of):
     torch.manual_seed(0)
     table, w = torch.nn.Parameter(torch.randn(12, 4)), torch.nn.Parameter(torch.randn(5))
     ref_table, ref_w = (torch.nn.Parameter(p.detach().clone()) for p in (table, w))
-    opt = phased(sparse_rows(torch.optim.Adam, kernel))([table, w], phases=("cf", "kg"), lr=0.05, fused=True)
+    opt = phased(rows_of(torch.optim.Adam))([table, w], phases=("cf", "kg"), lr=0.05, fused=True)
     opt.set_phase("kg")
     refs = torch.optim.SparseAdam([ref_table], lr=0.05), torch.optim.Adam([ref_w], lr=0.05)
     untouched = table.detach()[11].clone()
@@ -90,12 +92,12 @@ def test_rows_follow_sparse_adam_and_dense_parameters_follow_adam(kernel):
     assert not opt.state_dict()["phases"]["cf"]["state"]                   # the other phase's state untouched
 
 
-def test_one_shared_state_takes_dense_and_row_steps_alike(kernel):
+def test_one_shared_state_takes_dense_and_row_steps_alike(rows_of):
     """model.phase_optimizers=shared: the CF phase's dense (fused) steps and the KG phase's row steps share the
     table's Adam state, its step count included."""
     torch.manual_seed(4)
     table = torch.nn.Parameter(torch.randn(8, 3))
-    opt = sparse_rows(torch.optim.Adam, kernel)([table], lr=0.1, fused=True)
+    opt = rows_of(torch.optim.Adam)([table], lr=0.1, fused=True)
     for sparse in (True, False, True):
         rows = torch.tensor([1, 6])
         F.embedding(rows, table, sparse=sparse).sum().backward()
@@ -105,13 +107,13 @@ def test_one_shared_state_takes_dense_and_row_steps_alike(kernel):
     assert torch.isfinite(table).all() and state["exp_avg"][[0, 2, 3]].abs().sum() == 0
 
 
-def test_adamw_decays_only_the_batch_rows(kernel):
+def test_adamw_decays_only_the_batch_rows(rows_of):
     torch.manual_seed(1)
     table = torch.nn.Parameter(torch.randn(6, 3))
     rows = torch.tensor([4, 1])
     ref = torch.nn.Parameter(table.detach()[rows].clone())   # AdamW on just those rows: the same update
     before = table.detach().clone()
-    opt = sparse_rows(torch.optim.AdamW, kernel)([table], lr=0.1, weight_decay=0.5, fused=True)
+    opt = rows_of(torch.optim.AdamW)([table], lr=0.1, weight_decay=0.5, fused=True)
     ref_opt = torch.optim.AdamW([ref], lr=0.1, weight_decay=0.5)
     F.embedding(rows, table, sparse=True).sum().backward()
     ref.sum().backward()
@@ -121,11 +123,11 @@ def test_adamw_decays_only_the_batch_rows(kernel):
     assert torch.equal(table.detach()[others], before[others])
 
 
-def test_a_grad_scaler_skips_an_inf_step_and_unscales_a_finite_one(kernel):
+def test_a_grad_scaler_skips_an_inf_step_and_unscales_a_finite_one(rows_of):
     torch.manual_seed(2)
     table, w = torch.nn.Parameter(torch.randn(6, 3)), torch.nn.Parameter(torch.randn(3))
     ref_table = torch.nn.Parameter(table.detach().clone())
-    opt = sparse_rows(torch.optim.Adam, kernel)([table, w], lr=0.1, fused=True)
+    opt = rows_of(torch.optim.Adam)([table, w], lr=0.1, fused=True)
     ref_opt = torch.optim.SparseAdam([ref_table], lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
     rows = torch.tensor([0, 5])
@@ -160,6 +162,41 @@ def test_the_row_kernel_is_torchs_row_update(cls, decay):
         # (a row's repeated values are summed in another order: the last bits differ)
         assert torch.allclose(opts[1].state[tables[1]][key], opts[0].state[tables[0]][key], atol=1e-6), key
     assert kernel.calls == 3
+
+
+@pytest.mark.parametrize("cls, decay", [(torch.optim.Adam, 0.0), (torch.optim.Adam, 0.1), (torch.optim.AdamW, 0.1)])
+def test_the_fixed_shape_row_update_is_torchs_and_reads_nothing_on_the_host(cls, decay):
+    """The GPU-shaped step's row update (no coalesce, the step count and lr on the device) at a KG batch's shape:
+    torch's path's parameters and moments; a learning rate held as a tensor (a step graph's) the same; the
+    per-row sums' table zero again after each step, and not in the checkpoint."""
+    from bench.opcount import OpCount
+    torch.manual_seed(8)
+    tables = [torch.nn.Parameter(torch.randn(300, 64)) for _ in range(3)]
+    with torch.no_grad():
+        for t in tables[1:]:
+            t.copy_(tables[0])
+    opts = [sparse_rows(cls, fixed=f)([t], lr=0.05, weight_decay=decay, fused=True)
+            for t, f in zip(tables, (False, True, True))]
+    opts[2].param_groups[0]["lr"] = torch.tensor(0.05, dtype=torch.float64)
+    counted = OpCount()
+    for k in range(3):
+        rows = torch.randint(0, 280, (700,))            # rows 280-299 in no batch
+        for t, o in zip(tables, opts):
+            F.embedding(rows, t, sparse=True).sin().sum().backward()
+            with counted if o is opts[1] else contextlib.nullcontext():
+                o.step()
+            o.zero_grad()
+    assert counted.syncs == 0, counted.sync_names
+    never = (opts[0].state[tables[0]]["exp_avg"] == 0).all(1)                 # rows no batch named
+    assert never[280:].all() and int(never.sum()) < 300
+    for t, o in zip(tables[1:], opts[1:]):
+        # the update's arithmetic in another order (a division, then the step size): 1e-6 apart after 3 steps
+        assert torch.allclose(t, tables[0], rtol=0, atol=1e-5) and torch.equal(t[never], tables[0][never])
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(o.state[t][key], opts[0].state[tables[0]][key], rtol=0, atol=1e-5), key
+        assert not o._row_sums[id(t)].any() and set(o.state_dict()["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}
+        assert float(o.state[t]["step"]) == 3
+    assert torch.equal(tables[2], tables[1])          # the learning rate a tensor (a step graph's): the same bits
 
 
 def test_the_row_kernel_refuses_a_row_out_of_range():

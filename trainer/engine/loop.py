@@ -134,12 +134,14 @@ class EpochLoop:
         return n
 
     def _step_closure(self, batch: Any):
-        """() -> loss: one optimizer step on `batch`, what a step graph captures. The gradients are zeroed in
-        place, not set to None: a graph's backward and optimizer keep their addresses."""
+        """() -> loss: one optimizer step on `batch`, what a step graph captures. The gradients are set to None
+        first, as the eager step leaves them: a parameter this step does not reach (KGAT's CF phase and its
+        relations) keeps no zero gradient for the optimizer to move it by; under a capture the backward allocates
+        them from the graph's pool, at the addresses every replay writes (torch's whole-network capture)."""
         run, clip = self.run, self.run.cfg.train.clip_grad_norm
 
         def closure() -> torch.Tensor:
-            run.optimizer.zero_grad(set_to_none=False)
+            run.optimizer.zero_grad(set_to_none=True)
             with run.autocast(cache=False):
                 loss = run.train_step(batch)
             loss.backward()

@@ -60,10 +60,18 @@ def phased(base: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
     its CF loss and another for its KG loss); set_phase() picks the state the next step() updates."""
 
     class Phased(base):
+        # a step graph can hold its step: the base's (torch's own, or sparse rows in fixed shapes); a phase is a
+        # dict of state tensors swapped on the host between steps, each phase's graph holding its own
+        fixed_shapes = getattr(base, "fixed_shapes", base in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD))
         def __init__(self, params, phases: tuple[str, ...], **kwargs):
             super().__init__(params, **kwargs)
             self.phase = phases[0]
             self._states = {p: self.state if p == self.phase else defaultdict(dict) for p in phases}
+
+        def phase_states(self) -> list[dict]:
+            """Every phase's state (self.state is the current phase's)."""
+            self._states[self.phase] = self.state
+            return list(self._states.values())
 
         def set_phase(self, phase: str) -> None:
             self._states[self.phase] = self.state
@@ -93,11 +101,7 @@ def adam_rows_(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
     wait (lazy, as torch.optim.SparseAdam), so a step costs its rows, not the table. One step count per
     parameter for the bias correction, in the same state keys as Adam's. kernel: a module with the same update
     in one C++ pass, `kernel.adam_rows_` (a recipe's compiled kernels), used for contiguous float32 CPU tables."""
-    if not state:
-        state["step"] = torch.zeros((), device=param.device)     # where fused Adam keeps it (shared state)
-        state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-        state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-    state["step"] += 1
+    _count_step(param, state)
     step, (beta1, beta2), lr = float(state["step"]), group["betas"], group["lr"]
     tables = (param, grad._values(), state["exp_avg"], state["exp_avg_sq"])
     if kernel is not None and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
@@ -110,27 +114,71 @@ def adam_rows_(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict
     rows, g = grad.indices()[0], grad.values()
     if grad_scale is not None:                # a fused optimizer under a GradScaler: grads still scaled
         g = g / grad_scale.to(g.device)
-    x = param.index_select(0, rows)           # index_select: 1.8x aten::index on a table's rows
-    if group["weight_decay"]:
-        if decoupled:
-            x.mul_(1 - lr * group["weight_decay"])
-        else:
-            g = g.add(x, alpha=group["weight_decay"])
-    m = state["exp_avg"].index_select(0, rows).mul_(beta1).add_(g, alpha=1 - beta1)
-    v = state["exp_avg_sq"].index_select(0, rows).mul_(beta2).addcmul_(g, g, value=1 - beta2)
-    state["exp_avg"].index_copy_(0, rows, m)
-    state["exp_avg_sq"].index_copy_(0, rows, v)
+    x, m, v = _row_moments(param, rows, g, state, group, decoupled, lr)
     denom = (v / (1 - beta2 ** step)).sqrt_().add_(group["eps"])
     param.index_copy_(0, rows, x.addcdiv_(m, denom, value=-lr / (1 - beta1 ** step)))
 
 
-def sparse_rows(base: type[torch.optim.Optimizer], kernel=None) -> type[torch.optim.Optimizer]:
+def _count_step(param: torch.Tensor, state: dict) -> None:
+    """A row update's state made at its first step (where fused Adam keeps it: a shared state), its count raised."""
+    if not state:
+        state["step"] = torch.zeros((), device=param.device)
+        state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+    state["step"] += 1
+
+
+def _row_moments(param: torch.Tensor, rows: torch.Tensor, g: torch.Tensor, state: dict, group: dict,
+                 decoupled: bool, lr) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the rows' values, decayed where decoupled; their new first and second moments, written back)."""
+    x = param.index_select(0, rows)           # index_select: 1.8x aten::index on a table's rows
+    (beta1, beta2), decay = group["betas"], group["weight_decay"]
+    if decay:
+        if decoupled:
+            x.mul_(1 - lr * decay)
+        else:
+            g = g.add(x, alpha=decay)
+    m = state["exp_avg"].index_select(0, rows).mul_(beta1).add_(g, alpha=1 - beta1)
+    v = state["exp_avg_sq"].index_select(0, rows).mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    state["exp_avg"].index_copy_(0, rows, m)
+    state["exp_avg_sq"].index_copy_(0, rows, v)
+    return x, m, v
+
+
+def adam_rows_fixed_(param: torch.Tensor, grad: torch.Tensor, state: dict, group: dict, decoupled: bool,
+                     sums: torch.Tensor, grad_scale: torch.Tensor | None = None) -> None:
+    """adam_rows_ in fixed shapes, nothing read by the host (the GPU-shaped step's; a step graph can hold it): the
+    gradient's K rows as they come, duplicates and all (no coalesce: its row count is the data's), summed per row
+    into SUMS (a zero table of the parameter's shape, kept by the caller) and read back, so a row named twice gets
+    the same update twice and is written twice with one value; SUMS is zeroed at those rows again. The step count
+    and the bias corrections stay on the device, and the learning rate may be a tensor (a step graph's)."""
+    _count_step(param, state)
+    step, (beta1, beta2), lr = state["step"], group["betas"], group["lr"]
+    # a step graph's learning rate is a tensor: a float is made one too, so that both take the same arithmetic
+    # (torch divides a Python float by a tensor as a reciprocal times it) and a run with the graph equals one without
+    lr = lr if torch.is_tensor(lr) else torch.tensor(lr, dtype=torch.float64)
+    lr_wide, lr = lr.double(), lr.to(param.dtype)
+    rows, g = grad._indices()[0], grad._values()
+    if grad_scale is not None:                # a fused optimizer under a GradScaler: grads still scaled
+        g = g / grad_scale.to(g.device)
+    sums.index_put_((rows,), g, accumulate=True)      # deterministic where torch is asked to be (a sort on CUDA)
+    g = sums.index_select(0, rows)
+    sums.index_fill_(0, rows, 0)
+    x, m, v = _row_moments(param, rows, g, state, group, decoupled, lr_wide)
+    denom = (v / (1 - beta2 ** step)).sqrt_().add_(group["eps"])
+    param.index_copy_(0, rows, x.sub_(m.div_(denom).mul_(lr / (1 - beta1 ** step))))
+
+
+def sparse_rows(base: type[torch.optim.Optimizer], kernel=None, fixed: bool = False) -> type[torch.optim.Optimizer]:
     """`base` (Adam or AdamW) that also takes sparse gradients (an embedding table's rows): those by
-    adam_rows_ (with `kernel`, see there), every dense gradient by base.step as before."""
+    adam_rows_ (with `kernel`, see there), or by adam_rows_fixed_ where `fixed` (the GPU-shaped step), every dense
+    gradient by base.step as before."""
     if not issubclass(base, torch.optim.Adam | torch.optim.AdamW):
         raise ValueError(f"sparse row updates need Adam or AdamW, not {base.__name__}")
 
     class SparseRows(base):
+        fixed_shapes = fixed
+
         def step(self, closure=None):
             held = [(p, p.grad) for group in self.param_groups for p in group["params"]
                     if p.grad is not None and p.grad.is_sparse]
@@ -149,9 +197,18 @@ def sparse_rows(base: type[torch.optim.Optimizer], kernel=None) -> type[torch.op
         @torch.no_grad()
         def _step_rows(self, held: list) -> None:
             groups = {id(p): group for group in self.param_groups for p in group["params"]}
+            decoupled = issubclass(base, torch.optim.AdamW)
             for p, grad in held:
-                adam_rows_(p, grad, self.state[p], groups[id(p)], issubclass(base, torch.optim.AdamW),
-                           getattr(self, "grad_scale", None), kernel)
+                if not fixed:
+                    adam_rows_(p, grad, self.state[p], groups[id(p)], decoupled, getattr(self, "grad_scale", None),
+                               kernel)
+                    continue
+                # the per-row sums' table: the optimizer's, not its state (a checkpoint does not carry it)
+                sums = vars(self).setdefault("_row_sums", {})
+                if id(p) not in sums:
+                    sums[id(p)] = torch.zeros_like(p)
+                adam_rows_fixed_(p, grad, self.state[p], groups[id(p)], decoupled, sums[id(p)],
+                                 getattr(self, "grad_scale", None))
 
     SparseRows.__name__ = SparseRows.__qualname__ = f"SparseRows{base.__name__}"
     return SparseRows

@@ -9,9 +9,10 @@ Each batch shape (the epoch's short last batch is a second one) runs WARMUP step
 asks before a capture, then is captured once and replayed from then on. Every one of these is a real training step
 of the same closure, so a run with the graph computes what a run without it does. Needs the GPU-shaped step (fixed
 shapes, no host reads), a world of one, no accumulation, no fp16 loss scaling (its inf check reads the device), and
-the configured optimizer (a recipe's own, KGAT's sparse-row one, is not capturable yet). On a CPU there is no graph:
-`capture` records the closure and `replay` runs it, so the tests check everything but the capture itself (that the
-step reads its batch only from the graph's inputs, the learning rate as a tensor, the recipe's step-time outputs).
+the configured optimizer or a recipe's own in fixed shapes (KGAT's phases and sparse rows on the GPU-shaped step;
+each phase is a batch shape of its own). On a CPU there is no graph: `capture` records the closure and `replay` runs
+it, so the tests check everything but the capture itself (that the step reads its batch only from the graph's
+inputs, the learning rate as a tensor, the recipe's step-time outputs, tensors a host step re-makes).
 """
 from __future__ import annotations
 
@@ -42,8 +43,9 @@ def refusal(run) -> str | None:
         return "fp16's loss scaling checks for infs on the host every step: use train.amp=bf16 (or off)"
     if tc.compile == "reduce-overhead":
         return "train.compile=reduce-overhead makes CUDA graphs of its own: use train.compile=default or off"
-    if type(run.optimizer) not in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD):
-        return (f"the recipe's own optimizer ({type(run.optimizer).__name__}) is not capturable yet: "
+    if type(run.optimizer) not in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD) \
+            and not getattr(run.optimizer, "fixed_shapes", False):
+        return (f"the recipe's own optimizer ({type(run.optimizer).__name__}) is not capturable: "
                 f"set train.step_graph=off")
     return None
 
@@ -71,9 +73,10 @@ class StepGraph:
             if self.cuda and "capturable" in group:
                 group["capturable"] = True
         if self.cuda:
-            for state in opt.state.values():
-                if "step" in state and torch.is_tensor(state["step"]):
-                    state["step"] = state["step"].to(self.run.device, torch.float32)
+            for states in getattr(opt, "phase_states", lambda: [opt.state])():
+                for state in states.values():
+                    if "step" in state and torch.is_tensor(state["step"]):
+                        state["step"] = state["step"].to(self.run.device, torch.float32)
 
     def step(self, batch: Any) -> torch.Tensor:
         """One optimizer step on `batch` (already on the device): the step's loss, on the device."""
@@ -144,8 +147,9 @@ def step_outputs(recipe, before: dict) -> dict:
 
 def plain_state(optimizer_state: dict) -> dict:
     """An optimizer's state_dict as a run without the graph writes it (the learning rate a float, not capturable):
-    its checkpoint resumes with or without train.step_graph, on either device. A recipe's own layout (KGAT's
-    phases) is left as it is: the graph refuses those optimizers."""
+    its checkpoint resumes with or without train.step_graph, on either device. KGAT's phases: each phase's."""
+    for phase_state in optimizer_state.get("phases", {}).values():
+        plain_state(phase_state)
     for group in optimizer_state.get("param_groups", ()):
         if torch.is_tensor(group.get("lr")):
             group["lr"] = float(group["lr"])

@@ -171,9 +171,10 @@ class KGAT(nn.Module):
     """Node embeddings for entities (items first) and users (after the entities)."""
 
     def __init__(self, cfg: KGATModelConfig, n_entities: int, n_users: int, n_relations: int, n_edges: int = 0,
-                 loss: KGATLossConfig | None = None, native_dropout: bool = False):
+                 loss: KGATLossConfig | None = None, gpu_shaped: bool = False):
         super().__init__()
-        self.cfg, self.n_entities, self.n_users = cfg, n_entities, n_users
+        # gpu_shaped: the GPU-shaped step's forms (fixed shapes, no host reads): native dropout, project_gathered
+        self.cfg, self.n_entities, self.n_users, self.gpu_shaped = cfg, n_entities, n_users, gpu_shaped
         self.loss = loss if loss is not None else KGATLossConfig()
         self.n_nodes = n_entities + n_users
         self.embed = nn.Parameter(torch.empty(self.n_nodes, cfg.width))
@@ -182,7 +183,7 @@ class KGAT(nn.Module):
         for p in (self.embed, self.relation, self.trans):
             nn.init.xavier_uniform_(p)
         dims = [cfg.width, *cfg.layer_widths]
-        self.aggregators = nn.ModuleList(Aggregator(cfg.aggregator, dims[k], dims[k + 1], cfg.dropout, native_dropout)
+        self.aggregators = nn.ModuleList(Aggregator(cfg.aggregator, dims[k], dims[k + 1], cfg.dropout, gpu_shaped)
                                          for k in range(len(cfg.layer_widths)))
         # The CKG (edges sorted by head) travels with the module (.to, DataParallel replicas) but is not
         # saved; the per-edge attention is saved, so a resumed run propagates with the same weights.
@@ -275,12 +276,11 @@ class KGAT(nn.Module):
     def products(self, grad: bool = True) -> tuple[torch.Tensor | Panels, torch.Tensor | Panels | None]:
         """(A, A^T when grad) for the propagation: column panels on the CPU once the embeddings outgrow
         SPMM_PANEL_BYTES (see there), whole CSR matrices otherwise (and on GPUs)."""
-        # the attention changes only at a refresh or a load (in place: its version counter moves), while a CF
-        # step propagates every time: gathering the edge values in A^T's order costs as much as a product
+        # made again only when the attention changed (a refresh, a load: its version moves); a CF step propagates
         key = (self.attention.device, self.attention.data_ptr(), self.attention._version, len(self.p_edge))
         if getattr(self, "_products_key", None) != key:
             if self.embed.device.type != "cpu" or not len(self.p_edge):
-                self._products = self.adj, self.adj_t
+                self._products = whole_products(self)
             else:
                 self._products = tuple(
                     assemble_panels(self.attention, layout, self._panel_cols, self.n_nodes)
@@ -322,7 +322,7 @@ class KGAT(nn.Module):
 
     def kg_loss(self, h: torch.Tensor, r: torch.Tensor, pos_t: torch.Tensor, neg_t: torch.Tensor) -> torch.Tensor:
         """TransR: ||W_r e_h + e_r - W_r e_t||^2, positive below negative (softplus), plus kg_l2 L2."""
-        r, hr, pr, nr = self.project(r, h, pos_t, neg_t)
+        r, hr, pr, nr = (project_gathered if self.gpu_shaped else KGAT.project)(self, r, h, pos_t, neg_t)
         rel = self.relation[r]
         pos_score = (hr + rel - pr).pow(2).sum(1)
         neg_score = (hr + rel - nr).pow(2).sum(1)
@@ -367,6 +367,32 @@ class KGAT(nn.Module):
         emb = self.propagate() if emb is None else emb
         items = emb[: n_items or self.n_entities]
         return emb[users + self.n_entities] @ items.T
+
+
+def project_gathered(model: KGAT, r: torch.Tensor, *nodes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """KGAT.project's result in batch order by one batched matmul with each row's W_r gathered (the GPU-shaped
+    step's): fixed shapes and nothing read by the host (project sorts and splits by the relations present:
+    unique_consecutive and two host reads per KG step, which a GPU waits for). Its gather costs a (batch, d, d_rel)
+    stack, and its backward a scatter-add into the relations' stack: cheap on a GPU, where launches, not bytes,
+    cost."""
+    idx = torch.stack(nodes, 1)                                                   # (B, k)
+    x = F.embedding(idx, model.embed, sparse=model.cfg.kg_update == "sparse")     # (B, k, d)
+    out = torch.bmm(x, model.trans[r])                                            # (B, k, d_rel)
+    return (r, *out.unbind(1))
+
+
+def whole_products(model: KGAT) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A, A^T) as whole CSR matrices. A's values are the attention buffer itself; A^T's are gathered in its
+    order, into the tensor they were gathered into before where there is one: a step graph's captured products
+    read those addresses, and the refresh at an epoch's end comes through here, outside any capture."""
+    values_t = model.attention[model.by_tail]
+    held, last = getattr(model, "_values_t", None), getattr(model, "_products", (None, None))
+    if isinstance(last[0], torch.Tensor) and held is not None and held.shape == values_t.shape \
+            and held.device == values_t.device:
+        held.copy_(values_t)
+        return last
+    model._values_t = values_t
+    return model.adj, model._csr(model.crow_t, model.heads[model.by_tail], values_t)
 
 
 def relation_runs(heads: torch.Tensor, rels: torch.Tensor, tails: torch.Tensor, n_nodes: int):

@@ -91,8 +91,8 @@ class KGATRecipe(Recipe):
             log.warning("data.val_fraction=0: the test split is also used for early stopping and best.pt")
         self.ckg = D.build_ckg(self.data, self.data_cfg.laplacian)
         self.sampler = PhaseSampler(self.data, self.ckg)
-        # the GPU-shaped step: the sampling tables on the device, every batch drawn there (device.py)
-        self.tables = DeviceTables(self.sampler, self.dist.torch_device) if self.gpu_shaped else None
+        # the GPU-shaped step: every batch drawn on the device (device.py; not `tables`, the evaluation's)
+        self.device_tables = DeviceTables(self.sampler, self.dist.torch_device) if self.gpu_shaped else None
         if self.train_cfg.grad_accum_steps != 1:
             raise ValueError("kgat: train.grad_accum_steps must be 1 (each step is one CF or KG batch; "
                              "raise --batch-size instead)")
@@ -120,7 +120,7 @@ class KGATRecipe(Recipe):
             log.info("kgat: model.kg_update=dense (sparse row updates need Adam/AdamW and one device per process)")
             m = self.model_cfg = replace(m, kg_update="dense")
         model = KGAT(m, self.data.n_entities, self.data.n_users, self.ckg.n_relations, len(self.ckg.heads),
-                     loss=self.loss_cfg, native_dropout=self.gpu_shaped)
+                     loss=self.loss_cfg, gpu_shaped=self.gpu_shaped)
         model.set_graph(self.ckg.heads, self.ckg.rels, self.ckg.tails, self.ckg.weights)
         if m.pretrain:
             model.load_pretrained(m.pretrain, self.data.n_items)
@@ -139,7 +139,7 @@ class KGATRecipe(Recipe):
     def model_for_estimate(self):
         with torch.device("meta"):          # the graph's buffers are sized here too; set_graph fills them
             return KGAT(self.model_cfg, self.data.n_entities, self.data.n_users, self.ckg.n_relations,
-                        len(self.ckg.heads), loss=self.loss_cfg, native_dropout=self.gpu_shaped)
+                        len(self.ckg.heads), loss=self.loss_cfg, gpu_shaped=self.gpu_shaped)
 
     def optimizer_states(self) -> int:
         return super().optimizer_states() * (1 if self.model_cfg.phase_optimizers == "shared" else 2)
@@ -151,7 +151,8 @@ class KGATRecipe(Recipe):
     def build_optimizer(self, model, lr):
         cls, kwargs = optimizer_spec(self.train_cfg, lr)
         if self.model_cfg.kg_update == "sparse":
-            cls = sparse_rows(cls, cpu_kernels())            # the C++ row update where the kernels are built
+            # the C++ row update where the kernels are built; fixed shapes, no host read on the GPU-shaped step
+            cls = sparse_rows(cls, cpu_kernels(), fixed=self.gpu_shaped)
         if self.model_cfg.phase_optimizers == "shared":
             self.optimizer = cls(model.parameters(), **kwargs)
         else:
@@ -160,7 +161,7 @@ class KGATRecipe(Recipe):
 
     def epoch_batches(self, epoch):
         if self._plan is None or self._plan.epoch != epoch:
-            sampler = self.sampler if self.tables is None else self.tables
+            sampler = self.sampler if self.device_tables is None else self.device_tables
             self._plan = EpochPlan(sampler, epoch, self.seed, self.dist.rank, self.dist.world_size, self.cf_batch,
                                    self.kg_batch)
         return self._plan
@@ -170,8 +171,10 @@ class KGATRecipe(Recipe):
 
     # ------------------------------------------------------------------------------------------ training
     def _reset_epoch_stats(self) -> None:
-        # per phase: the loss sum, on the device (read at the epoch's end, not per step), and the samples
-        self.loss_sums: dict[str, torch.Tensor] = {}
+        # per phase: the loss sum on the device (read at the epoch's end; zeroed in place: a step graph adds to it)
+        self.loss_sums: dict[str, torch.Tensor] = getattr(self, "loss_sums", {})
+        for total in self.loss_sums.values():
+            total.zero_()
         self.loss_counts = {"cf": 0, "kg": 0}
         self.phase_start: dict[str, float] = {}
 
@@ -180,15 +183,16 @@ class KGATRecipe(Recipe):
         self.phase_start.setdefault(phase, time.perf_counter())
         if hasattr(self.optimizer, "set_phase"):
             self.optimizer.set_phase(phase)
+        # the host's part of the step (a step graph replays only the device's): the samples, the sum's tensor
+        self.loss_counts[phase] += self.batch_size_of(batch)
+        if phase not in self.loss_sums:
+            self.loss_sums[phase] = torch.zeros((), dtype=torch.float64, device=batch["tensors"][0].device)
 
     def training_step(self, model, batch):
         phase = batch["phase"]
         loss = model(phase, *batch["tensors"])
         loss = loss.mean() if loss.dim() else loss            # DataParallel returns one loss per replica
-        n = self.batch_size_of(batch)
-        last = self.loss_sums.get(phase)
-        self.loss_sums[phase] = loss.detach().double() * n if last is None else last + loss.detach() * n
-        self.loss_counts[phase] += n
+        self.loss_sums[phase].add_(loss.detach().double() * self.batch_size_of(batch))
         return loss
 
     def on_epoch_start(self, epoch, model):
@@ -206,6 +210,7 @@ class KGATRecipe(Recipe):
             # the same scores give the same attention, but a GPU's scatter order (or another host's CPU) may
             # differ in the last bits: rank 0's is everyone's
             runtime.broadcast(m.attention, self.dist)
+        m.products()            # A^T's values follow the new attention now, outside any step graph's capture
         if m.embed.is_cuda:
             torch.cuda.synchronize()
         self.phase_time["attention"] = time.perf_counter() - t0
@@ -214,7 +219,7 @@ class KGATRecipe(Recipe):
         device = runtime.comm_device(self.dist)
         sums = torch.zeros(4, dtype=torch.float64, device=device)     # cf sum, cf count, kg sum, kg count
         for k, phase in ((0, "cf"), (2, "kg")):
-            if phase in self.loss_sums:
+            if self.loss_counts[phase]:
                 sums[k] = self.loss_sums[phase].to(device)
             sums[k + 1] = self.loss_counts[phase]
         sums = runtime.all_reduce(sums, self.dist).cpu().tolist()
