@@ -55,14 +55,21 @@ def build_scheduler(optimizer, train_cfg, steps_per_epoch: int) -> torch.optim.l
         optimizer, lambda s: lr_factor(s, warm, total, train_cfg.schedule, train_cfg.min_lr_ratio))
 
 
+def has_fixed_shapes(cls: type[torch.optim.Optimizer]) -> bool:
+    """Whether an optimizer class's step has fixed shapes and reads nothing on the host, so that a step graph can
+    hold it (trainer/engine/step_graph.py): torch's Adam, AdamW and SGD, or a class whose `fixed_shapes` says so."""
+    return getattr(cls, "fixed_shapes", cls in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD))
+
+
 def phased(base: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
     """`base` with one state per phase over the same parameters (KGAT's original code keeps one Adam for
     its CF loss and another for its KG loss); set_phase() picks the state the next step() updates."""
 
     class Phased(base):
-        # a step graph can hold its step: the base's (torch's own, or sparse rows in fixed shapes); a phase is a
-        # dict of state tensors swapped on the host between steps, each phase's graph holding its own
-        fixed_shapes = getattr(base, "fixed_shapes", base in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD))
+        # the base's: a phase is a dict of state tensors swapped on the host between steps, each phase's step
+        # graph holding its own
+        fixed_shapes = has_fixed_shapes(base)
+
         def __init__(self, params, phases: tuple[str, ...], **kwargs):
             super().__init__(params, **kwargs)
             self.phase = phases[0]

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from trainer.engine.optim import has_fixed_shapes
 from trainer.engine.recipe import map_tensors, tensors_of
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,7 @@ def refusal(run) -> str | None:
         return "fp16's loss scaling checks for infs on the host every step: use train.amp=bf16 (or off)"
     if tc.compile == "reduce-overhead":
         return "train.compile=reduce-overhead makes CUDA graphs of its own: use train.compile=default or off"
-    if type(run.optimizer) not in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD) \
-            and not getattr(run.optimizer, "fixed_shapes", False):
+    if not has_fixed_shapes(type(run.optimizer)):
         return (f"the recipe's own optimizer ({type(run.optimizer).__name__}) is not capturable: "
                 f"set train.step_graph=off")
     return None
