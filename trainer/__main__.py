@@ -4,9 +4,7 @@ trainer/cli/commands.py); one run's assembly is trainer/engine/session.py.
     python -m trainer train --recipe toy --epochs 2 --run-dir runs/demo     # TRAINER_PLUGINS=tests.toy_recipe
     srun -N2 --ntasks-per-node=2 python -m trainer doctor
 """
-import sys
-
-from trainer.cli import main
+from trainer.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -158,8 +158,8 @@ def test_the_entry_parses_and_dispatches_and_nothing_imports_it():
     """`python -m trainer` is an entry, not a library: the run's assembly lives in engine/session.py, the commands
     in commands.py; no module of the package, hpc/ or bench/ imports __main__ (issue 56)."""
     entry = (REPO / "trainer/__main__.py").read_text()
-    assert "def " not in entry and "from trainer.cli import main" in entry
-    assert 'trainer = "trainer.cli:main"' in (REPO / "pyproject.toml").read_text()     # the console script too (67)
+    assert "def " not in entry and "from trainer.cli import run" in entry
+    assert 'trainer = "trainer.cli:run"' in (REPO / "pyproject.toml").read_text()     # the console script too (67)
     old_entry = "from trainer." + "__main__ import"                 # (spelled apart: this file is under tests/)
     tests = [p.name for p in (REPO / "tests").rglob("*.py") if old_entry in p.read_text()]
     assert tests == []
