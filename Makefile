@@ -106,7 +106,7 @@ faults-report: kernels slurm-install
 
 # tests/run.sh: the tests on the local cluster (mostly waiting on the scheduler) in a pytest beside the rest
 test: kernels slurm-install ruff
-	bash tests/run.sh $(BIN)/python -rs --durations=10 -m "not image" $(PYTEST_ARGS)
+	bash tests/run.sh $(BIN)/python -rs --durations=30 -m "not image" $(PYTEST_ARGS)
 
 # the real Dockerfile built on a local stand-in of its pinned base (docker/standin/build.sh: Debian packages +
 # Python 3.11 + the pinned torch CPU wheel; no registry is reachable here), then run with podman + runc:
