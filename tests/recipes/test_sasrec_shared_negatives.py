@@ -192,9 +192,11 @@ def test_a_resume_under_each_shared_loss_ends_bitwise_equal(tmp_path, overrides)
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (("loss.kind=ce", "loss.shared_negatives=sequence"), "loss.shared_negatives=sequence needs sampled negatives"),
+    (("loss.kind=ce", "loss.shared_negatives=sequence"), "loss.shared_negatives=sequence would be ignored"),
     (("loss.negative_distribution=popularity",), "set loss.shared_negatives=sequence or batch"),
+    (("loss.gbce_t=0.5",), "loss.gbce_t=0.5 would be ignored: it counts only with loss.kind=gbce"),
 ])
 def test_settings_that_would_be_ignored_are_refused(tmp_path, overrides, message):
     proc = trainer(*RUN, *overrides, "--epochs", "1", "--run-dir", str(tmp_path / "r"), check=False)
-    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "r").exists()                      # refused before the run directory was made

@@ -38,3 +38,25 @@ def test_a_resume_may_change_it_and_a_metric_the_recipe_does_not_report_is_refus
                     check=False)
     assert wrong.returncode == 2 and "train.select_metric: 'ndcg@11' is not among the validation metrics" in \
         wrong.stderr and "full_ndcg@10" in wrong.stderr
+    # refused before the first step and before the run directory's first write (issue 82 point 4)
+    assert "first step done" not in wrong.stderr and not (tmp_path / "wrong" / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("recipe,metric", [("har", "macro_f1"), ("kgat", "recall@20"), ("video", "accuracy"),
+                                           ("sasrec", "full_ndcg@10")])
+def test_each_recipe_tells_its_metrics_before_it_evaluates(recipe, metric):
+    """The names Recipe.metric_names gives are the ones its evaluation reports (checked on a real evaluation)."""
+    from trainer.config.settings import configure
+    from trainer.distributed.runtime import DistInfo
+    from trainer.engine.build import build_for_eval
+    from trainer.engine.evaluation import evaluate_split
+    from trainer.engine.session import build_recipe
+
+    cfg, spec = configure(recipe, overrides=["data.synthetic_videos=4"] if recipe == "video" else [])
+    cfg.run_dir = ""
+    info = DistInfo()
+    made = build_recipe(cfg, info, spec)
+    run = build_for_eval(made, info, cfg)
+    names = made.metric_names()
+    assert metric in names
+    assert names == set(evaluate_split(run, "val"))

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from trainer.config.bounds import FRACTION, POSITIVE, Bound, out_of_range
+from trainer.config.ignored import IgnoredSettingError, refuse_ignored
 from trainer.config.registry import get_spec
 from trainer.config.spec import EmptyConfig, RecipeSpec
 
@@ -406,6 +407,12 @@ def configure(recipe: str | None, yaml_path: str | None = None, flags: dict[str,
     for text in overrides:
         key, value = parse_override(text)
         set_key(cfg, key, value, f"override {text!r}")
+    for name, section in ((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)):
+        if dataclasses.is_dataclass(section):
+            try:
+                refuse_ignored(section, f"{name}.")
+            except IgnoredSettingError as err:
+                raise ConfigError(str(err)) from None
     return cfg, spec
 
 

@@ -12,7 +12,7 @@ import inspect
 import logging
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ from trainer.config.settings import Config, ConfigError
 from trainer.distributed import gradsync, runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import footprint, step_graph
+from trainer.engine.callbacks import Phases
 from trainer.engine.device_clock import DeviceClock
 from trainer.engine.loader import ResumableSampler, per_rank_batch_size
 from trainer.engine.optim import build_optimizer, build_scheduler, scaled_lr
@@ -104,7 +105,7 @@ class Run:
     sync_timer: Any = None            # train.measure_sync: time spent in DDP's collectives
     device_clock: Any = None          # a GPU's own time per step for the straggler watch (engine/device_clock.py)
     grad_sync: Any = None             # Recipe.average_after_backward: averages the gradients after the backward
-    beat: Any = None                  # () -> None: progress for the hang watch (each evaluation batch)
+    phases: Phases = field(default_factory=Phases)   # where the run is, for the components that listen
     device_data: Any = None           # Recipe.device_dataset: the training set on the device (no DataLoader)
     train_step: Any = None            # batch -> loss: the recipe's training_step on `wrapped`, compiled or not
     step_graph: Any = None            # train.step_graph=on: the StepGraph (engine/step_graph.py) the loop makes

@@ -12,9 +12,10 @@ A component overrides only the hooks it needs; the defaults do nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 
 class Stop(enum.Enum):
@@ -65,6 +66,16 @@ class Component:
     def saved(self, seconds: float) -> None:
         """The run's owner wrote a checkpoint; it took `seconds`."""
 
+    def marked(self, where: str) -> None:
+        """The run passed a point that every rank passes in the same order (a batch in hand, a backward begun, an
+        evaluation batch done): Phases.mark."""
+
+    def phase_start(self, what: str) -> None:
+        """A long phase of the run began (a recipe's hook, a checkpoint written, an evaluation's start): Phases.long."""
+
+    def phase_end(self, what: str) -> None:
+        """That long phase ended (normally or by an exception)."""
+
     def close(self) -> None:
         """The run ends (normally or not): release what the component holds."""
 
@@ -84,3 +95,32 @@ def register_component(factory: ComponentFactory) -> ComponentFactory:
 
 def registered_components() -> tuple[ComponentFactory, ...]:
     return tuple(_EXTRA)
+
+
+class Phases:
+    """Where a run is, told by the engine to the components that listen (Component.marked, phase_start/phase_end):
+    the loops mark the points every rank passes in the same order, and wrap every long phase that is not a step (each
+    recipe hook, a checkpoint, an evaluation's start) in long(), so that a recipe need not remember to."""
+
+    def __init__(self, components: Sequence[Component] = ()):
+        self.bind(components)
+
+    def bind(self, components: Sequence[Component]) -> None:
+        """Listen with these components (only those that override a hook are called: a mark costs nothing else)."""
+        self._marks = [c for c in components if type(c).marked is not Component.marked]
+        self._phases = [c for c in components if type(c).phase_start is not Component.phase_start
+                        or type(c).phase_end is not Component.phase_end]
+
+    def mark(self, where: str) -> None:
+        for component in self._marks:
+            component.marked(where)
+
+    @contextlib.contextmanager
+    def long(self, what: str) -> Iterator[None]:
+        for component in self._phases:
+            component.phase_start(what)
+        try:
+            yield
+        finally:
+            for component in self._phases:
+                component.phase_end(what)

@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import ckpt_io
+from trainer.engine.callbacks import Phases
 from trainer.engine.loader import ShardSampler, make_loader
 from trainer.engine.logging import MetricsWriter
 from trainer.engine.recipe import Recipe, move_to
@@ -53,15 +54,17 @@ class EvalProgress:
 
 @torch.no_grad()
 def evaluate(recipe: Recipe, model: torch.nn.Module, dataset, info: DistInfo, batch_size: int,
-             num_workers: int, autocast: Callable, beat: Callable[[], None] | None = None) -> dict[str, Any]:
-    """Metrics of `dataset` (every sample exactly once over all ranks); `beat` is called after each batch (the hang
-    watch's progress)."""
+             num_workers: int, autocast: Callable, phases: Phases | None = None) -> dict[str, Any]:
+    """Metrics of `dataset` (every sample exactly once over all ranks); `phases` is told of the recipe's evaluation
+    start (a long phase) and of each batch done (a mark: the hang watch's progress)."""
+    phases = phases or Phases()
     sampler = ShardSampler(len(dataset), info.rank, info.world_size)
     loader = make_loader(dataset, sampler, batch_size, num_workers, recipe.collate_fn(), 0)
     was_training = model.training
     model.eval()
     totals: dict[str, torch.Tensor] = {}
-    recipe.on_evaluation_start(model)
+    with phases.long("recipe.on_evaluation_start"):
+        recipe.on_evaluation_start(model)
     progress = EvalProgress(len(loader), info.is_main)
     try:
         for batch in loader:
@@ -70,12 +73,12 @@ def evaluate(recipe: Recipe, model: torch.nn.Module, dataset, info: DistInfo, ba
             for key, value in stats.items():
                 value = value.detach().to("cpu", torch.float64)
                 totals[key] = totals[key] + value if key in totals else value
-            if beat is not None:
-                beat()
+            phases.mark("evaluation batch")
             progress.step()
     finally:
         recipe.on_evaluation_end()
         model.train(was_training)
+    phases.mark("evaluation done")          # before the ranks' totals meet
     return recipe.compute_metrics(reduce_totals(totals, info))
 
 
@@ -96,7 +99,7 @@ def reduce_totals(totals: dict[str, torch.Tensor], info: DistInfo) -> dict[str, 
 def evaluate_split(run, split: str) -> dict[str, Any]:
     """Metrics of one evaluation split of a built run (trainer/engine/build.py), sharded across ranks."""
     return evaluate(run.recipe, run.eval_model, run.eval_sets[split], run.info, run.eval_batch_size,
-                    run.cfg.train.num_workers, run.autocast, run.beat)
+                    run.cfg.train.num_workers, run.autocast, run.phases)
 
 
 def metrics_table(results: dict[str, dict[str, Any]]) -> str:
@@ -145,7 +148,9 @@ class Evaluations:
             which = f" ({tags['checkpoint']} checkpoint)" if "checkpoint" in tags else ""
             log.info("%s%s after epoch %d (%.1f s): %s", split, which, epoch, time.perf_counter() - t0,
                      metrics_line(metrics))
-            for png in run.recipe.after_evaluation(split, metrics, str(run.cfg.run_dir), epoch) or ():
+            with run.phases.long("recipe.after_evaluation"):
+                pngs = run.recipe.after_evaluation(split, metrics, str(run.cfg.run_dir), epoch) or ()
+            for png in pngs:
                 self.writer.image(f"{split}/{Path(png).stem}", png, self.state.global_step)
         return metrics
 

@@ -75,6 +75,20 @@ def selected_metric(setting: str, recipe: tuple[str, str]) -> tuple[str, str]:
     return name, mode or ("min" if "loss" in name else "max")
 
 
+def refuse_unknown_metric(recipe, cfg: Config) -> None:
+    """train.select_metric checked against the metrics the recipe reports (Recipe.metric_names), before the run
+    writes anything; a recipe that cannot tell before its first evaluation is checked there (FitLoop.improved)."""
+    metric = selected_metric(cfg.train.select_metric, recipe.primary_metric)[0]
+    names = recipe.metric_names() if cfg.train.select_metric.strip() else None
+    if names is not None and metric not in names:
+        raise ConfigError(unknown_metric(metric, cfg.recipe, names))
+
+
+def unknown_metric(metric: str, recipe: str, names) -> str:
+    return (f"train.select_metric: {metric!r} is not among the validation metrics of recipe {recipe}: "
+            f"{', '.join(sorted(names))}")
+
+
 def better(value: float, than: float, mode: str) -> bool:
     """value beats than under mode 'min' or 'max'."""
     return value < than if mode == "min" else value > than
@@ -99,7 +113,8 @@ class FitLoop:
                         "the resumed weights" if state.global_step else "untrained weights")
         while state.epoch < epochs:
             epoch = state.epoch
-            self.recipe.on_epoch_start(epoch, self.trainer.run.model)
+            with self.trainer.run.phases.long("recipe.on_epoch_start"):
+                self.recipe.on_epoch_start(epoch, self.trainer.run.model)
             stop = self.epoch_loop.train_epoch(epoch)
             if stop is Stop.SIGNAL:
                 return self.preempted(self.trainer.window.signal, self.trainer.preempt.received_at)
@@ -118,8 +133,9 @@ class FitLoop:
         """Evaluate, track the best, let the components act (periodic checkpoints); True when early stopping
         triggers."""
         state, tc = self.state, self.cfg.train
-        self.recipe.on_epoch_end(epoch, self.trainer.run.model)
-        extra = self.recipe.epoch_metrics()
+        with self.trainer.run.phases.long("recipe.on_epoch_end"):
+            self.recipe.on_epoch_end(epoch, self.trainer.run.model)
+            extra = self.recipe.epoch_metrics()
         if extra:
             self.trainer.writer.write("train", epoch, state.global_step, extra)
         state.epoch, state.batch_in_epoch, state.sample_in_epoch = epoch + 1, 0, 0
@@ -159,8 +175,7 @@ class FitLoop:
     def improved(self, metrics: dict[str, Any]) -> bool:
         """True when the primary metric beats the best so far."""
         if self.metric not in metrics:
-            raise ConfigError(f"train.select_metric: {self.metric!r} is not among the validation metrics of recipe "
-                              f"{self.cfg.recipe}: {', '.join(sorted(metrics))}")
+            raise ConfigError(unknown_metric(self.metric, self.cfg.recipe, metrics))
         value, best = float(metrics[self.metric]), self.state.best
         if best is None:
             return True

@@ -94,15 +94,18 @@ class EpochLoop:
         run = self.run
         last = (micro + 1) % run.accum == 0 or micro + 1 == self.end
         sync = contextlib.nullcontext() if last or not isinstance(run.wrapped, DDP) else run.wrapped.no_sync()
+        run.phases.mark("batch")
         batch = move_to(batch, run.device)
         if run.device_clock is not None:
             run.device_clock.step_start()
         t0 = time.perf_counter()
         run.recipe.before_step(batch)
+        run.phases.mark("forward")         # before DDP's forward, whose buffer broadcast is a collective
         with sync:
             with run.autocast():
                 loss = run.train_step(batch)
             run.recipe.after_step()
+            run.phases.mark("backward")
             t1 = time.perf_counter()
             run.scaler.scale(loss / self._window_len(micro)).backward()
             if last and run.grad_sync is not None:
@@ -123,8 +126,10 @@ class EpochLoop:
         run = self.run
         if run.step_graph is None:      # made at the first step: after a resume loaded the optimizer's state
             run.step_graph = StepGraph(run, self._step_closure)
+        run.phases.mark("batch")
         batch = move_to(batch, run.device)
         run.recipe.before_step(batch)
+        run.phases.mark("forward")
         loss = run.step_graph.step(batch)
         run.recipe.after_step()
         n = run.recipe.batch_size_of(batch)
@@ -177,7 +182,8 @@ class EpochLoop:
         """This rank's batches of the epoch from micro-batch `start` (sample `state.sample_in_epoch`) on: the
         recipe's plan or the sampler's. Sets where the epoch ends (self.end)."""
         run = self.run
-        plan = run.recipe.epoch_batches(epoch)
+        with run.phases.long("recipe.epoch_batches"):
+            plan = run.recipe.epoch_batches(epoch)
         if plan is not None:
             self.end = len(plan)
             return (plan[i] for i in range(start, len(plan)))

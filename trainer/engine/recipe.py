@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Collection, Sequence
 
 import torch
 
@@ -91,6 +91,12 @@ class Recipe:
     def compute_metrics(self, totals: dict[str, torch.Tensor]) -> dict[str, Any]:
         """Metrics from the statistics summed over every batch of every rank."""
         raise NotImplementedError
+
+    def metric_names(self) -> Collection[str] | None:
+        """The names of the validation metrics, known before any evaluation (built data, no model run): a
+        train.select_metric outside them is refused before the run writes anything. None: not known before the first
+        validation (the setting is checked then)."""
+        return None
 
     def batch_size_of(self, batch: Any) -> int:
         """Number of samples in a batch (for throughput)."""

@@ -9,7 +9,6 @@ one line in Trainer._components(), or register_component() from a TRAINER_PLUGIN
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from trainer.engine.components.profiler import StepProfiler
 from trainer.engine.components.progress import FirstStep, ProgressBar
 from trainer.engine.components.stragglers import Stragglers
 from trainer.engine.evaluation import Evaluations
-from trainer.engine.fit_loop import FitLoop, FitResult
+from trainer.engine.fit_loop import FitLoop, FitResult, refuse_unknown_metric
 from trainer.engine.logging import MetricsWriter
 from trainer.engine.meters import Throughput
 from trainer.engine.preemption import FORWARD_HINT, PreemptionHandler, trapped_signals, unforwarded_signals
@@ -75,6 +74,7 @@ class Trainer:
         checked = preflight.wanted(cfg.train.preflight, info)
         slow = preflight.slow_fraction(cfg.train.preflight_slow) if checked else None   # a bad setting refuses here
         self.run = build_run(recipe, info, cfg)
+        refuse_unknown_metric(recipe, cfg)
         self.ckpts = Checkpointer(self.run, self.run_dir, planned)
         resumed = self.ckpts.resume()           # the last check that can refuse the run: nothing written before it
         if commit is not None:
@@ -128,8 +128,6 @@ class Trainer:
         self.eviction = Eviction(stragglers) if stragglers else None
         self.hang_watch = HangWatch(info, self.run_dir, tc.hang_timeout_s) \
             if HangWatch.wanted(info, tc.hang_timeout_s) else None
-        if self.hang_watch is not None:
-            self.run.beat = self.hang_watch.beat
         built = [
             *([self.hang_watch] if self.hang_watch else []),
             StepProfiler(tc.profile, self.run_dir, info, self.state),
@@ -142,7 +140,9 @@ class Trainer:
             StepLimit(tc.max_steps, self.run.scheduler),
             *([self.eviction] if self.eviction else []),
         ]
-        return built + [c for factory in registered_components() if (c := factory(self)) is not None]
+        built += [c for factory in registered_components() if (c := factory(self)) is not None]
+        self.run.phases.bind(built)
+        return built
 
     def fit(self) -> FitResult:
         """Train until the configured end, a signal's checkpoint, early stopping or an eviction."""
@@ -158,7 +158,7 @@ class Trainer:
         """A checkpoint of `kind` (periodic, best, final), after the losses' read that covers its steps."""
         self.losses.read()
         t0 = time.perf_counter()
-        with self.hang_watch.busy("checkpoint") if self.hang_watch else contextlib.nullcontext():
+        with self.run.phases.long("checkpoint"):
             self.ckpts.save(kind, self.state, self.evaluations.last_metrics)
         seconds = time.perf_counter() - t0
         self.failures.agree(self.info)          # a failed log or metrics write stops every rank, after the save

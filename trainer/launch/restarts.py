@@ -66,9 +66,11 @@ def failure_of(records: list[dict], rc: int) -> Failure:
     kinds = {r["kind"] for r in records}
     silent = [r for r in records if r["kind"] == RUNNING]
     failed = [r for r in records if r["kind"] not in (RUNNING, "done")]
-    hangs = sorted((r for r in failed if r["kind"] == "hang" and HUNG.match(r["cause"])), key=lambda r: r["time"])
-    if hangs:       # the first watch to tell names the rank whose heartbeat is oldest; the later ones may name a rank
-        first = hangs[0]            # that srun had already ended (or woken: SIGCONT comes before its SIGTERM)
+    hangs = sorted((r for r in failed if r["kind"] == "hang"), key=lambda r: r["time"])
+    if hangs:       # every watch that told applied one rule to the same heartbeats: the first one's verdict is theirs
+        first = hangs[0]
+        if not HUNG.match(first["cause"]):      # "hang: the group made no progress ...": no single rank to blame
+            return Failure(cause=first["cause"], kinds=kinds, time=first["time"])
         hung = int(HUNG.match(first["cause"]).group(1))
         named = [r for r in records if r["rank"] == hung] or [first]
         return Failure([r["rank"] for r in named], [r["host"] for r in named], [r["code"] for r in named],

@@ -95,6 +95,12 @@ class ClassifierRecipe(Recipe):
         return {"confusion": confusion_matrix(logits.argmax(1), y, len(self.class_names)),
                 "loss_sum": F.cross_entropy(logits.double(), y, reduction="sum")}
 
+    def metric_names(self):
+        if not self.class_names:
+            return None
+        classes = len(self.class_names)
+        return set(self.compute_metrics({"confusion": torch.zeros((classes, classes)), "loss_sum": torch.tensor(0.0)}))
+
     def compute_metrics(self, totals: dict[str, torch.Tensor]) -> dict[str, Any]:
         cm = totals["confusion"]
         n = float(cm.sum())

@@ -257,6 +257,11 @@ class KGATRecipe(Recipe):
         and `trainer predict` takes the top-K of."""
         return (emb[users + self.data.n_entities] @ emb[:self.data.n_items].T).float()
 
+    def metric_names(self):
+        ks = tuple(self.eval_cfg.ks)
+        probe = sums_from_hits(torch.zeros((1, max(ks)), dtype=torch.bool), torch.ones(1), ks, self.eval_cfg.ndcg)
+        return set(self.compute_metrics(probe))
+
     def compute_metrics(self, totals):
         return finalize(totals)
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from trainer.config.bounds import CACHE_CAP, FRACTION, POSITIVE, Bound
+from trainer.config.ignored import Ignored
 
 
 @dataclass
@@ -96,6 +97,15 @@ class SeqLossConfig:
     """The training loss."""
 
     bounds: ClassVar[dict[str, Bound]] = dict(l2_emb=Bound(0, zero="off"), gbce_t=FRACTION)
+    ignored: ClassVar[tuple[Ignored, ...]] = (
+        Ignored("gbce_t", 0.5, lambda s: s.kind == "gbce", "loss.kind=gbce"),
+        Ignored("logq", False, lambda s: s.kind == "sampled_softmax", "loss.kind=sampled_softmax"),
+        Ignored("shared_negatives", "sequence", lambda s: s.kind != "ce",
+                "loss.kind=sampled_softmax, bce or gbce (ce scores every item: it samples no negatives)",
+                under=dict(kind="ce")),
+        Ignored("negative_distribution", "popularity", lambda s: s.shared_negatives in ("sequence", "batch"),
+                "loss.shared_negatives=sequence or batch (popularity draws shared negatives)"),
+    )
 
     # bce: one sampled negative per position; sampled_softmax: a softmax over the position's sampled negatives;
     # ce: a softmax over the whole catalogue at every position (chunked: losses.py); gbce: gSASRec's calibrated BCE

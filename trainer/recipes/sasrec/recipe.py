@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trainer.config.ignored import IgnoredSettingError, refuse_ignored
 from trainer.config.settings import ConfigError
 from trainer.distributed import runtime
 from trainer.engine.loader import fits_on_device
@@ -43,14 +44,12 @@ class SASRecRecipe(Recipe):
         return self.train_set, evals
 
     def _sharing(self) -> Sharing:
-        """The negatives' plan, refusing settings that would be silently ignored."""
+        """The negatives' plan, refusing settings that would be silently ignored (trainer/config/ignored.py)."""
         loss = self.loss_cfg or SeqLossConfig()          # (a recipe built for its data alone has no loss section)
-        if loss.kind == "ce" and loss.shared_negatives != "none":
-            raise ConfigError(f"loss.shared_negatives={loss.shared_negatives} needs sampled negatives: loss.kind=ce "
-                              f"scores every item (use loss.kind=sampled_softmax, bce or gbce)")
-        if loss.negative_distribution == "popularity" and loss.shared_negatives not in ("sequence", "batch"):
-            raise ConfigError(f"loss.negative_distribution=popularity draws shared negatives: set "
-                              f"loss.shared_negatives=sequence or batch (it is {loss.shared_negatives})")
+        try:             # (the config's own check refused these before the run: a recipe built by hand is checked here)
+            refuse_ignored(loss, "loss.")
+        except IgnoredSettingError as err:
+            raise ConfigError(str(err)) from None
         return Sharing.of(loss, self.popularity)
 
     def build_model(self):
@@ -193,6 +192,11 @@ class SASRecRecipe(Recipe):
     def predict_rows(self, model, units, request):
         from trainer.recipes.sasrec import predict
         return predict.rows(self, model, units, request)
+
+    def metric_names(self):
+        zero = torch.zeros(1)
+        full = rank_stats(zero, KS, prefix="full_") if self.eval_cfg.full_ranking else {}
+        return set(self.compute_metrics({"count": torch.tensor(1.0), **rank_stats(zero, (10,), prefix=""), **full}))
 
     def compute_metrics(self, totals):
         n = max(float(totals["count"]), 1.0)

@@ -1,0 +1,135 @@
+"""The hang watch on each recipe's shipped defaults (issue 82): two real ranks, every setting at its default but
+train.hang_timeout_s (and dist.timeout_s, long, so that only the watch can end the run in time). The CPU default path
+is the one users run: DDP's timed comm hook (the straggler watch is on) over the shared-memory all-reduce, KGAT's
+all-reduce after the backward; HAR is also run without the shared memory (gloo) and without the timing (the untimed
+hook). Rank 1 stalls inside a step (tests/stall_plugin.py): SIGSTOPped, stuck in Python, stuck in a C call that holds
+the interpreter, stuck in a C call that lets go of it (a blocked read); every rank that can still tell names rank 1
+within the timeout + 30 s and exits 6. Every rank stalled alike: no rank named, the group's hang said. A recipe hook
+ten times the timeout on one rank and on every rank: no hang, the run completes. (Gloo here: NCCL's path is
+docs/checkpoints-and-faults.md's.)"""
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import PY, REPO, clean_env, free_port, launch_ranks
+from trainer.engine.logging import read_metrics
+
+TIMEOUT = 5
+SLOW_STEPS = {"video": 30}             # video's default step takes 4-15 s on 2 loaded cores: a timeout above it
+LIMIT = 30                             # the issue's bound: named within train.hang_timeout_s + 30 s
+RECIPES = ("har", "sasrec", "kgat", "video")
+START_S = 240                          # the slowest default start (video: its clips generated and decoded)
+CULPRIT = ("stop", "python", "native_gil", "native")
+CASES = [(r, how) for r in RECIPES for how in CULPRIT if (r, how) != ("video", "native_gil")]   # video: its slow
+# start, once per kind of stall (the C call that lets go of the interpreter)
+
+
+def launch(tmp_path, recipe: str, how: str, *extra: str, rank: int = 1, at: int = 3, stall_s: float = 0):
+    run = tmp_path / f"{recipe}-{how}"
+    env = dict(TRAINER_PLUGINS="tests.toy_recipe,tests.stall_plugin", STALL_HOW=how, STALL_RANK=str(rank),
+               STALL_AT_STEP=str(at), STALL_S=str(stall_s))
+    procs = launch_ranks(2, "train", "--recipe", recipe, "--run-dir", str(run), "--epochs", "30",
+                         f"train.hang_timeout_s={SLOW_STEPS.get(recipe, TIMEOUT)}", "dist.timeout_s=900", *extra,
+                         extra_env=env)
+    return run, procs
+
+
+def ended(procs, limit: float, others_s: float = 10) -> tuple[list[int | None], list[str]]:
+    """Wait up to `limit` s for rank 0, then `others_s` for the others (a stopped rank never ends); kill the rest.
+    (codes, stderr)."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        procs[0].wait(timeout=limit)
+    for p in procs[1:]:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=others_s)
+    codes, outs = [p.poll() for p in procs], []
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
+            p.kill()
+        outs.append(p.communicate()[1])
+    return codes, outs
+
+
+def stall_began(run) -> float:
+    """When the stalled step began: the last train record is no later (log_every_steps=1)."""
+    return max((r["time"] for r in read_metrics(run, "train")), default=time.time())
+
+
+def causes(run) -> dict[int, str]:
+    found = {}
+    for path in (run / "exits").glob("rank-*.json"):
+        record = json.loads(path.read_text())
+        if record["kind"] == "hang":
+            found[record["rank"]] = record["cause"]
+    return found
+
+
+@pytest.mark.beside_cluster
+@pytest.mark.parametrize("recipe,how", CASES)
+def test_a_stalled_rank_is_named_by_every_rank_that_can_tell(tmp_path, recipe, how):
+    run, procs = launch(tmp_path, recipe, how, "train.log_every_steps=1")
+    codes, errs = ended(procs, START_S + 60, others_s=0.5 if how in ("stop", "native_gil") else 10)
+    found = causes(run)
+    assert codes[0] == 6 and 0 in found, f"rank 0 exited {codes[0]}:\n{errs[0][-3000:]}"
+    # rank 0 reported within the bound, counted from the stalled step's start
+    took = json.loads((run / "exits" / "rank-0.json").read_text())["time"] - stall_began(run)
+    assert took < SLOW_STEPS.get(recipe, TIMEOUT) + LIMIT, f"named {took:.0f} s after the stall"
+    for rank, cause in found.items():           # one verdict: every rank that told names rank 1
+        assert cause.startswith("hang: rank 1 "), (rank, cause)
+    if how in ("stop", "native_gil"):
+        assert "silent" in found[0] and 1 not in found     # its watch cannot run: rank 0 tells alone
+    else:
+        assert "behind the others" in found[0] and codes[1] == 6 and 1 in found, (codes, found, errs[1][-2000:])
+
+
+@pytest.mark.beside_cluster
+@pytest.mark.parametrize("extra", [("dist.shm_allreduce=off",), ("train.straggler_action=off",)],
+                         ids=["gloo", "untimed_hook"])
+def test_har_without_the_shared_memory_or_the_timed_hook_names_a_stopped_rank(tmp_path, extra):
+    run, procs = launch(tmp_path, "har", "stop", "train.log_every_steps=1", *extra)
+    codes, errs = ended(procs, START_S + 60, others_s=0.5)
+    assert codes[0] == 6, errs[0][-3000:]
+    assert causes(run)[0].startswith("hang: rank 1 has been silent")
+
+
+@pytest.mark.beside_cluster
+def test_a_stopped_rank_is_named_under_torchrun_as_the_issue_ran_it(tmp_path):
+    """The issue's own run: HAR under torchrun, rank 1 SIGSTOPped just after its first steps (before its watch told
+    of a step: the race that left rank 0 waiting out dist.timeout_s)."""
+    run = tmp_path / "run"
+    env = clean_env(TRAINER_PLUGINS="tests.toy_recipe,tests.stall_plugin", STALL_HOW="stop", STALL_AT_STEP="2")
+    proc = subprocess.Popen([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                             str(free_port()), "-m", "trainer", "train", "--recipe", "har", "--run-dir", str(run),
+                             "--epochs", "30", f"train.hang_timeout_s={TIMEOUT}", "dist.timeout_s=900"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.communicate(timeout=240)[0]
+    cause = causes(run).get(0, "")
+    assert cause.startswith("hang: rank 1 has been silent"), out[-3000:]
+    assert "timed out after 900 s" not in out
+
+
+@pytest.mark.beside_cluster
+@pytest.mark.parametrize("recipe", ("har", "kgat"))
+def test_every_rank_stalled_alike_names_no_rank_and_says_the_group_hung(tmp_path, recipe):
+    run, procs = launch(tmp_path, recipe, "python", rank=-1)
+    codes, errs = ended(procs, START_S + 60)
+    found = causes(run)
+    assert codes == [6, 6] and set(found) == {0, 1}, (codes, errs[0][-2000:])
+    for cause in found.values():
+        assert cause.startswith("hang: the group made no progress") and "no single rank is to blame" in cause
+
+
+@pytest.mark.beside_cluster
+@pytest.mark.parametrize("rank", (1, -1), ids=("one_rank", "every_rank"))
+def test_a_recipe_hook_ten_times_the_timeout_is_no_hang(tmp_path, rank):
+    run, procs = launch(tmp_path, "har", "hook", "--epochs", "2", rank=rank, stall_s=10 * TIMEOUT)
+    codes, errs = ended(procs, 240)
+    assert codes == [0, 0], errs[0][-3000:]
+    assert causes(run) == {} and not (run / "hangs").exists()
