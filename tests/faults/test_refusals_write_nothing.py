@@ -1,8 +1,9 @@
 """Issue 57 item 4, issue 68 point 4: a refusal writes nothing. Every check that can refuse a resume or a start
 (settings, recipe, checkpoint format, data, weights' shapes, memory) runs before any file of the run directory is
 written, renamed or removed: on a run directory that also holds a damaged final.pt and a stale temporary of an
-interrupted save, the directory's bytes (its lock file aside) are the same before and after each refusal, and the
-data cache keeps every entry it had (a refusal that parsed other data may add one)."""
+interrupted save, the directory's bytes (its lock file included: issue 82 point 4) are the same before and after each
+refusal, and the data cache keeps every entry it had (a refusal that parsed other data may add one); a refused
+fresh start leaves no run directory behind (it removes the lock and the folders it made)."""
 from __future__ import annotations
 
 import shutil
@@ -18,9 +19,9 @@ from trainer.recipes.sasrec.config import SeqDataConfig
 
 
 def contents(run_dir):
-    """Every file's bytes (and every folder) under run_dir but the lock's."""
+    """Every file's bytes (and every folder) under run_dir, the lock's included."""
     return {str(p.relative_to(run_dir)): (p.read_bytes() if p.is_file() else None)
-            for p in sorted(run_dir.rglob("*")) if p.name != ".lock"}
+            for p in sorted(run_dir.rglob("*"))}
 
 
 def other_rows(data):
@@ -94,11 +95,11 @@ def test_a_refused_resume_leaves_the_run_directory_as_it_was(trained, tmp_path, 
     assert {k: now.get(k) for k in cached} == cached           # every entry kept, none renamed (at a cap of ~0)
 
 
-def test_a_refused_start_leaves_only_the_claim(tmp_path):
-    proc = trainer("train", *ARGS, "model.width=65536", "--epochs", "1", "--run-dir", str(tmp_path / "run"),
+def test_a_refused_start_leaves_nothing(tmp_path):
+    proc = trainer("train", *ARGS, "model.width=65536", "--epochs", "1", "--run-dir", str(tmp_path / "runs" / "run"),
                    check=False)
     assert proc.returncode == 4 and "the model needs" in proc.stderr
-    assert list(contents(tmp_path / "run")) == []                     # the lock alone (created and removed)
+    assert list(tmp_path.iterdir()) == []                   # the lock and the folders it made, removed
 
 
 def test_a_resume_that_passes_writes_the_log_from_the_start(trained, tmp_path):

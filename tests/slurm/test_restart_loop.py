@@ -112,14 +112,14 @@ def test_a_hung_rank_is_found_in_seconds_and_relaunched_ending_bitwise_equal(job
     entries = read_jsonl(run / "restarts.jsonl")
     assert [(e["decision"], e["ranks"], e["hosts"]) for e in entries] == [("relaunch", [3], ["node2"])], entries
     # (srun's SIGCONT and SIGTERM wake rank 3 before its SIGKILL: it may leave a record of its own, code 1)
-    assert entries[0]["cause"].startswith("hang: rank 3 has been silent") and "its hang watch has been silent" in \
+    assert entries[0]["cause"].startswith("hang: rank 3 ") and "its hang watch has been silent" in \
         entries[0]["cause"]
     # the first watch to exit 6 ends the step: srun stops the others, maybe before they dump; rank 3, woken by srun's
     # SIGCONT, judges again from then and may dump too before its SIGKILL: a dump from another rank is what counts
     dumps = sorted(p.name for p in (run / "hangs").glob("rank-*.txt"))
     watchers = [d for d in dumps if d != "rank-3.txt"]
     assert watchers, dumps
-    assert "hang: rank 3 has been silent" in (run / "hangs" / watchers[0]).read_text()
+    assert "hang: rank 3 " in (run / "hangs" / watchers[0]).read_text()
     train = [r for r in read_jsonl(run / "metrics.jsonl") if r["split"] == "train"]
     gaps = [(train[i]["time"] - train[i - 1]["time"], i) for i in range(1, len(train))]
     gap, at = max(gaps)                # from the last step before the stop to the first step of the relaunch

@@ -103,7 +103,7 @@ def test_a_stopped_rank_is_named_by_its_silent_watch(tmp_path):
     w0.close()
     assert exits == {0: HANG} and took < TIMEOUT + 10 * PERIOD
     text = (tmp_path / "hangs" / "rank-0.txt").read_text()
-    assert text.startswith("hang: rank 1 made no progress") and "its hang watch has been silent" in text
+    assert text.startswith("hang: rank 1 ") and "its hang watch has been silent" in text
     assert "Thread" in text and "_watch" in text                   # every thread's stack
     record = json.loads((tmp_path / "exits" / "rank-0.json").read_text())
     assert (record["code"], record["kind"]) == (HANG, "hang") and record["cause"].startswith("hang: rank 1 ")
@@ -155,7 +155,8 @@ def test_a_silent_rank_is_named_even_while_another_works_through_a_long_phase(tm
         wait_for(exits, 1)
     w0.close()
     assert exits == {0: HANG}
-    assert "hang: rank 1 has been silent" in (tmp_path / "hangs" / "rank-0.txt").read_text()
+    text = (tmp_path / "hangs" / "rank-0.txt").read_text()
+    assert text.startswith("hang: rank 1 ") and "its hang watch has been silent" in text
 
 
 def test_blame_is_one_rule_on_the_heartbeats():

@@ -153,7 +153,8 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
                         "instead of joining them into OUT")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing OUT (and parts of another "
                         "prediction)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (e.g. train.device=cpu)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides (e.g. train.eval_batch_size=256 dist.timeout_s=600)")
     return parser
 
 

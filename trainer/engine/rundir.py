@@ -5,6 +5,7 @@ no stale temporaries) and, with --private, readable by its owner only.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -78,6 +79,7 @@ class RunDirLock:
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / LOCK_NAME
         check_ownership(Path(run_dir))
+        self.made = [p for p in (Path(run_dir), *Path(run_dir).parents) if not p.exists()]   # a refusal removes them
         check_writable(Path(run_dir))
         self.created = not self.path.exists()
         self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -102,10 +104,14 @@ class RunDirLock:
             os.write(self.fd, holder.encode())
 
     def release(self, refused: bool = False) -> None:
-        """Unlock (closing the descriptor does it); a refused run removes the lock file it created."""
+        """Unlock (closing the descriptor does it); a refused run removes the lock file and the folders it created
+        (a refusal leaves every byte as it was)."""
         if self.fd is not None:
             if refused and self.created:
                 self.path.unlink(missing_ok=True)
+                for folder in self.made:
+                    with contextlib.suppress(OSError):      # (not empty: something else wrote there meanwhile)
+                        folder.rmdir()
             os.close(self.fd)
             self.fd = None
 
@@ -153,7 +159,6 @@ def claim_run_dir(run_dir: str | Path, resume: str, info: DistInfo) -> RunDirLoc
             lock = RunDirLock(run_dir)
             if not resume:
                 ckpt_io.refuse_fresh_run(run_dir)
-            lock.mark(holder_text(info))
         except ckpt_io.CheckpointError as err:
             problem = ("usage", str(err))
         except DiskError as err:                        # check_writable's
@@ -169,11 +174,13 @@ def claim_run_dir(run_dir: str | Path, resume: str, info: DistInfo) -> RunDirLoc
     return lock
 
 
-def commit_run_dir(run_dir: str | Path, info: DistInfo, damaged: list[Path]) -> None:
+def commit_run_dir(run_dir: str | Path, info: DistInfo, damaged: list[Path], lock: RunDirLock | None = None) -> None:
     """Rank 0, once nothing refused the run: mark the directory as a run's, remove the temporaries of interrupted
     saves and move the checkpoints that do not load aside (a refusal leaves all of them as they were)."""
     if not info.is_main:
         return
+    if lock is not None:
+        lock.mark(holder_text(info))        # who holds it, once the run is accepted
     mark_as_run(Path(run_dir), holder_text(info))
     folder = ckpt_io.CheckpointFolder(run_dir)
     folder.remove_temporaries()

@@ -70,7 +70,7 @@ def run_train(cfg: Config, spec: RecipeSpec) -> tuple[FitResult, Config]:
             nonlocal started
             if cfg.private and info.is_main:
                 make_private(cfg.run_dir)
-            commit_run_dir(cfg.run_dir, info, planned.damaged)
+            commit_run_dir(cfg.run_dir, info, planned.damaged, lock)
             evict_pending()                      # the data cache's cap: nothing removed by a refused run
             attach_run_log(info, cfg.run_dir, held, per_rank=cfg.train.log_per_rank)
             if planned.changes:
@@ -98,5 +98,5 @@ def run_train(cfg: Config, spec: RecipeSpec) -> tuple[FitResult, Config]:
     finally:
         runtime.teardown(info, clean=ok)
         if lock is not None:
-            lock.release()
+            lock.release(refused=not started)
     return result, cfg
