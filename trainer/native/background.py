@@ -1,7 +1,7 @@
 """The C++ extensions built behind a run instead of before it: a run that finds one missing starts one builder
 process for every missing extension (niced, one compiler at a time, the one it needs first first) and goes on at
 once on that extension's PyTorch fallback; later runs load the builds. TRAINER_NATIVE_BUILD picks how:
-background (the default), wait (build in the run before going on: the old way, about a minute per extension) or
+background (the default), wait (build in the run before going on: the old way, a minute or more per extension) or
 off (never build in a run: `python -m trainer.native build` / `make kernels` only).
 
     how = build_mode()                                  # "background" | "wait" | "off"
@@ -98,7 +98,40 @@ def start_or_join(first: str, root: Path) -> str:
         log.close()
     os.write(fd, json.dumps({"host": socket.gethostname(), "pid": proc.pid, "start": time.time()}).encode())
     os.close(fd)
-    return f"building it in the background now (pid {proc.pid}, about a minute, log {root / LOG})"
+    took = last_build_s(root)
+    when = f"; the last build of them here took {took:.0f} s" if took else ""
+    return f"building it in the background now (pid {proc.pid}{when}, log {root / LOG})"
+
+
+TIMES = "build-times.json"      # {extension-kind: seconds} of the last builds on this cache: the estimate a run says
+
+
+def record_build(root: Path, name: str, seconds: float) -> None:
+    """Note how long `name` took to build here (a file written under a private name, then renamed)."""
+    times = _times(root)
+    times[name] = round(seconds, 1)
+    tmp = root / f".{TIMES}.{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps(times, sort_keys=True) + "\n")
+        os.replace(tmp, root / TIMES)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _times(root: Path) -> dict[str, float]:
+    try:
+        found = json.loads((root / TIMES).read_text())
+        return {k: float(v) for k, v in found.items()} if isinstance(found, dict) else {}
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def last_build_s(root: Path, names: list[str] | None = None) -> float | None:
+    """Seconds the last builds of `names` (default: every native build recorded) took on this cache; None where one
+    was never measured here (then a message names no number)."""
+    times = _times(root)
+    names = names if names is not None else [k for k in times if k.endswith("-native")]
+    return sum(times[n] for n in names) if names and all(n in times for n in names) else None
 
 
 def release(root: Path) -> None:

@@ -10,7 +10,7 @@ Two targets: `native` (-march=native, cached per CPU type) and `portable` (-marc
 build that compute nodes of other CPU types with AVX2 reuse, for images and shared home directories). A process loads
 the native build of its CPU type if there is one, else a portable build its CPU can run, else goes on with the
 fallback and has the native one built behind it (trainer/native/background.py; TRAINER_NATIVE_BUILD=wait builds it in
-the process, saying so first: about a minute). Builds are cached under $TRAINER_EXTENSIONS_DIR, else
+the process, saying so first, with the last build's time here). Builds are cached under $TRAINER_EXTENSIONS_DIR, else
 ~/.cache/hpc-trainer/extensions; each process builds in its own temporary folder and moves the library into place, so
 a build killed half-way leaves no lock behind for the next run. `<off_env>=0` turns one off.
 """
@@ -115,12 +115,15 @@ class Extension:
         return module
 
     def build(self, portable: bool = False):
-        """Compile (announced on stderr, then its elapsed time every TICK_S: it takes about a minute) and cache;
-        returns the module."""
+        """Compile (announced on stderr with the last build's time here, if any, then its elapsed time every TICK_S)
+        and cache; returns the module."""
         from torch.utils.cpp_extension import load
         target = self.target(portable)
         kind = f"portable ({PORTABLE_ARCH})" if portable else "native"
-        print(f"building {self.what} ({kind}), once per CPU type: about a minute; cached in {target.parent}",
+        key = f"{self.name}-{'portable' if portable else 'native'}"
+        took = background.last_build_s(cache_root(), [key])
+        when = f": the last build here took {took:.0f} s" if took else ""
+        print(f"building {self.what} ({kind}), once per CPU type{when}; cached in {target.parent}",
               file=sys.stderr, flush=True)
         t0 = time.monotonic()
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -139,6 +142,7 @@ class Extension:
         finally:
             done.set()
             shutil.rmtree(tmp, ignore_errors=True)
+        background.record_build(cache_root(), key, time.monotonic() - t0)
         print(f"built {self.what} ({kind}) in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
         return module
 
