@@ -12,9 +12,9 @@
 | 5         | unfit host: the pre-flight found a host slow or failing its  | relaunch without that host, at   |
 |           | checks, or a straggler was evicted after a checkpoint         | once; stop where none is left    |
 |           | (named in the cause: "unfit host(s) [h1,h2]")                 |                                  |
-| 6         | hang: no rank made progress for train.hang_timeout_s; the    | relaunch from the last agreed    |
-|           | rank whose heartbeat is oldest named ("hang: rank R ..."),    | checkpoint (counts in            |
-|           | stacks in RUN_DIR/hangs/                                     | MAX_RESTARTS)                    |
+| 6         | hang: no rank made progress for train.hang_timeout_s; one    | relaunch from the last agreed    |
+|           | verdict for the group ("hang: rank R ...", or "hang: the     | checkpoint (counts in            |
+|           | group ..." when all stalled alike), stacks in RUN_DIR/hangs/ | MAX_RESTARTS)                    |
 | 128 + N   | stopped by signal N after an agreed checkpoint (.preempted)  | requeue, not relaunch            |
 | any other | a crash, an uncaught error, a signal without a checkpoint    | retryable                        |
 

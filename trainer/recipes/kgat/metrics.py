@@ -54,3 +54,8 @@ def finalize(totals: dict[str, torch.Tensor]) -> dict[str, float]:
     out = {k: float(v) / n for k, v in totals.items() if k != "count"}
     out["users"] = int(totals["count"])
     return out
+
+
+def metric_names(ks, ndcg: str = "standard") -> set[str]:
+    """The names finalize() gives for these cut-offs (the evaluation's own functions, on one empty user)."""
+    return set(finalize(sums_from_hits(torch.zeros((1, max(ks)), dtype=torch.bool), torch.ones(1), ks, ndcg)))

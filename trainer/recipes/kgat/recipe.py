@@ -22,7 +22,7 @@ from trainer.recipes.kgat import convert
 from trainer.recipes.kgat import data as D
 from trainer.recipes.kgat.config import KGATDataConfig
 from trainer.recipes.kgat.device import DeviceTables
-from trainer.recipes.kgat.metrics import finalize, sums_from_hits
+from trainer.recipes.kgat.metrics import finalize, metric_names, sums_from_hits
 from trainer.recipes.kgat.model import KGAT
 from trainer.recipes.kgat.sampling import EpochPlan, PhaseSampler, batch_entries, csr, hits_of
 
@@ -233,8 +233,7 @@ class KGATRecipe(Recipe):
     # ------------------------------------------------------------------------------------------ evaluation
     def on_evaluation_start(self, model):
         m = unwrap(model)
-        dev = m.embed.device
-        self.emb = m.propagate()
+        self.emb, dev = m.propagate(), m.embed.device
         self.tables = [tuple(tuple(torch.from_numpy(x).to(dev) for x in t) for t in pair)
                        for pair in self.eval_tables]
 
@@ -244,8 +243,7 @@ class KGATRecipe(Recipe):
     def eval_step(self, model, batch):
         users, split = batch[0], int(batch[1][0])
         (known_ptr, known_idx), (test_ptr, test_idx) = self.tables[split]
-        n_items = self.data.n_items
-        scores = self.user_scores(self.emb, users)
+        n_items, scores = self.data.n_items, self.user_scores(self.emb, users)
         scores[batch_entries(known_ptr, known_idx, users)] = float("-inf")     # trained-on items are not ranked
         top = scores.topk(min(max(self.eval_cfg.ks), n_items), dim=1).indices
         n_test = test_ptr[users + 1] - test_ptr[users]
@@ -258,9 +256,7 @@ class KGATRecipe(Recipe):
         return (emb[users + self.data.n_entities] @ emb[:self.data.n_items].T).float()
 
     def metric_names(self):
-        ks = tuple(self.eval_cfg.ks)
-        probe = sums_from_hits(torch.zeros((1, max(ks)), dtype=torch.bool), torch.ones(1), ks, self.eval_cfg.ndcg)
-        return set(self.compute_metrics(probe))
+        return metric_names(tuple(self.eval_cfg.ks), self.eval_cfg.ndcg)
 
     def compute_metrics(self, totals):
         return finalize(totals)
