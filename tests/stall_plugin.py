@@ -7,6 +7,7 @@ rank) stalls inside the recipe's before_step, in the middle of a step, the way S
     native_gil  a C call that holds the interpreter (ctypes.PyDLL's sleep): its watch cannot run
     native      a C call that lets go of it (a blocked read of a pipe nobody writes)
     hook        no stall in the step: the recipe's on_epoch_end of epoch 0 takes STALL_S seconds (a long phase)
+    SIGUSR1...  no stall: the rank sends itself that signal (a preemption that reached one rank only)
 
 The engine is not edited for it: a component factory wraps the recipe instance's methods."""
 from __future__ import annotations
@@ -20,6 +21,9 @@ from trainer.engine.callbacks import Component, register_component
 
 
 def _stall(how: str) -> None:
+    if how.startswith("SIG"):
+        os.kill(os.getpid(), signal.Signals[how])
+        return
     if how == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
     elif how == "python":

@@ -134,3 +134,21 @@ def test_a_recipe_hook_ten_times_the_timeout_is_no_hang(tmp_path, rank):
     codes, errs = ended(procs, 240)
     assert codes == [0, 0], errs[0][-3000:]
     assert causes(run) == {} and not (run / "hangs").exists()
+
+
+@pytest.mark.beside_cluster
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_signal_on_one_rank_is_agreed_on_each_recipes_defaults_and_resumes(tmp_path, recipe):
+    """The preemption agreement on the default path: SIGUSR1 reaches rank 1 alone inside step 2; both ranks stop after
+    the same step with its checkpoint and exit 128 + 10; `--resume auto` goes on from it to the end."""
+    run, procs = launch(tmp_path, recipe, "SIGUSR1", "--epochs", "1", at=2)
+    codes, errs = ended(procs, START_S + 120)
+    assert codes == [128 + signal.SIGUSR1] * 2, (codes, errs[0][-3000:])
+    said = [line for line in errs[0].splitlines() if "received SIGUSR1: checkpointing at epoch 0 step" in line]
+    assert said, errs[0][-3000:]
+    step = int(said[0].rsplit("step ", 1)[1].split()[0])
+    assert step >= 2 and (run / "checkpoints" / f"step-{step:08d}.pt").exists()
+    resumed = launch_ranks(2, "train", "--recipe", recipe, "--run-dir", str(run), "--epochs", "1", "--resume", "auto")
+    codes, errs = ended(resumed, START_S + 240)
+    assert codes == [0, 0], errs[0][-3000:]
+    assert "resumed from" in errs[0] and "training completed" in errs[0], errs[0][-3000:]
