@@ -114,7 +114,7 @@ def test_one_rank_working_alone_through_a_checkpoint_or_an_evaluation_is_no_hang
     with w0.busy("checkpoint"):                # rank 0 writes for three timeouts; rank 1 waits at the broadcast
         time.sleep(3 * TIMEOUT)
     for _ in range(int(3 * TIMEOUT / 0.1)):    # an evaluation on rank 0 alone: a mark per batch
-        w0.marked("evaluation batch")
+        w0.marked("evaluation batch", schedule=False)
         time.sleep(0.1)
     for w in (w0, w1):
         w.close()
@@ -221,3 +221,19 @@ def test_a_rank_whose_run_ended_is_not_taken_for_a_stopped_one(tmp_path):
         time.sleep(3 * TIMEOUT)
     w0.close()
     assert exits == {}
+
+
+def test_shards_of_unequal_length_do_not_put_a_rank_behind(tmp_path):
+    """An evaluation's shards may differ by a batch: its batches are progress, not schedule. Ranks that then stall at
+    the same point are the group's hang, not the rank with the shorter shard's."""
+    w0, w1, exits = started(tmp_path)
+    for n in range(3):
+        w0.marked("evaluation batch", schedule=False)
+        if n < 2:
+            w1.marked("evaluation batch", schedule=False)
+    for w in (w0, w1):
+        w.marked("evaluation done")
+    wait_for(exits, 2)
+    for w in (w0, w1):
+        w.close()
+    assert "hang: the group made no progress" in (tmp_path / "hangs" / "rank-0.txt").read_text()

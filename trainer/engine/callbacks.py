@@ -66,9 +66,10 @@ class Component:
     def saved(self, seconds: float) -> None:
         """The run's owner wrote a checkpoint; it took `seconds`."""
 
-    def marked(self, where: str) -> None:
-        """The run passed a point that every rank passes in the same order (a batch in hand, a backward begun, an
-        evaluation batch done): Phases.mark."""
+    def marked(self, where: str, schedule: bool = True) -> None:
+        """The run passed a point (Phases.mark): schedule, one that every rank passes in the same order (a batch in
+        hand, a backward begun, an evaluation done); else one that ranks pass as many times as their share holds
+        (an evaluation batch: the shards may differ by one)."""
 
     def phase_start(self, what: str) -> None:
         """A long phase of the run began (a recipe's hook, a checkpoint written, an evaluation's start): Phases.long."""
@@ -111,9 +112,9 @@ class Phases:
         self._phases = [c for c in components if type(c).phase_start is not Component.phase_start
                         or type(c).phase_end is not Component.phase_end]
 
-    def mark(self, where: str) -> None:
+    def mark(self, where: str, schedule: bool = True) -> None:
         for component in self._marks:
-            component.marked(where)
+            component.marked(where, schedule)
 
     @contextlib.contextmanager
     def long(self, what: str) -> Iterator[None]:

@@ -91,9 +91,9 @@ class HangWatch(Component):
         return max(3 * self.period_s, 2.0)
 
     # ---------------------------------------------------------------- progress, from the main thread
-    def marked(self, where: str) -> None:
+    def marked(self, where: str, schedule: bool = True) -> None:
         self.progress += 1
-        self.position += 1
+        self.position += schedule
         self.doing = f"step {self.steps + 1}: {where}" if where in ("batch", "forward", "backward") else where
 
     def step_end(self, step: StepEnd) -> Stop | None:
