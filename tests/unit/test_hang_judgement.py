@@ -16,7 +16,7 @@ from trainer.engine.callbacks import StepEnd
 from trainer.engine.components.hang_watch import HangWatch, auto_timeout, blame
 from trainer.launch.exitcodes import HANG
 
-PERIOD, TIMEOUT = 0.05, 0.6
+PERIOD, TIMEOUT = 0.1, 1.2        # wide enough for a loaded 2-core machine (a live watch late by 0.6 s)
 
 
 class Board:
