@@ -97,6 +97,15 @@ class RunDirLock:
                 f"(each srun step of a sweep) its own --run-dir; the default runs/<recipe>-<job>.<step> "
                 f"already differs per step.") from None
 
+    def probe(self, holder: str) -> None:
+        """Write what mark() will write, to a file of its own that goes at once: a full disk or a quota shows here,
+        before anything of the run's is written (the lock's own bytes stay as they were until commit)."""
+        probe = self.path.with_name(f".lock-probe-{os.getpid()}")
+        try:
+            probe.write_text(holder)
+        finally:
+            probe.unlink(missing_ok=True)
+
     def mark(self, holder: str) -> None:
         """Say who holds the lock (once the run is accepted: a refused run changes nothing on disk)."""
         if self.fd is not None:
@@ -159,6 +168,7 @@ def claim_run_dir(run_dir: str | Path, resume: str, info: DistInfo) -> RunDirLoc
             lock = RunDirLock(run_dir)
             if not resume:
                 ckpt_io.refuse_fresh_run(run_dir)
+            lock.probe(holder_text(info))
         except ckpt_io.CheckpointError as err:
             problem = ("usage", str(err))
         except DiskError as err:                        # check_writable's
