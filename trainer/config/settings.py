@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from trainer.config.bounds import FRACTION, POSITIVE, Bound, out_of_range
-from trainer.config.ignored import IgnoredSettingError, refuse_ignored
+from trainer.config.ignored import Ignored, IgnoredSettingError, refuse_ignored
 from trainer.config.registry import get_spec
 from trainer.config.spec import EmptyConfig, RecipeSpec
 
@@ -38,6 +38,13 @@ class TrainConfig:
         eval_batch_size=Bound(0, zero="the training batch size"), early_stop_patience=Bound(0, zero="off"),
         log_every_steps=POSITIVE, num_workers=Bound(0, zero="load in the training process"),
         preflight_slow=Bound(0, 1, hi_open=True, zero="the site's TRAINER_PREFLIGHT_SLOW, else 0.5"))
+    ignored: ClassVar[tuple[Ignored, ...]] = (
+        Ignored("momentum", 0.5, lambda s: s.optimizer == "sgd", "train.optimizer=sgd"),
+        Ignored("min_lr_ratio", 0.1, lambda s: s.schedule != "constant", "train.schedule=cosine or linear",
+                under=dict(schedule="constant")),
+        Ignored("preflight_slow", 0.3, lambda s: s.preflight != "off", "train.preflight=auto or on",
+                under=dict(preflight="off")),
+    )
     epochs: int = 10
     max_steps: int = 0                    # stop after this many optimizer steps (0: no limit)
     batch_size: int = 32                  # per rank (per GPU)
@@ -86,7 +93,7 @@ class TrainConfig:
     # train records (warn), or also checkpoint and exit 5 so that the restart loop relaunches without its host
     straggler_action: Literal["warn", "evict", "off"] = "warn"
     # no rank of the group making progress (a step, an evaluation batch, a checkpoint) for this long is a hang: every
-    # rank's stacks in RUN_DIR/hangs/, the oldest heartbeat's rank named, exit 6 for the restart loop to relaunch
+    # rank's stacks in RUN_DIR/hangs/, one culprit named alike by every rank, exit 6 for the restart loop to relaunch
     # (trainer/engine/components/hang_watch.py). 0: auto, max(60 s, 20 x the slowest step); below 0: off
     hang_timeout_s: float = 0.0
 
