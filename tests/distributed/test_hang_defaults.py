@@ -133,7 +133,7 @@ def test_every_rank_stalled_alike_names_no_rank_and_says_the_group_hung(tmp_path
 @pytest.mark.beside_cluster
 @pytest.mark.parametrize("rank", (1, -1), ids=("one_rank", "every_rank"))
 def test_a_recipe_hook_ten_times_the_timeout_is_no_hang(tmp_path, rank):
-    run, procs = launch(tmp_path, "har", "hook", "--epochs", "2", "train.hang_timeout_s=2", rank=rank, stall_s=20)
+    run, procs = launch(tmp_path, "har", "hook", "--epochs", "2", "train.hang_timeout_s=3", rank=rank, stall_s=30)
     codes, errs = ended(procs, 240)
     assert codes == [0, 0], errs[0][-3000:]
     assert causes(run) == {} and not (run / "hangs").exists()
