@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from trainer.config.bounds import FRACTION, POSITIVE, Bound, out_of_range
-from trainer.config.ignored import Ignored, IgnoredSettingError, refuse_ignored
+from trainer.config.ignored import Ignored
 from trainer.config.registry import get_spec
 from trainer.config.spec import EmptyConfig, RecipeSpec
 
@@ -416,11 +416,20 @@ def configure(recipe: str | None, yaml_path: str | None = None, flags: dict[str,
         set_key(cfg, key, value, f"override {text!r}")
     for name, section in ((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)):
         if dataclasses.is_dataclass(section):
-            try:
-                refuse_ignored(section, f"{name}.")
-            except IgnoredSettingError as err:
-                raise ConfigError(str(err)) from None
+            refuse_ignored(section, f"{name}.")
     return cfg, spec
+
+
+def refuse_ignored(section: Any, prefix: str) -> None:
+    """ConfigError for the first key of `section` set away from its default where the section's own rules
+    (trainer/config/ignored.py) say the run would ignore it."""
+    defaults = {f.name: f for f in dataclasses.fields(section)}
+    for rule in getattr(type(section), "ignored", ()):
+        value, f = getattr(section, rule.key), defaults[rule.key]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()   # type: ignore[misc]
+        if value != default and not rule.applies(section):
+            raise ConfigError(f"{prefix}{rule.key}={value} would be ignored: it counts only with {rule.when}"
+                              f"\nHINT: remove {prefix}{rule.key}, or set {rule.when}")
 
 
 def to_dict(cfg: Config) -> dict:

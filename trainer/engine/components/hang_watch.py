@@ -35,6 +35,7 @@ FLOOR_S = 60.0           # the automatic timeout is never under a minute
 STEPS = 20               # ... nor under this many of the slowest step seen
 HANGS_DIR = "hangs"
 CLOSED = -1              # the tick of a watch whose run ended
+STEP_MARKS = ("batch", "forward", "backward")     # the epoch loop's marks inside a step
 
 
 def auto_timeout(slowest_step_s: float) -> float:
@@ -92,9 +93,14 @@ class HangWatch(Component):
 
     # ---------------------------------------------------------------- progress, from the main thread
     def marked(self, where: str, schedule: bool = True) -> None:
-        self.progress += 1
+        self.progress += 1          # (three marks a step: nothing formatted here, the watch's tick says it)
         self.position += schedule
-        self.doing = f"step {self.steps + 1}: {where}" if where in ("batch", "forward", "backward") else where
+        self.doing = where
+
+    def _doing(self) -> str:
+        """What this rank is at, for its heartbeat and its dump: a step's mark with the step it belongs to."""
+        doing = self.doing
+        return f"step {self.steps + 1}: {doing}" if doing in STEP_MARKS else doing
 
     def step_end(self, step: StepEnd) -> Stop | None:
         now = time.monotonic()
@@ -148,7 +154,7 @@ class HangWatch(Component):
                 reached = now
             last = now
             try:
-                self.board.publish(Beat(self.progress, tick, self.position, self.doing))
+                self.board.publish(Beat(self.progress, tick, self.position, self._doing()))
                 beats = self.board.read()
                 reached = now
             except Exception:  # noqa: BLE001 - a store that does not answer is what is being judged
@@ -225,7 +231,7 @@ class HangWatch(Component):
             where.mkdir(parents=True, exist_ok=True)
             with open(where / f"rank-{self.info.rank}.txt", "w") as fh:
                 fh.write(f"{cause}\nrank {self.info.rank} on {socket.gethostname()} pid {os.getpid()}, "
-                         f"last: {self.doing}\nheartbeats: "
+                         f"last: {self._doing()}\nheartbeats: "
                          + ", ".join(f"rank {r}: {b.progress} at mark {b.position} ({b.doing})"
                                      for r, b in sorted(seen.items()))
                          + "\n\n")

@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainer.config.ignored import IgnoredSettingError, refuse_ignored
-from trainer.config.settings import ConfigError
+from trainer.config.settings import refuse_ignored
 from trainer.distributed import runtime
 from trainer.engine.loader import fits_on_device
 from trainer.engine.recipe import Recipe, unwrap
@@ -46,10 +45,7 @@ class SASRecRecipe(Recipe):
     def _sharing(self) -> Sharing:
         """The negatives' plan, refusing settings that would be silently ignored (trainer/config/ignored.py)."""
         loss = self.loss_cfg or SeqLossConfig()          # (a recipe built for its data alone has no loss section)
-        try:             # (the config's own check refused these before the run: a recipe built by hand is checked here)
-            refuse_ignored(loss, "loss.")
-        except IgnoredSettingError as err:
-            raise ConfigError(str(err)) from None
+        refuse_ignored(loss, "loss.")    # (configure() refused these before the run: a recipe built by hand here)
         return Sharing.of(loss, self.popularity)
 
     def build_model(self):
