@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from tests.conftest import PY, REPO, clean_env, free_port, launch_ranks
+from tests.conftest import PY, REPO, clean_env, free_port, launch_ranks, wait_all
+from trainer.distributed.stragglers import FACTOR
 from trainer.engine.logging import read_metrics
 
 TIMEOUT = 5
@@ -34,12 +35,16 @@ CASES = [pytest.param(r, how, marks=SIDE.get(r, (pytest.mark.beside_cluster,)))
          for r in RECIPES for how in CULPRIT if (r, how) != ("video", "native_gil")]
 
 
-def launch(tmp_path, recipe: str, how: str, *extra: str, rank: int = 1, at: int = 3, stall_s: float = 0):
+def launch(tmp_path, recipe: str, how: str, *extra: str, rank: int = 1, at: int = 3, stall_s: float = 0,
+           hang_timeout_s: float | None = None):
+    """Two ranks of the recipe at its defaults, rank `rank` (-1: every rank) stalled `how` at step `at`; the hang
+    timeout the test's (hang_timeout_s=0: the automatic one, as shipped)."""
     run = tmp_path / f"{recipe}-{how}"
+    timeout = SLOW_STEPS.get(recipe, TIMEOUT) if hang_timeout_s is None else hang_timeout_s
     env = dict(TRAINER_PLUGINS="tests.toy_recipe,tests.stall_plugin", STALL_HOW=how, STALL_RANK=str(rank),
                STALL_AT_STEP=str(at), STALL_S=str(stall_s))
     procs = launch_ranks(2, "train", "--recipe", recipe, "--run-dir", str(run), "--epochs", "30",
-                         f"train.hang_timeout_s={SLOW_STEPS.get(recipe, TIMEOUT)}", "dist.timeout_s=900", *extra,
+                         f"train.hang_timeout_s={timeout:g}", "dist.timeout_s=900", *extra,
                          extra_env=env)
     return run, procs
 
@@ -139,11 +144,53 @@ def test_a_recipe_hook_ten_times_the_timeout_is_no_hang(tmp_path, rank):
     assert causes(run) == {} and not (run / "hangs").exists()
 
 
+# (steps, the step the slowdown starts at, its factor): enough steps for it to be named on a loaded machine (named
+# here at step 9, 23, 127 and 6). Judged windows span a second of rank 0's wall time: HAR's default step takes ~0.3 s
+# logged every step, SASRec's 0.05, KGAT's 0.006; video's 9 s (every step a window: 3x is enough, and fewer steps)
+STRAGGLER = {"har": (20, 6, 4), "sasrec": (50, 6, 4), "kgat": (250, 6, 4), "video": (8, 3, 3)}
+
+
+@pytest.mark.parametrize("recipe", [pytest.param(r, marks=SIDE.get(r, (pytest.mark.beside_cluster,)))
+                                    for r in RECIPES])
+def test_a_slowed_rank_is_named_a_straggler_on_each_recipes_defaults(tmp_path, recipe):
+    """From a step on, rank 1's steps take three or four times their own median before (a sleep inside the step):
+    the straggler watch at its defaults (warn, FACTOR 2, WINDOWS 3) names rank 1 in rank 0's log and the train
+    records, and the run goes on to its end."""
+    steps, at, factor = STRAGGLER[recipe]
+    run, procs = launch(tmp_path, recipe, "slow", "train.log_every_steps=1", f"train.max_steps={steps}", at=at,
+                        stall_s=factor, hang_timeout_s=0)
+    results = wait_all(procs, timeout=START_S + 240)
+    assert [code for code, _ in results] == [0, 0], results[0][1][-3000:]
+    rows = [r for r in read_metrics(run, "train") if "loss" in r]
+    judged = [(r["step"], r["slowest_rank"], r["slowest_factor"]) for r in rows if "slowest_factor" in r]
+    named = [r for r in rows if "straggler_rank" in r]
+    assert named, f"not named; the judged windows (step, slowest rank, factor): {judged}"
+    assert named[0]["straggler_rank"] == 1 and named[0]["straggler_factor"] >= FACTOR, named[0]
+    assert named[0]["step"] > at, judged                    # not before the slowdown
+    assert "straggler: rank 1 on " in results[0][1] and "would relaunch without it" in results[0][1]
+
+
+@pytest.mark.beside_cluster
+def test_a_first_build_of_the_data_cache_ten_times_the_timeout_is_no_hang(tmp_path):
+    """HAR's text data parsed into a fresh data cache, the parse 30 s longer (every rank that builds: the node's
+    first), train.hang_timeout_s=3: the other rank waits for the build, no rank is called hung, the run completes."""
+    from trainer.recipes.har.prepare import write_synthetic_uci
+    data = write_synthetic_uci(tmp_path / "uci", 40, 12)
+    start = time.monotonic()
+    run, procs = launch(tmp_path, "har", "build", "--epochs", "1", f"data.path={data}",
+                        f"data.cache={tmp_path / 'cache'}", rank=-1, stall_s=30, hang_timeout_s=3)
+    codes, errs = ended(procs, START_S + 60)
+    assert codes == [0, 0], errs[0][-3000:]
+    assert causes(run) == {} and not (run / "hangs").exists()
+    assert list((tmp_path / "cache").glob("har-*")) and time.monotonic() - start > 30, "the build did not stall"
+
+
 @pytest.mark.parametrize("recipe", [pytest.param(r, marks=SIDE.get(r, (pytest.mark.beside_cluster,)))
                                     for r in RECIPES])
 def test_a_signal_on_one_rank_is_agreed_on_each_recipes_defaults_and_resumes(tmp_path, recipe):
     """The preemption agreement on the default path: SIGUSR1 reaches rank 1 alone inside step 2; both ranks stop after
-    the same step with its checkpoint and exit 128 + 10; `--resume auto` goes on from it to the end."""
+    the same step with its checkpoint and exit 128 + 10; `--resume auto` goes on from it to the end. The pre-flight
+    (auto) ran before it, on the recipe's own footprint estimate."""
     run, procs = launch(tmp_path, recipe, "SIGUSR1", "--epochs", "1", "train.max_steps=4", at=2)
     codes, errs = ended(procs, START_S + 120)
     assert codes == [128 + signal.SIGUSR1] * 2, (codes, errs[0][-3000:])
@@ -151,6 +198,11 @@ def test_a_signal_on_one_rank_is_agreed_on_each_recipes_defaults_and_resumes(tmp
     assert said, errs[0][-3000:]
     step = int(said[0].rsplit("step ", 1)[1].split()[0])
     assert step >= 2 and (run / "checkpoints" / f"step-{step:08d}.pt").exists()
+    # the pre-flight ran on the default path (auto: two ranks) with the recipe's own estimate, and found no fault
+    report = json.loads((run / "preflight.json").read_text())
+    assert report["unfit"] == {} and len(report["ranks"]) == 2, report
+    assert all(r["gflops"] > 0 and r["free_bytes"] > r["need_bytes"] > 0 for r in report["ranks"]), report
+    assert "pre-flight: 2 rank(s) on 1 host(s)" in errs[0], errs[0][-3000:]
     resumed = launch_ranks(2, "train", "--recipe", recipe, "--run-dir", str(run), "--epochs", "1", "train.max_steps=4",
                            "--resume", "auto")
     codes, errs = ended(resumed, START_S + 240)

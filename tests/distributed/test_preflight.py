@@ -36,6 +36,7 @@ from trainer.engine.rundir import MARKER
 from trainer.launch.exitcodes import UNFIT_HOST, unfit_hosts
 
 TOY = ("train", "--recipe", "toy", "--epochs", "1", "train.tensorboard=false", "train.preflight=on")
+HAR_DEFAULTS = ("train", "--recipe", "har", "--epochs", "1")     # the pre-flight at its default (auto: two ranks)
 
 
 def figures(host, rank, gflops, bw=None, failed=()):
@@ -160,9 +161,9 @@ def test_a_host_that_joined_late_is_noted_from_join_times_alone():
     assert judge(ranks) == ({}, [])
 
 
-def launch(n: int, run_dir, hosts: list[str], *extra: str) -> list[subprocess.Popen]:
+def launch(n: int, run_dir, hosts: list[str], *extra: str, base: tuple[str, ...] = TOY) -> list[subprocess.Popen]:
     """n ranks, each on its own host name, each in a session of its own (slowed_rank)."""
-    return launch_ranks(n, *TOY, "--run-dir", str(run_dir), *extra, rank_env=[{"SLURMD_NODENAME": h} for h in hosts],
+    return launch_ranks(n, *base, "--run-dir", str(run_dir), *extra, rank_env=[{"SLURMD_NODENAME": h} for h in hosts],
                         own_sessions=True)
 
 
@@ -182,9 +183,10 @@ def test_two_healthy_ranks_write_the_report_and_train(tmp_path):
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
-def test_a_host_slowed_three_times_is_named_and_the_run_exits_5(tmp_path, busy_core_turn):
+@pytest.mark.parametrize("base", [TOY, HAR_DEFAULTS], ids=["toy", "har_defaults"])
+def test_a_host_slowed_three_times_is_named_and_the_run_exits_5(tmp_path, busy_core_turn, base):
     run_dir = tmp_path / "run"
-    procs = launch(2, run_dir, ["nodeA", "nodeB"])
+    procs = launch(2, run_dir, ["nodeA", "nodeB"], base=base)
     start = time.monotonic()
     # nodeB's rank on about a twentieth of a core, from when rank 0 has joined the group and claimed the run
     # directory (the ranks' imports done) until rank 1's exit record
@@ -199,7 +201,7 @@ def test_a_host_slowed_three_times_is_named_and_the_run_exits_5(tmp_path, busy_c
     assert list(report["unfit"]) == ["nodeB"] and b["gflops"] < SLOW_FRACTION * a["gflops"]
     exits = [json.loads((tmp_path / "run" / "exits" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert [e["kind"] for e in exits] == ["unfit-host", "unfit-host"]
-    record_fault("a slowed host (its rank on a tenth of a core), 2 ranks",
+    record_fault("a slowed host (its rank on a tenth of a core), 2 ranks" + ("" if base is TOY else ", HAR defaults"),
                  exit_s=round(time.monotonic() - start, 2), steps_lost=0,
                  outcome=f"exit 5 naming it (matmul {b['gflops']:.0f} against {a['gflops']:.0f} GFLOP/s); the "
                  f"restart loop relaunches without it")

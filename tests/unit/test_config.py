@@ -50,7 +50,7 @@ def test_recipe_taken_from_yaml_when_not_given(tmp_path):
     ("dist.gpu_ids=", "dist.gpu_ids", []), ("train.betas=0.9,0.98", "train.betas", [0.9, 0.98]),
 ])
 def test_override_type_conversion(text, key, value):
-    cfg = build_config("toy", overrides=[text])
+    cfg = build_config("toy", overrides=["dist.strategy=dp", text])     # (dist.gpu_ids counts only under dp)
     section, name = key.split(".")
     got = getattr(getattr(cfg, section), name)
     assert got == value and type(got) is type(value)
@@ -102,7 +102,7 @@ def test_unknown_recipe_lists_known():
 
 
 def test_resolved_config_round_trip(tmp_path):
-    cfg = build_config("toy", overrides=["train.lr=0.25", "model.hidden=5", "dist.gpu_ids=1,2"])
+    cfg = build_config("toy", overrides=["train.lr=0.25", "model.hidden=5", "dist.strategy=dp", "dist.gpu_ids=1,2"])
     save_config(cfg, tmp_path / "config.yaml")
     again = build_config(None, str(tmp_path / "config.yaml"))
     assert to_dict(again) == to_dict(cfg)

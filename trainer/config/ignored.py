@@ -25,3 +25,16 @@ class Ignored:
     applies: Callable[[Any], bool]
     when: str
     under: dict[str, Any] = field(default_factory=dict)
+
+
+def generated_only(**examples: Any) -> tuple[Ignored, ...]:
+    """The data section's synthetic_* keys (each with an example value): they shape the generated data, which a
+    data.path replaces."""
+    return tuple(Ignored(key, example, lambda s: not s.path, "data.path empty (generated data)",
+                         under=dict(path="/data"))
+                 for key, example in examples.items())
+
+
+def cached_only() -> Ignored:
+    """data.cache_cap_gb: the cap of a data cache that data.cache=off turns off."""
+    return Ignored("cache_cap_gb", 5.0, lambda s: s.cache != "off", "data.cache on (not off)", under=dict(cache="off"))

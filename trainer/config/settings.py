@@ -40,6 +40,8 @@ class TrainConfig:
         preflight_slow=Bound(0, 1, hi_open=True, zero="the site's TRAINER_PREFLIGHT_SLOW, else 0.5"))
     ignored: ClassVar[tuple[Ignored, ...]] = (
         Ignored("momentum", 0.5, lambda s: s.optimizer == "sgd", "train.optimizer=sgd"),
+        Ignored("betas", [0.8, 0.99], lambda s: s.optimizer != "sgd", "train.optimizer=adamw or adam",
+                under=dict(optimizer="sgd")),
         Ignored("min_lr_ratio", 0.1, lambda s: s.schedule != "constant", "train.schedule=cosine or linear",
                 under=dict(schedule="constant")),
         Ignored("preflight_slow", 0.3, lambda s: s.preflight != "off", "train.preflight=auto or on",
@@ -106,6 +108,10 @@ class CheckpointConfig:
         every_epochs=Bound(0, zero="never by epoch"), every_steps=Bound(0, zero="never by step"),
         keep_last=Bound(0, zero="keep every periodic checkpoint"),
         signal_latency_s=Bound(0, zero="agree at every step"))
+    ignored: ClassVar[tuple[Ignored, ...]] = (
+        Ignored("keep_last", 5, lambda s: s.every_epochs > 0 or s.every_steps > 0,
+                "ckpt.every_epochs or ckpt.every_steps above 0 (periodic checkpoints to keep)",
+                under=dict(every_epochs=0)),)
     every_epochs: int = 1                 # 0: never by epoch
     every_steps: int = 0                  # 0: never by step
     keep_last: int = 3                    # periodic checkpoints kept (best/final are separate)
@@ -124,6 +130,12 @@ class DistConfig:
     """How processes and devices are used."""
 
     bounds: ClassVar[dict[str, Bound]] = dict(timeout_s=Bound(0, lo_open=True))
+    ignored: ClassVar[tuple[Ignored, ...]] = (
+        Ignored("gpu_ids", [0, 1], lambda s: s.strategy == "dp", "dist.strategy=dp (--strategy dp)"),
+        Ignored("find_unused_parameters", True, lambda s: s.strategy == "ddp", "dist.strategy=ddp",
+                under=dict(strategy="single")),
+        Ignored("shm_allreduce", "on", lambda s: s.strategy == "ddp" and s.backend != "nccl",
+                "dist.strategy=ddp over gloo (dist.backend=auto or gloo)", under=dict(backend="nccl")))
     strategy: Literal["ddp", "dp", "single"] = "ddp"
     gpu_ids: list[int] = field(default_factory=list)     # DataParallel devices (default: all)
     backend: Literal["auto", "nccl", "gloo"] = "auto"

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from trainer.config.bounds import CACHE_CAP, FRACTION, POSITIVE, Bound
+from trainer.config.ignored import Ignored, cached_only, generated_only
 
 
 @dataclass
@@ -15,6 +16,9 @@ class HARDataConfig:
                                               val_fraction=FRACTION, length=Bound(0, zero="the longest case"),
                                               synthetic_cases=POSITIVE, synthetic_channels=POSITIVE,
                                               synthetic_length=POSITIVE, synthetic_classes=Bound(2))
+    ignored: ClassVar[tuple[Ignored, ...]] = (
+        cached_only(),
+        *generated_only(synthetic_cases=120, synthetic_channels=3, synthetic_length=64, synthetic_classes=3))
 
     path: str = ""                    # UCI HAR folder, UEA folder (*_TRAIN.ts), arrays folder or file; "": synthetic
     synthetic: bool = False               # generated data on purpose: needed under Slurm/submitit (data.path "")
@@ -42,6 +46,10 @@ class HARModelConfig:
                                               heads=POSITIVE,
                                               channel_width=POSITIVE, head_width=Bound(0, zero="a linear head"),
                                               dropout=FRACTION)
+    ignored: ClassVar[tuple[Ignored, ...]] = (
+        Ignored("kernel_size", 5, lambda s: s.encoder == "cnn", "model.encoder=cnn", under=dict(encoder="transformer")),
+        Ignored("patch", 8, lambda s: s.encoder == "transformer", "model.encoder=transformer"),
+        Ignored("heads", 2, lambda s: s.encoder == "transformer", "model.encoder=transformer"))
 
     mode: Literal["flatten", "average", "first"] = "flatten"
     encoder: Literal["cnn", "transformer"] = "cnn"

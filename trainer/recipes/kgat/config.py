@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from trainer.config.bounds import CACHE_CAP, FRACTION, POSITIVE, Bound
+from trainer.config.ignored import Ignored, cached_only, generated_only
 
 KS = (20, 40, 60, 80, 100)          # cut-offs of recall/ndcg@K (the KGAT paper's)
 
@@ -19,6 +20,12 @@ class KGATDataConfig:
                                               synthetic_users=POSITIVE, synthetic_items=POSITIVE,
                                               synthetic_entities=POSITIVE, synthetic_relations=POSITIVE,
                                               synthetic_triples=POSITIVE, synthetic_interactions=POSITIVE)
+    ignored: ClassVar[tuple[Ignored, ...]] = (
+        cached_only(),
+        Ignored("split_seed", 7, lambda s: s.val_fraction > 0, "data.val_fraction above 0 (0: the test split, no draw)",
+                under=dict(val_fraction=0)),
+        *generated_only(synthetic_users=100, synthetic_items=80, synthetic_entities=160, synthetic_relations=3,
+                        synthetic_triples=900, synthetic_interactions=2000, synthetic_seed=1))
 
     path: str = ""                 # folder in the KGAT format; "" = synthetic data generated in memory
     synthetic: bool = False               # generated data on purpose: needed under Slurm/submitit (data.path "")

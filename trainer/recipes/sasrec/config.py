@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from trainer.config.bounds import CACHE_CAP, FRACTION, POSITIVE, Bound
-from trainer.config.ignored import Ignored
+from trainer.config.ignored import Ignored, cached_only, generated_only
 
 
 @dataclass
@@ -17,6 +17,9 @@ class SeqDataConfig:
                                               train_negatives=POSITIVE,
                                               synthetic_users=POSITIVE, synthetic_items=Bound(2),
                                               synthetic_mean_len=POSITIVE)
+    ignored: ClassVar[tuple[Ignored, ...]] = (
+        cached_only(),
+        *generated_only(synthetic_users=100, synthetic_items=50, synthetic_mean_len=10, synthetic_seed=1))
 
     path: str = ""                        # file or folder; "" = synthetic data generated in memory
     synthetic: bool = False               # generated data on purpose: needed under Slurm/submitit (data.path "")

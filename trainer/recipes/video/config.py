@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from trainer.config.bounds import FRACTION, POSITIVE, Bound
+from trainer.config.ignored import Ignored, generated_only
 
 
 @dataclass
@@ -15,6 +16,11 @@ class VideoDataConfig:
                                               sample_every=POSITIVE, val_fraction=FRACTION, test_fraction=FRACTION,
                                               synthetic_videos=POSITIVE, synthetic_frames=POSITIVE,
                                               synthetic_classes=Bound(2))
+    ignored: ClassVar[tuple[Ignored, ...]] = (
+        *(Ignored(key, 0.1, lambda s: not (s.val_videos or s.test_videos),
+                  "no data.val_videos or data.test_videos (which name the split instead)",
+                  under=dict(val_videos=["a.mp4"])) for key in ("val_fraction", "test_fraction")),
+        *generated_only(synthetic_videos=4, synthetic_frames=30, synthetic_classes=3))
 
     path: str = ""                    # videos + Annotations/ or labels.csv; "": synthetic videos in the cache folder
     synthetic: bool = False               # generated data on purpose: needed under Slurm/submitit (data.path "")
@@ -41,6 +47,10 @@ class VideoModelConfig:
     """Architecture and memory options."""
 
     bounds: ClassVar[dict[str, Bound]] = dict(dropout=FRACTION)
+    ignored: ClassVar[tuple[Ignored, ...]] = tuple(
+        Ignored(key, example, lambda s: s.arch != "r3d_18", "model.arch=mouse3d or light (torchvision's r3d_18 "
+                "has its own)", under=dict(arch="r3d_18"))
+        for key, example in (("dropout", 0.2), ("grad_checkpoint", True), ("layout", "frames")))
 
     arch: Literal["mouse3d", "light", "r3d_18"] = "mouse3d"
     dropout: float = 0.5
