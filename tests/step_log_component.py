@@ -28,10 +28,10 @@ class StepLog(Component):
 
     def step_end(self, step: StepEnd) -> Stop | None:
         self._log("step_end", epoch=step.epoch, micro=step.micro, step=step.step, epoch_done=step.epoch_done)
-        return Stop.MAX_STEPS if step.step == self.stop_at else None
+        return Stop("step log: STEP_LOG_STOP_AT") if step.step == self.stop_at else None
 
-    def epoch_end(self, epoch: int, stop: Stop) -> None:
-        self._log("epoch_end", epoch=epoch, stop=stop.name)
+    def epoch_end(self, epoch: int, stop: Stop | None) -> None:
+        self._log("epoch_end", epoch=epoch, stop=stop.reason if stop else "epoch done")
 
     def evaluated(self, epoch: int, last: bool) -> None:
         self._log("evaluated", epoch=epoch, last=last)

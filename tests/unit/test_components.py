@@ -19,6 +19,7 @@ from trainer.engine.components.periodic import PeriodicSaves
 from trainer.engine.components.progress import ProgressBar
 from trainer.engine.components.stragglers import Stragglers
 from trainer.engine.state import TrainState
+from trainer.launch.exitcodes import UNFIT_HOST, StragglerError
 
 # 256 samples / batch 32 = 8 steps an epoch
 TOY = ("train", "--recipe", "toy", "--batch-size", "32", "train.tensorboard=false", "train.log_every_steps=3")
@@ -41,7 +42,7 @@ def test_a_component_from_tests_is_called_at_every_hook_with_one_registration_li
     assert [c["step"] for c in steps] == list(range(1, 17))
     assert [c["micro"] for c in steps] == list(range(1, 9)) * 2
     assert [c["step"] for c in steps if c["epoch_done"]] == [8, 16]
-    assert [c["stop"] for c in calls if c["hook"] == "epoch_end"] == ["EPOCH_DONE", "EPOCH_DONE"]
+    assert [c["stop"] for c in calls if c["hook"] == "epoch_end"] == ["epoch done", "epoch done"]
     # every checkpoint written: periodic at 5 and 10, best after each epoch, periodic after epoch 0 (not the last)
     # at step 15, the final one
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt"))
@@ -55,7 +56,7 @@ def test_a_component_from_tests_stops_the_steps(tmp_path):
     trainer(*TOY, "--epochs", "3", "--run-dir", str(run_dir), env=clean_env(STEP_LOG_STOP_AT="11", **PLUGGED))
     calls = hooks(run_dir)
     assert [c["step"] for c in calls if c["hook"] == "step_end"][-1] == 11
-    assert [c["stop"] for c in calls if c["hook"] == "epoch_end"] == ["EPOCH_DONE", "MAX_STEPS"]
+    assert [c["stop"] for c in calls if c["hook"] == "epoch_end"] == ["epoch done", "step log: STEP_LOG_STOP_AT"]
     import torch
     final = torch.load(run_dir / "checkpoints" / "final.pt", weights_only=True)
     assert final["global_step"] == 11
@@ -71,10 +72,12 @@ def test_a_stop_ends_that_steps_calls_and_the_components_run_in_order():
         def step_end(self, step):
             order.append(self.name)
             return self.stop
-    chain = (Says("a"), Says("b", Stop.SIGNAL), Says("c"))
+    mine = Stop("b: its own reason", code=71)                # open: a component makes its own stop
+    chain = (Says("a"), Says("b", mine), Says("c"))
     step = StepEnd(0, 1, 8, 1, 0.1)
-    stop = next((s for c in chain if (s := c.step_end(step)) is not None), Stop.EPOCH_DONE)
-    assert stop is Stop.SIGNAL and order == ["a", "b"]
+    stop = next((s for c in chain if (s := c.step_end(step)) is not None), None)
+    assert stop is mine and stop.ends_run and order == ["a", "b"]
+    assert not Stop("train.max_steps reached").ends_run                 # code 0: the run's normal end
     assert "next((s for c in self.components if (s := c.step_end(step)) is not None)" in \
         (REPO / "trainer/engine/loop.py").read_text()          # the loop's own chain is this one
 
@@ -113,7 +116,7 @@ def test_the_step_limit_counts_the_schedules_steps():
     scheduler = SimpleNamespace(last_epoch=4)
     assert StepLimit(5, scheduler).step_end(StepEnd(0, 4, 8, 4, 0.1)) is None
     scheduler.last_epoch = 5
-    assert StepLimit(5, scheduler).step_end(StepEnd(0, 5, 8, 5, 0.1)) is Stop.MAX_STEPS
+    assert StepLimit(5, scheduler).step_end(StepEnd(0, 5, 8, 5, 0.1)) == Stop("train.max_steps reached")
     assert StepLimit(0, scheduler).step_end(StepEnd(0, 5, 8, 5, 0.1)) is None
 
 
@@ -124,8 +127,12 @@ def test_eviction_acts_on_a_named_straggler_that_can_be_left_out(action, hosts, 
     eviction = Eviction(stragglers)
     assert eviction.step_end(StepEnd(0, 1, 8, 1, 0.1)) is None
     stragglers.named = Straggler(1, hosts[1], 3.0, 3, evictable=len(set(hosts)) > 1)
-    assert (eviction.step_end(StepEnd(0, 2, 8, 2, 0.1)) is Stop.EVICT) is evicted
-    assert (eviction.evicted is not None) is evicted and stragglers.named is None
+    stop = eviction.step_end(StepEnd(0, 2, 8, 2, 0.1))
+    assert (stop is not None) is evicted and (eviction.evicted is not None) is evicted and stragglers.named is None
+    if evicted:                  # checkpointed by the fit loop, then exit 5 naming the host
+        assert stop.code == UNFIT_HOST and stop.reason == f"straggler {hosts[1]} evicted"
+        with pytest.raises(StragglerError, match=hosts[1]):
+            stop.then()
 
 
 def test_the_straggler_watch_judges_windows_of_a_second_and_names_after_three():
@@ -148,6 +155,6 @@ def test_the_progress_bar_follows_the_micro_batches_and_shows_the_logged_loss(ca
     window.logged_at, window.record = 3, dict(loss=0.5, lr=1e-3)
     bar.step_end(StepEnd(0, 6, 8, 3, 0.1))
     assert bar.bar.n == 6 and "loss=0.5000" in str(bar.bar)
-    bar.epoch_end(0, Stop.EPOCH_DONE)
+    bar.epoch_end(0, None)
     assert bar.bar is None
     assert ProgressBar(DistInfo(rank=1, world_size=2), "on", window).shown is False

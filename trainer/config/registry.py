@@ -1,6 +1,7 @@
 """Recipes by name. Built-in recipes are the folders of trainer/recipes/ that hold a spec.py with SPEC;
-out-of-tree ones come from the modules named in TRAINER_PLUGINS (comma-separated), which call register().
-Nothing here imports torch.
+out-of-tree ones, and plugins' components and config sections, come from the modules of installed packages'
+entry points (group hpc_trainer.plugins) and those named in TRAINER_PLUGINS (comma-separated), which call
+register(), register_component(), register_section() at import. Nothing here imports torch.
 
     from trainer.config.registry import get_spec, recipe_names
     get_spec("har").recipe_class()
@@ -17,6 +18,7 @@ from trainer.config.spec import RecipeSpec
 
 _SPECS: dict[str, RecipeSpec] = {}
 _LOADED: set[str] = set()
+PLUGIN_GROUP = "hpc_trainer.plugins"     # the entry-point group of installed plugins (docs/extending.md)
 
 
 class DuplicateRecipeError(ValueError):
@@ -46,11 +48,19 @@ def spec_modules() -> tuple[list[str], list[str]]:
     folders = importlib.util.find_spec("trainer.recipes").submodule_search_locations
     builtin = [f"trainer.recipes.{m.name}.spec" for m in pkgutil.iter_modules(folders) if m.ispkg]
     plugins = [m.strip() for m in os.environ.get("TRAINER_PLUGINS", "").split(",") if m.strip()]
-    return builtin, plugins
+    return builtin, list(dict.fromkeys(plugins + entry_point_modules()))
+
+
+def entry_point_modules() -> list[str]:
+    """The modules of the installed packages' entry points in the group PLUGIN_GROUP (a plugin's pyproject.toml:
+    [project.entry-points."hpc_trainer.plugins"] NAME = "its_module"), found without any environment variable."""
+    from importlib.metadata import entry_points
+    return [ep.module for ep in sorted(entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name)]
 
 
 def _load_modules() -> None:
-    """Import every built-in recipe's spec module and every TRAINER_PLUGINS module, once each."""
+    """Import every built-in recipe's spec module and every plugin module (TRAINER_PLUGINS, entry points), once
+    each."""
     builtin, plugins = spec_modules()
     for name in builtin + plugins:
         if name in _LOADED:
@@ -62,7 +72,7 @@ def _load_modules() -> None:
             if name in builtin and err.name == name:
                 continue            # a helper package without a spec (e.g. shared code)
             if name in plugins and err.name is not None and name.startswith(err.name):
-                print(f"warning: TRAINER_PLUGINS names {name!r}, which cannot be imported ({err}); its recipes "
+                print(f"warning: {_named_by(name)} names {name!r}, which cannot be imported ({err}); its recipes "
                       f"are not registered.\nHINT: put the folder holding it on PYTHONPATH", file=sys.stderr)
                 continue
             if name not in plugins:
@@ -84,9 +94,15 @@ def _plugin_failed(name: str, err: BaseException) -> None:
     import traceback
     frames = traceback.extract_tb(err.__traceback__)
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    print(f"warning: TRAINER_PLUGINS module {name!r} raised {type(err).__name__}: {err}{where} while importing; "
-          f"its recipes are not registered.\nHINT: fix the module, or remove it from TRAINER_PLUGINS",
+    print(f"warning: {_named_by(name)} module {name!r} raised {type(err).__name__}: {err}{where} while importing; "
+          f"its recipes are not registered.\nHINT: fix the module, or remove it from {_named_by(name)}",
           file=sys.stderr)
+
+
+def _named_by(module: str) -> str:
+    """Where a plugin module was named: TRAINER_PLUGINS, else an installed package's entry point."""
+    named = [m.strip() for m in os.environ.get("TRAINER_PLUGINS", "").split(",")]
+    return "TRAINER_PLUGINS" if module in named else f"the {PLUGIN_GROUP} entry points"
 
 
 def specs() -> list[RecipeSpec]:

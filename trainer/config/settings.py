@@ -162,6 +162,45 @@ class Config:
     loss: Any = field(default_factory=EmptyConfig)
 
 
+_SECTIONS: dict[str, type] = {}       # the plugins' own sections (register_section), by name
+_CONFIG_CLASSES: dict[tuple, type] = {}
+
+
+def register_section(name: str, section: type) -> type:
+    """A plugin's own config section: a dataclass with defaults (its `bounds` and `ignored` checked as the
+    built-ins' are), set as NAME.KEY=VALUE on the command line or under NAME: in a YAML file, saved in config.yaml
+    and the checkpoints, read by the plugin's component as trainer.cfg.NAME. Called at the plugin module's import
+    (trainer/config/registry.py loads plugins before any config is made); the same section registered again counts
+    once, another under a name taken is an error."""
+    if not (isinstance(section, type) and dataclasses.is_dataclass(section)):
+        raise TypeError(f"register_section({name!r}, ...): a dataclass type is needed, got {section!r}")
+    taken = _SECTIONS.get(name)
+    same = taken is not None and (taken.__module__, taken.__qualname__) == (section.__module__, section.__qualname__)
+    if name in {f.name for f in dataclasses.fields(Config)} or (taken is not None and not same):
+        owner = "the trainer" if taken is None else f"{taken.__module__}.{taken.__qualname__}"
+        raise ValueError(f"config section {name!r} is taken by {owner}.\nHINT: give the plugin's section another name")
+    _SECTIONS[name] = section
+    return section
+
+
+def _reduce_config(cfg: Config):
+    return from_dict, (to_dict(cfg), "a copy of the config")
+
+
+def config_class() -> type:
+    """Config, with a field for each plugin section registered (a subclass made once per set of sections)."""
+    if not _SECTIONS:
+        return Config
+    key = tuple(sorted((name, id(section)) for name, section in _SECTIONS.items()))
+    if key not in _CONFIG_CLASSES:
+        cls = dataclasses.make_dataclass("Config", [(name, section, field(default_factory=section))
+                                                    for name, section in _SECTIONS.items()], bases=(Config,))
+        cls.__module__ = __name__
+        cls.__reduce__ = _reduce_config      # pickled as its values, rebuilt with the plugins' sections
+        _CONFIG_CLASSES[key] = cls
+    return _CONFIG_CLASSES[key]
+
+
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
@@ -395,8 +434,8 @@ def default_config(recipe: str) -> Config:
 def defaults_of(spec: RecipeSpec) -> Config:
     """default_config for a spec the caller looked up already."""
     recipe = spec.name
-    cfg = Config(recipe=recipe, data=spec.data_config(), model=spec.model_config(), eval=spec.eval_config(),
-                 loss=spec.loss_config())
+    cfg = config_class()(recipe=recipe, data=spec.data_config(), model=spec.model_config(), eval=spec.eval_config(),
+                         loss=spec.loss_config())
     cfg._renamed = dict(spec.renamed)      # not a field: neither saved nor listed among the keys
     for key, value in spec.defaults.items():
         set_key(cfg, key, value, f"recipe {recipe} defaults")

@@ -6,25 +6,41 @@ once by the run's owner (trainer/engine/trainer.py) and called by the loops at f
         def step_end(self, step: StepEnd) -> Stop | None:
             self.steps += 1
             return None                               # or a Stop: the epoch loop stops there
-    register_component(lambda trainer: StepCount())   # e.g. in a TRAINER_PLUGINS module
+    register_component(lambda trainer: StepCount())   # in a plugin module (docs/extending.md)
 
-A component overrides only the hooks it needs; the defaults do nothing.
+A component overrides only the hooks it needs; the defaults do nothing. A plugin module is found by its entry point
+(group hpc_trainer.plugins) or named in TRAINER_PLUGINS; it may add its own config section
+(trainer.config.settings.register_section) and read it from the owner's cfg.
 """
 from __future__ import annotations
 
 import contextlib
-import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+from trainer.engine.result import FitResult
 
-class Stop(enum.Enum):
-    """Why the epoch loop's steps ended (EpochLoop.train_epoch)."""
 
-    EPOCH_DONE = "epoch done"
-    SIGNAL = "signal"             # an agreed preemption signal (the logging window's `signal` names it)
-    MAX_STEPS = "max steps"       # train.max_steps reached
-    EVICT = "evict"               # a straggler named under train.straggler_action=evict (Eviction.evicted)
+@dataclass(frozen=True)
+class Stop:
+    """A component's request, from its step_end, to end the epoch's steps after this step: why, in words (the log
+    and each rank's exit record), and how the run ends. Open: a component makes its own.
+
+    code 0: the run ends as it would after its last step (the epoch's end-of-epoch work where this step ended the
+    epoch, the final checkpoint, the test split): train.max_steps. Any other code: a checkpoint of where the run is,
+    so that a resume goes on from the next step, then `then()` if given (it may raise: an eviction's exit 5, or
+    return the run's result: a preemption's requeue), else the process exits with `code`. Every rank must ask for
+    the same stop at the same step (a decision from a collective, or from what every rank counts alike)."""
+
+    reason: str                   # e.g. "received SIGUSR1", "tally: stopped at step 12"
+    code: int = 0
+    detail: str = ""              # appended to the checkpoint's log line (how long the signal waited)
+    then: Callable[[], FitResult | None] | None = field(default=None, compare=False)
+
+    @property
+    def ends_run(self) -> bool:
+        """A checkpointed stop with an exit code (not the run's normal end)."""
+        return self.code != 0 or self.then is not None
 
 
 @dataclass(frozen=True)
@@ -48,23 +64,51 @@ class StepEnd:
 
 class Component:
     """A part of a run that the loops call; every hook is optional. Order: the owner's registration order; the first
-    step_end that returns a Stop ends that step's calls (later components wait for the next step)."""
+    step_end that returns a Stop ends that step's calls (later components wait for the next step).
+
+    State that must survive a resume: state_dict() goes into every checkpoint under the component's state_key
+    (rank 0's, as the model's: a state every rank holds alike), and load_state_dict() gets it back on resume, after
+    the component is built; a checkpoint without it (written before the component existed) leaves it fresh."""
+
+    state_key: str = ""           # where its state_dict goes in a checkpoint ("": the class name)
 
     def epoch_start(self, epoch: int, first: int, end: int) -> None:
         """EpochLoop: before the epoch's first step (first: the micro-batch it starts at, end: where it ends)."""
+
+    def step_start(self, epoch: int, micro: int) -> None:
+        """EpochLoop: an optimizer step begins at this micro-batch of the epoch (before its data is moved)."""
 
     def step_end(self, step: StepEnd) -> Stop | None:
         """EpochLoop: after each optimizer step; a Stop ends the epoch's steps there."""
         return None
 
-    def epoch_end(self, epoch: int, stop: Stop) -> None:
-        """EpochLoop: after the epoch's last step, whatever stopped it."""
+    def epoch_end(self, epoch: int, stop: Stop | None) -> None:
+        """EpochLoop: after the epoch's last step, whatever stopped it (None: the epoch ran out)."""
+
+    def evaluation_start(self, split: str) -> None:
+        """An evaluation of `split` (val, test) begins: before the recipe's on_evaluation_start."""
+
+    def evaluation_batch(self, split: str) -> None:
+        """One evaluation batch of this rank's shard is done (the shards may differ by one batch)."""
+
+    def evaluation_end(self, split: str, metrics: dict[str, Any]) -> None:
+        """The evaluation of `split` is done; every rank has its metrics."""
 
     def evaluated(self, epoch: int, last: bool) -> None:
         """FitLoop: the epoch is counted and validated (last: it was the run's last epoch)."""
 
+    def save_start(self, kind: str) -> None:
+        """The run's owner begins a checkpoint of `kind` (periodic, best, final)."""
+
     def saved(self, seconds: float) -> None:
-        """The run's owner wrote a checkpoint; it took `seconds`."""
+        """The run's owner wrote a checkpoint; it took `seconds` (the save's end)."""
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """What a resume must give back (tensors, numbers, strings, lists, dicts); None: nothing."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """On resume, what state_dict() returned when the checkpoint was written."""
 
     def marked(self, where: str, schedule: bool = True) -> None:
         """The run passed a point (Phases.mark): schedule, one that every rank passes in the same order (a batch in
@@ -106,11 +150,20 @@ class Phases:
     def __init__(self, components: Sequence[Component] = ()):
         self.bind(components)
 
+    TOLD = ("step_start", "evaluation_start", "evaluation_batch", "evaluation_end", "save_start")
+
     def bind(self, components: Sequence[Component]) -> None:
         """Listen with these components (only those that override a hook are called: a mark costs nothing else)."""
         self._marks = [c for c in components if type(c).marked is not Component.marked]
         self._phases = [c for c in components if type(c).phase_start is not Component.phase_start
                         or type(c).phase_end is not Component.phase_end]
+        self._told = {hook: [getattr(c, hook) for c in components
+                             if getattr(type(c), hook) is not getattr(Component, hook)] for hook in self.TOLD}
+
+    def tell(self, hook: str, *args: Any) -> None:
+        """Call one of the TOLD hooks on the components that override it."""
+        for call in self._told[hook]:
+            call(*args)
 
     def mark(self, where: str, schedule: bool = True) -> None:
         for component in self._marks:

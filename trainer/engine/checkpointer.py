@@ -44,6 +44,7 @@ class Checkpointer:
         self.planned = planned           # the checkpoint check_resume_config chose (and rank 0 already read)
         self.files = ckpt_io.CheckpointFolder(run_dir, run.cfg.ckpt.keep_last)
         self.notes: list[str] = []       # what a resume under another layout or lr changed (metrics.jsonl)
+        self.component_states: dict[str, Any] | None = None   # a resumed checkpoint's components' states (by key)
         self.id_maps = {k: torch.as_tensor(np.asarray(v)) for k, v in run.recipe.id_maps().items()}
         self.data = data_of(run)         # the data's fingerprint: in every checkpoint, checked on resume
 
@@ -56,7 +57,7 @@ class Checkpointer:
     def dir(self) -> Path:
         return self.files.dir
 
-    def snapshot(self, kind: str, state: TrainState, metrics: dict) -> dict[str, Any]:
+    def snapshot(self, kind: str, state: TrainState, metrics: dict, components: dict | None = None) -> dict[str, Any]:
         run = self.run
         rngs = runtime.all_gather_object(ckpt_io.capture_rng(), self.info)
         return dict(format=ckpt_io.FORMAT_VERSION, recipe=self.cfg.recipe, kind=kind, model=run.model.state_dict(),
@@ -64,11 +65,13 @@ class Checkpointer:
                     scaler=run.scaler.state_dict(), state=asdict(state), world_size=self.info.world_size,
                     global_step=state.global_step, rng=rngs, config=to_dict(self.cfg),
                     metrics=metrics, versions=ckpt_io.versions(), data=self.data,
-                    **({"id_maps": self.id_maps} if self.id_maps else {}))
+                    **({"id_maps": self.id_maps} if self.id_maps else {}),
+                    **({"components": components} if components else {}))
 
-    def save(self, kind: str, state: TrainState, metrics: dict) -> None:
-        """Every rank contributes its RNG state; rank 0 writes atomically."""
-        snap = self.snapshot(kind, state, metrics)
+    def save(self, kind: str, state: TrainState, metrics: dict, components: dict | None = None) -> None:
+        """Every rank contributes its RNG state; rank 0 writes atomically. components: the components' states by
+        their state_key (callbacks.Component.state_dict)."""
+        snap = self.snapshot(kind, state, metrics, components)
         failed = None
         if self.info.is_main:
             try:
@@ -125,6 +128,7 @@ class Checkpointer:
         run.scaler.load_state_dict(ckpt["scaler"])
         ckpt_io.check_id_maps(ckpt, self.id_maps, path)
         state = TrainState(**ckpt["state"])
+        self.component_states = dict(ckpt.get("components", {}))
         if ckpt["world_size"] == self.info.world_size:
             ckpt_io.restore_rng(ckpt["rng"][self.info.rank])
         self.notes = resume.continue_at(state, ckpt, run) + data_note + ckpt_io.version_changes(ckpt.get("versions"))

@@ -54,10 +54,12 @@ class EvalProgress:
 
 @torch.no_grad()
 def evaluate(recipe: Recipe, model: torch.nn.Module, dataset, info: DistInfo, batch_size: int,
-             num_workers: int, autocast: Callable, phases: Phases | None = None) -> dict[str, Any]:
-    """Metrics of `dataset` (every sample exactly once over all ranks); `phases` is told of the recipe's evaluation
-    start (a long phase) and of each batch done (a mark: the hang watch's progress)."""
+             num_workers: int, autocast: Callable, phases: Phases | None = None, split: str = "") -> dict[str, Any]:
+    """Metrics of `dataset` (every sample exactly once over all ranks); `phases` is told of the evaluation's start,
+    each batch and end (the components' evaluation_* hooks), of the recipe's evaluation start (a long phase) and of
+    each batch done (a mark: the hang watch's progress)."""
     phases = phases or Phases()
+    phases.tell("evaluation_start", split)
     sampler = ShardSampler(len(dataset), info.rank, info.world_size)
     loader = make_loader(dataset, sampler, batch_size, num_workers, recipe.collate_fn(), 0)
     was_training = model.training
@@ -74,12 +76,15 @@ def evaluate(recipe: Recipe, model: torch.nn.Module, dataset, info: DistInfo, ba
                 value = value.detach().to("cpu", torch.float64)
                 totals[key] = totals[key] + value if key in totals else value
             phases.mark("evaluation batch", schedule=False)      # the shards may differ by a batch
+            phases.tell("evaluation_batch", split)
             progress.step()
     finally:
         recipe.on_evaluation_end()
         model.train(was_training)
     phases.mark("evaluation done")          # before the ranks' totals meet
-    return recipe.compute_metrics(reduce_totals(totals, info))
+    metrics = recipe.compute_metrics(reduce_totals(totals, info))
+    phases.tell("evaluation_end", split, metrics)
+    return metrics
 
 
 def reduce_totals(totals: dict[str, torch.Tensor], info: DistInfo) -> dict[str, torch.Tensor]:
@@ -99,7 +104,7 @@ def reduce_totals(totals: dict[str, torch.Tensor], info: DistInfo) -> dict[str, 
 def evaluate_split(run, split: str) -> dict[str, Any]:
     """Metrics of one evaluation split of a built run (trainer/engine/build.py), sharded across ranks."""
     return evaluate(run.recipe, run.eval_model, run.eval_sets[split], run.info, run.eval_batch_size,
-                    run.cfg.train.num_workers, run.autocast, run.phases)
+                    run.cfg.train.num_workers, run.autocast, run.phases, split)
 
 
 def metrics_table(results: dict[str, dict[str, Any]]) -> str:

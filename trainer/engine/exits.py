@@ -88,6 +88,8 @@ def exit_of(err: BaseException) -> Ending:
 
 
 def exit_code_of(result) -> int:
-    """A finished run's exit code (trainer/launch/exitcodes.py): 0, or 128 + the signal of a checkpointed stop that
-    was not requeued."""
-    return 128 + result.signal if result.status == "preempted" and not result.requeued else DONE
+    """A finished run's exit code (trainer/launch/exitcodes.py): 0, 128 + the signal of a checkpointed stop that
+    was not requeued, or the code of a component's stop (callbacks.Stop)."""
+    if result.status == "preempted":
+        return DONE if result.requeued else 128 + result.signal
+    return result.code if result.code is not None else DONE

@@ -1,33 +1,29 @@
 """The fit loop: the epochs of a run. It creates and owns its epoch loop (trainer/engine/loop.py) and asks the
-run's owner (trainer/engine/trainer.py) for the rest: evaluation, checkpoints, the components.
+run's owner (trainer/engine/trainer.py) for the rest: evaluation, checkpoints, the components. A component's Stop
+ends the epoch's steps; one with an exit code is checkpointed and ends the run its own way (callbacks.Stop).
 
-    result = FitLoop(trainer).run()      # FitResult: completed | preempted | early_stopped
+    result = FitLoop(trainer).run()      # FitResult: completed | early_stopped | preempted | stopped
 """
 from __future__ import annotations
 
 import logging
-import signal as signals
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 from trainer.config.settings import Config, ConfigError
-from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine.build import Run
 from trainer.engine.callbacks import Component, Stop
 from trainer.engine.checkpointer import Checkpointer
-from trainer.engine.components.eviction import Eviction
-from trainer.engine.components.logging_window import LoggingWindow
 from trainer.engine.evaluation import Evaluations
 from trainer.engine.logging import MetricsWriter
 from trainer.engine.loop import EpochLoop
 from trainer.engine.meters import Throughput
-from trainer.engine.preemption import PreemptionHandler, requeue_slurm_job
+from trainer.engine.result import FitResult
 from trainer.engine.state import TrainState
 from trainer.engine.window import TrainLosses
-from trainer.launch.exitcodes import PREEMPTED_MARKER, StragglerError
+
+__all__ = ["FitLoop", "FitResult", "refuse_unknown_metric", "selected_metric"]
 
 log = logging.getLogger(__name__)
 
@@ -42,25 +38,11 @@ class RunOwner(Protocol):
     meter: Throughput
     losses: TrainLosses
     components: Sequence[Component]
-    window: LoggingWindow
-    eviction: Eviction | None
-    preempt: PreemptionHandler
     writer: MetricsWriter
     evaluations: Evaluations
     ckpts: Checkpointer
 
     def save(self, kind: str) -> None: ...
-
-
-@dataclass
-class FitResult:
-    """What a run reports to its caller."""
-
-    status: str                   # completed | preempted | early_stopped
-    signal: int = 0
-    requeued: bool = False
-    global_step: int = 0
-    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def selected_metric(setting: str, recipe: tuple[str, str]) -> tuple[str, str]:
@@ -95,7 +77,7 @@ def better(value: float, than: float, mode: str) -> bool:
 
 
 class FitLoop:
-    """Epochs, evaluation, best/final checkpoints, early stopping, preemption and eviction."""
+    """Epochs, evaluation, best/final checkpoints, early stopping, and the stops the components ask for."""
 
     def __init__(self, trainer: RunOwner):
         self.trainer, self.cfg, self.info, self.state = trainer, trainer.cfg, trainer.info, trainer.state
@@ -116,18 +98,27 @@ class FitLoop:
             with self.trainer.run.phases.long("recipe.on_epoch_start"):
                 self.recipe.on_epoch_start(epoch, self.trainer.run.model)
             stop = self.epoch_loop.train_epoch(epoch)
-            if stop is Stop.SIGNAL:
-                return self.preempted(self.trainer.window.signal, self.trainer.preempt.received_at)
-            if stop is Stop.EVICT:
-                self.evict()
-            if stop is Stop.MAX_STEPS and state.batch_in_epoch < self.epoch_loop.end:
-                break
+            if stop is not None and stop.ends_run:
+                return self.stopped(stop)
+            if stop is not None and state.batch_in_epoch < self.epoch_loop.end:
+                break                   # mid-epoch: no end-of-epoch work for a part of an epoch
             if self.end_epoch(epoch):
                 status = "early_stopped"
                 break
-            if stop is Stop.MAX_STEPS:
+            if stop is not None:
                 break
         return self.finish(status)
+
+    def stopped(self, stop: Stop) -> FitResult:
+        """A component's stop with an exit code: a checkpoint of where the run is, then the stop's own end."""
+        state = self.state
+        log.warning("%s: checkpointing at epoch %d step %d%s", stop.reason, state.epoch, state.global_step,
+                    stop.detail)
+        self.trainer.save("periodic")
+        result = (stop.then() if stop.then is not None else None) or \
+            FitResult("stopped", code=stop.code, reason=stop.reason)
+        result.global_step, result.metrics = state.global_step, self.trainer.evaluations.last_metrics
+        return result
 
     def end_epoch(self, epoch: int) -> bool:
         """Evaluate, track the best, let the components act (periodic checkpoints); True when early stopping
@@ -184,36 +175,6 @@ class FitLoop:
         tie, best_tie = self.recipe.tie_break_metric, self.state.best_tie
         return bool(tie) and tie[0] in metrics and best_tie is not None and \
             better(float(metrics[tie[0]]), best_tie, tie[1])
-
-    def preempted(self, signum: int, received_at: float | None = None) -> FitResult:
-        """Checkpoint where we are; rank 0 requeues under Slurm for the requeue signals."""
-        state, info = self.state, self.info
-        name = signals.Signals(signum).name
-        waited = f" ({time.monotonic() - received_at:.2f} s after it reached this rank)" if received_at else ""
-        log.warning("received %s: checkpointing at epoch %d step %d%s", name, state.epoch, state.global_step, waited)
-        self.trainer.save("periodic")
-        if received_at is not None and info.agent_shutdown_s is not None:
-            log.info("checkpoint written %.1f s after %s reached this rank (torchrun kills its workers %.0f s "
-                     "after forwarding a signal)", time.monotonic() - received_at, name, info.agent_shutdown_s)
-        if info.is_main:     # tells slurm/common.sh this 143 is a checkpointed stop, not a crash
-            (Path(self.cfg.run_dir) / PREEMPTED_MARKER).write_text(
-                f"{name} epoch {state.epoch} step {state.global_step}\n")
-        requeued = False
-        # srun tasks and torchrun inside an allocation requeue here; submitit requeues via checkpoint()
-        requeue_signal = name in self.cfg.ckpt.requeue_signals or name == info.preempt_signal
-        if info.is_main and requeue_signal and info.can_requeue and info.requeue_id:
-            requeued = requeue_slurm_job(info.requeue_id)
-        requeued = bool(runtime.broadcast_object(requeued, info))
-        return FitResult("preempted", signum, requeued, state.global_step, self.trainer.evaluations.last_metrics)
-
-    def evict(self) -> None:
-        """train.straggler_action=evict: an agreed checkpoint (every rank named the same straggler from the same
-        window), then StragglerError: exit 5, which the restart loop reads as "relaunch without this host"."""
-        straggler = self.trainer.eviction.evicted
-        self.trainer.save("periodic")
-        log.warning("straggler evicted: checkpoint of step %d written; exit 5 (unfit host %s)",
-                    self.state.global_step, straggler.host)
-        raise StragglerError(straggler.host, straggler.describe())
 
     def finish(self, status: str) -> FitResult:
         """Final checkpoint, then the test split with the final and (if any) the best weights."""

@@ -45,15 +45,17 @@ class EpochLoop:
         self.waited = 0.0                 # the current step's wait in gradient collectives (train.measure_sync)
         state.layout = [run.info.world_size, run.batch_size, run.accum]
 
-    def train_epoch(self, epoch: int) -> Stop:
-        """Run (the rest of) one epoch, until its end or a component's Stop."""
+    def train_epoch(self, epoch: int) -> Stop | None:
+        """Run (the rest of) one epoch, until its end (None) or a component's Stop."""
         start, run = self.state.batch_in_epoch, self.run
         loader = self.batches(epoch, start)
         run.wrapped.train()
         for component in self.components:
             component.epoch_start(epoch, start, self.end)
-        stop, t_step = Stop.EPOCH_DONE, time.perf_counter()
+        stop, t_step = None, time.perf_counter()
         for micro, batch in enumerate(self.meter.timed(loader), start=start):
+            if micro % run.accum == 0 or micro == start:
+                run.phases.tell("step_start", epoch, micro)
             if not self.step(batch, micro):
                 continue
             step = StepEnd(epoch, micro + 1, self.end, self.state.global_step, time.perf_counter() - t_step,
@@ -61,8 +63,8 @@ class EpochLoop:
             self.meter.update(0, steps=1)
             self._advance(micro + 1)
             self.waited = 0.0
-            stop = next((s for c in self.components if (s := c.step_end(step)) is not None), Stop.EPOCH_DONE)
-            if stop is not Stop.EPOCH_DONE:
+            stop = next((s for c in self.components if (s := c.step_end(step)) is not None), None)
+            if stop is not None:
                 break
             t_step = time.perf_counter()    # a periodic checkpoint at a step's end is not part of a step
         if run.step_graph is not None:

@@ -11,11 +11,15 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Iterable
 
 import torch
 
 from trainer.distributed import runtime
+from trainer.engine.callbacks import Stop
+from trainer.engine.result import FitResult
+from trainer.launch.exitcodes import PREEMPTED_MARKER
 
 log = logging.getLogger(__name__)
 HANDLED = ("SIGUSR1", "SIGUSR2", "SIGTERM")
@@ -156,3 +160,28 @@ def requeue_slurm_job(job_id: str) -> bool:
         return False
     log.info("requeued Slurm job %s", job_id)
     return True
+
+
+def signal_stop(signum: int, received_at: float | None, info: runtime.DistInfo, requeue_signals: Iterable[str],
+                run_dir: str, state) -> Stop:
+    """The stop of a signal the ranks agreed on: checkpointed where the run is (the fit loop), then rank 0 marks the
+    run directory (slurm/common.sh reads the 143 that follows as a checkpointed stop, not a crash) and requeues the
+    job under Slurm for the requeue signals; the run's result is `preempted` (exit 128 + the signal unless
+    requeued). srun tasks and torchrun inside an allocation requeue here; submitit requeues through checkpoint()."""
+    name = signal.Signals(signum).name
+    waited = f" ({time.monotonic() - received_at:.2f} s after it reached this rank)" if received_at else ""
+
+    def then() -> FitResult:
+        if received_at is not None and info.agent_shutdown_s is not None:
+            log.info("checkpoint written %.1f s after %s reached this rank (torchrun kills its workers %.0f s "
+                     "after forwarding a signal)", time.monotonic() - received_at, name, info.agent_shutdown_s)
+        if info.is_main:
+            (Path(run_dir) / PREEMPTED_MARKER).write_text(f"{name} epoch {state.epoch} step {state.global_step}\n")
+        requeued = False
+        if info.is_main and (name in requeue_signals or name == info.preempt_signal) and info.can_requeue \
+                and info.requeue_id:
+            requeued = requeue_slurm_job(info.requeue_id)
+        requeued = bool(runtime.broadcast_object(requeued, info))
+        return FitResult("preempted", signum, requeued, reason=f"preempted (received {name})")
+
+    return Stop(f"received {name}", code=128 + signum, detail=waited, then=then)

@@ -19,8 +19,8 @@ from trainer.data.download import check_data_path
 from trainer.distributed import runtime
 from trainer.distributed.environment import select_environment
 from trainer.engine.exits import exit_code_of, exit_of
-from trainer.engine.fit_loop import FitResult
 from trainer.engine.logging import attach_run_log, hold_logging
+from trainer.engine.result import FitResult
 from trainer.engine.resume import check_resume_config, describe, keep_previous_config
 from trainer.engine.rundir import claim_run_dir, commit_run_dir, make_private
 from trainer.engine.trainer import Trainer
@@ -93,7 +93,8 @@ def run_train(cfg: Config, spec: RecipeSpec) -> tuple[FitResult, Config]:
             if started:             # a refusal before commit() leaves the run directory as it was
                 record_exit(cfg.run_dir, info.rank, exit_of(err).code, f"{type(err).__name__}: {err}"[:2000])
             raise
-        record_exit(cfg.run_dir, info.rank, exit_code_of(result), result.status, result.status == "preempted")
+        record_exit(cfg.run_dir, info.rank, exit_code_of(result), result.reason or result.status,
+                    result.status == "preempted")
         ok = True
     finally:
         runtime.teardown(info, clean=ok)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -58,6 +58,38 @@ def check_hosts(run: Run, run_dir: Path, slow: float) -> None:
         (log.warning if verdict.unfit or verdict.notes else log.info)("%s", verdict.summary())
     if verdict.unfit:
         raise UnfitHostError(verdict.unfit)
+
+
+def state_key(component: Component) -> str:
+    return component.state_key or type(component).__name__
+
+
+def component_states(components) -> dict[str, Any]:
+    """Every component's state_dict that is not None, by its state_key (a checkpoint's `components`)."""
+    states = {}
+    for component in components:
+        state = component.state_dict()
+        if state is not None:
+            key = state_key(component)
+            if key in states:
+                raise ValueError(f"two components keep their state under {key!r}: give one a state_key of its own")
+            states[key] = state
+    return states
+
+
+def load_component_states(components, states: dict[str, Any] | None) -> None:
+    """A resumed checkpoint's states (None: a fresh start) back into the components that kept them; one that the
+    checkpoint does not hold (written before the component existed) starts fresh, said once."""
+    if states is None:
+        return
+    for component in components:
+        if type(component).load_state_dict is Component.load_state_dict:
+            continue
+        key = state_key(component)
+        if key in states:
+            component.load_state_dict(states[key])
+        else:
+            log.info("the checkpoint holds no state of %s: it starts fresh", key)
 
 
 class Trainer:
@@ -142,6 +174,7 @@ class Trainer:
         ]
         built += [c for factory in registered_components() if (c := factory(self)) is not None]
         self.run.phases.bind(built)
+        load_component_states(built, self.ckpts.component_states)
         return built
 
     def fit(self) -> FitResult:
@@ -155,11 +188,13 @@ class Trainer:
         return result
 
     def save(self, kind: str) -> None:
-        """A checkpoint of `kind` (periodic, best, final), after the losses' read that covers its steps."""
+        """A checkpoint of `kind` (periodic, best, final), after the losses' read that covers its steps; the
+        components' states go with it."""
         self.losses.read()
+        self.run.phases.tell("save_start", kind)
         t0 = time.perf_counter()
         with self.run.phases.long("checkpoint"):
-            self.ckpts.save(kind, self.state, self.evaluations.last_metrics)
+            self.ckpts.save(kind, self.state, self.evaluations.last_metrics, component_states(self.components))
         seconds = time.perf_counter() - t0
         self.failures.agree(self.info)          # a failed log or metrics write stops every rank, after the save
         for component in self.components:

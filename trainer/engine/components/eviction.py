@@ -1,15 +1,22 @@
 """train.straggler_action=evict: a straggler named in a logging window (stragglers.py), while a world is left
-without its host, stops the steps (Stop.EVICT); the fit loop then checkpoints and exits 5, which the restart loop
-(slurm/common.sh) reads as "relaunch without this host"."""
+without its host, stops the steps; the fit loop checkpoints, then the stop raises StragglerError: exit 5, which the
+restart loop (slurm/common.sh) reads as "relaunch without this host"."""
 from __future__ import annotations
+
+import logging
 
 from trainer.distributed.stragglers import Straggler
 from trainer.engine.callbacks import Component, StepEnd, Stop
 from trainer.engine.components.stragglers import Stragglers
+from trainer.engine.exits import exit_of
+from trainer.launch.exitcodes import StragglerError
+
+log = logging.getLogger(__name__)
 
 
 class Eviction(Component):
-    """Stop.EVICT once a straggler can be left out; `evicted` names it."""
+    """A stop once a straggler can be left out (every rank named the same one from the same window's collective:
+    no vote needed); `evicted` names it."""
 
     def __init__(self, stragglers: Stragglers):
         self.stragglers = stragglers
@@ -19,4 +26,14 @@ class Eviction(Component):
         named = self.stragglers.take_named()
         if named is not None and named.evictable and self.stragglers.action == "evict":
             self.evicted = named
-        return Stop.EVICT if self.evicted is not None else None
+        if self.evicted is None:
+            return None
+        straggler = self.evicted
+
+        error = StragglerError(straggler.host, straggler.describe())
+
+        def then() -> None:
+            log.warning("straggler evicted: checkpoint of step %d written; exit 5 (unfit host %s)", step.step,
+                        straggler.host)
+            raise error
+        return Stop(f"straggler {straggler.host} evicted", code=exit_of(error).code, then=then)

@@ -111,7 +111,7 @@ class HangWatch(Component):
         self.marked(f"step {step.step} done")
         return None
 
-    def epoch_end(self, epoch: int, stop: Stop) -> None:
+    def epoch_end(self, epoch: int, stop: Stop | None) -> None:
         self.last_step_at = None            # evaluation and checkpoints between epochs are not a step's time
 
     def phase_start(self, what: str) -> None:

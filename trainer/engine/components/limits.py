@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from trainer.engine.callbacks import Component, StepEnd, Stop
 
+MAX_STEPS = Stop("train.max_steps reached")       # code 0: the run's normal end (final checkpoint, test)
+
 
 class StepLimit(Component):
-    """Stop.MAX_STEPS at train.max_steps steps of the schedule (0: no limit)."""
+    """MAX_STEPS at train.max_steps steps of the schedule (0: no limit)."""
 
     def __init__(self, max_steps: int, scheduler):
         self.max_steps, self.scheduler = max_steps, scheduler
 
     def step_end(self, step: StepEnd) -> Stop | None:
         if 0 < self.max_steps <= self.scheduler.last_epoch:
-            return Stop.MAX_STEPS         # (the final checkpoint's save reads the losses first)
+            return MAX_STEPS              # (the final checkpoint's save reads the losses first)
         return None

@@ -4,7 +4,7 @@
 agree on a signal every few steps (trainer/engine/preemption.py AgreementCadence, ckpt.signal_latency_s).
 
     window = LoggingWindow(run, state, losses, meter, writer, preempt, clock, readers=[stragglers])
-    window.step_end(step)     # Stop.SIGNAL once the ranks agreed on a signal (window.signal names it)
+    window.step_end(step)     # a Stop once the ranks agreed on a signal (preemption.signal_stop)
 
 What reads each window's figures (the straggler watch) is a WindowReader: it is told the window's per-rank own
 times and adds its fields to the record.
@@ -23,7 +23,7 @@ from trainer.engine.build import Run
 from trainer.engine.callbacks import Component, StepEnd, Stop
 from trainer.engine.logging import MetricsWriter
 from trainer.engine.meters import SystemStats, Throughput
-from trainer.engine.preemption import AgreementCadence, PreemptionHandler
+from trainer.engine.preemption import AgreementCadence, PreemptionHandler, signal_stop
 from trainer.engine.state import TrainState
 from trainer.engine.window import TrainLosses
 from trainer.engine.write_failures import WriteFailures
@@ -62,7 +62,6 @@ class LoggingWindow(Component):
         self.cadence = AgreementCadence(run.info, run.cfg.ckpt.signal_latency_s, self.tc.log_every_steps)
         self.stats = SystemStats()
         self.steps = 0                        # the steps whose clock figures this rank sent
-        self.signal = 0                       # the agreed signal that stopped the steps
         self.record: dict[str, Any] = {}      # the last train record and its step (the progress bar shows it)
         self.logged_at = -1
         self.epoch_t0 = time.perf_counter()
@@ -84,12 +83,12 @@ class LoggingWindow(Component):
         if not signum:
             return None
         self.losses.read()                # a non-finite loss before the signal stops the run instead
-        self.signal = signum
-        return Stop.SIGNAL
+        return signal_stop(signum, self.preempt.received_at, self.info, self.run.cfg.ckpt.requeue_signals,
+                           self.run.cfg.run_dir, self.state)
 
-    def epoch_end(self, epoch: int, stop: Stop) -> None:
+    def epoch_end(self, epoch: int, stop: Stop | None) -> None:
         """A whole epoch: its losses read and its mean loss and time recorded."""
-        if stop is not Stop.EPOCH_DONE:
+        if stop is not None:
             return
         self.losses.read()
         loss_sum, count = self.losses.epoch

@@ -36,7 +36,7 @@ class ProgressBar(Component):
                 self.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
         return None
 
-    def epoch_end(self, epoch: int, stop: Stop) -> None:
+    def epoch_end(self, epoch: int, stop: Stop | None) -> None:
         self.close()
 
     def close(self) -> None:
