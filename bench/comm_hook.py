@@ -42,21 +42,42 @@ def rows(tiny: bool, ml100k: Path) -> list[tuple[str, str, list[str]]]:
             ("video", "video", video + ["train.amp=bf16"])]
 
 
+class ClockedStep:
+    """The run's step strategy with the device clock told where each step starts and ends (what the epoch loop's
+    step_start and step_end tell the clock as a component; these loops are driven step by step)."""
+
+    def __init__(self, inner, clock, accum: int):
+        self.inner, self.clock, self.accum = inner, clock, accum
+        self.measures_sync = inner.measures_sync
+
+    def micro_batch(self, batch, micro: int, end: int):
+        if micro % self.accum == 0:
+            self.clock.step_start()
+        done = self.inner.micro_batch(batch, micro, end)
+        if done.stepped:
+            self.clock.step_end()
+        return done
+
+    def epoch_summary(self):
+        return self.inner.epoch_summary()
+
+
 def wrapped_loop(recipe: str, overrides: list[str], device: str, variant: str):
     """An EpochLoop whose model is wrapped in DDP by hand, with gradsync's timed hook ("hook") or the device clock
     ("clock") as the trainer would add them for the straggler watch."""
     from trainer.distributed import gradsync
     from trainer.engine.device_clock import DeviceClock, HostEvent, cuda_event
+    from trainer.engine.steps import EagerStep, GradSync
     tr, _ = epoch_loop_for(recipe, overrides, device)
     run, dev = tr.run, torch.device(device)
     ddp = torch.nn.parallel.DistributedDataParallel(run.model, device_ids=[dev.index or 0] if dev.type == "cuda"
                                                     else None)
     run.wrapped = ddp
-    run.train_step = functools.partial(run.recipe.training_step, ddp)
-    if variant == "hook":
-        run.sync_timer = gradsync.attach(ddp, None, timed=True)
-    elif variant == "clock":
-        run.device_clock = DeviceClock(run.model.parameters(), cuda_event if dev.type == "cuda" else HostEvent)
+    sync = GradSync(timer=gradsync.attach(ddp, None, timed=True) if variant == "hook" else None)
+    run.step = EagerStep(run, functools.partial(run.recipe.training_step, ddp), sync)
+    if variant == "clock":
+        clock = DeviceClock(run.model.parameters(), cuda_event if dev.type == "cuda" else HostEvent)
+        run.step = ClockedStep(run.step, clock, run.accum)
     return tr
 
 

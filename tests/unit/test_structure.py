@@ -155,6 +155,62 @@ def test_the_loop_is_split_by_job():
     assert "import loop" not in (REPO / "trainer/cli/commands.py").read_text().split("def cmd_eval")[1].split("def ")[0]
 
 
+# Issue 83 point 1: the engine's own concerns reach the loops only through the component contract. Each row: a
+# concern, and the words that would name it in code (identifiers, attribute names), whatever the docstrings say.
+BUILT_IN_CONCERNS = {
+    "hang watch": r"hang|HangWatch|beat\b", "straggler watch": r"straggl", "eviction": r"evict",
+    "device clock": r"device_clock|DeviceClock", "preemption": r"preempt|signal", "logging window":
+    r"LoggingWindow|logging_window", "periodic saves": r"PeriodicSaves|\.every_steps\b|\.every_epochs\b", "limits":
+    r"max_steps|StepLimit", "budget": r"budget", "progress": r"progress|ProgressBar", "profiler": r"profil",
+    "step graph": r"step_graph|StepGraph|graphed", "gradient sync": r"grad_sync|sync_timer|no_sync",
+}
+
+
+def code_names(path: Path) -> str:
+    """Every identifier, attribute and string constant outside docstrings and comments, one per line."""
+    tree, words = ast.parse(path.read_text()), []
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            words.append(node.id)
+        elif isinstance(node, ast.Attribute):
+            words.append("." + node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            words.append(node.value)
+        elif isinstance(node, (ast.ImportFrom, ast.Import)):
+            words += [getattr(node, "module", "") or ""] + [a.name for a in node.names]
+    return "\n".join(words)
+
+
+def test_the_epoch_and_fit_loops_name_no_built_in_concern():
+    for path in (REPO / "trainer/engine/loop.py", REPO / "trainer/engine/fit_loop.py"):
+        names = code_names(path)
+        named = {concern: m.group(0) for concern, pattern in BUILT_IN_CONCERNS.items()
+                 if (m := re.search(pattern, names, re.I))}
+        assert not named, f"{path.name} names {named}"
+    planted = code_names(REPO / "trainer/engine/components/eviction.py")     # the check sees a name where one is
+    assert re.search(BUILT_IN_CONCERNS["eviction"], planted, re.I)
+
+
+def test_the_run_has_no_field_typed_any():
+    import typing
+
+    from trainer.engine import build
+    hints = typing.get_type_hints(build.Run)
+    untyped = [name for name, hint in hints.items() if hint is typing.Any or "Any" in repr(hint)]
+    assert len(hints) > 15 and not untyped, untyped
+
+
+def test_the_trainer_holds_no_built_in_concern():
+    """The components are built into a list; none of them is an attribute of the run's owner."""
+    source = (REPO / "trainer/engine/trainer.py").read_text()
+    attrs = set(re.findall(r"self\.(\w+)\s*(?::[^=\n]*)?=", source))
+    concerns = [a for a in attrs if any(re.search(p, a, re.I) for p in BUILT_IN_CONCERNS.values())]
+    assert "components" in attrs and not concerns, concerns
+
+
 def test_the_entry_parses_and_dispatches_and_nothing_imports_it():
     """`python -m trainer` is an entry, not a library: the run's assembly lives in engine/session.py, the commands
     in commands.py; no module of the package, hpc/ or bench/ imports __main__ (issue 56)."""

@@ -13,21 +13,21 @@ import logging
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import Dataset
 
 from trainer.config.settings import Config, ConfigError
 from trainer.distributed import gradsync, runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import footprint, step_graph
 from trainer.engine.callbacks import Phases
-from trainer.engine.device_clock import DeviceClock
 from trainer.engine.loader import ResumableSampler, per_rank_batch_size
 from trainer.engine.optim import build_optimizer, build_scheduler, scaled_lr
-from trainer.engine.recipe import Recipe
+from trainer.engine.recipe import DeviceData, Recipe
+from trainer.engine.steps import GradSync, StepStrategy, TrainStep, step_strategy
 from trainer.native import memory
 
 log = logging.getLogger(__name__)
@@ -89,8 +89,8 @@ class Run:
     recipe: Recipe
     info: DistInfo
     cfg: Config
-    train_set: Any
-    eval_sets: dict[str, Any]
+    train_set: Dataset
+    eval_sets: dict[str, Dataset]
     model: torch.nn.Module            # the plain module (checkpoints, recipe attributes)
     wrapped: torch.nn.Module          # what the forward passes go through (DDP / DataParallel / the module)
     batch_size: int                   # per rank
@@ -100,16 +100,12 @@ class Run:
     micro_per_epoch: int = 0
     steps_per_epoch: int = 0
     optimizer: torch.optim.Optimizer | None = None
-    scheduler: Any = None
-    scaler: Any = None
-    sync_timer: Any = None            # train.measure_sync: time spent in DDP's collectives
-    device_clock: Any = None          # a GPU's own time per step for the straggler watch (engine/device_clock.py)
-    grad_sync: Any = None             # Recipe.average_after_backward: averages the gradients after the backward
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+    scaler: torch.amp.GradScaler | None = None
     phases: Phases = field(default_factory=Phases)   # where the run is, for the components that listen
-    device_data: Any = None           # Recipe.device_dataset: the training set on the device (no DataLoader)
-    train_step: Any = None            # batch -> loss: the recipe's training_step on `wrapped`, compiled or not
-    step_graph: Any = None            # train.step_graph=on: the StepGraph (engine/step_graph.py) the loop makes
-    footprint: Any = None             # the model's memory estimate (trainer/engine/footprint.py), None if none
+    device_data: DeviceData | None = None   # Recipe.device_dataset: the training set on the device (no DataLoader)
+    step: StepStrategy | None = None  # how an optimizer step is executed (trainer/engine/steps.py), chosen once
+    footprint: footprint.Footprint | None = None     # the model's memory estimate, None if none
 
     @property
     def device(self) -> torch.device:
@@ -185,15 +181,14 @@ def loaded_for_eval(recipe: Recipe, info: DistInfo, cfg: Config, ckpt: dict, pat
     return run
 
 
-def _sync_gradients(run: Run, comm) -> None:
+def _sync_gradients(run: Run, comm) -> GradSync:
     """How the ranks' gradients meet: DDP's comm hook, or one all-reduce after the backward; timed with
     train.measure_sync."""
     # the straggler watch needs each step's wait on the CPU (trainer/distributed/stragglers.py; only measure_sync
-    # logs it); on a GPU it reads the device clock, and NCCL's steps go without a Python comm hook
+    # logs it); on a GPU it reads the device clock (a component), and NCCL's steps go without a Python comm hook
     info, watch = run.info, run.info.distributed and run.cfg.train.straggler_action != "off"
     measure = run.cfg.train.measure_sync or (watch and run.device.type != "cuda")
-    if watch and run.device.type == "cuda":
-        run.device_clock = DeviceClock(run.model.parameters())
+    sync = GradSync()
     how = f"shared memory, {info.world_size} ranks on one host" if comm \
         else f"{info.backend} (no shared memory: {runtime.shm.attach.why})"
     if isinstance(run.wrapped, DDP):
@@ -202,12 +197,13 @@ def _sync_gradients(run: Run, comm) -> None:
     else:
         log.info("gradients averaged after the backward in one all-reduce: %s", how)
         timer = gradsync.GradSyncTimer(comm) if measure else None
-        run.grad_sync = gradsync.after_backward(list(run.model.parameters()), info, timer)
+        sync.after_backward = gradsync.after_backward(list(run.model.parameters()), info, timer)
     if measure:
-        run.sync_timer = timer
+        sync.timer = timer
+    return sync
 
 
-def compiled_step(recipe: Recipe, wrapped: torch.nn.Module, mode: str):
+def compiled_step(recipe: Recipe, wrapped: torch.nn.Module, mode: str) -> TrainStep:
     """batch -> loss: the recipe's training step on the wrapped model, under torch.compile for train.compile
     (reduce-overhead: also replayed as CUDA graphs where the shapes are static: the GPU-shaped step's)."""
     step = functools.partial(recipe.training_step, wrapped)
@@ -224,8 +220,7 @@ def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
     tc = cfg.train
     run = _data_and_model(recipe, info, cfg, wrap=True, training=True)
     run.accum = max(tc.grad_accum_steps, 1)
-    if info.distributed:
-        _sync_gradients(run, runtime.local_comm())
+    sync = _sync_gradients(run, runtime.local_comm()) if info.distributed else GradSync()
     run.device_data = recipe.device_dataset()
     if run.device_data is not None:
         log.info("training set held on %s (%.1f MB): batches are gathers there, no DataLoader", info.device,
@@ -240,9 +235,9 @@ def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
         or build_optimizer(run.model.parameters(), tc, gpus)
     run.scheduler = build_scheduler(run.optimizer, tc, run.steps_per_epoch)
     run.scaler = torch.amp.GradScaler(run.device.type, enabled=run.amp_dtype == torch.float16)
-    run.train_step = compiled_step(recipe, run.wrapped, tc.compile)
     if tc.step_graph == "on" and (why := step_graph.refusal(run)):
         raise ConfigError(f"train.step_graph=on: {why}")
+    run.step = step_strategy(run, compiled_step(recipe, run.wrapped, tc.compile), sync)
     if recipe.gpu_shaped and run.device.type == "cuda" and not tc.deterministic:
         torch.backends.cudnn.benchmark = True     # fixed shapes: each picks its fastest kernels once
     log.info("recipe=%s world=%d device=%s batch/rank=%d accum=%d steps/epoch=%d params=%d",

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from trainer.engine.result import FitResult
 
@@ -72,6 +73,12 @@ class Component:
 
     state_key: str = ""           # where its state_dict goes in a checkpoint ("": the class name)
 
+    def fit_start(self) -> None:
+        """The run's owner is about to run the fit loop (its parts built, the checkpoint resumed)."""
+
+    def fit_end(self) -> None:
+        """The fit loop ended (normally or by an exception); close() follows when the run is torn down."""
+
     def epoch_start(self, epoch: int, first: int, end: int) -> None:
         """EpochLoop: before the epoch's first step (first: the micro-batch it starts at, end: where it ends)."""
 
@@ -125,14 +132,28 @@ class Component:
         """The run ends (normally or not): release what the component holds."""
 
 
-ComponentFactory = Callable[[Any], "Component | None"]     # the run's owner (Trainer) -> a component, or None
+class RunContext(Protocol):
+    """What a component factory may read from the run's owner (trainer/engine/trainer.py Trainer): the run built
+    (trainer.engine.build.Run), its state (TrainState: epoch, global_step, ...), the resolved config (plugin
+    sections included), the launch facts, the run directory, the metrics writer, and save(kind) for a checkpoint."""
+
+    run: Any
+    state: Any
+    cfg: Any
+    info: Any
+    run_dir: Path
+    writer: Any
+
+    def save(self, kind: str) -> None: ...
+
+
+ComponentFactory = Callable[[RunContext], "Component | None"]     # the run's owner -> a component, or None
 _EXTRA: list[ComponentFactory] = []
 
 
 def register_component(factory: ComponentFactory) -> ComponentFactory:
-    """Add a component to every run of this process, after the built-in ones: factory(trainer) is called once per
-    run with its owner (trainer.run, .state, .cfg, .info, .writer, .save) and returns the component, or None to stay
-    out of that run. The same factory registered twice (a module imported again) counts once."""
+    """Add a component to every run of this process, after the built-in ones: factory(context) is called once per
+    run with its owner (a RunContext) and returns the component, or None to stay out of that run. The same factory registered twice (a module imported again) counts once."""
     if factory not in _EXTRA:
         _EXTRA.append(factory)
     return factory

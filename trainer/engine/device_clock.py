@@ -3,10 +3,12 @@ where the step's first micro-batch begins, and one where its last gradient is re
 gradient accumulation, recorded on the stream the backward runs on), their time summed over the logging window.
 
     clock = DeviceClock(model.parameters())           # CUDA events; DeviceClock(params, HostEvent): the host's clock
-    clock.step_start()                                 # before the first micro-batch's forward
+    clock.step_start()                                 # before the step's first micro-batch
     ...backward...                                     # the hooks record where the last gradient is ready
     clock.step_end()
     seconds, steps = clock.take()                      # after the window's one sync: complete events only
+
+In a run it is a component (the epoch loop tells it step_start and step_end; the logging window takes its figures).
 
 Why: NCCL's all-reduce runs on a stream of its own and its futures complete on the host when the work is queued,
 so the host sees no wait, and a window's CUDA time includes the compute stream waiting (at the end of DDP's
@@ -23,6 +25,8 @@ import time
 from typing import Callable, Iterable
 
 import torch
+
+from trainer.engine.callbacks import Component, StepEnd
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ def cuda_event() -> torch.cuda.Event:
     return torch.cuda.Event(enable_timing=True)
 
 
-class DeviceClock:
+class DeviceClock(Component):
     """Per optimizer step: an event where its first micro-batch begins and one where its last gradient is ready."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], new_event: Callable[[], object] = cuda_event):
@@ -61,8 +65,8 @@ class DeviceClock:
         self.handles = [p.register_post_accumulate_grad_hook(self._grad_ready)
                         for p in params if p.requires_grad]
 
-    def step_start(self) -> None:
-        """Before a micro-batch's forward: the first of a step records the step's start."""
+    def step_start(self, epoch: int = 0, micro: int = 0) -> None:
+        """Before the step's first micro-batch: the step's start."""
         if self.start is None and not self.broken:
             self.start = self._record()
 
@@ -88,10 +92,10 @@ class DeviceClock:
         elif key == self.last_param:
             self.ready = self._record()
 
-    def step_end(self) -> None:
+    def step_end(self, step: StepEnd | None = None) -> None:
         """After the optimizer step: the step's (start, last gradient ready), when both were recorded."""
         if self.start is None:
-            return
+            return None
         if self.last_param is None:
             # the first step learns which gradient is ready last; it is timed from the next step on
             self.last_param = self.order[-1] if self.order else None

@@ -17,7 +17,7 @@ from typing import Iterable
 import torch
 
 from trainer.distributed import runtime
-from trainer.engine.callbacks import Stop
+from trainer.engine.callbacks import Component, Stop
 from trainer.engine.result import FitResult
 from trainer.launch.exitcodes import PREEMPTED_MARKER
 
@@ -37,7 +37,7 @@ def trapped_signals(requeue_signals: Iterable[str], preempt_signal: str | None =
     return names
 
 
-class PreemptionHandler:
+class PreemptionHandler(Component):
     """Installs flag-only handlers for SIGUSR1/SIGUSR2/SIGTERM and restores the old ones on exit."""
 
     def __init__(self, signals: Iterable[str] = HANDLED):
@@ -56,6 +56,12 @@ class PreemptionHandler:
         for sig in self.signals:
             self._old[sig] = signal.signal(sig, self._on_signal)
         return self
+
+    def fit_start(self) -> None:
+        self.install()
+
+    def fit_end(self) -> None:
+        self.restore()
 
     def restore(self) -> None:
         """Put the previous handlers back."""

@@ -5,9 +5,17 @@
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Collection, Sequence
+from typing import Any, ClassVar, Collection, Protocol, Sequence
 
 import torch
+
+
+class DeviceData(Protocol):
+    """A training set held on the training device (Recipe.device_dataset): a batch is a gather of its indices."""
+
+    def gather(self, index: torch.Tensor, epoch: int) -> Any: ...
+
+    def __len__(self) -> int: ...
 
 
 class Recipe:
@@ -111,7 +119,7 @@ class Recipe:
         mode = getattr(self.train_cfg, "gpu_path", "auto")
         return mode == "on" or (mode == "auto" and str(getattr(self.dist, "device", "cpu")).startswith("cuda"))
 
-    def device_dataset(self) -> Any:
+    def device_dataset(self) -> DeviceData | None:
         """The training set held on the training device (an object with `gather(index, epoch)` -> batch and
         len(); engine.loader.TensorBatches for plain tensors): the engine's sampler picks the indices and a batch
         is a gather, with no DataLoader and no copy per step. None (the default): the DataLoader path."""

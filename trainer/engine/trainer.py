@@ -5,7 +5,8 @@ metrics writer, the losses, the components), holds them, drives the fit loop and
         result = trainer.fit()                                             # FitResult
 
 A new concern of a run is a component (trainer/engine/callbacks.py): one class in trainer/engine/components/ and
-one line in Trainer._components(), or register_component() from a TRAINER_PLUGINS module.
+one line in Trainer._components(), or register_component() in a plugin module (an entry point in the group
+hpc_trainer.plugins, or TRAINER_PLUGINS).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from trainer.engine.components.periodic import PeriodicSaves
 from trainer.engine.components.profiler import StepProfiler
 from trainer.engine.components.progress import FirstStep, ProgressBar
 from trainer.engine.components.stragglers import Stragglers
+from trainer.engine.device_clock import DeviceClock
 from trainer.engine.evaluation import Evaluations
 from trainer.engine.fit_loop import FitLoop, FitResult, refuse_unknown_metric
 from trainer.engine.logging import MetricsWriter
@@ -130,7 +132,6 @@ class Trainer:
                 write_resume_record(self.writer, self.state, list(planned.changes) if planned else [],
                                     self.ckpts.notes)
             self.evaluations = Evaluations(self.run, self.state, self.writer, metrics)
-            self.preempt = PreemptionHandler(self._trapped())
             self.meter = Throughput(self.run.device)
             self.losses = TrainLosses(self.run.device, info, max(cfg.train.log_every_steps, 1) * self.run.accum,
                                       self.state, self.ckpts.last_good)
@@ -151,39 +152,46 @@ class Trainer:
         return trapped
 
     def _components(self) -> list[Component]:
-        """The run's components, in the order the loops call them (a component's Stop ends a step's calls)."""
+        """The run's components, in the order the loops call them (a component's Stop ends a step's calls): the
+        device clock first (its step is filed before the window reads it), eviction last."""
         info, tc, clock = self.info, self.cfg.train, StepClock()
-        stragglers = Stragglers(info, tc.straggler_action, clock) \
-            if Stragglers.wanted(info, tc.straggler_action) else None
-        self.window = LoggingWindow(self.run, self.state, self.losses, self.meter, self.writer, self.preempt, clock,
-                                    readers=[stragglers] if stragglers else [], failures=self.failures)
-        self.eviction = Eviction(stragglers) if stragglers else None
-        self.hang_watch = HangWatch(info, self.run_dir, tc.hang_timeout_s) \
-            if HangWatch.wanted(info, tc.hang_timeout_s) else None
+        watched = Stragglers.wanted(info, tc.straggler_action)
+        stragglers = Stragglers(info, tc.straggler_action, clock) if watched else None
+        device_clock = DeviceClock(self.run.model.parameters()) \
+            if watched and self.run.device.type == "cuda" else None
+        preempt = PreemptionHandler(self._trapped())
+        window = LoggingWindow(self.run, self.state, self.losses, self.meter, self.writer, preempt, clock,
+                               readers=[stragglers] if stragglers else [], failures=self.failures,
+                               device_clock=device_clock)
         built = [
-            *([self.hang_watch] if self.hang_watch else []),
+            device_clock,
+            HangWatch(info, self.run_dir, tc.hang_timeout_s) if HangWatch.wanted(info, tc.hang_timeout_s) else None,
+            preempt,
             StepProfiler(tc.profile, self.run_dir, info, self.state),
             ShutdownBudget(info),
-            self.window,
-            *([stragglers] if stragglers else []),
-            ProgressBar(info, tc.progress, self.window),
+            window,
+            stragglers,
+            ProgressBar(info, tc.progress, window),
             FirstStep(info),
             PeriodicSaves(self.cfg.ckpt, self.state, self.save),
             StepLimit(tc.max_steps, self.run.scheduler),
-            *([self.eviction] if self.eviction else []),
+            Eviction(stragglers) if stragglers else None,
         ]
-        built += [c for factory in registered_components() if (c := factory(self)) is not None]
+        built += [factory(self) for factory in registered_components()]
+        built = [c for c in built if c is not None]
         self.run.phases.bind(built)
         load_component_states(built, self.ckpts.component_states)
         return built
 
     def fit(self) -> FitResult:
-        """Train until the configured end, a signal's checkpoint, early stopping or an eviction."""
-        self.preempt.install()
+        """Train until the configured end, or a component's stop (a signal's checkpoint, an eviction, ...)."""
+        for component in self.components:
+            component.fit_start()
         try:
             result = FitLoop(self).run()
         finally:
-            self.preempt.restore()
+            for component in self.components:
+                component.fit_end()
         self.failures.agree(self.info)          # a write failed after the last agreement: every rank stops with it
         return result
 

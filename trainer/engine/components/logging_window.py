@@ -3,7 +3,8 @@
 (trainer/distributed/stragglers.py window_slots), and rank 0 writes one train record; between windows the ranks
 agree on a signal every few steps (trainer/engine/preemption.py AgreementCadence, ckpt.signal_latency_s).
 
-    window = LoggingWindow(run, state, losses, meter, writer, preempt, clock, readers=[stragglers])
+    window = LoggingWindow(run, state, losses, meter, writer, preempt, clock, readers=[stragglers],
+                           device_clock=device_clock)     # a GPU rank's own time per step (device_clock.py)
     window.step_end(step)     # a Stop once the ranks agreed on a signal (preemption.signal_stop)
 
 What reads each window's figures (the straggler watch) is a WindowReader: it is told the window's per-rank own
@@ -21,6 +22,7 @@ import torch
 from trainer.distributed.stragglers import StepClock, own_times, window_slots
 from trainer.engine.build import Run
 from trainer.engine.callbacks import Component, StepEnd, Stop
+from trainer.engine.device_clock import DeviceClock
 from trainer.engine.logging import MetricsWriter
 from trainer.engine.meters import SystemStats, Throughput
 from trainer.engine.preemption import AgreementCadence, PreemptionHandler, signal_stop
@@ -54,10 +56,12 @@ class LoggingWindow(Component):
 
     def __init__(self, run: Run, state: TrainState, losses: TrainLosses, meter: Throughput,
                  writer: MetricsWriter, preempt: PreemptionHandler, clock: StepClock,
-                 readers: Sequence[WindowReader] = (), failures: WriteFailures | None = None):
+                 readers: Sequence[WindowReader] = (), failures: WriteFailures | None = None,
+                 device_clock: DeviceClock | None = None):
         self.run, self.info, self.tc, self.state = run, run.info, run.cfg.train, state
         self.losses, self.meter, self.writer, self.preempt = losses, meter, writer, preempt
-        self.clock, self.readers = clock, list(readers)
+        self.clock, self.readers, self.device_clock = clock, list(readers), device_clock
+        self.timed = run.step is not None and run.step.measures_sync     # the step's collectives are timed
         self.failures = failures or WriteFailures()
         self.cadence = AgreementCadence(run.info, run.cfg.ckpt.signal_latency_s, self.tc.log_every_steps)
         self.stats = SystemStats()
@@ -99,7 +103,7 @@ class LoggingWindow(Component):
 
     def _timed(self, collective: Callable, *args):
         """A per-step collective; with train.measure_sync its time counts as waiting for the other ranks."""
-        if self.run.sync_timer is None:
+        if not self.timed:
             return collective(*args)
         t0 = time.perf_counter()
         out = collective(*args)
@@ -134,8 +138,8 @@ class LoggingWindow(Component):
         if self.meter.cuda:
             wall = rates["step_time_s"] * steps
             waits = wall * rates.get("sync_wait_frac", 0.0)
-            if self.run.device_clock is not None:
-                seconds, timed = self.run.device_clock.take()
+            if self.device_clock is not None:
+                seconds, timed = self.device_clock.take()
                 waits = max(wall - seconds / timed * steps, 0.0) if timed else wall
             self.clock.add(wall, waits, steps)
         self.clock.mark()
