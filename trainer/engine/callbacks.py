@@ -153,7 +153,8 @@ _EXTRA: list[ComponentFactory] = []
 
 def register_component(factory: ComponentFactory) -> ComponentFactory:
     """Add a component to every run of this process, after the built-in ones: factory(context) is called once per
-    run with its owner (a RunContext) and returns the component, or None to stay out of that run. The same factory registered twice (a module imported again) counts once."""
+    run with its owner (a RunContext) and returns the component, or None to stay out of that run. The same factory
+    registered twice (a module imported again) counts once."""
     if factory not in _EXTRA:
         _EXTRA.append(factory)
     return factory
