@@ -158,13 +158,12 @@ def test_amp_auto_is_off_on_cpu_and_explicit_modes_map_to_dtypes():
     (1.0, 0.3, {"macro_f1": 1.0, "loss": 0.3}, False),
 ])
 def test_best_checkpoint_tie_break(best, best_tie, metrics, expected):
-    from trainer.engine.fit_loop import FitLoop
+    from trainer.engine.selection import Selection
     from trainer.engine.state import TrainState
-    driver = FitLoop.__new__(FitLoop)
-    driver.metric, driver.mode, driver.cfg = "macro_f1", "max", SimpleNamespace(recipe="har")
-    driver.state = TrainState(best=best, best_tie=best_tie)
-    driver.recipe = SimpleNamespace(tie_break_metric=("loss", "min"))
-    assert driver.improved(metrics) is expected
+    recipe = SimpleNamespace(tie_break_metric=("loss", "min"), primary_metric=("macro_f1", "max"))
+    cfg = SimpleNamespace(recipe="har", train=SimpleNamespace(select_metric=""))
+    selection = Selection(recipe, cfg, TrainState(best=best, best_tie=best_tie))
+    assert selection.improved(metrics) is expected
 
 
 def test_throughput_counts_the_time_spent_waiting_for_batches():

@@ -136,13 +136,19 @@ def test_engine_reads_no_slurm_variable():
         assert "SLURM_" not in text and "os.environ" not in text.replace("os.environ.get(\"TERM", ""), path
 
 
+# A class over 200 lines is two concerns, but for the run's owner: one concern in explicit phases (build, fit, save,
+# close), which issue 83 asked to stop cutting in two to meet the cap (it was Trainer + FitLoop, one object split).
+CLASS_CAPS = {"trainer.engine.trainer.Trainer": 400}
+
+
 def test_no_function_over_60_lines_and_no_class_over_200():
     too_long = []
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
             size = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
+            cap = CLASS_CAPS.get(f"{name}.{getattr(node, 'name', '')}", 200)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and size > 60 or \
-                    isinstance(node, ast.ClassDef) and size > 200:
+                    isinstance(node, ast.ClassDef) and size > cap:
                 too_long.append(f"{name}.{node.name}: {size} lines")
     assert not too_long, too_long
 
@@ -166,9 +172,9 @@ BUILT_IN_CONCERNS = {
 }
 
 
-def code_names(path: Path) -> str:
+def code_names(tree: ast.AST) -> str:
     """Every identifier, attribute and string constant outside docstrings and comments, one per line."""
-    tree, words = ast.parse(path.read_text()), []
+    words = []
     docstrings = {id(n.body[0].value) for n in ast.walk(tree)
                   if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
                   and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
@@ -184,14 +190,23 @@ def code_names(path: Path) -> str:
     return "\n".join(words)
 
 
-def test_the_epoch_and_fit_loops_name_no_built_in_concern():
-    for path in (REPO / "trainer/engine/loop.py", REPO / "trainer/engine/fit_loop.py"):
-        names = code_names(path)
+FIT_PHASES = {"fit", "_epochs", "_stopped", "_end_epoch", "_finish", "_where_it_is"}   # Trainer's, after the build
+
+
+def test_the_epoch_loop_and_the_fit_phases_name_no_built_in_concern():
+    """The epoch loop (loop.py) and the Trainer's fit phases; its build (_components) names each component once."""
+    trainer = ast.parse((REPO / "trainer/engine/trainer.py").read_text())
+    methods = {n.name: n for n in ast.walk(trainer) if isinstance(n, ast.FunctionDef)}
+    assert FIT_PHASES <= set(methods), FIT_PHASES - set(methods)
+    places = {"loop.py": ast.parse((REPO / "trainer/engine/loop.py").read_text()),
+              **{f"Trainer.{name}": methods[name] for name in FIT_PHASES}}
+    for where, tree in places.items():
+        names = code_names(tree)
         named = {concern: m.group(0) for concern, pattern in BUILT_IN_CONCERNS.items()
                  if (m := re.search(pattern, names, re.I))}
-        assert not named, f"{path.name} names {named}"
-    planted = code_names(REPO / "trainer/engine/components/eviction.py")     # the check sees a name where one is
-    assert re.search(BUILT_IN_CONCERNS["eviction"], planted, re.I)
+        assert not named, f"{where} names {named}"
+    planted = code_names(methods["_components"])     # the check sees a name where one is
+    assert all(re.search(BUILT_IN_CONCERNS[c], planted, re.I) for c in ("hang watch", "eviction", "device clock"))
 
 
 def test_the_run_has_no_field_typed_any():

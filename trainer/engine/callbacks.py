@@ -102,7 +102,7 @@ class Component:
         """The evaluation of `split` is done; every rank has its metrics."""
 
     def evaluated(self, epoch: int, last: bool) -> None:
-        """FitLoop: the epoch is counted and validated (last: it was the run's last epoch)."""
+        """The run's owner: the epoch is counted and validated (last: it was the run's last epoch)."""
 
     def save_start(self, kind: str) -> None:
         """The run's owner begins a checkpoint of `kind` (periodic, best, final)."""

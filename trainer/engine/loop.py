@@ -1,7 +1,7 @@
 """The epoch loop: the steps of an epoch, one code path for single process, DataParallel and DDP; how a step is
 executed is the run's step strategy (trainer/engine/steps.py). After each optimizer step it calls the run's
 components (trainer/engine/callbacks.py) until one says stop; everything else a run does between steps is one of
-them. The run's owner (trainer/engine/trainer.py) builds it through its FitLoop; so does an instrument:
+them. The run's owner (trainer/engine/trainer.py) builds it at fit(); so does an instrument:
 
     epoch_loop = EpochLoop(run, state, Throughput(run.device), TrainLosses(run.device, info, 10, state))
     for micro, batch in enumerate(epoch_loop.batches(epoch=0, start=0)):

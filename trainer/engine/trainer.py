@@ -1,5 +1,7 @@
-"""The owner of one training run: it builds the run's parts once, in one place (the run, its checkpoints, the
-metrics writer, the losses, the components), holds them, drives the fit loop and tears them down.
+"""The owner of one training run, in explicit phases: __init__ builds the run's parts once, in one place (the run,
+its checkpoints, the metrics writer, the losses, the components); fit() runs the epochs (each epoch's steps in the
+EpochLoop of loop.py, then its end: evaluation, the best checkpoint, early stopping), the components' stops and the
+finish (final checkpoint, test split); save() writes a checkpoint; close() tears the parts down.
 
     with Trainer(recipe, dist_info, cfg, planned, commit) as trainer:     # cfg: trainer.config.settings.Config
         result = trainer.fit()                                             # FitResult
@@ -22,7 +24,7 @@ from trainer.distributed import preflight
 from trainer.distributed.runtime import DistInfo
 from trainer.distributed.stragglers import StepClock
 from trainer.engine.build import Run, build_run
-from trainer.engine.callbacks import Component, registered_components
+from trainer.engine.callbacks import Component, Stop, registered_components
 from trainer.engine.checkpointer import Checkpointer
 from trainer.engine.components.budget import ShutdownBudget
 from trainer.engine.components.eviction import Eviction
@@ -35,12 +37,14 @@ from trainer.engine.components.progress import FirstStep, ProgressBar
 from trainer.engine.components.stragglers import Stragglers
 from trainer.engine.device_clock import DeviceClock
 from trainer.engine.evaluation import Evaluations
-from trainer.engine.fit_loop import FitLoop, FitResult, refuse_unknown_metric
 from trainer.engine.logging import MetricsWriter
+from trainer.engine.loop import EpochLoop
 from trainer.engine.meters import Throughput
 from trainer.engine.preemption import FORWARD_HINT, PreemptionHandler, trapped_signals, unforwarded_signals
 from trainer.engine.recipe import Recipe
+from trainer.engine.result import FitResult
 from trainer.engine.resume import Planned, write_resume_record
+from trainer.engine.selection import Selection, refuse_unknown_metric
 from trainer.engine.state import TrainState
 from trainer.engine.window import TrainLosses
 from trainer.engine.write_failures import WriteFailures, watch
@@ -184,16 +188,98 @@ class Trainer:
         return built
 
     def fit(self) -> FitResult:
-        """Train until the configured end, or a component's stop (a signal's checkpoint, an eviction, ...)."""
+        """Train until the configured end, early stopping, or a component's stop (a signal's checkpoint, an
+        eviction, ...)."""
+        self.selection = Selection(self.run.recipe, self.cfg, self.state)
+        self.epoch_loop = EpochLoop(self.run, self.state, self.meter, self.losses, self.components)
         for component in self.components:
             component.fit_start()
         try:
-            result = FitLoop(self).run()
+            result = self._epochs()
         finally:
             for component in self.components:
                 component.fit_end()
         self.failures.agree(self.info)          # a write failed after the last agreement: every rank stops with it
         return result
+
+    def _epochs(self) -> FitResult:
+        state, epochs, recipe = self.state, self.cfg.train.epochs, self.run.recipe
+        status = "completed"
+        if state.epoch >= epochs:       # --epochs 0, or a resume of a run already done
+            log.warning("no training ran: the run is at epoch %d and --epochs is %d (step %d); the final "
+                        "checkpoint and test below are of %s", state.epoch, epochs, state.global_step,
+                        "the resumed weights" if state.global_step else "untrained weights")
+        while state.epoch < epochs:
+            epoch = state.epoch
+            with self.run.phases.long("recipe.on_epoch_start"):
+                recipe.on_epoch_start(epoch, self.run.model)
+            stop = self.epoch_loop.train_epoch(epoch)
+            if stop is not None and stop.ends_run:
+                return self._stopped(stop)
+            if stop is not None and state.batch_in_epoch < self.epoch_loop.end:
+                break                   # mid-epoch: no end-of-epoch work for a part of an epoch
+            if self._end_epoch(epoch):
+                status = "early_stopped"
+                break
+            if stop is not None:
+                break
+        return self._finish(status)
+
+    def _stopped(self, stop: Stop) -> FitResult:
+        """A component's stop with an exit code: a checkpoint of where the run is, then the stop's own end."""
+        state = self.state
+        log.warning("%s: checkpointing at epoch %d step %d%s", stop.reason, state.epoch, state.global_step,
+                    stop.detail)
+        self.save("periodic")
+        result = (stop.then() if stop.then is not None else None) or \
+            FitResult("stopped", code=stop.code, reason=stop.reason)
+        result.global_step, result.metrics = state.global_step, self.evaluations.last_metrics
+        return result
+
+    def _end_epoch(self, epoch: int) -> bool:
+        """Evaluate, track the best, let the components act (periodic checkpoints); True when early stopping
+        triggers."""
+        state, tc, recipe = self.state, self.cfg.train, self.run.recipe
+        with self.run.phases.long("recipe.on_epoch_end"):
+            recipe.on_epoch_end(epoch, self.run.model)
+            extra = recipe.epoch_metrics()
+        if extra:
+            self.writer.write("train", epoch, state.global_step, extra)
+        state.epoch, state.batch_in_epoch, state.sample_in_epoch = epoch + 1, 0, 0
+        last = state.epoch >= tc.epochs
+        if "val" in self.run.eval_sets and (state.epoch % max(tc.eval_every_epochs, 1) == 0 or last):
+            if self.selection.record(self.evaluations.evaluate("val", epoch)) and self.cfg.ckpt.save_best:
+                self.save("best")
+        for component in self.components:
+            component.evaluated(epoch, last)
+        patience = tc.early_stop_patience
+        if patience > 0 and state.bad_epochs >= patience:
+            log.info("early stopping: %s did not improve for %d evaluations", self.selection.metric, patience)
+            return True
+        return False
+
+    def _finish(self, status: str) -> FitResult:
+        """Final checkpoint, then the test split with the final and (if any) the best weights."""
+        state, evaluations = self.state, self.evaluations
+        self.save("final")
+        epoch = max(state.epoch - 1, 0)
+        if "test" in self.run.eval_sets:
+            evaluations.evaluate("test", epoch, checkpoint="final")
+            best = self.ckpts.dir / "best.pt"
+            if self.cfg.ckpt.save_best and best.exists():
+                evaluations.last_metrics["test_best"] = evaluations.test_best(best, epoch)
+        log.info("training %s after %d steps", status, state.global_step)
+        if self.info.is_main:
+            self._where_it_is()
+        return FitResult(status, 0, False, state.global_step, evaluations.last_metrics)
+
+    def _where_it_is(self) -> None:
+        """The run's last lines: its directory, checkpoint files and the TensorBoard command."""
+        folder = self.ckpts.dir
+        log.info("run directory: %s", self.cfg.run_dir)
+        log.info("checkpoints: %s (in %s)", ", ".join(sorted(p.name for p in folder.glob("*.pt"))) or "none", folder)
+        if self.cfg.train.tensorboard:
+            log.info("TensorBoard: tensorboard --logdir %s", Path(self.cfg.run_dir) / "tb")
 
     def save(self, kind: str) -> None:
         """A checkpoint of `kind` (periodic, best, final), after the losses' read that covers its steps; the
