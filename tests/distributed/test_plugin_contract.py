@@ -5,6 +5,7 @@ keeps its state (a generator of its own, a sum) bitwise across the resume; the e
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -17,10 +18,12 @@ TOY = ("train", "--recipe", "toy", "--seed", "5", "--epochs", "3", "train.tensor
 
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory):
-    """The plugin pip-installed (no index, no build isolation: this venv's setuptools) into a folder on PYTHONPATH."""
-    target = tmp_path_factory.mktemp("site")
+    """The plugin pip-installed (no index, no build isolation: this venv's setuptools) into a folder on PYTHONPATH,
+    from a copy (a build leaves build/ and *.egg-info beside its sources: none in the repository)."""
+    target, source = tmp_path_factory.mktemp("site"), tmp_path_factory.mktemp("src") / "tally"
+    shutil.copytree(REPO / "tests" / "plugins" / "tally", source)
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                           "--no-build-isolation", "--target", str(target), str(REPO / "tests" / "plugins" / "tally")],
+                           "--no-build-isolation", "--target", str(target), str(source)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert list(target.glob("trainer_tally-*.dist-info/entry_points.txt")), list(target.iterdir())

@@ -1,7 +1,7 @@
 """trainer-tally: a concern added to every run from outside the engine, through the public contract only.
 
     pip install ./tests/plugins/tally          # found by its entry point (group hpc_trainer.plugins)
-    python -m trainer train --recipe toy tally.stop_at=12 tally.code=70
+    python -m trainer train --recipe har data.synthetic=true tally.stop_at=3 tally.code=70
 
 Its section `tally` (stop_at, code) is set as tally.KEY=VALUE like any other. Each optimizer step it draws one
 number from a generator of its own and adds it up; its state (the generator, the sum, the steps counted) goes into
