@@ -8,7 +8,7 @@ import time
 import pytest
 
 from bench.opcount import epoch_loop_for
-from tests.conftest import PY, clean_env, free_port, record_fault, run_group, trainer
+from tests.conftest import PY, clean_env, free_port, launch_ranks, record_fault, run_group, trainer, wait_all
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import footprint
 from trainer.launch.exitcodes import RESOURCE
@@ -59,9 +59,20 @@ def test_every_rank_stops_when_the_model_cannot_fit(tmp_path):
                            "--run-dir", str(tmp_path / "run")], clean_env(), timeout=180)
     assert code != 0
     assert "x 2 ranks on this host" in err, err[-3000:]
-    # each rank says it (a refusal writes no exit record: the run directory stays as it was)
-    assert err.count("error: rank 0: the model needs") == 2, err[-3000:]
+    assert "error: rank 0: the model needs" in err, err[-3000:]
     assert "(exitcode: 4)" in err, err[-3000:]                        # resource: never relaunched
+
+
+def test_each_rank_refuses_a_model_that_cannot_fit_on_its_own(tmp_path):
+    """Each rank says it and exits 4, none waiting on another (a refusal writes no exit record: the run directory
+    stays as it was). Ranks started apart, not by torchrun: its agent stops the other rank once one has exited,
+    which under load came before that rank's line (one of two lines seen)."""
+    procs = launch_ranks(2, "train", "--recipe", "sasrec", "--epochs", "1", "model.width=65536",
+                         "--run-dir", str(tmp_path / "run"))
+    for rank, (code, err) in enumerate(wait_all(procs, timeout=180)):
+        assert code == 4, f"rank {rank} exited {code}:\n{err[-3000:]}"
+        assert "error: rank 0: the model needs" in err and "x 2 ranks on this host" in err, err[-3000:]
+    assert not (tmp_path / "run" / "exits").exists()
 
 
 def test_the_host_figure_is_memavailable_or_the_cgroups_room():
