@@ -47,8 +47,12 @@ def spec_modules() -> tuple[list[str], list[str]]:
     # found by name, as the plugins are: the recipes import this module, not the other way round
     folders = importlib.util.find_spec("trainer.recipes").submodule_search_locations
     builtin = [f"trainer.recipes.{m.name}.spec" for m in pkgutil.iter_modules(folders) if m.ispkg]
-    plugins = [m.strip() for m in os.environ.get("TRAINER_PLUGINS", "").split(",") if m.strip()]
-    return builtin, list(dict.fromkeys(plugins + entry_point_modules()))
+    return builtin, list(dict.fromkeys(_env_plugins() + entry_point_modules()))
+
+
+def _env_plugins() -> list[str]:
+    """The modules named in TRAINER_PLUGINS (comma-separated)."""
+    return [m.strip() for m in os.environ.get("TRAINER_PLUGINS", "").split(",") if m.strip()]
 
 
 def entry_point_modules() -> list[str]:
@@ -101,8 +105,7 @@ def _plugin_failed(name: str, err: BaseException) -> None:
 
 def _named_by(module: str) -> str:
     """Where a plugin module was named: TRAINER_PLUGINS, else an installed package's entry point."""
-    named = [m.strip() for m in os.environ.get("TRAINER_PLUGINS", "").split(",")]
-    return "TRAINER_PLUGINS" if module in named else f"the {PLUGIN_GROUP} entry points"
+    return "TRAINER_PLUGINS" if module in _env_plugins() else f"the {PLUGIN_GROUP} entry points"
 
 
 def specs() -> list[RecipeSpec]:

@@ -15,11 +15,14 @@ A component overrides only the hooks it needs; the defaults do nothing. A plugin
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from trainer.engine.result import FitResult
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,38 @@ class Component:
 
     def close(self) -> None:
         """The run ends (normally or not): release what the component holds."""
+
+
+def state_key(component: Component) -> str:
+    return component.state_key or type(component).__name__
+
+
+def component_states(components) -> dict[str, Any]:
+    """Every component's state_dict that is not None, by its state_key (a checkpoint's `components`)."""
+    states = {}
+    for component in components:
+        state = component.state_dict()
+        if state is not None:
+            key = state_key(component)
+            if key in states:
+                raise ValueError(f"two components keep their state under {key!r}: give one a state_key of its own")
+            states[key] = state
+    return states
+
+
+def load_component_states(components, states: dict[str, Any] | None) -> None:
+    """A resumed checkpoint's states (None: a fresh start) back into the components that kept them; one that the
+    checkpoint does not hold (written before the component existed) starts fresh, said once."""
+    if states is None:
+        return
+    for component in components:
+        if type(component).load_state_dict is Component.load_state_dict:
+            continue
+        key = state_key(component)
+        if key in states:
+            component.load_state_dict(states[key])
+        else:
+            log.info("the checkpoint holds no state of %s: it starts fresh", key)
 
 
 class RunContext(Protocol):

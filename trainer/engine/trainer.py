@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -24,7 +24,7 @@ from trainer.distributed import preflight
 from trainer.distributed.runtime import DistInfo
 from trainer.distributed.stragglers import StepClock
 from trainer.engine.build import Run, build_run
-from trainer.engine.callbacks import Component, Stop, registered_components
+from trainer.engine.callbacks import Component, Stop, component_states, load_component_states, registered_components
 from trainer.engine.checkpointer import Checkpointer
 from trainer.engine.components.budget import ShutdownBudget
 from trainer.engine.components.eviction import Eviction
@@ -64,38 +64,6 @@ def check_hosts(run: Run, run_dir: Path, slow: float) -> None:
         (log.warning if verdict.unfit or verdict.notes else log.info)("%s", verdict.summary())
     if verdict.unfit:
         raise UnfitHostError(verdict.unfit)
-
-
-def state_key(component: Component) -> str:
-    return component.state_key or type(component).__name__
-
-
-def component_states(components) -> dict[str, Any]:
-    """Every component's state_dict that is not None, by its state_key (a checkpoint's `components`)."""
-    states = {}
-    for component in components:
-        state = component.state_dict()
-        if state is not None:
-            key = state_key(component)
-            if key in states:
-                raise ValueError(f"two components keep their state under {key!r}: give one a state_key of its own")
-            states[key] = state
-    return states
-
-
-def load_component_states(components, states: dict[str, Any] | None) -> None:
-    """A resumed checkpoint's states (None: a fresh start) back into the components that kept them; one that the
-    checkpoint does not hold (written before the component existed) starts fresh, said once."""
-    if states is None:
-        return
-    for component in components:
-        if type(component).load_state_dict is Component.load_state_dict:
-            continue
-        key = state_key(component)
-        if key in states:
-            component.load_state_dict(states[key])
-        else:
-            log.info("the checkpoint holds no state of %s: it starts fresh", key)
 
 
 class Trainer:
