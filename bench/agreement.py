@@ -5,8 +5,8 @@ watch's figures of these healthy runs (the largest factor any judged window show
     python -m bench.agreement                       # 5 repeats per arm and world -> bench/results/agreement.{json,png}
     python -m bench.agreement --repeats 3 --steps 500
 
-A: ckpt.signal_latency_s=0 and train.straggler_action=off: the agreement at every step, as before, and no
-straggler timing. B: the defaults: the agreement rides in the window's read (train.log_every_steps=10) and, between
+A: ckpt.signal_latency_s=0 and faults.straggler_action=off: the agreement at every step, as before, and no
+straggler timing. B: the defaults: the agreement rides in the window's read (log.every_steps=10) and, between
 windows, every k steps for a signal latency of at most 5 s; the straggler watch on. The toy recipe's small step
 (tests/toy_recipe.py; hidden 1024, batch 16 per rank) shows a per-step collective's cost at its largest. The figure
 per run is the median step time over its windows after the first two (each window's wall time over its steps,
@@ -28,15 +28,15 @@ from trainer.engine.logging import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 
-ARMS = {"A: every step": ["ckpt.signal_latency_s=0", "train.straggler_action=off"], "B: in the window": []}
+ARMS = {"A: every step": ["ckpt.signal_latency_s=0", "faults.straggler_action=off"], "B: in the window": []}
 WORLDS = {2: ("-N2", "--ntasks-per-node=1"), 4: ("-N2", "--ntasks-per-node=2")}
 
 
 def one_run(conf: str, world: int, arm: list[str], steps: int, run_dir: Path) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)       # a fresh run each time
     args = ["--recipe", "toy", "--seed", "1", "--batch-size", "16", "--epochs", "1000", f"train.max_steps={steps}",
-            "data.n_train=8192", "model.hidden=1024", "train.tensorboard=false", "train.eval_every_epochs=1000",
-            "ckpt.every_epochs=0", "ckpt.save_best=false", "train.progress=off", "train.preflight=off", *arm]
+            "data.n_train=8192", "model.hidden=1024", "log.tensorboard=false", "train.eval_every_epochs=1000",
+            "ckpt.every_epochs=0", "ckpt.save_best=false", "log.progress=off", "faults.preflight=off", *arm]
     cmd = ["srun", *WORLDS[world], "--cpus-per-task=1", "--gpus-per-node=0", "--time=10", sys.executable, "-m",
            "trainer", "train", "--run-dir", str(run_dir), *args]
     proc = subprocess.run(cmd, env=clean_env(SLURM_CONF=conf, TRAINER_PLUGINS="tests.toy_recipe"), cwd=REPO,

@@ -109,7 +109,7 @@ def train_epoch(path: Path, cache: str, run_dir: Path, eval_users: int) -> dict:
     from bench.common import run_trainer
     rows, _ = run_trainer(["--recipe", "sasrec", "--epochs", "1", f"data.path={path}", f"data.cache={cache}",
                            "data.maxlen=50", "model.time=false", "model.mhc=false", "--batch-size", "128",
-                           f"eval.max_users={eval_users}", "train.tensorboard=false", "train.progress=off"], run_dir)
+                           f"eval.max_users={eval_users}", "log.tensorboard=false", "log.progress=off"], run_dir)
     epoch = next(r for r in rows if r["split"] == "train" and "epoch_time_s" in r)
     val = next(r for r in rows if r["split"] == "val")
     rss = max(r.get("rss_mb", 0) for r in rows if r["split"] == "train")

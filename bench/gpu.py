@@ -34,8 +34,8 @@ from trainer.engine.meters import Throughput
 REPO = Path(__file__).resolve().parents[1]
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0}  # dense
-# compiled: bf16 + train.compile=reduce-overhead, a GPU's; graph: bf16 + train.step_graph=on (the whole step one CUDA
-# graph); graph-compiled: the same with train.compile=default inside it
+# compiled: bf16 + compile.mode=reduce-overhead, a GPU's; graph: bf16 + compile.step_graph=on (the whole step one CUDA
+# graph); graph-compiled: the same with compile.mode=default inside it
 AMPS = ("fp32", "bf16", "compiled", "deterministic", "graph", "graph-compiled")
 TARGETS = {"sasrec-ml100k": ("step_ms", 2.0, "<="), "har": ("step_ms", 1.0, "<="), "kgat": ("step_ms", 3.0, "<="),
            "video": ("samples_per_s", 2000.0, ">=")}
@@ -203,7 +203,7 @@ def our_epoch(tr, epoch: int, device: str) -> float:
 
 
 def stock_sasrec(args, device: str) -> dict:
-    """Our SASRec epoch (ml-100k, maxlen 200, batch 128, bf16, the GPU-shaped step; train.compile off and
+    """Our SASRec epoch (ml-100k, maxlen 200, batch 128, bf16, the GPU-shaped step; compile.mode off and
     reduce-overhead) against the stock PyTorch SASRec of bench/sasrec_stock.py on the same device and data, bf16
     autocast, epochs interleaved after one warm-up epoch each (a compiled run's warm-up is its compile, stated
     apart). The stock epoch is the reference's: len(users) // batch random users, batches made before it."""
@@ -219,7 +219,7 @@ def stock_sasrec(args, device: str) -> dict:
             f"model.width={s['width']}", f"model.depth={s['depth']}", f"model.heads={s['heads']}",
             f"model.dropout={s['dropout']}", "train.amp=bf16", "train.gpu_path=on"]
     modes = ("off", "reduce-overhead") if device.startswith("cuda") else ("off",)   # inductor: a GPU's row
-    ours = {m: epoch_loop_for("sasrec", [*base, f"train.compile={m}"], device)[0] for m in modes}
+    ours = {m: epoch_loop_for("sasrec", [*base, f"compile.mode={m}"], device)[0] for m in modes}
     split = ours["off"].run.recipe.split
     torch.manual_seed(0)
     model = stock.StockSASRec(split.data.num_items, maxlen, s["width"], s["depth"], s["heads"], s["dropout"])
@@ -307,16 +307,16 @@ def main(argv=None) -> int:
             if amp == "compiled" and (not compiled or row == "kgat"):      # KGAT's sparse products: not compiled
                 continue
             if amp == "graph-compiled" and (not compiled or row == "kgat"):
-                continue            # graph: train.step_graph=on, the whole step one CUDA graph per batch shape
+                continue            # graph: compile.step_graph=on, the whole step one CUDA graph per batch shape
             if time.perf_counter() - start > args.budget_s:
                 report["skipped"].append(f"{row} {amp}: over --budget-s")
                 continue
             key = f"{row} {amp}"
             cfg = [*overrides, f"train.amp={'off' if amp == 'fp32' else 'bf16'}", "train.gpu_path=on",
-                   "train.tensorboard=false"] + (["train.compile=reduce-overhead"] if amp == "compiled" else []) \
+                   "log.tensorboard=false"] + (["compile.mode=reduce-overhead"] if amp == "compiled" else []) \
                 + (["train.deterministic=true"] if amp == "deterministic" else []) \
-                + (["train.step_graph=on"] if amp.startswith("graph") else []) \
-                + (["train.compile=default"] if amp == "graph-compiled" else [])
+                + (["compile.step_graph=on"] if amp.startswith("graph") else []) \
+                + (["compile.mode=default"] if amp == "graph-compiled" else [])
             try:
                 r = time_steps(recipe, cfg, args.device, args.steps, 10 if not args.tiny else 2,
                                profile=amp in ("bf16", "graph") and row in TARGETS)

@@ -30,7 +30,7 @@
 #   11 issue 70 (d): SASRec at MovieLens-20M's shape (20M generated rows, width 256, maxlen 200) beside the stock
 #     model, batch 128 and 1024, ours eager and compiled (bench/sasrec_at_size.py, into the step-1 JSON; 420;
 #     AT_SIZE_ARGS="--batches 128": its options)
-#   12 issue 70 (c): train.step_graph=on, the whole step one CUDA graph: bitwise equal to the eager step (SASRec, HAR,
+#   12 issue 70 (c): compile.step_graph=on, the whole step one CUDA graph: bitwise equal to the eager step (SASRec, HAR,
 #     KGAT; tests/gpu/test_step_graph_cuda.py), then the SASRec ml-100k, HAR and KGAT steps bf16 / compiled / graph /
 #     graph-compiled (bench.gpu --amps, into the step-1 JSON, its rows within BUDGET_12 (200) s; 300)
 # ONLY=video,epoch: step 1's bench measures those rows only (its log 1-bench-video-epoch.log); AMPS=bf16,deterministic:

@@ -24,7 +24,7 @@ BASIC = REPO.parent / "shared" / "data" / "BasicMotions"
 
 def run(args: list[str], run_dir: Path, threads: int = 2, ranks: int = 1) -> tuple[list[dict], float]:
     """Train in a fresh run directory; (metrics.jsonl rows, wall seconds)."""
-    return run_trainer(["train.tensorboard=false", *args], run_dir, threads=threads, ranks=ranks)
+    return run_trainer(["log.tensorboard=false", *args], run_dir, threads=threads, ranks=ranks)
 
 
 def test_of(rows: list[dict]) -> dict:
@@ -58,7 +58,7 @@ def throughput(data: Path, steps: int, out: Path) -> list[dict]:
     results = []
     for name, ranks, threads, extra in setups:
         rows, wall = run(["--config", str(REPO / "configs/har/uci-har.yaml"), f"data.path={data}", "--epochs", "1",
-                          f"train.max_steps={steps}", f"train.log_every_steps={max(2, steps // 12)}",
+                          f"train.max_steps={steps}", f"log.every_steps={max(2, steps // 12)}",
                           "ckpt.every_epochs=0", *extra],
                          out / "runs" / f"throughput-{name}", threads=threads, ranks=ranks)
         windows = [r["samples_per_s"] for r in rows if r["split"] == "train" and "samples_per_s" in r]

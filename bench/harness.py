@@ -48,7 +48,7 @@ def step_stats(records: list[dict], warmup: int) -> dict[str, float]:
                 peak_gpu_mem_mb=max((r.get("gpu_mem_mb", 0.0) for r in records), default=0.0), **phases)
 
 
-PHASES = ("forward", "backward")      # timed per step with train.measure_sync; the rest is optimizer + loop
+PHASES = ("forward", "backward")      # timed per step with log.measure_sync; the rest is optimizer + loop
 
 
 def phase_extra_ms(ddp: dict, alone: dict) -> dict[str, float] | None:

@@ -42,8 +42,8 @@ def trainer(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
 def train(data: Path, run_dir: Path, epochs: int, seed: int, *extra: str) -> tuple[list[dict], float, int]:
     """Train KGAT in a subprocess; (metrics.jsonl rows, wall seconds, peak RSS of the child in bytes)."""
     rows, wall = run_trainer(["--config", str(REPO / "configs/kgat/ml-100k-kg.yaml"), "--epochs", str(epochs),
-                              "--seed", str(seed), f"data.path={data}", "train.tensorboard=false",
-                              "train.log_every_steps=1000", "train.early_stop_patience=0", *extra], run_dir, show=True)
+                              "--seed", str(seed), f"data.path={data}", "log.tensorboard=false",
+                              "log.every_steps=1000", "train.early_stop_patience=0", *extra], run_dir, show=True)
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024   # the largest child so far
     return rows, wall, peak
 

@@ -112,11 +112,11 @@ def epoch_loop_for(recipe: str, overrides: list[str], device: str = "cpu"):
     from trainer.engine.session import build_recipe
     from trainer.engine.state import TrainState
     from trainer.engine.window import TrainLosses
-    cfg = build_config(recipe, None, {}, ["train.tensorboard=false", "train.progress=off", *overrides])
+    cfg = build_config(recipe, None, {}, ["log.tensorboard=false", "log.progress=off", *overrides])
     info = DistInfo(device=device)
     run = build_run(build_recipe(cfg, info, get_spec(cfg.recipe)), info, cfg)
     state = TrainState()
-    losses = TrainLosses(run.device, info, max(cfg.train.log_every_steps, 1) * run.accum, state)
+    losses = TrainLosses(run.device, info, max(cfg.log.every_steps, 1) * run.accum, state)
     epoch_loop = EpochLoop(run, state, Throughput(run.device), losses)
     run.recipe.on_epoch_start(0, run.model)
     run.wrapped.train()

@@ -39,7 +39,7 @@ def predict(run: Path, out: Path, *args: str, ranks: int = 1, threads: str = "2"
 def ml100k(data: str, out: Path, threads: str) -> dict:
     run = out / "runs" / "predict-ml100k"
     run_trainer(["--config", str(REPO / "configs" / "sasrec" / "ml-100k.yaml"), f"data.path={data}", "--epochs", "1",
-                 "train.tensorboard=false", "eval.full_ranking=false"], run, threads=threads)
+                 "log.tensorboard=false", "eval.full_ranking=false"], run, threads=threads)
     return dict(one=predict(run, out / "runs" / "ml100k-top10.csv", "--top-k", "10", threads=threads),
                 two=predict(run, out / "runs" / "ml100k-top10.csv", "--top-k", "10", "--part-size", "256", ranks=2,
                             threads="1"))
@@ -53,7 +53,7 @@ def ml20m_shape(out: Path, sample: int, threads: str) -> dict:
         write_udata(synthesize(ML20M["users"], ML20M["items"], ML20M["mean_len"], seed=0, vectorized=True), data)
     run = out / "runs" / "predict-ml20m"
     run_trainer(["--recipe", "sasrec", f"data.path={data}", "data.maxlen=200", "model.time=false", "model.mhc=false",
-                 "train.max_steps=1", "--epochs", "1", "train.tensorboard=false", "eval.max_users=10",
+                 "train.max_steps=1", "--epochs", "1", "log.tensorboard=false", "eval.max_users=10",
                  "eval.full_ranking=false"], run, threads=threads)
     users = out / "runs" / "ml20m-users.txt"
     users.write_text("".join(f"{u}\n" for u in range(1, ML20M["users"] + 1, ML20M["users"] // sample)))
@@ -63,7 +63,7 @@ def ml20m_shape(out: Path, sample: int, threads: str) -> dict:
 def video(clip: Path, out: Path, threads: str) -> dict:
     run = out / "runs" / "predict-video"
     run_trainer(["--recipe", "video", "model.arch=light", "data.size=64", "data.synthetic_videos=4",
-                 "data.synthetic_frames=30", "train.num_workers=0", "--epochs", "1", "train.tensorboard=false",
+                 "data.synthetic_frames=30", "train.num_workers=0", "--epochs", "1", "log.tensorboard=false",
                  f"data.cache={out / 'runs' / 'predict-video-synth'}"], run, threads=threads)
     folder = out / "data" / "predict-video"
     folder.mkdir(parents=True, exist_ok=True)

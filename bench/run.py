@@ -57,8 +57,8 @@ def presets() -> dict[str, BenchPreset]:
     return found
 
 
-COMMON = ("--epochs", "100000", "train.log_every_steps=1", "train.eval_every_epochs=100000", "ckpt.every_epochs=0",
-          "train.tensorboard=false", "train.progress=off", "ckpt.save_best=false", "train.measure_sync=true")
+COMMON = ("--epochs", "100000", "log.every_steps=1", "train.eval_every_epochs=100000", "ckpt.every_epochs=0",
+          "log.tensorboard=false", "log.progress=off", "ckpt.save_best=false", "log.measure_sync=true")
 LAUNCHERS = ("torchrun", "independent", "slurm")
 
 

@@ -38,7 +38,7 @@ def run_variant(name: str, data: str, epochs: int, out: Path, seed: int) -> dict
     run_dir = out / "runs" / name
     args = ["--config", str(REPO / config), "--epochs", str(epochs), "--seed", str(seed), f"data.path={data}",
             "eval.full_ranking=false", f"train.eval_every_epochs={max(1, min(20, epochs))}",
-            "train.tensorboard=false", "train.log_every_steps=1000", *extra]
+            "log.tensorboard=false", "log.every_steps=1000", *extra]
     rows, wall = run_trainer(args, run_dir, show=True)
     epochs_t = [r["epoch_time_s"] for r in rows if "epoch_time_s" in r]
     sinkhorn = [r["mhc_sinkhorn_iters"] for r in rows if "mhc_sinkhorn_iters" in r]

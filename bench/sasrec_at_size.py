@@ -53,7 +53,7 @@ def ours(args, path: Path, batch: int, compile_mode: str, evaluate: bool) -> tup
     overrides = [f"data.path={path}", f"data.cache={args.work / 'cache'}", f"data.maxlen={args.maxlen}", "data.kcore=0",
                  "model.time=false", "model.mhc=false", f"model.width={args.width}", f"model.depth={args.depth}",
                  f"model.heads={args.heads}", f"model.dropout={args.dropout}", f"train.batch_size={batch}",
-                 f"train.lr={args.lr}", f"loss.kind={args.loss}", "train.gpu_path=on", f"train.compile={compile_mode}",
+                 f"optim.lr={args.lr}", f"loss.kind={args.loss}", "train.gpu_path=on", f"compile.mode={compile_mode}",
                  f"train.amp={'bf16' if args.device.startswith('cuda') else 'off'}", "eval.max_users=0"]
     reset_peak(args.device)
     t0 = time.perf_counter()

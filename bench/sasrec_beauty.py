@@ -25,8 +25,8 @@ CONFIG = REPO / "configs" / "sasrec" / "beauty.yaml"
 RUNS = {
     "bce": [],                                            # the paper's BCE, one negative per position
     # the same with the ml-1m config's model and optimiser (the settings of the first Beauty run)
-    "bce_before": ["model.init=xavier", "model.norm=pre", "model.positions=from_end", "train.betas=[0.9,0.98]",
-                   "train.clip_grad_norm=1.0"],
+    "bce_before": ["model.init=xavier", "model.norm=pre", "model.positions=from_end", "optim.betas=[0.9,0.98]",
+                   "optim.clip_grad_norm=1.0"],
     "shared3000": ["loss.kind=sampled_softmax", "loss.shared_negatives=sequence", "data.train_negatives=3000"],
     "ce": ["loss.kind=ce"],
 }
@@ -35,8 +35,8 @@ PAPER = {"bce": (0.0246, 0.0126, 521, 26), "shared3000": (0.0490, 0.0295, 296, 8
 
 
 def run_one(name: str, data: str, epochs: int, out: Path, threads: str, seed: int = 0) -> dict:
-    args = ["--config", str(CONFIG), f"data.path={data}", "--epochs", str(epochs), "train.tensorboard=false",
-            "train.log_every_steps=1000", f"seed={seed}", *RUNS[name]]
+    args = ["--config", str(CONFIG), f"data.path={data}", "--epochs", str(epochs), "log.tensorboard=false",
+            "log.every_steps=1000", f"seed={seed}", *RUNS[name]]
     measured: dict = {}
     rows, wall = run_trainer(args, out / "runs" / f"beauty-{name}-seed{seed}", threads=threads, measure=measured)
     epoch_times = [r["epoch_time_s"] for r in rows if "epoch_time_s" in r]

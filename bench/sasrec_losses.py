@@ -56,7 +56,7 @@ def run_loss(name: str, data: str, epochs: int, seed: int, out: Path, threads: s
     run_dir = out / "runs" / f"loss-{name}-{seed}"
     args = ["--config", str(REPO / "configs" / "sasrec" / "ml-100k.yaml"), f"data.path={data}", "--epochs", str(epochs),
             "--seed", str(seed), "train.eval_every_epochs=5", "train.early_stop_patience=4",
-            "train.select_metric=full_ndcg@10", "train.tensorboard=false", "train.log_every_steps=1000",
+            "train.select_metric=full_ndcg@10", "log.tensorboard=false", "log.every_steps=1000",
             *LOSSES[name]]
     measured: dict = {}
     rows, wall = run_trainer(args, run_dir, threads=threads, measure=measured)
@@ -86,8 +86,8 @@ def trained_catalogue(items: int, out: Path, threads: str, users: int = 2000) ->
     the epoch's seconds, the evaluation's, and the trainer's peak resident memory."""
     args = ["--recipe", "sasrec", "--epochs", "1", "loss.kind=ce", f"data.synthetic_users={users}",
             f"data.synthetic_items={items}", "data.synthetic_mean_len=100", "data.maxlen=200", "train.batch_size=128",
-            "model.width=50", "model.time=false", "model.mhc=false", "train.tensorboard=false",
-            "train.log_every_steps=1000"]
+            "model.width=50", "model.time=false", "model.mhc=false", "log.tensorboard=false",
+            "log.every_steps=1000"]
     measured: dict = {}
     rows, wall = run_trainer(args, out / "runs" / f"ce-catalogue-{items}", threads=threads, measure=measured)
     epoch = next(r for r in rows if "epoch_time_s" in r)

@@ -31,8 +31,8 @@ def run(arch: str, data: Path, args, out: Path) -> dict:
     run_dir = out / "runs" / f"video-{arch}-{args.size}"
     argv = ["--recipe", "video", f"data.path={data}", f"data.size={args.size}", f"data.clip_len={args.clip}",
             f"model.arch={arch}", "--batch-size", str(args.batch), "--epochs", "1", f"train.max_steps={args.steps}",
-            f"train.log_every_steps={max(1, args.steps // 6)}", f"train.num_workers={args.workers}",
-            "--amp", args.amp, "train.tensorboard=false", "ckpt.every_epochs=0", "data.val_fraction=0.2",
+            f"log.every_steps={max(1, args.steps // 6)}", f"train.num_workers={args.workers}",
+            "--amp", args.amp, "log.tensorboard=false", "ckpt.every_epochs=0", "data.val_fraction=0.2",
             "data.test_fraction=0"]
     rows, wall = run_trainer(argv, run_dir)
     windows = [r for r in rows if r["split"] == "train" and "samples_per_s" in r]

@@ -3,7 +3,7 @@
     trainer-submit --recipe sasrec --config configs/sasrec/ml-1m.yaml --nodes 2 --gpus-per-node 4 \\
         --time 04:00:00 --partition gpu --follow
     python hpc/submit.py --recipe sasrec --nodes 1 --tasks-per-node 4 --dry-run data.path=data/ml-1m
-    python hpc/submit.py --recipe sasrec --sweep train.lr=0.001,0.0003 --sweep model.width=64,128 ...
+    python hpc/submit.py --recipe sasrec --sweep optim.lr=0.001,0.0003 --sweep model.width=64,128 ...
     python hpc/submit.py predict --checkpoint runs/sasrec --out top10.parquet --nodes 1 --gpus-per-node 4 --top-k 10
 
 Every trainer flag and key=value override is accepted and validated before anything is submitted.
@@ -122,7 +122,7 @@ def parse_sweeps(items: list[str]) -> list[list[str]]:
 
 
 def combo_name(index: int, overrides: list[str]) -> str:
-    """A directory name for sweep point `index`: (0, ['train.lr=0.01']) -> '000-train.lr-0.01'. The index
+    """A directory name for sweep point `index`: (0, ['optim.lr=0.01']) -> '000-optim.lr-0.01'. The index
     keeps it unique; the slug (lossy: 'a b' and 'a_b' look alike) is only there to be read."""
     slug = "_".join(re.sub(r"[^A-Za-z0-9.+-]", "-", o.replace("=", "-")) for o in overrides)
     return f"{index:03d}-{slug[:80]}" if slug else f"{index:03d}"

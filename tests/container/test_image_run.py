@@ -19,7 +19,7 @@ pytestmark = pytest.mark.image
 IMAGE = os.environ.get("HPC_TRAINER_TEST_IMAGE", "localhost/hpc-trainer:test")
 CONF = REPO / "docker" / "standin" / "containers.conf"
 UID = 1000           # the image's user (Dockerfile ARG UID)
-HAR = ("train", "--recipe", "har", "train.tensorboard=false", "model.width=16", "model.channel_width=16",
+HAR = ("train", "--recipe", "har", "log.tensorboard=false", "model.width=16", "model.channel_width=16",
        "model.head_width=32", "--batch-size", "16", "--seed", "3", "ckpt.every_steps=5")
 
 
@@ -165,7 +165,7 @@ def test_sbatch_runs_its_tasks_in_the_image_on_two_nodes(image, slurm_cluster, t
     run_dir = writable_dir(work / "run")
     env = slurm_env(slurm_cluster, PYTHON=PY, TRAINER_HOME=str(REPO), CONTAINER_ENGINE="podman", IMAGE=image,
                     CONTAINERS_CONF=str(CONF), RUN_DIR=str(run_dir), EXTRA="data.path= data.synthetic=true "
-                    "model.width=16 model.channel_width=16 model.head_width=32 train.tensorboard=false",
+                    "model.width=16 model.channel_width=16 model.head_width=32 log.tensorboard=false",
                     OMP_NUM_THREADS="1")
     out = subprocess.run(["sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--gpus-per-node=0",
                           "--cpus-per-task=1", "--time=10", str(REPO / "slurm" / "har_1node.sbatch"),

@@ -10,8 +10,8 @@ from trainer.engine.logging import read_metrics
 pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
 
 # plain SGD and no dropout: the comparison is about data and gradient handling, not RNG streams
-BASE = ("--recipe", "toy", "--epochs", "1", "--seed", "7", "train.optimizer=sgd", "train.lr=0.05",
-        "model.dropout=0.0", "train.max_steps=6", "train.tensorboard=false", "ckpt.every_epochs=0")
+BASE = ("--recipe", "toy", "--epochs", "1", "--seed", "7", "optim.name=sgd", "optim.lr=0.05",
+        "model.dropout=0.0", "train.max_steps=6", "log.tensorboard=false", "ckpt.every_epochs=0")
 
 
 def test_two_rank_ddp_equals_single_process_on_same_global_batch(tmp_path):
@@ -38,9 +38,9 @@ def test_global_batch_size_with_accumulation_equals_one_big_batch(tmp_path):
     assert_close(weights(tmp_path / "ddp_accum"), big, 1e-6)
     log = (tmp_path / "ddp_accum" / "train.log").read_text()
     assert "batch/rank=4 accum=2" in log
-    # the timed all-reduce hook (train.measure_sync) averages gradients as DDP's own does
-    run_ranks(2, "train", *BASE, "--global-batch-size", "16", "--grad-accum-steps", "2", "train.measure_sync=true",
-              "train.log_every_steps=1", "--run-dir", str(tmp_path / "ddp_timed"))
+    # the timed all-reduce hook (log.measure_sync) averages gradients as DDP's own does
+    run_ranks(2, "train", *BASE, "--global-batch-size", "16", "--grad-accum-steps", "2", "log.measure_sync=true",
+              "log.every_steps=1", "--run-dir", str(tmp_path / "ddp_timed"))
     assert_close(weights(tmp_path / "ddp_timed"), big, 1e-6)
     rows = read_metrics(tmp_path / "ddp_timed")
     waits = [r["sync_wait_frac"] for r in rows if "step_time_s" in r]
@@ -68,7 +68,7 @@ def test_torchrun_launch_and_logged_artifacts(tmp_path):
     run_dir = tmp_path / "tr"
     cmd = [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            "-m", "trainer", "train", *BASE, "--batch-size", "8", "--run-dir", str(run_dir),
-           "train.max_steps=0", "--epochs", "2", "train.log_every_steps=2", "train.tensorboard=true"]
+           "train.max_steps=0", "--epochs", "2", "log.every_steps=2", "log.tensorboard=true"]
     env = clean_env()
     proc = subprocess.run(cmd, cwd=REPO, env=env, text=True, capture_output=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import PY, REPO, clean_env, free_port, trainer, wait_all
 
-RUN = ("train", "--recipe", "toy", "--seed", "3", "train.tensorboard=false", "ckpt.every_epochs=1",
+RUN = ("train", "--recipe", "toy", "--seed", "3", "log.tensorboard=false", "ckpt.every_epochs=1",
        "ckpt.every_steps=0", "model.hidden=2048")
 LIMITED = ("import resource, runpy, signal, sys\n"
            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
@@ -35,8 +35,8 @@ def test_every_rank_stops_with_the_disk_error_and_exit_4(tmp_path):
                          r"[\d.]+ [GM]iB free there", err), err[-2000:]
 
 
-FULL = ("train", "--recipe", "toy", "--seed", "3", "train.tensorboard=false", "ckpt.every_steps=0",
-        "train.log_every_steps=1", "--epochs", "8")
+FULL = ("train", "--recipe", "toy", "--seed", "3", "log.tensorboard=false", "ckpt.every_steps=0",
+        "log.every_steps=1", "--epochs", "8")
 
 
 @pytest.fixture

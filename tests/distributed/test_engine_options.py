@@ -9,7 +9,7 @@ import torch
 from tests.conftest import launch_ranks, run_ranks, trainer, wait_all, weights
 from trainer.engine.logging import read_metrics
 
-QUICK = ("--recipe", "toy", "--epochs", "1", "--seed", "1", "train.tensorboard=false", "ckpt.every_epochs=0")
+QUICK = ("--recipe", "toy", "--epochs", "1", "--seed", "1", "log.tensorboard=false", "ckpt.every_epochs=0")
 
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
@@ -27,10 +27,10 @@ def test_amp_modes_train_and_save_scaler_state(tmp_path, amp):
 
 
 def test_clipping_limits_the_update(tmp_path):
-    common = (*QUICK, "train.optimizer=sgd", "train.lr=0.5", "model.dropout=0.0", "train.max_steps=1")
+    common = (*QUICK, "optim.name=sgd", "optim.lr=0.5", "model.dropout=0.0", "train.max_steps=1")
     trainer("train", *common, "train.max_steps=0", "--epochs", "0", "--run-dir", str(tmp_path / "init"))
     trainer("train", *common, "--run-dir", str(tmp_path / "free"))
-    trainer("train", *common, "train.clip_grad_norm=0.001", "--run-dir", str(tmp_path / "clip"))
+    trainer("train", *common, "optim.clip_grad_norm=0.001", "--run-dir", str(tmp_path / "clip"))
     init = weights(tmp_path / "init")
 
     def step_norm(name):
@@ -53,7 +53,7 @@ def test_single_strategy_with_several_ranks_is_refused(tmp_path):
 
 
 def test_progress_bar_on_rank_zero(tmp_path):
-    proc = trainer("train", *QUICK, "train.progress=on", "--run-dir", str(tmp_path))
+    proc = trainer("train", *QUICK, "log.progress=on", "--run-dir", str(tmp_path))
     assert "epoch 0" in proc.stderr and "batch/s" in proc.stderr or "s/batch" in proc.stderr
 
 
@@ -68,7 +68,7 @@ def test_evaluation_with_more_ranks_than_samples(tmp_path):
 def test_a_requeue_signal_named_in_the_config_is_trapped_and_checkpointed(tmp_path):
     """Issue 19.3: ckpt.requeue_signals may name any catchable signal (SIGURG is ignored by default: without
     the trap the run would go on to the end)."""
-    run = ("train", "--recipe", "toy", "--epochs", "2", "--run-dir", str(tmp_path), "train.tensorboard=false",
+    run = ("train", "--recipe", "toy", "--epochs", "2", "--run-dir", str(tmp_path), "log.tensorboard=false",
            "ckpt.requeue_signals=[SIGUSR1,SIGURG]", "data.signal_at_step=3", "data.signal_name=SIGURG")
     proc = trainer(*run, check=False)
     assert proc.returncode == 128 + signal.SIGURG, proc.stderr[-2000:]
@@ -89,7 +89,7 @@ def tb_events(run_dir):
 def test_tensorboard_does_not_show_replayed_steps_twice_after_a_resume(tmp_path):
     """Issue 19.8: a crash (SIGKILL) at step 6 after a checkpoint at step 3; the resumed run replays 4 and 5.
     TensorBoard's purge_step drops the first attempt's 4 and 5 (without it they appear twice)."""
-    run = ("train", "--recipe", "toy", "--epochs", "1", "--run-dir", str(tmp_path), "train.log_every_steps=1",
+    run = ("train", "--recipe", "toy", "--epochs", "1", "--run-dir", str(tmp_path), "log.every_steps=1",
            "ckpt.every_steps=3", "ckpt.every_epochs=0")
     first = trainer(*run, "data.signal_at_step=6", "data.signal_name=SIGKILL", check=False)
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]

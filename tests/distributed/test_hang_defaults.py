@@ -1,5 +1,5 @@
 """The hang watch on each recipe's shipped defaults (issue 82): two real ranks, every setting at its default but
-train.hang_timeout_s (and dist.timeout_s, long, so that only the watch can end the run in time). The CPU default path
+faults.hang_timeout_s (and dist.timeout_s, long, so that only the watch can end the run in time). The CPU default path
 is the one users run: DDP's timed comm hook (the straggler watch is on) over the shared-memory all-reduce, KGAT's
 all-reduce after the backward; HAR is also run without the shared memory (gloo) and without the timing (the untimed
 hook). Rank 1 stalls inside a step (tests/stall_plugin.py): SIGSTOPped, stuck in Python, stuck in a C call that holds
@@ -24,7 +24,7 @@ from trainer.engine.logging import read_metrics
 
 TIMEOUT = 5
 SLOW_STEPS = {"video": 30}             # video's default step takes 4-15 s on 2 loaded cores: a timeout above it
-LIMIT = 30                             # the issue's bound: named within train.hang_timeout_s + 30 s
+LIMIT = 30                             # the issue's bound: named within faults.hang_timeout_s + 30 s
 RECIPES = ("har", "sasrec", "kgat", "video")
 START_S = 240                          # the slowest default start (video: its clips generated and decoded)
 CULPRIT = ("stop", "python", "native_gil", "native")
@@ -44,7 +44,7 @@ def launch(tmp_path, recipe: str, how: str, *extra: str, rank: int = 1, at: int 
     env = dict(TRAINER_PLUGINS="tests.toy_recipe,tests.stall_plugin", STALL_HOW=how, STALL_RANK=str(rank),
                STALL_AT_STEP=str(at), STALL_S=str(stall_s))
     procs = launch_ranks(2, "train", "--recipe", recipe, "--run-dir", str(run), "--epochs", "30",
-                         f"train.hang_timeout_s={timeout:g}", "dist.timeout_s=900", *extra,
+                         f"faults.hang_timeout_s={timeout:g}", "dist.timeout_s=900", *extra,
                          extra_env=env)
     return run, procs
 
@@ -82,7 +82,7 @@ def causes(run) -> dict[int, str]:
 
 @pytest.mark.parametrize("recipe,how", CASES)
 def test_a_stalled_rank_is_named_by_every_rank_that_can_tell(tmp_path, recipe, how):
-    run, procs = launch(tmp_path, recipe, how, "train.log_every_steps=1")
+    run, procs = launch(tmp_path, recipe, how, "log.every_steps=1")
     codes, errs = ended(procs, START_S + 60, others_s=0.5 if how in ("stop", "native_gil") else 10)
     found = causes(run)
     assert codes[0] == 6 and 0 in found, f"rank 0 exited {codes[0]}:\n{errs[0][-3000:]}"
@@ -98,10 +98,10 @@ def test_a_stalled_rank_is_named_by_every_rank_that_can_tell(tmp_path, recipe, h
 
 
 @pytest.mark.beside_cluster
-@pytest.mark.parametrize("extra", [("dist.shm_allreduce=off",), ("train.straggler_action=off",)],
+@pytest.mark.parametrize("extra", [("dist.shm_allreduce=off",), ("faults.straggler_action=off",)],
                          ids=["gloo", "untimed_hook"])
 def test_har_without_the_shared_memory_or_the_timed_hook_names_a_stopped_rank(tmp_path, extra):
-    run, procs = launch(tmp_path, "har", "stop", "train.log_every_steps=1", *extra)
+    run, procs = launch(tmp_path, "har", "stop", "log.every_steps=1", *extra)
     codes, errs = ended(procs, START_S + 60, others_s=0.5)
     assert codes[0] == 6, errs[0][-3000:]
     cause = causes(run)[0]
@@ -116,7 +116,7 @@ def test_a_stopped_rank_is_named_under_torchrun_as_the_issue_ran_it(tmp_path):
     env = clean_env(TRAINER_PLUGINS="tests.toy_recipe,tests.stall_plugin", STALL_HOW="stop", STALL_AT_STEP="2")
     proc = subprocess.Popen([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                              str(free_port()), "-m", "trainer", "train", "--recipe", "har", "--run-dir", str(run),
-                             "--epochs", "30", f"train.hang_timeout_s={TIMEOUT}", "dist.timeout_s=900"],
+                             "--epochs", "30", f"faults.hang_timeout_s={TIMEOUT}", "dist.timeout_s=900"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = proc.communicate(timeout=240)[0]
     cause = causes(run).get(0, "")
@@ -138,7 +138,7 @@ def test_every_rank_stalled_alike_names_no_rank_and_says_the_group_hung(tmp_path
 @pytest.mark.beside_cluster
 @pytest.mark.parametrize("rank", (1, -1), ids=("one_rank", "every_rank"))
 def test_a_recipe_hook_ten_times_the_timeout_is_no_hang(tmp_path, rank):
-    run, procs = launch(tmp_path, "har", "hook", "--epochs", "2", "train.hang_timeout_s=3", rank=rank, stall_s=30)
+    run, procs = launch(tmp_path, "har", "hook", "--epochs", "2", "faults.hang_timeout_s=3", rank=rank, stall_s=30)
     codes, errs = ended(procs, 240)
     assert codes == [0, 0], errs[0][-3000:]
     assert causes(run) == {} and not (run / "hangs").exists()
@@ -157,7 +157,7 @@ def test_a_slowed_rank_is_named_a_straggler_on_each_recipes_defaults(tmp_path, r
     the straggler watch at its defaults (warn, FACTOR 2, WINDOWS 3) names rank 1 in rank 0's log and the train
     records, and the run goes on to its end."""
     steps, at, factor = STRAGGLER[recipe]
-    run, procs = launch(tmp_path, recipe, "slow", "train.log_every_steps=1", f"train.max_steps={steps}", at=at,
+    run, procs = launch(tmp_path, recipe, "slow", "log.every_steps=1", f"train.max_steps={steps}", at=at,
                         stall_s=factor, hang_timeout_s=0)
     results = wait_all(procs, timeout=START_S + 240)
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:]
@@ -173,7 +173,7 @@ def test_a_slowed_rank_is_named_a_straggler_on_each_recipes_defaults(tmp_path, r
 @pytest.mark.beside_cluster
 def test_a_first_build_of_the_data_cache_ten_times_the_timeout_is_no_hang(tmp_path):
     """HAR's text data parsed into a fresh data cache, the parse 30 s longer (every rank that builds: the node's
-    first), train.hang_timeout_s=3: the other rank waits for the build, no rank is called hung, the run completes."""
+    first), faults.hang_timeout_s=3: the other rank waits for the build, no rank is called hung, the run completes."""
     from trainer.recipes.har.prepare import write_synthetic_uci
     data = write_synthetic_uci(tmp_path / "uci", 40, 12)
     start = time.monotonic()

@@ -17,7 +17,7 @@ def test_a_stopped_rank_is_named_and_the_others_exit_6_within_the_timeout(tmp_pa
                    "  crash_how: stop\ntrain:\n  epochs: 20\n  batch_size: 16\n  log_every_steps: 1\n"
                    "  tensorboard: false\n")
     run = tmp_path / "run"
-    procs = launch_ranks(2, "train", "--config", str(cfg), "--run-dir", str(run), f"train.hang_timeout_s={TIMEOUT}",
+    procs = launch_ranks(2, "train", "--config", str(cfg), "--run-dir", str(run), f"faults.hang_timeout_s={TIMEOUT}",
                          "dist.timeout_s=600")
     try:
         _, err = procs[0].communicate(timeout=120)

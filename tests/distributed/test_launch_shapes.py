@@ -9,7 +9,7 @@ import subprocess
 
 from tests.conftest import PY, REPO, clean_env, free_port, wait_all
 
-TOY = ("train", "--recipe", "toy", "--seed", "5", "--epochs", "1", "train.tensorboard=false", "--batch-size", "16")
+TOY = ("train", "--recipe", "toy", "--seed", "5", "--epochs", "1", "log.tensorboard=false", "--batch-size", "16")
 
 
 def ranks(envs: list[dict], run_dir) -> list[tuple[int, str]]:
@@ -52,7 +52,7 @@ def test_torchruns_virtual_local_rank_binds_each_worker_and_elects_one_cache_bui
     data.write_text("".join(f"{u}\t{(3 * u + j) % 50 + 1}\t5\t{100 * u + j}\n" for u in range(1, 41) for j in range(8)))
     cmd = [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--virtual-local-rank", "--master-port",
            str(free_port()), "-m", "trainer", "train", "--recipe", "sasrec", "--epochs", "1", "--batch-size", "8",
-           f"data.path={data}", f"data.cache={tmp_path / 'cache'}", "train.tensorboard=false", "model.width=8",
+           f"data.path={data}", f"data.cache={tmp_path / 'cache'}", "log.tensorboard=false", "model.width=8",
            "dist.timeout_s=20", "--run-dir", str(tmp_path / "run")]     # a wait for keys never set fails fast
     proc = subprocess.run(cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, weights
 
-TOY = ("train", "--recipe", "toy", "--seed", "5", "--epochs", "3", "train.tensorboard=false")   # 8 steps an epoch
+TOY = ("train", "--recipe", "toy", "--seed", "5", "--epochs", "3", "log.tensorboard=false")   # 8 steps an epoch
 
 
 @pytest.fixture(scope="module")

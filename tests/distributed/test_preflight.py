@@ -35,7 +35,7 @@ from trainer.distributed.preflight import (
 from trainer.engine.rundir import MARKER
 from trainer.launch.exitcodes import UNFIT_HOST, unfit_hosts
 
-TOY = ("train", "--recipe", "toy", "--epochs", "1", "train.tensorboard=false", "train.preflight=on")
+TOY = ("train", "--recipe", "toy", "--epochs", "1", "log.tensorboard=false", "faults.preflight=on")
 HAR_DEFAULTS = ("train", "--recipe", "har", "--epochs", "1")     # the pre-flight at its default (auto: two ranks)
 
 
@@ -64,7 +64,7 @@ def test_the_rule_names_a_host_three_times_slower_and_not_the_machines_noise():
 
 
 def test_a_site_whose_nodes_are_shared_judges_looser_by_its_setting_or_its_environment(monkeypatch, tmp_path):
-    """train.preflight_slow, else TRAINER_PREFLIGHT_SLOW, else 0.5: at 0.2 the host seen at 0.39x beside the rest of
+    """faults.preflight_slow, else TRAINER_PREFLIGHT_SLOW, else 0.5: at 0.2 the host seen at 0.39x beside the rest of
     the suite (CI, 2026-11-29) trains, a host, a GPU or the links of a host at 0.1x do not."""
     monkeypatch.delenv(SLOW_ENV, raising=False)
     assert slow_fraction() == SLOW_FRACTION and slow_fraction(0.3) == 0.3
@@ -89,10 +89,10 @@ def test_a_site_whose_nodes_are_shared_judges_looser_by_its_setting_or_its_envir
 
 
 def test_the_slow_fraction_setting_is_a_fraction():
-    assert build_config("har", overrides=["train.preflight_slow=0.25"]).train.preflight_slow == 0.25
+    assert build_config("har", overrides=["faults.preflight_slow=0.25"]).faults.preflight_slow == 0.25
     for bad in ("1", "-0.1"):
-        with pytest.raises(ConfigError, match="train.preflight_slow"):
-            build_config("har", overrides=[f"train.preflight_slow={bad}"])
+        with pytest.raises(ConfigError, match="faults.preflight_slow"):
+            build_config("har", overrides=[f"faults.preflight_slow={bad}"])
 
 
 def test_the_ring_is_timed_in_two_or_three_rounds_whatever_the_hosts_and_no_host_is_twice_in_a_round():
@@ -251,4 +251,4 @@ def test_a_bad_site_fraction_refuses_the_run_before_it_writes_and_is_not_read_wi
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "TRAINER_PREFLIGHT_SLOW='2' (environment): a fraction above 0 and below 1" in proc.stderr
     assert not (tmp_path / "run").exists()               # nothing written: the lock and its folder removed
-    trainer(*TOY, "train.preflight=off", "--run-dir", str(tmp_path / "off"), env=clean_env(TRAINER_PREFLIGHT_SLOW="2"))
+    trainer(*TOY, "faults.preflight=off", "--run-dir", str(tmp_path / "off"), env=clean_env(TRAINER_PREFLIGHT_SLOW="2"))

@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import assert_bitwise_equal, launch_ranks, record_fault, run_ranks, trainer, wait_all, weights
 
 # 256 samples / batch 32 = 8 steps per epoch; dropout on, so RNG restore matters
-RUN = ("--recipe", "toy", "--epochs", "3", "--seed", "3", "train.tensorboard=false", "ckpt.every_epochs=1")
+RUN = ("--recipe", "toy", "--epochs", "3", "--seed", "3", "log.tensorboard=false", "ckpt.every_epochs=1")
 
 
 @pytest.fixture(scope="module")

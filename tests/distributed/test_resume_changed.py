@@ -31,8 +31,8 @@ def sequence(tmp_path_factory):
     (SIGTERM), 3 ranks x 16 at lr 0.02 finish the run."""
     root = tmp_path_factory.mktemp("changed")
     run_dir, ids = root / "run", root / "ids.txt"
-    base = ("train", "--recipe", "toy", "--epochs", "2", "--seed", "3", "train.tensorboard=false", "--lr", "0.01",
-            "--run-dir", str(run_dir), f"data.log_ids={ids}", "train.log_every_steps=1")
+    base = ("train", "--recipe", "toy", "--epochs", "2", "--seed", "3", "log.tensorboard=false", "--lr", "0.01",
+            "--run-dir", str(run_dir), f"data.log_ids={ids}", "log.every_steps=1")
     first = wait_all(launch_ranks(2, *base, "--batch-size", "16", "data.signal_at_step=3",
                                   "data.signal_name=SIGUSR1", "data.signal_rank=1"))
     assert [code for code, _ in first] == [128 + signal.SIGUSR1] * 2, first[0][1][-2000:]
@@ -73,10 +73,10 @@ def test_the_lr_schedule_ends_exactly_after_layout_changes(sequence):
     # the record of step 6 (its first) shows the lr of schedule step 4
     resumed = next(r for r in train if r["step"] == 6)
     assert resumed["lr"] == pytest.approx(0.02 * lr_factor(4, 0, 12, "cosine"), rel=1e-6)
-    assert "changed on resume: " in sequence["third"] and "train.lr 0.01 -> 0.02" in sequence["third"]
+    assert "changed on resume: " in sequence["third"] and "optim.lr 0.01 -> 0.02" in sequence["third"]
     records = read_metrics(sequence["run_dir"], "resume")
     assert [r["step"] for r in records] == [3, 5]
-    assert records[1]["changed"]["train.lr"] == [0.01, 0.02]
+    assert records[1]["changed"]["optim.lr"] == [0.01, 0.02]
     assert any("LR schedule continues at step 3 of 12" in note for note in records[1]["notes"])
 
 
@@ -92,7 +92,7 @@ def test_a_change_outside_the_allowlist_is_refused_before_anything_is_written(se
     run_dir = sequence["run_dir"]
     before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
     t0 = time.monotonic()
-    refused = trainer("train", "--recipe", "toy", "--epochs", "3", "--seed", "3", "train.tensorboard=false",
+    refused = trainer("train", "--recipe", "toy", "--epochs", "3", "--seed", "3", "log.tensorboard=false",
                       "--run-dir", str(run_dir), "--resume", "auto", "model.hidden=32", check=False)
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "model.hidden 16 -> 32 would change what this run is" in refused.stderr
@@ -123,7 +123,7 @@ def test_a_resume_reads_its_checkpoint_once(tmp_path, resume):
 
     from tests.conftest import PY, REPO, clean_env
     run = tmp_path / "run"
-    args = ["train", "--recipe", "toy", "--seed", "3", "--epochs", "2", "train.tensorboard=false",
+    args = ["train", "--recipe", "toy", "--seed", "3", "--epochs", "2", "log.tensorboard=false",
             "--run-dir", str(run)]
     stopped = trainer(*args, "data.signal_at_step=6", check=False)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]

@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, launch_ranks, trainer, wait_all, weights
 
-RUN = ("--recipe", "toy", "--epochs", "1", "--seed", "2", "train.tensorboard=false")
+RUN = ("--recipe", "toy", "--epochs", "1", "--seed", "2", "log.tensorboard=false")
 
 
 @pytest.mark.parametrize("launcher", [["-m", "torch.distributed.launch"],

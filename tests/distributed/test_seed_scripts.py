@@ -44,7 +44,7 @@ def test_seed_001s_four_gpu_command_line_as_the_guide_wrote_it(tmp_path):
     --use_amp --multi_gpu` (2 processes, ml-100k's config on generated data)."""
     proc = subprocess.run([PY, "-m", "torch.distributed.launch", "--nproc_per_node=2", f"--master_port={free_port()}",
                            str(REPO / "main.py"), "--dataset=ml-100k", "--train_dir=tisasrec_2gpu", "--batch_size=64",
-                           "--use_amp", "--multi_gpu", "--epochs", "1", "data.path=", "train.tensorboard=false"],
+                           "--use_amp", "--multi_gpu", "--epochs", "1", "data.path=", "log.tensorboard=false"],
                           cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "here the same is torchrun --nproc-per-node 2 -m trainer train --config" in proc.stderr
@@ -72,7 +72,7 @@ def test_seed_002s_ddp_command_line_trains_from_another_directory(tmp_path):
     proc = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master-port={free_port()}",
                            str(REPO / "main_multi_gpu.py"),
                            "--multi-gpu", "ddp", "--epochs", "1", "--batch-size", "32", "--run-dir", str(run_dir),
-                           "data.path=", "train.tensorboard=false"], cwd=tmp_path, env=clean_env(),
+                           "data.path=", "log.tensorboard=false"], cwd=tmp_path, env=clean_env(),
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count("main_multi_gpu.py: seed 002's script (HAR); here the same is torchrun "
@@ -97,7 +97,7 @@ def test_seed_001s_launch_script_with_its_environment_knobs(tmp_path):
     """`NUM_GPUS=2 BATCH_SIZE=... ./train_distributed.sh DATASET TRAIN_DIR`, from another directory."""
     run_dir = tmp_path / "run"
     proc = _sh([str(REPO / "train_distributed.sh"), "ml-100k", "t", "data.path=", "--epochs", "1", "--run-dir",
-                str(run_dir), "train.tensorboard=false"], tmp_path, NUM_GPUS="2", BATCH_SIZE="64",
+                str(run_dir), "log.tensorboard=false"], tmp_path, NUM_GPUS="2", BATCH_SIZE="64",
                MASTER_PORT=str(free_port()))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "here the same is torchrun --nproc-per-node 2 --master-port " in proc.stderr
@@ -111,7 +111,7 @@ def test_seed_000s_launch_script_and_its_flags(tmp_path):
     port = free_port()
     proc = _sh([str(REPO / "scripts" / "run_original_kgat_multi_gpu.sh"), "--num_gpus", "2", "--dataset",
                 "ml-100k-kg", "--batch_size_per_gpu=256", "--master_port", str(port), "data.path=", "--epochs", "1",
-                "--run-dir", str(run_dir), "train.tensorboard=false"], tmp_path)
+                "--run-dir", str(run_dir), "log.tensorboard=false"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"torchrun --nproc-per-node 2 --master-port {port} -m trainer train --config" in proc.stderr
     log = (run_dir / "train.log").read_text()

@@ -4,7 +4,7 @@ asked for (dist.backend=gloo: a one-GPU machine standing in for NCCL's multi-GPU
 GPU)."""
 from tests.conftest import launch_ranks, wait_all
 
-ARGS = ("train", "--recipe", "toy", "--epochs", "1", "train.tensorboard=false")
+ARGS = ("train", "--recipe", "toy", "--epochs", "1", "log.tensorboard=false")
 
 
 def test_one_gpu_for_two_ranks_needs_gloo_asked_for(tmp_path):

@@ -162,7 +162,7 @@ def test_a_dead_or_frozen_peer_is_named_not_waited_for(tmp_path, how):
         assert "timed out after 3 s (dist.timeout_s)" in got["error"] and 3.0 <= got["after"] < 6.0, got
 
 
-RUN = ("--recipe", "toy", "--epochs", "2", "--seed", "5", "--batch-size", "16", "train.tensorboard=false")
+RUN = ("--recipe", "toy", "--epochs", "2", "--seed", "5", "--batch-size", "16", "log.tensorboard=false")
 
 
 def test_ddp_training_through_shared_memory_is_bitwise_gloos(tmp_path):

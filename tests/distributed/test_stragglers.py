@@ -1,5 +1,5 @@
 """Issue 58 items 2 and 4: a rank slower than the others while training is named (rank, host, factor) from figures
-that ride in the logging window's collective, and under train.straggler_action=evict the run checkpoints and exits 5
+that ride in the logging window's collective, and under faults.straggler_action=evict the run checkpoints and exits 5
 naming its host; the signal agreement moves from every step into that collective (and every k steps between
 windows, k from the measured step time and ckpt.signal_latency_s).
 
@@ -34,8 +34,8 @@ from trainer.engine.preemption import AgreementCadence
 from trainer.launch.exitcodes import UNFIT_HOST, unfit_hosts
 
 # 256 samples / batch 16 per rank = 8 steps per epoch and rank
-TOY = ("train", "--recipe", "toy", "--seed", "3", "--batch-size", "16", "train.tensorboard=false",
-       "train.preflight=off")
+TOY = ("train", "--recipe", "toy", "--seed", "3", "--batch-size", "16", "log.tensorboard=false",
+       "faults.preflight=off")
 
 
 def test_the_rule_names_a_rank_three_times_slower_after_windows_in_a_row_and_not_the_noise():
@@ -99,7 +99,7 @@ def test_the_agreement_cadence_follows_the_measured_step_time():
 def test_a_signal_between_windows_is_agreed_within_the_latency_and_resumes_bitwise(tmp_path):
     """log_every_steps=8 (one window per epoch), steps of ~0.1 s, signal_latency_s=0.35: after the first window the
     ranks agree every 3 steps. Rank 1 alone gets SIGUSR1 at step 13: the checkpoint lands at step 13 + at most 3."""
-    args = (*TOY, "--epochs", "3", "data.step_sleep=0.1", "train.log_every_steps=8", "ckpt.signal_latency_s=0.35")
+    args = (*TOY, "--epochs", "3", "data.step_sleep=0.1", "log.every_steps=8", "ckpt.signal_latency_s=0.35")
     run_ranks(2, *args, "--run-dir", str(tmp_path / "ref"))
     start = time.monotonic()
     results = wait_all(launch_ranks(2, *args, "--run-dir", str(tmp_path / "run"), "data.signal_at_step=13",
@@ -125,7 +125,7 @@ def train_records(run_dir) -> list[dict]:
 # 64 steps per epoch and rank of ~8 ms of matmuls each (~0.2 s slowed): a step's own work, not the per-window logging
 # and collective around it, is what the slowed rank's lost time lands in (at 1 ms steps logged every step, it landed
 # mostly outside them and the factors were 1.0-1.1x); 8 steps, over a second slowed, make one judged window
-SLOWED = (*TOY, "data.n_train=2048", "data.features=512", "model.hidden=4096", "train.log_every_steps=8")
+SLOWED = (*TOY, "data.n_train=2048", "data.features=512", "model.hidden=4096", "log.every_steps=8")
 TWO_HOSTS = dict(rank_env=[{"SLURMD_NODENAME": h} for h in ("nodeA", "nodeB")], own_sessions=True)
 
 
@@ -139,7 +139,7 @@ def test_a_slowed_rank_is_named_in_the_log_the_train_records_and_doctor(tmp_path
     assert [c for c, _ in results] == [0, 0], results[0][1][-3000:]       # warn: the run goes on
     factors = [r["slowest_factor"] for r in train_records(run_dir) if "slowest_factor" in r]
     assert "straggler: rank 1 on nodeB took" in results[0][1], f"not named; the windows' factors: {factors}"
-    assert "train.straggler_action=evict would relaunch without it" in results[0][1]
+    assert "faults.straggler_action=evict would relaunch without it" in results[0][1]
     rows = train_records(run_dir)
     named = [r for r in rows if "straggler_rank" in r]
     assert named and named[0]["straggler_host"] == "nodeB" and named[0]["straggler_factor"] >= FACTOR, rows[-3:]
@@ -155,7 +155,7 @@ def test_a_slowed_rank_is_named_in_the_log_the_train_records_and_doctor(tmp_path
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
 def test_evict_leaves_a_checkpoint_and_exits_5_naming_the_slow_host(tmp_path, busy_core_turn):
     run_dir = tmp_path / "run"
-    procs = launch_ranks(2, *SLOWED, "--epochs", "1", "--run-dir", str(run_dir), "train.straggler_action=evict",
+    procs = launch_ranks(2, *SLOWED, "--epochs", "1", "--run-dir", str(run_dir), "faults.straggler_action=evict",
                          **TWO_HOSTS)
     start = time.monotonic()
     with slowed_rank(procs, rank=1, once=(run_dir / "metrics.jsonl").exists,
@@ -173,7 +173,7 @@ def test_evict_leaves_a_checkpoint_and_exits_5_naming_the_slow_host(tmp_path, bu
     resumed = run_ranks(1, *SLOWED, "--epochs", "1", "--run-dir", str(run_dir), "--resume", "auto",
                         "--batch-size", "32")   # the same global batch on one rank
     assert f"step-{step:08d}.pt" in resumed[0][1]
-    record_fault("a rank slowed about 20x after its first logging window, train.straggler_action=evict "
+    record_fault("a rank slowed about 20x after its first logging window, faults.straggler_action=evict "
                  "(2 ranks on 2 hosts)",
                  exit_s=seconds, steps_lost=0,
                  outcome=f"named and evicted at step {step}: checkpoint, exit 5 naming its host")

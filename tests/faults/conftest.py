@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import trainer
 
-ARGS = ("--recipe", "sasrec", "data.maxlen=20", "model.width=16", "--batch-size", "32", "train.tensorboard=false")
+ARGS = ("--recipe", "sasrec", "data.maxlen=20", "model.width=16", "--batch-size", "32", "log.tensorboard=false")
 
 
 def write_udata(path, seed=0, users=60, items=80, per_user=25):

@@ -11,7 +11,7 @@ import torch
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, record_fault, trainer, weights
 
-RUN = ("--recipe", "toy", "--epochs", "3", "--seed", "3", "train.tensorboard=false", "ckpt.every_epochs=0",
+RUN = ("--recipe", "toy", "--epochs", "3", "--seed", "3", "log.tensorboard=false", "ckpt.every_epochs=0",
        "ckpt.every_steps=8", "ckpt.keep_last=2")
 
 

@@ -7,7 +7,7 @@ import subprocess
 from tests.conftest import PY, REPO, clean_env, launch_ranks, trainer, wait_all
 from trainer.launch.exitcodes import kind_of
 
-TOY = ("train", "--recipe", "toy", "--epochs", "2", "--seed", "1", "train.tensorboard=false")
+TOY = ("train", "--recipe", "toy", "--epochs", "2", "--seed", "1", "log.tensorboard=false")
 
 
 def records(run_dir):

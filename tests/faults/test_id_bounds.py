@@ -70,7 +70,7 @@ def test_remap_ids_compacts_and_the_maps_travel_with_the_checkpoint(kgat_folder,
     assert data.kg.max() == data.n_entities - 1
     run = tmp_path / "run"
     trainer("train", "--recipe", "kgat", "--epochs", "1", f"data.path={folder}", "data.remap_ids=true",
-            "data.cache=off", "--batch-size", "256", "train.tensorboard=false", "--run-dir", str(run))
+            "data.cache=off", "--batch-size", "256", "log.tensorboard=false", "--run-dir", str(run))
     saved = np.load(run / "ids.npz")
     assert np.array_equal(saved["entity"], data.id_maps["entity"])
     ckpt = torch.load(run / "checkpoints" / "final.pt", weights_only=True)

@@ -83,7 +83,7 @@ def test_a_refused_resume_leaves_the_run_directory_as_it_was(trained, tmp_path, 
     else:
         extra = change
     before = contents(tmp_path / "run")
-    base = ARGS if case != "another recipe" else ("train.tensorboard=false",)
+    base = ARGS if case != "another recipe" else ("log.tensorboard=false",)
     args = [*base, *(extra if where is None else []), f"data.path={tmp_path / 'data'}", "--epochs", "2",
             f"data.cache={cache}", "data.cache_cap_gb=0.000001",
             "--run-dir", str(tmp_path / "run"), "--resume", "auto", *(extra if where == "data" else [])]

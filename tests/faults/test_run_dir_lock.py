@@ -7,7 +7,7 @@ import time
 from tests.conftest import PY, REPO, clean_env, trainer
 from trainer.engine.rundir import LOCK_NAME
 
-SLOW = ("train", "--recipe", "toy", "--seed", "5", "train.tensorboard=false", "--batch-size", "16",
+SLOW = ("train", "--recipe", "toy", "--seed", "5", "log.tensorboard=false", "--batch-size", "16",
         "--epochs", "50", "data.step_sleep=0.05")
 
 

@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import record_fault, trainer
 from trainer.engine.rundir import MARKER
 
-RUN = ("train", "--recipe", "toy", "--epochs", "1", "--seed", "1", "train.tensorboard=false")
+RUN = ("train", "--recipe", "toy", "--epochs", "1", "--seed", "1", "log.tensorboard=false")
 
 
 def listing(path):

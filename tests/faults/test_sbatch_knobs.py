@@ -51,14 +51,14 @@ def test_hostile_values_are_passed_literally_and_never_evaluated(tmp_path):
     image.write_bytes(b"SIF")
     run_dir = tmp_path / f"runs/a b;{MARK}"
     code, err, argv = run_script(tmp_path, CONFIG=f"/cfg/{MARK}`touch PWNED`.yaml", RUN_DIR=str(run_dir),
-                                 EXTRA=f"train.lr=0.1 {MARK} `touch PWNED` * ;touch PWNED", IMAGE=str(image))
+                                 EXTRA=f"optim.lr=0.1 {MARK} `touch PWNED` * ;touch PWNED", IMAGE=str(image))
     assert code == 0, err
     assert not (tmp_path / "PWNED").exists()
     assert argv[argv.index("exec"):argv.index("exec") + 6] == ["exec", "--nv", "--bind", str(tmp_path), str(image),
                                                               "python"]
     assert after(argv, "--config") == f"/cfg/{MARK}`touch PWNED`.yaml"
     assert after(argv, "--run-dir") == str(run_dir) and run_dir.is_dir()
-    assert argv[-8:] == ["train.lr=0.1", "$(touch", "PWNED)", "`touch", "PWNED`", "*", ";touch", "PWNED"]
+    assert argv[-8:] == ["optim.lr=0.1", "$(touch", "PWNED)", "`touch", "PWNED`", "*", ";touch", "PWNED"]
 
 
 def test_data_and_python_knobs_are_literal(tmp_path):

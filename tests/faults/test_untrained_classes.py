@@ -24,7 +24,7 @@ def test_a_class_only_in_the_test_file_is_named_recorded_and_refusable(tmp_path)
     data = write(tmp_path / "ts", np.random.default_rng(0))
     run = tmp_path / "run"
     common = ("train", "--recipe", "har", "--epochs", "1", f"data.path={data}", "data.val_fraction=0",
-              "data.cache=off", "--batch-size", "4", "train.tensorboard=false")
+              "data.cache=off", "--batch-size", "4", "log.tensorboard=false")
     out = trainer(*common, "--run-dir", str(run))
     assert "class(es) with no training case: c: the model cannot learn them" in out.stderr
     record = json.loads((run / "data.json").read_text())

@@ -1,5 +1,5 @@
 """On a CUDA device (marked gpu; skipped, with the reason printed, where torch sees none): every recipe's
-GPU-shaped step under torch.cuda.set_sync_debug_mode("error"), AMP bf16/fp16, train.compile with CUDA-graph
+GPU-shaped step under torch.cuda.set_sync_debug_mode("error"), AMP bf16/fp16, compile.mode with CUDA-graph
 replay, checkpoints between CUDA and the CPU, and a world-1 NCCL group under torchrun."""
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_steps_never_sync_with_the_host(recipe, extra, amp):
 def test_compiled_training_with_cuda_graphs(tmp_path, mode, loss):
     run = tmp_path / mode
     trainer("train", "--recipe", "sasrec", *SMALL["sasrec"], "model.time=false", "model.mhc=false", "--epochs", "2",
-            f"train.compile={mode}", "--amp", "bf16", "--run-dir", str(run), "train.tensorboard=false",
+            f"compile.mode={mode}", "--amp", "bf16", "--run-dir", str(run), "log.tensorboard=false",
             f"loss.kind={loss}", timeout=600)
     test = read_metrics(run, "test")
     assert test and test[0]["ndcg@10"] > 0.05

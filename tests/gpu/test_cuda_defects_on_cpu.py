@@ -1,7 +1,7 @@
 """The defects that the first GPU run showed (issue 54, torch 2.11 + CUDA 13.0 on an H200), each tested where it
 can be: on this CPU, through the same code the CUDA path takes.
 
-- HAR/video under train.compile=reduce-overhead: the running sum of training hits was carried into the compiled
+- HAR/video under compile.mode=reduce-overhead: the running sum of training hits was carried into the compiled
   step, so the next CUDA-graph replay overwrote an output still in use; now the step only notes its hits and
   the recipe sums them after it (Recipe.after_step).
 - video: the class weights were copied to the device at every step (a host sync under sync-debug mode); then,

@@ -51,7 +51,7 @@ CLASSES = {"sasrec": ("trainer.recipes.sasrec.recipe", "SASRecRecipe"),
            "har": ("trainer.recipes.har.recipe", "HARRecipe"),
            "kgat": ("trainer.recipes.kgat.recipe", "KGATRecipe"),
            "video": ("trainer.recipes.video.recipe", "VideoRecipe")}
-COMMON = ["--seed", "5", "train.tensorboard=false", "train.eval_every_epochs=5", "ckpt.every_epochs=1",
+COMMON = ["--seed", "5", "log.tensorboard=false", "train.eval_every_epochs=5", "ckpt.every_epochs=1",
           "train.deterministic=true", *PLACE]
 
 
@@ -63,7 +63,7 @@ def _torchrun(run_dir, *args: str) -> None:
 
 def test_two_ranks_share_the_gpu_over_gloo_train_and_resume(tmp_path):
     # a constant schedule: one epoch then a resume to two is then the same run as two epochs at once
-    args = [*SMALL["sasrec"], *COMMON, "dist.backend=gloo", "train.log_per_rank=true", "train.schedule=constant"]
+    args = [*SMALL["sasrec"], *COMMON, "dist.backend=gloo", "log.per_rank=true", "optim.schedule=constant"]
     _torchrun(tmp_path / "ref", *args, "--epochs", "2")
     _torchrun(tmp_path / "run", *args, "--epochs", "1")
     _torchrun(tmp_path / "run", *args, "--epochs", "2", "--resume", "auto")

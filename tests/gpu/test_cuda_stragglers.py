@@ -25,7 +25,7 @@ def test_a_slowed_rank_sharing_the_gpu_is_named_from_its_cuda_time(tmp_path, bus
     # on a GPU 512 steps per rank: the GPU's share of a step is small, the slowed host's (~20 ms) makes the windows
     n_train = 16384 if torch.cuda.is_available() else 2048
     procs = launch_ranks(2, *SLOWED, f"data.n_train={n_train}", "--epochs", "1", "--run-dir", str(run_dir),
-                         "dist.backend=gloo", "train.log_per_rank=true", "train.measure_sync=true", *PLACE,
+                         "dist.backend=gloo", "log.per_rank=true", "log.measure_sync=true", *PLACE,
                          **TWO_HOSTS)
     with slowed_rank(procs, rank=1, once=(run_dir / "metrics.jsonl").exists, until=run_ended(run_dir, 1)):
         results = wait_all(procs, timeout=300)

@@ -1,4 +1,4 @@
-"""train.step_graph=on on a CUDA device (issue 70 point 2; marked gpu, bench/gpu_check.sh step 12): the whole
+"""compile.step_graph=on on a CUDA device (issue 70 point 2; marked gpu, bench/gpu_check.sh step 12): the whole
 optimizer step captured as CUDA graphs and replayed trains what the eager step trains, bit for bit under
 train.deterministic=true (the same kernels, replayed), for SASRec (dropout, device-side negatives), HAR (the short
 last batch: a second graph; classify's hits named again after each replay) and KGAT (a graph per phase, the sparse
@@ -33,11 +33,11 @@ RUNS = {
 
 @pytest.mark.parametrize("recipe", sorted(RUNS))
 def test_the_graphed_step_trains_what_the_eager_step_trains(tmp_path, recipe):
-    common = [*RUNS[recipe], "train.gpu_path=on", "train.tensorboard=false", "train.deterministic=true",
+    common = [*RUNS[recipe], "train.gpu_path=on", "log.tensorboard=false", "train.deterministic=true",
               "train.amp=bf16" if torch.cuda.is_available() else "train.amp=off"]
     logs = {}
     for mode in ("off", "on"):
-        logs[mode] = trainer("train", *common, f"train.step_graph={mode}", "--run-dir", str(tmp_path / mode),
+        logs[mode] = trainer("train", *common, f"compile.step_graph={mode}", "--run-dir", str(tmp_path / mode),
                              timeout=300).stderr
     assert "captured after" in logs["on"], logs["on"][-3000:]
     print(f"{recipe}: " + "; ".join(line.split("] ", 1)[-1] for line in logs["on"].splitlines()

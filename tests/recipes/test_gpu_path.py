@@ -82,7 +82,7 @@ def test_the_cpu_path_reads_the_host_where_the_gpu_path_does_not():
 
 def test_one_read_per_logging_window(tmp_path):
     """Steps read nothing; the logging window reads its losses once (one all-reduce and one host copy)."""
-    tr, batches = epoch_loop_for("har", GPU + ["train.log_every_steps=3", "train.batch_size=4"])
+    tr, batches = epoch_loop_for("har", GPU + ["log.every_steps=3", "train.batch_size=4"])
     window = LoggingWindow(tr.run, tr.state, tr.losses, tr.meter, MetricsWriter(tmp_path, tr.run.info, False),
                            PreemptionHandler(), StepClock())      # the run's logging window, as the Trainer builds it
     per_step, per_window = [], []
@@ -186,7 +186,7 @@ def test_the_training_step_compiles_as_one_graph(recipe, overrides):
 def test_kgat_breaks_the_graph_at_its_sparse_products_and_still_syncs_nothing():
     """KGAT's propagation is a product with CSR matrices built per call (torch.sparse_csr_tensor in a custom
     autograd function, under a warnings filter): dynamo does not trace it, so its step runs eager (or
-    train.compile compiles around it, fullgraph=False) - with no host sync either way (the table above)."""
+    compile.mode compiles around it, fullgraph=False) - with no host sync either way (the table above)."""
     tr, batches = epoch_loop_for("kgat", GPU)
     step = functools.partial(tr.run.recipe.training_step, tr.run.wrapped)
     batch = next(batches)
@@ -218,7 +218,7 @@ def test_kgats_kg_step_syncs_nothing_either():
 def _test_ndcg(tmp_path, path: str, seed: int) -> float:
     run = tmp_path / f"{path}-{seed}"
     trainer("train", "--recipe", "sasrec", *SAS, "--epochs", "6", "--seed", str(seed), f"train.gpu_path={path}",
-            "--run-dir", str(run), "train.tensorboard=false", "ckpt.every_epochs=0", "eval.full_ranking=false",
+            "--run-dir", str(run), "log.tensorboard=false", "ckpt.every_epochs=0", "eval.full_ranking=false",
             timeout=300)
     return read_metrics(run, "test")[0]["ndcg@10"]
 

@@ -33,7 +33,7 @@ def write_ts(path, cases: np.ndarray) -> None:
 
 def test_har_labels_every_window_as_eval_scores_them(tmp_path):
     run = tmp_path / "run"
-    trainer("train", "--recipe", "har", *SMALL, "--epochs", "2", "train.tensorboard=false", "--run-dir", str(run))
+    trainer("train", "--recipe", "har", *SMALL, "--epochs", "2", "log.tensorboard=false", "--run-dir", str(run))
     trainer("predict", "--checkpoint", str(run), "--out", str(tmp_path / "all.csv"), *SMALL)
     rows = read(tmp_path / "all.csv")
     names = [k[2:] for k in rows[0] if k.startswith("p_")]

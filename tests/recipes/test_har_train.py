@@ -23,7 +23,7 @@ from trainer.engine.logging import read_metrics
 from trainer.recipes.har import data as hd
 
 BASIC = REPO.parent / "shared" / "data" / "BasicMotions"
-FAST = ("--recipe", "har", "train.tensorboard=false", "model.width=16", "model.channel_width=16", "model.head_width=32")
+FAST = ("--recipe", "har", "log.tensorboard=false", "model.width=16", "model.channel_width=16", "model.head_width=32")
 
 
 @pytest.fixture(scope="module")

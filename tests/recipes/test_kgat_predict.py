@@ -39,7 +39,7 @@ def test_kgat_top_k_in_the_files_ids_without_seen_items(tmp_path):
     folder, seen = sparse_users(tiny, tmp_path / "sparse")
     run = tmp_path / "run"
     trainer("train", "--recipe", "kgat", "--epochs", "1", f"data.path={folder}", "data.remap_ids=true",
-            "data.cache=off", "--batch-size", "256", "train.tensorboard=false", "--run-dir", str(run))
+            "data.cache=off", "--batch-size", "256", "log.tensorboard=false", "--run-dir", str(run))
     trainer("predict", "--checkpoint", str(run), "--out", str(tmp_path / "top.csv"), "--top-k", "5",
             "--part-size", "64")
     trainer("predict", "--checkpoint", str(run), "--out", str(tmp_path / "all.csv"), "--top-k", "100000",

@@ -210,14 +210,14 @@ def test_the_row_kernel_refuses_a_row_out_of_range():
 
 def tiny_recipe(info=None, optimizer: str = "adam"):
     """The KGAT recipe on its built-in synthetic data (no message dropout: two copies must agree)."""
-    from trainer.config.settings import TrainConfig
+    from trainer.config.settings import OptimConfig, TrainConfig
     from trainer.distributed.runtime import DistInfo
     from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATLossConfig
     from trainer.recipes.kgat.recipe import KGATRecipe
     info = info or DistInfo(rank=0, local_rank=0, world_size=1, backend="none", local_world_size=1)
     recipe = KGATRecipe(KGATDataConfig(), KGATModelConfig(width=16, relation_width=8, layer_widths=[8], dropout=0.0),
-                        TrainConfig(optimizer=optimizer, batch_size=64), info, KGATEvalConfig(), seed=3,
-                        loss_cfg=KGATLossConfig())
+                        TrainConfig(batch_size=64), info, KGATEvalConfig(), seed=3,
+                        loss_cfg=KGATLossConfig(), optim_cfg=OptimConfig(name=optimizer))
     recipe.build_datasets()
     return recipe
 
@@ -255,7 +255,7 @@ def two_rank_check() -> None:
     assert wrapped is model                     # KGAT averages after the backward, outside DDP
     comm = attach_local(info)                   # as runtime.init does: shared memory for the dense grads and rows
     assert comm is not None
-    timer = gradsync.GradSyncTimer(comm)        # as train.measure_sync wires it
+    timer = gradsync.GradSyncTimer(comm)        # as log.measure_sync wires it
     sync = gradsync.after_backward(list(model.parameters()), info, timer)
     opt = recipe.build_optimizer(wrapped, 0.01)
     plan = recipe.epoch_batches(0)

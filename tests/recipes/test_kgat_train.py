@@ -23,8 +23,8 @@ from trainer.recipes.kgat.metrics import finalize, topk_sums
 from trainer.recipes.kgat.recipe import load_data
 from trainer.recipes.kgat.sampling import EpochPlan, PhaseSampler, rows_mask
 
-SMALL = ("--recipe", "kgat", "--seed", "5", "train.tensorboard=false", "train.optimizer=adam",
-         "train.schedule=constant", "--lr", "0.01", "model.layer_widths=[32,16]", "model.width=32",
+SMALL = ("--recipe", "kgat", "--seed", "5", "log.tensorboard=false", "optim.name=adam",
+         "optim.schedule=constant", "--lr", "0.01", "model.layer_widths=[32,16]", "model.width=32",
          "model.relation_width=32")
 
 

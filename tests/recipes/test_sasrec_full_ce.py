@@ -54,7 +54,7 @@ def test_the_chunk_follows_the_catalogue():
     assert chunk_for(1_000_000) == 67 and chunk_for(10**9) == 1
 
 
-CE = ("train", "--recipe", "sasrec", "loss.kind=ce", "train.tensorboard=false", "data.synthetic_users=120",
+CE = ("train", "--recipe", "sasrec", "loss.kind=ce", "log.tensorboard=false", "data.synthetic_users=120",
       "data.synthetic_items=200", "model.mhc=false", "model.time=false")
 
 

@@ -76,6 +76,6 @@ def test_without_pyarrow_the_extra_is_named(tmp_path, inter):
 def test_training_from_parquet(tmp_path, inter):
     pq.write_table(table(inter), tmp_path / "x.parquet")
     trainer("train", "--recipe", "sasrec", "--epochs", "1", f"data.path={tmp_path / 'x.parquet'}",
-            f"data.cache={tmp_path / 'cache'}", "data.maxlen=10", "model.width=16", "train.tensorboard=false",
+            f"data.cache={tmp_path / 'cache'}", "data.maxlen=10", "model.width=16", "log.tensorboard=false",
             "--run-dir", str(tmp_path / "run"))
     assert read_metrics(tmp_path / "run", "test") and list((tmp_path / "cache").glob("sasrec-*/manifest.json"))

@@ -36,7 +36,7 @@ def trained(tmp_path_factory):
     inter = raw_ids(synthesize(USERS, ITEMS, 12, seed=0))
     data = write_udata(inter, root / "u.data")
     trainer("train", "--recipe", "sasrec", f"data.path={data}", f"data.cache={root / 'cache'}", "--epochs", "2",
-            "train.tensorboard=false", "model.mhc=false", "model.time=false", "data.maxlen=20",
+            "log.tensorboard=false", "model.mhc=false", "model.time=false", "data.maxlen=20",
             "--run-dir", str(root / "run"))
     return root, inter
 

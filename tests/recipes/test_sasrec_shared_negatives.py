@@ -171,7 +171,7 @@ def test_the_per_position_negatives_may_keep_the_history():
     assert torch.equal(on_device["neg"], kept)
 
 
-RUN = ("train", "--recipe", "sasrec", "train.tensorboard=false", "data.synthetic_users=120", "data.synthetic_items=200",
+RUN = ("train", "--recipe", "sasrec", "log.tensorboard=false", "data.synthetic_users=120", "data.synthetic_items=200",
        "model.mhc=false", "model.time=false")
 
 

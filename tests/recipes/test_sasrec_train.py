@@ -13,9 +13,9 @@ from trainer.engine.logging import read_metrics
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.config import SeqDataConfig
 
-SMALL = ("--recipe", "sasrec", "--seed", "11", "train.tensorboard=false", "data.synthetic_users=300",
+SMALL = ("--recipe", "sasrec", "--seed", "11", "log.tensorboard=false", "data.synthetic_users=300",
          "data.synthetic_items=120", "data.synthetic_mean_len=25", "data.maxlen=24", "model.width=32",
-         "model.heads=2", "train.lr=0.005", "train.eval_every_epochs=5")
+         "model.heads=2", "optim.lr=0.005", "train.eval_every_epochs=5")
 
 
 def popularity_ndcg10(cfg: SeqDataConfig, seed: int) -> float:

@@ -1,4 +1,4 @@
-"""train.step_graph=on (issue 70 point 2) on this CPU: the whole optimizer step is recorded and replayed from the
+"""compile.step_graph=on (issue 70 point 2) on this CPU: the whole optimizer step is recorded and replayed from the
 graph's own inputs, which is everything a CUDA graph needs but the capture itself (bench/gpu_check.sh measures that
 on a GPU). The run computes what it computes without the graph, bit for bit (the eager warm-up steps, the replays, the
 short last batch's own graph), its checkpoints resume with or without it, and what it cannot capture is refused by
@@ -15,7 +15,7 @@ from trainer.engine.logging import read_metrics
 from trainer.engine.recipe import map_tensors
 from trainer.engine.step_graph import WARMUP, copy_into, plain_state, shape_key
 
-HAR = ("--recipe", "har", "--seed", "3", "--epochs", "3", "train.gpu_path=on", "train.tensorboard=false",
+HAR = ("--recipe", "har", "--seed", "3", "--epochs", "3", "train.gpu_path=on", "log.tensorboard=false",
        "ckpt.every_steps=4", "ckpt.keep_last=0")
 
 
@@ -30,7 +30,7 @@ def har_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("har")
     logs = {}
     for mode in ("off", "on"):
-        logs[mode] = trainer("train", *HAR, f"train.step_graph={mode}", "--run-dir", str(root / mode)).stderr
+        logs[mode] = trainer("train", *HAR, f"compile.step_graph={mode}", "--run-dir", str(root / mode)).stderr
     return root, logs
 
 
@@ -56,15 +56,15 @@ def test_a_graphed_runs_checkpoint_resumes_with_or_without_the_graph(har_runs, t
     ckpt = root / "on" / "checkpoints" / "step-00000008.pt"
     saved = torch.load(ckpt, weights_only=True)["optimizer"]["param_groups"][0]
     assert isinstance(saved["lr"], float) and not saved.get("capturable")     # as a run without the graph writes it
-    trainer("train", *HAR, f"train.step_graph={mode}", "--run-dir", str(tmp_path / "run"), "--resume", str(ckpt))
+    trainer("train", *HAR, f"compile.step_graph={mode}", "--run-dir", str(tmp_path / "run"), "--resume", str(ckpt))
     assert_bitwise_equal(weights(tmp_path / "run"), weights(root / "off"))
 
 
 def test_sasrec_with_dropout_and_its_negatives_equals_the_eager_run(tmp_path):
     args = ("--recipe", "sasrec", "--seed", "1", "--epochs", "1", "train.gpu_path=on", "model.time=false",
-            "model.mhc=false", "data.maxlen=50", "train.tensorboard=false", "train.max_steps=6")
+            "model.mhc=false", "data.maxlen=50", "log.tensorboard=false", "train.max_steps=6")
     for mode in ("off", "on"):
-        trainer("train", *args, f"train.step_graph={mode}", "--run-dir", str(tmp_path / mode))
+        trainer("train", *args, f"compile.step_graph={mode}", "--run-dir", str(tmp_path / mode))
     assert_bitwise_equal(weights(tmp_path / "on"), weights(tmp_path / "off"))
 
 
@@ -72,14 +72,14 @@ def test_sasrec_with_dropout_and_its_negatives_equals_the_eager_run(tmp_path):
     (("--recipe", "har", "train.gpu_path=on", "train.grad_accum_steps=2"),
      "train.grad_accum_steps=2: the graph is one whole optimizer step; set it to 1"),
     (("--recipe", "har", "train.gpu_path=off"), "it needs the GPU-shaped step"),
-    (("--recipe", "har", "train.gpu_path=on", "train.compile=reduce-overhead"),
-     "train.compile=reduce-overhead makes CUDA graphs of its own"),
+    (("--recipe", "har", "train.gpu_path=on", "compile.mode=reduce-overhead"),
+     "compile.mode=reduce-overhead makes CUDA graphs of its own"),
 ])
 def test_what_cannot_be_captured_is_refused_before_the_first_step(tmp_path, args, says):
-    proc = trainer("train", *args, "--epochs", "1", "train.step_graph=on", "train.tensorboard=false", "--run-dir",
+    proc = trainer("train", *args, "--epochs", "1", "compile.step_graph=on", "log.tensorboard=false", "--run-dir",
                    str(tmp_path / "run"), check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert f"train.step_graph=on: {says}" in proc.stderr, proc.stderr[-3000:]
+    assert f"compile.step_graph=on: {says}" in proc.stderr, proc.stderr[-3000:]
     assert not list((tmp_path / "run").glob("checkpoints/*.pt"))
 
 
@@ -120,7 +120,7 @@ def test_a_recipes_own_optimizer_is_refused_unless_its_step_has_fixed_shapes():
 
 
 KGAT = ("--recipe", "kgat", "--seed", "2", "--epochs", "2", "train.gpu_path=on", "train.batch_size=512",
-        "train.tensorboard=false", "ckpt.every_steps=10", "ckpt.keep_last=0")
+        "log.tensorboard=false", "ckpt.every_steps=10", "ckpt.keep_last=0")
 
 
 def test_kgat_two_phases_sparse_rows_and_a_refreshed_attention_equal_the_eager_run(tmp_path):
@@ -129,7 +129,7 @@ def test_kgat_two_phases_sparse_rows_and_a_refreshed_attention_equal_the_eager_r
     loss sums added to in place; bit for bit the eager run, and its checkpoint (both phases' optimizer states,
     the learning rate a float) resumes without the graph to the same end. (One thread a process, as the tests
     run: KGAT's CPU products on several threads differ in the last bits from run to run, graph or not.)"""
-    logs = {m: trainer("train", *KGAT, f"train.step_graph={m}", "--run-dir", str(tmp_path / m)).stderr
+    logs = {m: trainer("train", *KGAT, f"compile.step_graph={m}", "--run-dir", str(tmp_path / m)).stderr
             for m in ("off", "on")}
     assert logs["on"].count("captured after") == 2, logs["on"][-3000:]
     assert "step graph: 2 graph(s), 42 replayed step(s) (epoch 2)" in logs["on"], logs["on"][-3000:]
@@ -143,5 +143,5 @@ def test_kgat_two_phases_sparse_rows_and_a_refreshed_attention_equal_the_eager_r
     saved = torch.load(ckpt, weights_only=True)["optimizer"]
     assert {p: isinstance(sd["param_groups"][0]["lr"], float) for p, sd in saved["phases"].items()} == \
         {"cf": True, "kg": True}
-    trainer("train", *KGAT, "train.step_graph=off", "--run-dir", str(tmp_path / "resumed"), "--resume", str(ckpt))
+    trainer("train", *KGAT, "compile.step_graph=off", "--run-dir", str(tmp_path / "resumed"), "--resume", str(ckpt))
     assert_bitwise_equal(weights(tmp_path / "resumed"), weights(tmp_path / "off"))

@@ -27,7 +27,7 @@ def read(path):
 
 def test_video_labels_every_frame_in_the_training_layout(tmp_path):
     cache, run = tmp_path / "synth", tmp_path / "run"
-    trainer("train", *SMALL, "--epochs", "1", "train.tensorboard=false", f"data.cache={cache}", "--run-dir",
+    trainer("train", *SMALL, "--epochs", "1", "log.tensorboard=false", f"data.cache={cache}", "--run-dir",
             str(run))
     out = tmp_path / "labels.csv"
     trainer("predict", "--checkpoint", str(run), "--out", str(out), "--part-size", "50")

@@ -8,7 +8,7 @@ from tests.conftest import assert_bitwise_equal, eval_one_and_three, run_ranks, 
 from trainer.engine.logging import read_metrics
 from trainer.recipes.video.data import synth_videos
 
-FAST = ("--recipe", "video", "train.tensorboard=false", "model.arch=light", "data.size=32", "data.clip_len=9",
+FAST = ("--recipe", "video", "log.tensorboard=false", "model.arch=light", "data.size=32", "data.clip_len=9",
         "--lr", "0.003", "ckpt.every_epochs=0")
 
 

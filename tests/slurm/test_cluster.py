@@ -12,7 +12,7 @@ from tests.conftest import PY, REPO, assert_bitwise_equal, launch_ranks, slurm_e
 from trainer.engine.logging import read_metrics
 
 pytestmark = pytest.mark.slurm
-TOY = ("--recipe", "toy", "--seed", "5", "train.tensorboard=false", "--batch-size", "16")
+TOY = ("--recipe", "toy", "--seed", "5", "log.tensorboard=false", "--batch-size", "16")
 
 
 def srun(conf, *args, timeout=120):

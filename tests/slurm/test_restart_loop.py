@@ -25,7 +25,7 @@ JOBS = {   # name: (sbatch options, toy data settings, environment)
     "nan": (ONE, "nan_at_step: 3", {}),
     "always": (TWO_BY_TWO, "crash_at_step: 6\n  crash_rank: 0\n  crash_attempts: 99", {"MAX_RESTARTS": "2"}),
     "stop": (TWO_BY_TWO, "crash_at_step: 10\n  crash_rank: 3\n  crash_how: stop",
-             {"EXTRA": f"train.hang_timeout_s={HANG_TIMEOUT}"}),
+             {"EXTRA": f"faults.hang_timeout_s={HANG_TIMEOUT}"}),
 }
 
 
@@ -106,7 +106,7 @@ def test_a_crashed_rank_is_relaunched_in_the_same_job_and_ends_bitwise_equal(job
 
 def test_a_hung_rank_is_found_in_seconds_and_relaunched_ending_bitwise_equal(jobs, uninterrupted):
     """Rank 3 (node2) SIGSTOPs itself at step 10: alive and silent, as a rank stuck in NCCL or a Lustre read. The
-    other ranks' hang watches name it within train.hang_timeout_s and exit 6; srun ends it; the loop relaunches."""
+    other ranks' hang watches name it within faults.hang_timeout_s and exit 6; srun ends it; the loop relaunches."""
     info, log, run = jobs["stop"]
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]
     entries = read_jsonl(run / "restarts.jsonl")
@@ -125,7 +125,7 @@ def test_a_hung_rank_is_found_in_seconds_and_relaunched_ending_bitwise_equal(job
     gap, at = max(gaps)                # from the last step before the stop to the first step of the relaunch
     assert gap < HANG_TIMEOUT + 30, gap
     assert_bitwise_equal(weights(run), weights(uninterrupted))
-    record_fault("rank 3 of 2 nodes x 2 tasks SIGSTOPped (hung, alive) at step 10, train.hang_timeout_s=5 (sbatch, "
+    record_fault("rank 3 of 2 nodes x 2 tasks SIGSTOPped (hung, alive) at step 10, faults.hang_timeout_s=5 (sbatch, "
                  "MAX_RESTARTS=2)", steps_lost=train[at - 1]["step"] - entries[0]["checkpoint_step"],
                  exit_s=round(gap, 1), outcome="the hang watches name rank 3 and exit 6; relaunched in the same job "
                  "(time: last step before the stop to training again), bitwise equal to an uninterrupted run")

@@ -98,7 +98,7 @@ def test_sasrec_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
     subprocess.run([PY, "-m", "trainer", "data", "synth", "sasrec", "--out", str(data), "--users", "120",
                     "--items", "60"], cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
     extra = (f"data.path={data} data.maxlen=16 model.width=16 model.depth=1 model.heads=1 train.eval_every_epochs=1 "
-             "train.log_per_rank=true")
+             "log.per_rank=true")
     job, log, run = one_epoch_job(slurm_cluster, tmp_path, "sasrec_1node.sbatch", extra, timeout=240,
                                   env=dict(PER_TASK_LOGS="1"))
     assert "world=4" in (run / "train.log").read_text()
@@ -118,7 +118,7 @@ def test_har_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
     data = tmp_path / "my data"
     subprocess.run([PY, "-m", "trainer", "data", "synth", "har", "--out", str(data)], cwd=REPO,
                    env=slurm_env(slurm_cluster), check=True, capture_output=True)
-    extra = "model.width=16 model.channel_width=16 model.head_width=32 train.tensorboard=false"
+    extra = "model.width=16 model.channel_width=16 model.head_width=32 log.tensorboard=false"
     job, log, run = one_epoch_job(slurm_cluster, tmp_path, "har_1node.sbatch", extra, timeout=300,
                                   env=dict(DATA=str(data)))
     assert "world=4" in (run / "train.log").read_text()
@@ -134,7 +134,7 @@ def test_video_1node_completes_with_three_ranks(slurm_cluster, tmp_path):
     subprocess.run([PY, "-m", "trainer", "data", "synth", "video", "--out", str(data), "--videos", "5",
                     "--frames", "30", "--classes", "3"], cwd=REPO, env=slurm_env(slurm_cluster), check=True,
                    capture_output=True)
-    extra = ("model.arch=light data.size=32 data.clip_len=5 train.batch_size=8 train.tensorboard=false "
+    extra = ("model.arch=light data.size=32 data.clip_len=5 train.batch_size=8 log.tensorboard=false "
              "train.num_workers=1")
     job, log, run = one_epoch_job(slurm_cluster, tmp_path, "video_1node.sbatch", extra, timeout=300,
                                   env=dict(DATA=str(data), CONFIG=str(REPO / "configs/video/synthetic.yaml")))
@@ -167,7 +167,7 @@ def test_kgat_2node_completes_with_eight_ranks(slurm_cluster, tmp_path):
     subprocess.run([PY, "-m", "trainer", "data", "synth", "kgat", "--out", str(data), "--preset", "tiny"],
                    cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
     extra = (f"data.path={data} model.width=16 model.relation_width=16 model.layer_widths=[16,8] train.batch_size=64 "
-             "train.eval_batch_size=64 train.tensorboard=false")
+             "train.eval_batch_size=64 log.tensorboard=false")
     job, log, run = one_epoch_job(slurm_cluster, tmp_path, "kgat_2node.sbatch", extra, timeout=300)
     train_log = (run / "train.log").read_text()
     # the seed's batch rule: each CF step draws 8 ranks x 64 users, each KG step 8 x 128 triples
@@ -207,7 +207,7 @@ def test_usr1_to_the_batch_shell_is_forwarded_and_requeues(slurm_cluster, tmp_pa
     cfg = toy_config(tmp_path, epochs=6, sleep=0.2)
     job = submit_script(slurm_cluster, tmp_path, "tisasrec_2node.sbatch", "--ntasks-per-node=1",
                         "--gpus-per-node=1", "--cpus-per-task=1",
-                        env=dict(CONFIG=cfg, TRAINER_PLUGINS="tests.toy_recipe", EXTRA="train.lr=0.002"))
+                        env=dict(CONFIG=cfg, TRAINER_PLUGINS="tests.toy_recipe", EXTRA="optim.lr=0.002"))
     log = tmp_path / f"tisasrec-{job}.out"
     wait_for_log(log, r"step 5 loss")
     # what --signal=B:USR1@120 does before the time limit: only the batch shell gets it
@@ -253,7 +253,7 @@ def test_predict_stops_at_the_time_limit_warning_and_the_requeued_job_continues_
     rerun says how many parts were written and computes the rest; every row once, as one process writes them."""
     from tests.conftest import trainer
     run, out = tmp_path / "toy", tmp_path / "pred.csv"
-    trainer("train", "--recipe", "toy", "--epochs", "1", "train.tensorboard=false", "--run-dir", str(run))
+    trainer("train", "--recipe", "toy", "--epochs", "1", "log.tensorboard=false", "--run-dir", str(run))
     job = submit_script(slurm_cluster, tmp_path, "predict.sbatch", "--ntasks-per-node=2", "--gpus-per-node=2",
                         "--cpus-per-task=1", "--time=10",
                         env=dict(CHECKPOINT=str(run), OUT=str(out), TRAINER_PLUGINS="tests.toy_recipe",
@@ -284,7 +284,7 @@ def test_a_script_submitted_from_another_directory_finds_its_repository_and_refu
     env = slurm_env(slurm_cluster, PYTHON=PY)
     assert "TRAINER_HOME" not in env
     tiny = ("model.width=16 model.depth=1 model.heads=1 data.maxlen=16 data.synthetic_users=120 "
-            "data.synthetic_items=60 train.tensorboard=false")
+            "data.synthetic_items=60 log.tensorboard=false")
     jobs = {}
     for name, extra in (("refused", f"data.path= {tiny}"), ("asked", f"data.path= data.synthetic=true {tiny}")):
         out = subprocess.run(["sbatch", "--parsable", "--cpus-per-task=1", "--time=10",

@@ -5,7 +5,7 @@ injected into the trainer.
 
 - slowed from the start: the pre-flight names node2 (exit 5) and the restart loop relaunches on node1 alone, at
   once, and the job completes;
-- slowed mid-run under train.straggler_action=evict: the straggler watch names node2, the run checkpoints and exits
+- slowed mid-run under faults.straggler_action=evict: the straggler watch names node2, the run checkpoints and exits
   5, the restart loop relaunches on node1 alone, and the final weights equal those of a run resumed on one rank from
   the same checkpoint.
 """
@@ -123,7 +123,7 @@ def test_evict_leaves_a_node_slowed_mid_run_out_and_ends_as_a_resume_on_the_smal
     run_ranks(1, "train", "--config", str(cfg), "--run-dir", str(ref), "--resume", "auto", extra_env=ENV,
               timeout=300)
     assert_bitwise_equal(weights(run), weights(ref))
-    record_fault("a node slowed about 10x mid-run, train.straggler_action=evict (local cluster, 2 nodes x 1 task)",
+    record_fault("a node slowed about 10x mid-run, faults.straggler_action=evict (local cluster, 2 nodes x 1 task)",
                  exit_s=round(entries[0]["time"] - slowed_at, 2), steps_lost=0,
                  outcome=f"named and evicted: checkpoint of step {step}, exit 5, relaunched on the other node; "
                          "bitwise equal to a resume on one rank (time: from the slowdown to the relaunch)")

@@ -74,7 +74,7 @@ def test_usr2_preemption_requeues_and_ends_with_the_same_weights(slurm_cluster, 
     """URG: submitit's SUBMITIT_PREEMPT_SIGNAL honoured end to end (issue 19.3): the #SBATCH --signal line,
     the trainer's trap (SIGURG is ignored by default), submitit's requeue."""
     env = slurm_env(slurm_cluster, SUBMITIT_PREEMPT_SIGNAL=preempt)
-    common = [*TOY, "--tasks-per-node", "2", "--epochs", "6", "train.log_every_steps=1", "data.step_sleep=0.15"]
+    common = [*TOY, "--tasks-per-node", "2", "--epochs", "6", "log.every_steps=1", "data.step_sleep=0.15"]
     # the uninterrupted reference trains on this machine while the job runs (the job mostly sleeps)
     ref = subprocess.Popen([PY, "hpc/submit.py", *common, "--cluster", "local", "--folder", str(tmp_path / "local"),
                             "--run-dir", str(tmp_path / "ref"), "--follow"], cwd=REPO, env=slurm_env(slurm_cluster),
@@ -146,7 +146,7 @@ def test_errors_are_raised_before_sbatch_is_called(slurm_cluster, tmp_path):
 
 
 def test_sweep_is_a_job_array_with_one_run_dir_per_point(slurm_cluster, tmp_path):
-    proc = submit_py(slurm_cluster, *TOY, "--epochs", "1", "--sweep", "train.lr=0.1,0.01", "--sweep",
+    proc = submit_py(slurm_cluster, *TOY, "--epochs", "1", "--sweep", "optim.lr=0.1,0.01", "--sweep",
                      "model.hidden=4,8", "--folder", str(tmp_path / "sub"), "--run-dir", str(tmp_path / "sw"),
                      "--array-parallelism", "2", "--follow", timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -156,5 +156,5 @@ def test_sweep_is_a_job_array_with_one_run_dir_per_point(slurm_cluster, tmp_path
     assert len(jobs) == 4 and len({j.split("_")[0] for j in jobs}) == 1      # one array, four tasks
     assert proc.stdout.count(": COMPLETED {") == 4
     for i, (lr, hidden) in enumerate([("0.1", "4"), ("0.1", "8"), ("0.01", "4"), ("0.01", "8")]):
-        cfg = (tmp_path / "sw" / f"{i:03d}-train.lr-{lr}_model.hidden-{hidden}" / "config.yaml").read_text()
+        cfg = (tmp_path / "sw" / f"{i:03d}-optim.lr-{lr}_model.hidden-{hidden}" / "config.yaml").read_text()
         assert f"lr: {lr}" in cfg and f"hidden: {hidden}" in cfg

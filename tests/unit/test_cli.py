@@ -23,11 +23,11 @@ def test_help_lists_registered_recipes():
 
 def test_flags_map_to_config_keys():
     args = get_parser().parse_args(["train", "--recipe", "toy", "--epochs", "2", "--batch-size", "8",
-                                    "--gpu-ids", "0,1", "--amp", "bf16", "--resume", "auto", "train.lr=0.1"])
+                                    "--gpu-ids", "0,1", "--amp", "bf16", "--resume", "auto", "optim.lr=0.1"])
     flags = flags_from_args(args)
     assert flags == {"train.epochs": 2, "train.batch_size": 8, "dist.gpu_ids": [0, 1], "train.amp": "bf16",
                      "ckpt.resume": "auto"}
-    assert args.overrides == ["train.lr=0.1"]
+    assert args.overrides == ["optim.lr=0.1"]
     assert set(FLAG_KEYS) <= set(vars(args))
 
 
@@ -35,7 +35,7 @@ def test_parser_reusable_with_parents():
     p = argparse.ArgumentParser(parents=[get_train_parser()])
     p.add_argument("--nodes", type=int, default=1)
     args = p.parse_args(["--nodes", "2", "--recipe", "toy", "--lr", "0.5", "model.hidden=4"])
-    assert args.nodes == 2 and flags_from_args(args) == {"train.lr": 0.5}
+    assert args.nodes == 2 and flags_from_args(args) == {"optim.lr": 0.5}
     assert args.overrides == ["model.hidden=4"]
 
 
@@ -82,13 +82,13 @@ def test_print_config_shows_the_resolved_config_and_starts_nothing(tmp_path):
 
     from tests.conftest import PY, REPO, clean_env
     y = tmp_path / "c.yaml"
-    y.write_text("recipe: toy\ntrain:\n  lr: 0.5\n  epochs: 7\nmodel:\n  hidden: 8\n")
+    y.write_text("recipe: toy\noptim:\n  lr: 0.5\ntrain:\n  epochs: 7\nmodel:\n  hidden: 8\n")
     out = subprocess.run([PY, "-m", "trainer", "train", "--config", str(y), "--epochs", "3", "model.hidden=5",
                           "--run-dir", str(tmp_path / "never"), "--print-config"], cwd=REPO, env=clean_env(),
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     cfg = yaml.safe_load(out.stdout)
-    assert (cfg["train"]["lr"], cfg["train"]["epochs"], cfg["model"]["hidden"]) == (0.5, 3, 5)
+    assert (cfg["optim"]["lr"], cfg["train"]["epochs"], cfg["model"]["hidden"]) == (0.5, 3, 5)
     assert cfg["train"]["batch_size"] == 32 and "loss" in cfg          # defaults and every section
     assert not (tmp_path / "never").exists()
     helped = subprocess.run([PY, "-m", "trainer", "train", "--help"], cwd=REPO, env=clean_env(),

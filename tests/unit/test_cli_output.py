@@ -17,7 +17,7 @@ from trainer.engine.logging import setup_logging
 from trainer.native.console import progress_bar
 from trainer.recipes.classify.metrics import classification_metrics
 
-TOY = ("--recipe", "toy", "--seed", "1", "train.tensorboard=false")
+TOY = ("--recipe", "toy", "--seed", "1", "log.tensorboard=false")
 
 
 @pytest.mark.parametrize("typo,meant", [("--epoch", "--epochs"), ("--epcohs", "--epochs"), ("--batch", "--batch-size")])

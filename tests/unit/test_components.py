@@ -22,7 +22,7 @@ from trainer.engine.state import TrainState
 from trainer.launch.exitcodes import UNFIT_HOST, StragglerError
 
 # 256 samples / batch 32 = 8 steps an epoch
-TOY = ("train", "--recipe", "toy", "--batch-size", "32", "train.tensorboard=false", "train.log_every_steps=3")
+TOY = ("train", "--recipe", "toy", "--batch-size", "32", "log.tensorboard=false", "log.every_steps=3")
 PLUGGED = dict(TRAINER_PLUGINS="tests.toy_recipe,tests.step_log_component")
 
 

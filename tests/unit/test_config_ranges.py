@@ -40,7 +40,7 @@ def table():
 
 def test_the_table_covers_every_section():
     keys = {key for _, key in table()}
-    assert {"train.epochs", "train.grad_accum_steps", "ckpt.keep_last", "dist.timeout_s", "seed", "train.betas",
+    assert {"train.epochs", "train.grad_accum_steps", "ckpt.keep_last", "dist.timeout_s", "seed", "optim.betas",
             "model.hidden", "data.maxlen", "eval.negatives", "model.layer_widths", "eval.ks", "data.clip_len",
             "loss.label_smoothing", "loss.cf_l2",
             "model.kernel_size", "data.kg_batch_size"} <= keys
@@ -73,7 +73,7 @@ def test_out_of_range_values_are_refused_naming_key_and_value(recipe, key):
     ("train.grad_accum_steps", "-5", "train.grad_accum_steps = -5 is out of range: must be >= 1"),
     ("ckpt.keep_last", "-2", "ckpt.keep_last = -2 is out of range: must be >= 0 (0: keep every periodic checkpoint)"),
     ("dist.timeout_s", "-1", "dist.timeout_s = -1.0 is out of range: must be > 0"),
-    ("train.lr", "nan", "train.lr = nan is out of range: must be > 0"),
+    ("optim.lr", "nan", "optim.lr = nan is out of range: must be > 0"),
     ("train.max_steps", "-1", "(0: no limit)"),
 ])
 def test_the_issue_examples(key, value, message):

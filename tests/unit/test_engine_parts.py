@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainer.config.settings import TrainConfig
+from trainer.config.settings import OptimConfig, TrainConfig
 from trainer.engine.loader import ResumableSampler, ShardSampler, per_rank_batch_size
 from trainer.engine.optim import build_scheduler, lr_factor, scaled_lr, warmup_steps
 from trainer.recipes.classify.metrics import classification_metrics, confusion_matrix
@@ -26,10 +26,10 @@ def test_warmup_then_decay_shapes():
 
 
 def test_warmup_epochs_convert_to_steps_and_scheduler_steps():
-    tc = TrainConfig(epochs=3, warmup_epochs=1.5, warmup_steps=2, lr=1.0, schedule="linear")
-    assert warmup_steps(tc, 10) == 15
+    oc = OptimConfig(warmup_epochs=1.5, warmup_steps=2, lr=1.0, schedule="linear")
+    assert warmup_steps(oc, 10) == 15
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = build_scheduler(opt, tc, 10)
+    sched = build_scheduler(opt, oc, TrainConfig(epochs=3), 10)
     lrs = []
     for _ in range(30):
         lrs.append(opt.param_groups[0]["lr"])
@@ -118,7 +118,7 @@ def test_classification_metrics_match_hand_computation():
 
 def test_optimizer_uses_configured_betas_and_scaled_lr():
     from trainer.engine.optim import build_optimizer
-    tc = TrainConfig(optimizer="adam", betas=[0.9, 0.98], lr=0.01, lr_scaling="linear")
+    tc = OptimConfig(name="adam", betas=[0.9, 0.98], lr=0.01, lr_scaling="linear")
     opt = build_optimizer([torch.nn.Parameter(torch.zeros(2))], tc, world_size=4)
     assert type(opt) is torch.optim.Adam
     assert opt.param_groups[0]["betas"] == (0.9, 0.98) and opt.param_groups[0]["lr"] == pytest.approx(0.04)
@@ -129,7 +129,7 @@ def test_fused_optimizer_makes_the_reference_updates(name):
     """The configured Adam/AdamW is the fused kernel; 30 steps with weight decay track torch's reference loop
     (the per-element update is the same; only the rounding order may differ)."""
     from trainer.engine.optim import build_optimizer
-    tc = TrainConfig(optimizer=name, betas=[0.9, 0.98], lr=0.01, weight_decay=0.1)
+    tc = OptimConfig(name=name, betas=[0.9, 0.98], lr=0.01, weight_decay=0.1)
     torch.manual_seed(0)
     a = torch.nn.Parameter(torch.randn(300, 7))
     b, start = torch.nn.Parameter(a.detach().clone()), a.detach().clone()
@@ -199,7 +199,7 @@ def test_progress_bars_start_no_monitor_thread():
 
 
 def test_per_rank_logs_write_one_file_per_rank(tmp_path):
-    """Issue 19.5 (TorchX #373): train.log_per_rank; rank 0's train.log stays rank 0's."""
+    """Issue 19.5 (TorchX #373): log.per_rank; rank 0's train.log stays rank 0's."""
     import logging
 
     from trainer.distributed.runtime import DistInfo
@@ -223,7 +223,7 @@ def test_requeue_signals_name_any_catchable_signal():
 
 
 def test_sync_timer_counts_own_collectives_and_the_buckets_wait_after_them(tmp_path):
-    """train.measure_sync: a recipe's blocking collective in the backward is its own time; DDP's buckets add
+    """log.measure_sync: a recipe's blocking collective in the backward is its own time; DDP's buckets add
     only what they take beyond its end (before it this rank was busy, not waiting)."""
     import time
 

@@ -26,7 +26,7 @@ def test_har_trains_without_the_extras_and_video_names_its_extra(tmp_path):
     main = "from trainer.cli import main; sys.exit(main({argv!r}))"
     har = run_without_extras(main.format(argv=["train", "--recipe", "har", "--epochs", "1", "--run-dir",
                                                str(tmp_path / "har"), "data.synthetic_cases=120",
-                                               "model.width=8", "train.tensorboard=false"]), tmp_path)
+                                               "model.width=8", "log.tensorboard=false"]), tmp_path)
     assert har.returncode == 0, har.stderr[-2000:]
     assert (tmp_path / "har" / "checkpoints" / "final.pt").exists()
     video = run_without_extras(main.format(argv=["data", "synth", "video", "--out", str(tmp_path / "v")]), tmp_path)

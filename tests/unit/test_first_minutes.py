@@ -33,7 +33,7 @@ def test_a_repository_config_is_found_from_another_directory(tmp_path):
 
 def test_doctor_run_says_what_to_run_next(tmp_path):
     run = tmp_path / "run"
-    trainer("train", "--recipe", "toy", "--epochs", "1", "--run-dir", str(run), "train.tensorboard=false",
+    trainer("train", "--recipe", "toy", "--epochs", "1", "--run-dir", str(run), "log.tensorboard=false",
             "ckpt.every_steps=2")
     done = trainer("doctor", "--run", str(run)).stdout
     assert f"next: python -m trainer eval --checkpoint {run}" in done

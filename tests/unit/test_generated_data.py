@@ -47,7 +47,7 @@ def test_an_srun_task_without_data_path_stops_before_the_process_group(tmp_path)
 def test_data_synthetic_true_trains_on_generated_data_and_the_config_says_so(tmp_path):
     run = tmp_path / "run"
     proc = trainer("train", "--recipe", "har", "--epochs", "1", "--run-dir", str(run), "data.synthetic=true",
-                   "train.tensorboard=false", env=clean_env(**ONE_SRUN_TASK), timeout=300)
+                   "log.tensorboard=false", env=clean_env(**ONE_SRUN_TASK), timeout=300)
     assert "training on the recipe's generated data" in proc.stderr
     config = (run / "config.yaml").read_text()
     assert "synthetic: true" in config and config.startswith("# trained on generated data (data.path is empty)\n")
@@ -78,7 +78,7 @@ def test_a_submitted_run_on_generated_data_says_so_and_runs_where_it_is_no_clust
     """--cluster debug (this process, no Slurm): generated data is allowed; the submission says what it trains on."""
     proc = subprocess.run([PY, "hpc/submit.py", "--recipe", "har", "--cluster", "debug", "--epochs", "1", "--folder",
                            str(tmp_path / "sub"), "--run-dir", str(tmp_path / "run"), "model.width=8",
-                           "data.synthetic_cases=60", "train.tensorboard=false", "--follow"], cwd=REPO,
+                           "data.synthetic_cases=60", "log.tensorboard=false", "--follow"], cwd=REPO,
                           env=clean_env(TRAINER_PLUGINS=""), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "data: generated data (data.path is empty): the tasks train on the recipe's generated data" in proc.stdout

@@ -54,7 +54,7 @@ def test_large_tensors_reuse_freed_memory_instead_of_faulting_pages():
 TRAIN = ("-m", "trainer", "train", "--recipe", "video", "--batch-size", "8", "model.arch=light", "data.size=64",
          "data.clip_len=9", "train.num_workers=0", "data.synthetic_videos=10", "data.synthetic_frames=60",
          "--epochs", "1", "train.max_steps=20", "train.eval_every_epochs=100", "ckpt.every_epochs=0",
-         "train.progress=off", "train.tensorboard=false", "ckpt.save_best=false")
+         "log.progress=off", "log.tensorboard=false", "ckpt.save_best=false")
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only (this libc: "

@@ -1,4 +1,4 @@
-"""train.profile=START:STOP: a torch.profiler trace of those optimizer steps in the run directory, with a top-10
+"""log.profile=START:STOP: a torch.profiler trace of those optimizer steps in the run directory, with a top-10
 table in the log; a bad range stops before training with the key named."""
 import json
 
@@ -7,11 +7,11 @@ import pytest
 from tests.conftest import trainer
 from trainer.engine.components.profiler import parse_steps
 
-TOY = ("train", "--recipe", "toy", "--epochs", "2", "train.tensorboard=false")
+TOY = ("train", "--recipe", "toy", "--epochs", "2", "log.tensorboard=false")
 
 
 def test_a_trace_of_the_steps_and_a_table(tmp_path):
-    proc = trainer(*TOY, "--run-dir", str(tmp_path / "run"), "train.profile=3:5")
+    proc = trainer(*TOY, "--run-dir", str(tmp_path / "run"), "log.profile=3:5")
     trace = tmp_path / "run" / "profile" / "rank0.pt.trace.json"
     events = json.loads(trace.read_text())["traceEvents"]
     steps = [e for e in events if e.get("name", "").startswith("Optimizer.step")]
@@ -23,11 +23,11 @@ def test_a_trace_of_the_steps_and_a_table(tmp_path):
 
 @pytest.mark.parametrize("spec", ["5", "0:3", "4:2", "a:b"])
 def test_a_bad_range_is_refused_with_an_example(spec):
-    with pytest.raises(ValueError, match="train.profile=10:15"):
+    with pytest.raises(ValueError, match="log.profile=10:15"):
         parse_steps(spec)
 
 
 def test_a_bad_range_stops_the_run_before_it_trains(tmp_path):
-    proc = trainer(*TOY, "--run-dir", str(tmp_path / "run"), "train.profile=7", check=False)
+    proc = trainer(*TOY, "--run-dir", str(tmp_path / "run"), "log.profile=7", check=False)
     assert proc.returncode != 0 and "START:STOP" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())

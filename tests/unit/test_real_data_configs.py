@@ -52,8 +52,8 @@ def test_end_to_end_the_sbatch_default_config_refuses_generated_data(tmp_path):
 
 def test_sasrec_clips_gradients_as_the_seed_does():
     """Seed 001: "Use gradient clipping (already enabled in main.py)"; the configs had it off."""
-    assert build_config("sasrec").train.clip_grad_norm == 1.0
+    assert build_config("sasrec").optim.clip_grad_norm == 1.0
     for name in ("sasrec/ml-1m.yaml", "sasrec/ml-100k.yaml", "tisasrec/ml-1m.yaml", "tisasrec/ml-100k.yaml",
                  "sasrec/demo.yaml"):
-        assert build_config(None, str(REPO / "configs" / name)).train.clip_grad_norm == 1.0, name
-    assert build_config("sasrec", overrides=["train.clip_grad_norm=0"]).train.clip_grad_norm == 0   # still off-able
+        assert build_config(None, str(REPO / "configs" / name)).optim.clip_grad_norm == 1.0, name
+    assert build_config("sasrec", overrides=["optim.clip_grad_norm=0"]).optim.clip_grad_norm == 0   # still off-able

@@ -17,7 +17,7 @@ def config_of(*argv):
     (["--num-workers=4"], "train.num_workers", 4),
     (["--batch_size_per_gpu", "2048"], "train.batch_size", 2048),
     (["--maxlen", "100"], "data.maxlen", 100),
-    (["--warmup_steps=500"], "train.warmup_steps", 500),
+    (["--warmup_steps=500"], "optim.warmup_steps", 500),
     (["--backend=gloo"], "dist.backend", "gloo"),
     (["--no_mhc"], "model.mhc", False),
     (["--no_time"], "model.time", False),

@@ -10,7 +10,7 @@ from tests.conftest import trainer
 from trainer.config.settings import ConfigError
 from trainer.engine.selection import selected_metric
 
-SAS = ("train", "--recipe", "sasrec", "train.tensorboard=false", "data.synthetic_users=120",
+SAS = ("train", "--recipe", "sasrec", "log.tensorboard=false", "data.synthetic_users=120",
        "data.synthetic_items=200", "model.mhc=false", "model.time=false")
 
 

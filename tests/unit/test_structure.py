@@ -256,7 +256,7 @@ def test_bench_runner_gives_the_records_of_a_fresh_run(tmp_path, monkeypatch):
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "checkpoints" / "final.pt").write_text("stale")      # a fresh run, not refused or resumed
     monkeypatch.setenv("TRAINER_PLUGINS", "tests.toy_recipe")
-    rows, wall = run_trainer(["--recipe", "toy", "--epochs", "1", "train.tensorboard=false"], run_dir, threads=1)
+    rows, wall = run_trainer(["--recipe", "toy", "--epochs", "1", "log.tensorboard=false"], run_dir, threads=1)
     assert wall > 0 and {r["split"] for r in rows} == {"train", "val", "test"}
 
 

@@ -33,12 +33,12 @@ def test_gres_gpus(gres, n):
 
 
 def test_sweep_product_and_names():
-    combos = submit.parse_sweeps(["train.lr=0.1,0.01", "model.hidden=8,16"])
-    assert combos == [["train.lr=0.1", "model.hidden=8"], ["train.lr=0.1", "model.hidden=16"],
-                      ["train.lr=0.01", "model.hidden=8"], ["train.lr=0.01", "model.hidden=16"]]
-    assert submit.combo_name(0, combos[0]) == "000-train.lr-0.1_model.hidden-8"
+    combos = submit.parse_sweeps(["optim.lr=0.1,0.01", "model.hidden=8,16"])
+    assert combos == [["optim.lr=0.1", "model.hidden=8"], ["optim.lr=0.1", "model.hidden=16"],
+                      ["optim.lr=0.01", "model.hidden=8"], ["optim.lr=0.01", "model.hidden=16"]]
+    assert submit.combo_name(0, combos[0]) == "000-optim.lr-0.1_model.hidden-8"
     assert submit.parse_sweeps([]) == [[]]
-    for bad in (["train.lr"], ["=1,2"], ["train.lr="]):
+    for bad in (["optim.lr"], ["=1,2"], ["optim.lr="]):
         with pytest.raises(SubmitError, match="--sweep"):
             submit.parse_sweeps(bad)
 
@@ -70,9 +70,9 @@ def test_one_task_per_gpu_and_conflicts():
 
 
 def test_checkpoint_resumes_the_same_run():
-    task = TrainTask(["--recipe", "toy", "--run-dir", "/r", "--resume", "/old/step.pt", "train.lr=1"])
+    task = TrainTask(["--recipe", "toy", "--run-dir", "/r", "--resume", "/old/step.pt", "optim.lr=1"])
     delayed = task.checkpoint()
-    assert delayed.function.argv == ["--recipe", "toy", "--run-dir", "/r", "train.lr=1", "--resume", "auto"]
+    assert delayed.function.argv == ["--recipe", "toy", "--run-dir", "/r", "optim.lr=1", "--resume", "auto"]
     assert delayed.function.checkpoint().function.argv.count("--resume") == 1
 
 
@@ -89,11 +89,11 @@ def test_dry_run_matches_golden_file():
     proc = dry_run("--recipe", "toy", "--nodes", "2", "--gpus-per-node", "4", "--cpus-per-task", "2",
                    "--mem", "32G", "--time", "02:30:00", "--partition", "debug", "--account", "lab",
                    "--qos", "normal", "--job-name", "golden", "--exclusive", "--folder", "/jobs/submitit",
-                   "--run-dir", "/runs/golden", "--dry-run", "--epochs", "2", "train.lr=0.01")
+                   "--run-dir", "/runs/golden", "--dry-run", "--epochs", "2", "optim.lr=0.01")
     assert proc.returncode == 0, proc.stderr
     assert normalise(proc.stdout) == (GOLDEN / "submit_dry_run.sbatch").read_text()
     assert "# task: python -m trainer train --recipe toy --epochs 2 --run-dir /runs/golden --resume auto " \
-           "train.lr=0.01" in proc.stderr
+           "optim.lr=0.01" in proc.stderr
     assert not Path("/jobs/submitit").exists()   # a dry run creates nothing
     assert "# restarts: submitit requeues after a time-out" in proc.stderr      # which retries apply
 
@@ -114,14 +114,14 @@ def test_max_restarts_makes_the_batch_step_supervise_the_training():
 
 def test_dry_run_sweep_is_a_job_array_and_pyxis_args():
     proc = dry_run("--recipe", "toy", "--tasks-per-node", "2", "--folder", "/jobs/s", "--run-dir", "/runs/sw",
-                   "--sweep", "train.lr=0.1,0.01,0.001", "--container-image", "nvcr.io#nvidia/pytorch:24.05-py3",
+                   "--sweep", "optim.lr=0.1,0.01,0.001", "--container-image", "nvcr.io#nvidia/pytorch:24.05-py3",
                    "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --array=0-2%3" in proc.stdout
     assert "--container-image 'nvcr.io#nvidia/pytorch:24.05-py3'" in proc.stdout
     assert "python -u -m submitit.core._submit" in proc.stdout
     runs = [line.split("--run-dir ")[1].split()[0] for line in proc.stderr.splitlines() if "# task" in line]
-    assert runs == ["/runs/sw/000-train.lr-0.1", "/runs/sw/001-train.lr-0.01", "/runs/sw/002-train.lr-0.001"]
+    assert runs == ["/runs/sw/000-optim.lr-0.1", "/runs/sw/001-optim.lr-0.01", "/runs/sw/002-optim.lr-0.001"]
 
 
 def test_sweep_points_that_look_alike_get_their_own_run_dirs():
@@ -135,7 +135,7 @@ def test_sweep_points_that_look_alike_get_their_own_run_dirs():
     assert [argv[-1] for argv in tasks] == ["data.path=/d/a b", "data.path=/d/a_b"]
 
 
-@pytest.mark.parametrize("sweep", [["train.lr=0.1,0.1"], ["train.lr=0.1,0.10"], ["train.lr=0.1,0.2", "train.lr=0.1"]])
+@pytest.mark.parametrize("sweep", [["optim.lr=0.1,0.1"], ["optim.lr=0.1,0.10"], ["optim.lr=0.1,0.2", "optim.lr=0.1"]])
 def test_sweep_points_with_the_same_configuration_are_refused(sweep):
     argv = [a for s in sweep for a in ("--sweep", s)]
     proc = dry_run("--recipe", "toy", "--folder", "/jobs/s", *argv, "--dry-run")
@@ -162,7 +162,7 @@ def test_dry_run_container_wraps_python(tmp_path):
     (["--recipe", "toy", "--tasks-per-node", "0"], "--tasks-per-node 0: must be >= 1"),
     (["--recipe", "toy", "--max-num-timeout", "-1"], "--max-num-timeout -1: must be >= 0"),
     (["--recipe", "toy", "--epochs", "-3"], "train.epochs = -3 is out of range"),
-    (["--recipe", "toy", "--sweep", "train.lr=a,b"], "train.lr"),
+    (["--recipe", "toy", "--sweep", "optim.lr=a,b"], "optim.lr"),
     (["--config", "/no/such.yaml"], "/no/such.yaml"),
 ])
 def test_errors_before_submission(argv, message):
@@ -242,7 +242,7 @@ def test_ordinary_slurm_field_values_pass():
 
 PASS_THROUGH = ("--sbatch", "exclude=node7", "--sbatch", "mail-type=END", "--sbatch", "comment=golden-run",
                 "--sbatch", "gres=gpu:a100:4", "--sbatch", "hint=nomultithread", "--sbatch", "overcommit",
-                "--srun-arg=--cpu-bind=cores", "--srun-arg=--mpi=none", "--sweep", "train.lr=0.1,0.01,0.001",
+                "--srun-arg=--cpu-bind=cores", "--srun-arg=--mpi=none", "--sweep", "optim.lr=0.1,0.01,0.001",
                 "--array-parallelism", "2")
 
 

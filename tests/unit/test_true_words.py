@@ -9,9 +9,10 @@ import pytest
 
 from tests.conftest import PY, REPO, clean_env
 from trainer.config.registry import specs
+from trainer.config.sections import ENGINE_RENAMED
 from trainer.config.settings import default_config, renamed_key, valid_keys
 
-SECTIONS = ("train", "ckpt", "dist", "data", "model", "eval", "loss")
+SECTIONS = ("train", "optim", "log", "faults", "compile", "ckpt", "dist", "data", "model", "eval", "loss")
 # a key as a user would write it: section.key=value (a file such as train.log or model.py is never followed by "=")
 KEY_SET = re.compile(r"(?<![\w./-])((?:%s)\.[a-z_][a-z0-9_]*)=" % "|".join(SECTIONS))
 
@@ -83,3 +84,16 @@ def test_every_knob_common_sh_reads_is_in_the_cluster_table():
     rows = set(re.findall(r"`([A-Z][A-Z0-9_]*)[=`]", table))
     assert {"TERM_HOLD_S", "MAX_RESTARTS", "EXTRA"} <= knobs
     assert sorted(knobs - rows) == []
+
+
+def test_no_help_text_page_or_message_names_a_flat_train_key():
+    """Issue 83 point 3: the old flat keys still work (with a warning), but nothing of ours tells a user to write
+    one: the help texts, the pages, the package's messages and the shipped configs name the owners' keys."""
+    texts = {"--help": help_texts()}
+    texts.update({p.relative_to(REPO).as_posix(): p.read_text() for p in [*(REPO / "docs").glob("*.md"),
+                  REPO / "README.md", *(REPO / "trainer").rglob("*.py"), *(REPO / "slurm").glob("*")]})
+    old = {where: sorted(named_in(text) & set(ENGINE_RENAMED)) for where, text in texts.items()}
+    assert {where: keys for where, keys in old.items() if keys} == {}
+    shipped = [p for p in (REPO / "configs").rglob("*.yaml")
+               if re.search(r"^train:\n(?:  .*\n)*?  (optimizer|lr|log_every_steps|schedule):", p.read_text(), re.M)]
+    assert shipped == []

@@ -239,7 +239,7 @@ def preflight_report(run_dir: Path) -> str:
     from trainer.distributed import preflight
     path = run_dir / preflight.REPORT
     if not path.is_file():
-        return "  pre-flight: none recorded (a run of one CPU rank, or train.preflight=off)"
+        return "  pre-flight: none recorded (a run of one CPU rank, or faults.preflight=off)"
     try:
         return "  " + preflight.render(preflight.read_report(path)).replace("\n", "\n  ")
     except (OSError, ValueError, KeyError, TypeError) as err:

@@ -15,16 +15,16 @@ from trainer.config.registry import recipe_names, specs
 FLAG_KEYS = {
     "epochs": "train.epochs", "batch_size": "train.batch_size",
     "global_batch_size": "train.global_batch_size", "grad_accum_steps": "train.grad_accum_steps",
-    "lr": "train.lr", "weight_decay": "train.weight_decay", "warmup_steps": "train.warmup_steps",
-    "warmup_epochs": "train.warmup_epochs", "amp": "train.amp", "strategy": "dist.strategy",
+    "lr": "optim.lr", "weight_decay": "optim.weight_decay", "warmup_steps": "optim.warmup_steps",
+    "warmup_epochs": "optim.warmup_epochs", "amp": "train.amp", "strategy": "dist.strategy",
     "gpu_ids": "dist.gpu_ids", "resume": "ckpt.resume", "init_from": "ckpt.init_from", "run_dir": "run_dir",
     "allow_data_change": "ckpt.allow_data_change",
     "seed": "seed", "private": "private",
 }
 
 
-CONFIG_SECTIONS = ("seed", "run_dir", "private", "train.*", "ckpt.*", "dist.*", "data.*", "model.*", "eval.*",
-                   "loss.*")
+CONFIG_SECTIONS = ("seed", "run_dir", "private", "train.*", "optim.*", "log.*", "faults.*", "compile.*", "ckpt.*",
+                   "dist.*", "data.*", "model.*", "eval.*", "loss.*")
 
 
 def flag_keys() -> dict[str, str]:
@@ -96,7 +96,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--global-batch-size", type=int, metavar="G",
                    help="total batch size, split across ranks and accumulation steps (must divide)")
     g.add_argument("--grad-accum-steps", type=int, metavar="M", help="micro-batches per optimizer step")
-    g.add_argument("--lr", type=float, help="peak learning rate (before --lr scaling, train.lr_scaling)")
+    g.add_argument("--lr", type=float, help="peak learning rate (before --lr scaling, optim.lr_scaling)")
     g.add_argument("--weight-decay", type=float, help="weight decay")
     g.add_argument("--warmup-steps", type=int, help="linear warmup length in optimizer steps")
     g.add_argument("--warmup-epochs", type=float, help="linear warmup length in epochs")
@@ -122,7 +122,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         for flag in spec.flags:
             g.add_argument(flag.name, type=flag.type, choices=flag.choices, help=f"{spec.name}: {flag.help}")
     g.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="config overrides, e.g. train.lr=0.01 data.path=DIR model.width=64")
+                   help="config overrides, e.g. optim.lr=0.01 data.path=DIR model.width=64")
     return parser
 
 

@@ -1,7 +1,7 @@
 """Typed run configuration. Precedence: dataclass defaults < YAML file < CLI flags < key=value overrides.
 
     cfg = build_config("toy", yaml_path="configs/toy.yaml", flags={"train.epochs": 3},
-                       overrides=["train.lr=0.01", "model.hidden=32"])
+                       overrides=["optim.lr=0.01", "model.hidden=32"])
 """
 from __future__ import annotations
 
@@ -15,133 +15,23 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from trainer.config.bounds import FRACTION, POSITIVE, Bound, out_of_range
-from trainer.config.ignored import Ignored
+from trainer.config.bounds import Bound, out_of_range
 from trainer.config.registry import get_spec
+from trainer.config.sections import (
+    ENGINE_RENAMED,
+    CheckpointConfig,
+    CompileConfig,
+    DistConfig,
+    FaultsConfig,
+    LogConfig,
+    OptimConfig,
+    TrainConfig,
+)
 from trainer.config.spec import EmptyConfig, RecipeSpec
 
 
 class ConfigError(ValueError):
     """A bad config key or value; the message names where it came from."""
-
-
-@dataclass
-class TrainConfig:
-    """Optimisation and loop settings shared by every recipe."""
-
-    bounds: ClassVar[dict[str, Bound]] = dict(
-        epochs=Bound(0, zero="no training: the initial weights are saved and evaluated"),
-        max_steps=Bound(0, zero="no limit"), batch_size=POSITIVE,
-        global_batch_size=Bound(0, zero="off: --batch-size is per rank"), grad_accum_steps=POSITIVE,
-        lr=Bound(0, lo_open=True), momentum=Bound(0, 1), betas=FRACTION, min_lr_ratio=Bound(0, 1),
-        clip_grad_norm=Bound(0, zero="no clipping"), eval_every_epochs=POSITIVE,
-        eval_batch_size=Bound(0, zero="the training batch size"), early_stop_patience=Bound(0, zero="off"),
-        log_every_steps=POSITIVE, num_workers=Bound(0, zero="load in the training process"),
-        preflight_slow=Bound(0, 1, hi_open=True, zero="the site's TRAINER_PREFLIGHT_SLOW, else 0.5"))
-    ignored: ClassVar[tuple[Ignored, ...]] = (
-        Ignored("momentum", 0.5, lambda s: s.optimizer == "sgd", "train.optimizer=sgd"),
-        Ignored("betas", [0.8, 0.99], lambda s: s.optimizer != "sgd", "train.optimizer=adamw or adam",
-                under=dict(optimizer="sgd")),
-        Ignored("min_lr_ratio", 0.1, lambda s: s.schedule != "constant", "train.schedule=cosine or linear",
-                under=dict(schedule="constant")),
-        Ignored("preflight_slow", 0.3, lambda s: s.preflight != "off", "train.preflight=auto or on",
-                under=dict(preflight="off")),
-    )
-    epochs: int = 10
-    max_steps: int = 0                    # stop after this many optimizer steps (0: no limit)
-    batch_size: int = 32                  # per rank (per GPU)
-    global_batch_size: int = 0            # if > 0: split across ranks and accumulation steps
-    grad_accum_steps: int = 1
-    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    momentum: float = 0.9                 # sgd only
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])   # adam/adamw
-    lr_scaling: Literal["none", "linear", "sqrt"] = "none"   # by world size
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup_steps: int = 0
-    warmup_epochs: float = 0.0            # converted to steps; the larger of the two wins
-    min_lr_ratio: float = 0.0             # floor of the decay, as a fraction of the peak lr
-    clip_grad_norm: float = 0.0           # 0: no clipping
-    amp: Literal["off", "bf16", "fp16", "auto"] = "off"   # auto: bf16 (else fp16) on CUDA, off on CPU
-    eval_every_epochs: int = 1
-    eval_batch_size: int = 0              # per rank (0: the training batch size)
-    early_stop_patience: int = 0          # epochs without improvement of the primary metric (0: off)
-    # the validation metric that picks best.pt and drives early stopping ("": the recipe's; NAME or NAME:max|min)
-    select_metric: str = ""
-    log_every_steps: int = 10
-    measure_sync: bool = False            # log forward/backward_frac; under DDP sync_wait_frac (collectives)
-    num_workers: int = 0
-    progress: Literal["auto", "on", "off"] = "auto"   # tqdm bar on rank 0 (auto: when a terminal)
-    log_per_rank: bool = False            # every rank also writes RUN_DIR/train.rank{N}.log (rank 0: train.log too)
-    tensorboard: bool = True
-    # the GPU-shaped step: fixed shapes, device-side sampling, no host sync (auto: on CUDA devices; on: forced,
-    # e.g. on a CPU to test the path a GPU takes; off: the CPU path's packing, length buckets and C++ kernels)
-    gpu_path: Literal["auto", "on", "off"] = "auto"
-    compile: Literal["off", "default", "reduce-overhead"] = "off"   # torch.compile of the model's training step
-    # on: the whole optimizer step (forward, backward, clipping, optimizer) one CUDA graph per batch shape, replayed
-    # (trainer/engine/step_graph.py; the GPU-shaped step, one rank, no accumulation; on a CPU the closure is replayed)
-    step_graph: Literal["off", "on"] = "off"
-    # deterministic kernels (torch.use_deterministic_algorithms, cuDNN, CUBLAS_WORKSPACE_CONFIG): bitwise resume on
-    # CUDA, at a cost (docs/gpu.md); an op with no deterministic kernel stops the run naming it
-    deterministic: bool = False
-    profile: str = ""                     # START:STOP: torch.profiler trace of those optimizer steps (RUN_DIR/profile)
-    # device and link checks before the first step (trainer/distributed/preflight.py; auto: several ranks or a GPU)
-    preflight: Literal["auto", "on", "off"] = "auto"
-    # a host below this fraction of the other hosts' median (matmul, host all-reduce, links) is unfit; lower it where
-    # nodes are shared with other work (0: the site's TRAINER_PREFLIGHT_SLOW, else 0.5)
-    preflight_slow: float = 0.0
-    # a rank slower than the others while training (trainer/distributed/stragglers.py): name it in the log and the
-    # train records (warn), or also checkpoint and exit 5 so that the restart loop relaunches without its host
-    straggler_action: Literal["warn", "evict", "off"] = "warn"
-    # no rank of the group making progress (a step, an evaluation batch, a checkpoint) for this long is a hang: every
-    # rank's stacks in RUN_DIR/hangs/, one culprit named alike by every rank, exit 6 for the restart loop to relaunch
-    # (trainer/engine/components/hang_watch.py). 0: auto, max(60 s, 20 x the slowest step); below 0: off
-    hang_timeout_s: float = 0.0
-
-
-@dataclass
-class CheckpointConfig:
-    """When checkpoints are written and how a run resumes."""
-
-    bounds: ClassVar[dict[str, Bound]] = dict(
-        every_epochs=Bound(0, zero="never by epoch"), every_steps=Bound(0, zero="never by step"),
-        keep_last=Bound(0, zero="keep every periodic checkpoint"),
-        signal_latency_s=Bound(0, zero="agree at every step"))
-    ignored: ClassVar[tuple[Ignored, ...]] = (
-        Ignored("keep_last", 5, lambda s: s.every_epochs > 0 or s.every_steps > 0,
-                "ckpt.every_epochs or ckpt.every_steps above 0 (periodic checkpoints to keep)",
-                under=dict(every_epochs=0)),)
-    every_epochs: int = 1                 # 0: never by epoch
-    every_steps: int = 0                  # 0: never by step
-    keep_last: int = 3                    # periodic checkpoints kept (best/final are separate)
-    save_best: bool = True
-    resume: str = ""                      # "" (fresh), "auto" (newest valid in run_dir), or a path
-    init_from: str = ""                   # a fresh start takes its weights (only) from this checkpoint
-    allow_data_change: bool = False       # a resume may go on with data other than the checkpoint's (logged)
-    requeue_signals: list[str] = field(default_factory=lambda: ["SIGUSR1", "SIGUSR2"])
-    # ranks agree on a signal at each logging window and, between windows, every so many steps that a signal waits
-    # at most this long (measured step time; until the first window: every step) before its checkpoint starts
-    signal_latency_s: float = 5.0
-
-
-@dataclass
-class DistConfig:
-    """How processes and devices are used."""
-
-    bounds: ClassVar[dict[str, Bound]] = dict(timeout_s=Bound(0, lo_open=True))
-    ignored: ClassVar[tuple[Ignored, ...]] = (
-        Ignored("gpu_ids", [0, 1], lambda s: s.strategy == "dp", "dist.strategy=dp (--strategy dp)"),
-        Ignored("find_unused_parameters", True, lambda s: s.strategy == "ddp", "dist.strategy=ddp",
-                under=dict(strategy="single")),
-        Ignored("shm_allreduce", "on", lambda s: s.strategy == "ddp" and s.backend != "nccl",
-                "dist.strategy=ddp over gloo (dist.backend=auto or gloo)", under=dict(backend="nccl")))
-    strategy: Literal["ddp", "dp", "single"] = "ddp"
-    gpu_ids: list[int] = field(default_factory=list)     # DataParallel devices (default: all)
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
-    timeout_s: float = 1800.0            # process-group timeout: a dead rank ends the others
-    find_unused_parameters: bool = False
-    shm_allreduce: Literal["auto", "on", "off"] = "auto"   # gloo on one host: all-reduce through shared memory
 
 
 @dataclass
@@ -154,6 +44,10 @@ class Config:
     seed: int = 0
     private: bool = False                 # run directory, checkpoints and logs readable by the owner only
     train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     data: Any = field(default_factory=EmptyConfig)
@@ -273,7 +167,7 @@ def _fields(obj: Any) -> dict[str, Any]:
 
 
 def valid_keys(obj: Any, prefix: str = "") -> list[str]:
-    """Every dotted key of a config tree: ['seed', 'train.lr', ...]."""
+    """Every dotted key of a config tree: ['seed', 'optim.lr', ...]."""
     keys = []
     for name, _ in _fields(obj).items():
         sub = getattr(obj, name)
@@ -319,13 +213,18 @@ def _node_for(cfg: Any, parts: list[str], source: str, dotted: str) -> tuple[Any
 
 
 def renamed_key(cfg: Any, dotted: str, source: str) -> str:
-    """A deprecated key's new name (the recipe spec's `renamed`), with a warning; other keys unchanged."""
+    """A deprecated key's new name (the engine's ENGINE_RENAMED, the recipe spec's `renamed`), with a warning;
+    other keys unchanged. A checkpoint's config is renamed quietly (from_dict): its writer cannot change it."""
     new = getattr(cfg, "_renamed", {}).get(dotted)
     if new is None:
         return dotted
+    if getattr(cfg, "_renamed_quietly", False):
+        return new
+    why = ("train.* is split into the sections of its owners; docs/configuration.md: Sections"
+           if ENGINE_RENAMED.get(dotted) == new else "docs/configuration.md: Config names")
     # attributed to the config's source, not to this line: the user's file or flag is what must change
     warnings.warn_explicit(f"config key {dotted!r} is deprecated and will be removed in the next release; use "
-                           f"{new!r} (docs/configuration.md: Config names)", FutureWarning, filename=source, lineno=0)
+                           f"{new!r} ({why})", FutureWarning, filename=source, lineno=0)
     return new
 
 
@@ -356,9 +255,9 @@ def apply_dict(cfg: Any, values: Any, source: str, prefix: str = "") -> None:
 
 
 def parse_override(text: str) -> tuple[str, str]:
-    """'train.lr=0.1' -> ('train.lr', '0.1'); the value is converted by the field's type later."""
+    """'optim.lr=0.1' -> ('optim.lr', '0.1'); the value is converted by the field's type later."""
     if "=" not in text or text.startswith("="):
-        raise ConfigError(f"override {text!r} is not of the form key=value (e.g. train.lr=0.01)")
+        raise ConfigError(f"override {text!r} is not of the form key=value (e.g. optim.lr=0.01)")
     key, raw = text.split("=", 1)
     return key.strip(), raw.strip()
 
@@ -436,7 +335,7 @@ def defaults_of(spec: RecipeSpec) -> Config:
     recipe = spec.name
     cfg = config_class()(recipe=recipe, data=spec.data_config(), model=spec.model_config(), eval=spec.eval_config(),
                          loss=spec.loss_config())
-    cfg._renamed = dict(spec.renamed)      # not a field: neither saved nor listed among the keys
+    cfg._renamed = {**ENGINE_RENAMED, **spec.renamed}      # not a field: neither saved nor listed among the keys
     for key, value in spec.defaults.items():
         set_key(cfg, key, value, f"recipe {recipe} defaults")
     return cfg
@@ -491,7 +390,11 @@ def to_dict(cfg: Config) -> dict:
 def from_dict(values: dict, source: str = "checkpoint") -> Config:
     """Rebuild a Config from to_dict() output."""
     cfg = default_config(values["recipe"])
-    apply_dict(cfg, {k: v for k, v in values.items() if k != "recipe"}, source)
+    cfg._renamed_quietly = True        # a checkpoint of before a rename: its keys are taken, without a warning
+    try:
+        apply_dict(cfg, {k: v for k, v in values.items() if k != "recipe"}, source)
+    finally:
+        del cfg._renamed_quietly
     return cfg
 
 

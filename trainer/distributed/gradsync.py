@@ -1,6 +1,6 @@
 """DDP's gradient all-reduce as a comm hook: through shared memory where the ranks have it
 (`dist.shm_allreduce`, trainer/distributed/shm.py), else gloo/NCCL as DDP's default; and how long each optimizer
-step waits for it (`train.measure_sync=true`; the loop adds the time of its own per-step collective, the
+step waits for it (`log.measure_sync=true`; the loop adds the time of its own per-step collective, the
 preemption-signal agreement).
 
 A DDP comm hook all-reduces each bucket as DDP's default does, and notes when the bucket was ready and when

@@ -1,5 +1,5 @@
 """Pre-flight: before the first step, each rank checks its device and the group checks its links, so that a
-slow or broken host is named before it costs a run (train.preflight=auto|on|off; auto: a world of more than one
+slow or broken host is named before it costs a run (faults.preflight=auto|on|off; auto: a world of more than one
 rank, or a GPU).
 
     verdict = run_checks(info, need_bytes=fp.total, dtype=torch.bfloat16)   # every rank, collectively
@@ -15,7 +15,7 @@ rounds, 3 for an odd number of hosts: the time does not grow with the hosts), so
 
 Unfit (the run stops with exit 5, trainer/launch/exitcodes.py, naming the host; the restart loop leaves it out at
 once): a failed check; a host whose matmul or host-local all-reduce falls below the slow fraction (SLOW_FRACTION,
-0.5, unless train.preflight_slow or TRAINER_PREFLIGHT_SLOW says otherwise) of the other hosts' median; a host both of
+0.5, unless faults.preflight_slow or TRAINER_PREFLIGHT_SLOW says otherwise) of the other hosts' median; a host both of
 whose ring links fall below it of the median of the links it is not on (three hosts or more: with two, the one link
 has no end to blame); a GPU below it of its own host's other GPUs
 (the host is left out: srun leaves out nodes, not devices, and the layout of the relaunch stays whole). Noted, not
@@ -212,7 +212,7 @@ def _exchange(send: torch.Tensor, recv: torch.Tensor, peer: int, device: torch.d
 
 
 def slow_fraction(setting: float = 0.0) -> float:
-    """The fraction of the other hosts' median below which a host is slow: train.preflight_slow where set, else the
+    """The fraction of the other hosts' median below which a host is slow: faults.preflight_slow where set, else the
     site's TRAINER_PREFLIGHT_SLOW, else SLOW_FRACTION. Where nodes are shared with other work (oversubscribed CPU
     nodes, the local test cluster's two nodes on one machine's cores beside the rest of the suite: 0.39x and 0.45x
     seen for seconds on end, CI 2026-11-29) a site judges looser; a slow host for real is 0.05x or less."""
@@ -229,7 +229,7 @@ def slow_fraction(setting: float = 0.0) -> float:
     if not 0 < value < 1:
         raise ConfigError(f"{SLOW_ENV}={raw!r} (environment): a fraction above 0 and below 1, the share of the other "
                           f"hosts' median below which a host is unfit; unset it for {SLOW_FRACTION}, or set "
-                          f"train.preflight_slow")
+                          f"faults.preflight_slow")
     return value
 
 
@@ -408,7 +408,7 @@ def write_report(run_dir: str | Path, verdict: Verdict) -> Path:
 
 
 def wanted(setting: str, info: DistInfo) -> bool:
-    """train.preflight: on, off, or auto (a world of more than one rank, or a GPU)."""
+    """faults.preflight: on, off, or auto (a world of more than one rank, or a GPU)."""
     return setting == "on" or setting == "auto" and (info.distributed or info.device.startswith("cuda"))
 
 

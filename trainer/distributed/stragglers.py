@@ -128,7 +128,7 @@ def report(records: list[dict]) -> str:
     host, largest factor) and the largest factor of any judged window (what a healthy run shows)."""
     judged = [r for r in records if "slowest_factor" in r]
     if not judged:
-        return "  stragglers: none judged (a single process, train.straggler_action=off, or windows too short)"
+        return "  stragglers: none judged (a single process, faults.straggler_action=off, or windows too short)"
     top = max(judged, key=lambda r: r["slowest_factor"])
     lines = [f"  stragglers: {len(judged)} judged window(s); the largest factor {top['slowest_factor']:.2f}x "
              f"(rank {top['slowest_rank']}, step {top['step']}; named at {FACTOR:g}x for {WINDOWS} in a row)"]

@@ -183,11 +183,11 @@ def loaded_for_eval(recipe: Recipe, info: DistInfo, cfg: Config, ckpt: dict, pat
 
 def _sync_gradients(run: Run, comm) -> GradSync:
     """How the ranks' gradients meet: DDP's comm hook, or one all-reduce after the backward; timed with
-    train.measure_sync."""
+    log.measure_sync."""
     # the straggler watch needs each step's wait on the CPU (trainer/distributed/stragglers.py; only measure_sync
     # logs it); on a GPU it reads the device clock (a component), and NCCL's steps go without a Python comm hook
-    info, watch = run.info, run.info.distributed and run.cfg.train.straggler_action != "off"
-    measure = run.cfg.train.measure_sync or (watch and run.device.type != "cuda")
+    info, watch = run.info, run.info.distributed and run.cfg.faults.straggler_action != "off"
+    measure = run.cfg.log.measure_sync or (watch and run.device.type != "cuda")
     sync = GradSync()
     how = f"shared memory, {info.world_size} ranks on one host" if comm \
         else f"{info.backend} (no shared memory: {runtime.shm.attach.why})"
@@ -204,20 +204,20 @@ def _sync_gradients(run: Run, comm) -> GradSync:
 
 
 def compiled_step(recipe: Recipe, wrapped: torch.nn.Module, mode: str) -> TrainStep:
-    """batch -> loss: the recipe's training step on the wrapped model, under torch.compile for train.compile
+    """batch -> loss: the recipe's training step on the wrapped model, under torch.compile for compile.mode
     (reduce-overhead: also replayed as CUDA graphs where the shapes are static: the GPU-shaped step's)."""
     step = functools.partial(recipe.training_step, wrapped)
     if mode == "off":
         return step
     if not recipe.gpu_shaped:
-        log.warning("train.compile=%s on the CPU-shaped step (packing, length buckets, host reads): expect graph "
+        log.warning("compile.mode=%s on the CPU-shaped step (packing, length buckets, host reads): expect graph "
                     "breaks and recompilations; train.gpu_path=on gives the fixed-shape step", mode)
     return torch.compile(step, mode=None if mode == "default" else mode, dynamic=False)
 
 
 def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
     """Everything training needs, built in a fixed order (the RNG streams of a resumed run depend on it)."""
-    tc = cfg.train
+    tc, oc = cfg.train, cfg.optim
     run = _data_and_model(recipe, info, cfg, wrap=True, training=True)
     run.accum = max(tc.grad_accum_steps, 1)
     sync = _sync_gradients(run, runtime.local_comm()) if info.distributed else GradSync()
@@ -231,13 +231,13 @@ def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
     run.micro_per_epoch = len(plan) if plan is not None else math.ceil(run.sampler.per_rank / run.batch_size)
     run.steps_per_epoch = math.ceil(run.micro_per_epoch / run.accum)
     gpus = info.world_size * info.replicas      # what lr scaling counts: every GPU a batch is spread over
-    run.optimizer = recipe.build_optimizer(run.model, scaled_lr(tc.lr, tc.lr_scaling, gpus)) \
-        or build_optimizer(run.model.parameters(), tc, gpus)
-    run.scheduler = build_scheduler(run.optimizer, tc, run.steps_per_epoch)
+    run.optimizer = recipe.build_optimizer(run.model, scaled_lr(oc.lr, oc.lr_scaling, gpus)) \
+        or build_optimizer(run.model.parameters(), oc, gpus)
+    run.scheduler = build_scheduler(run.optimizer, oc, tc, run.steps_per_epoch)
     run.scaler = torch.amp.GradScaler(run.device.type, enabled=run.amp_dtype == torch.float16)
-    if tc.step_graph == "on" and (why := step_graph.refusal(run)):
-        raise ConfigError(f"train.step_graph=on: {why}")
-    run.step = step_strategy(run, compiled_step(recipe, run.wrapped, tc.compile), sync)
+    if cfg.compile.step_graph == "on" and (why := step_graph.refusal(run)):
+        raise ConfigError(f"compile.step_graph=on: {why}")
+    run.step = step_strategy(run, compiled_step(recipe, run.wrapped, cfg.compile.mode), sync)
     if recipe.gpu_shaped and run.device.type == "cuda" and not tc.deterministic:
         torch.backends.cudnn.benchmark = True     # fixed shapes: each picks its fastest kernels once
     log.info("recipe=%s world=%d device=%s batch/rank=%d accum=%d steps/epoch=%d params=%d",

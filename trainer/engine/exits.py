@@ -53,11 +53,11 @@ def unfit_hint(err: UnfitHostError) -> str:
     hosts = ",".join(sorted(err.hosts))
     if isinstance(err, StragglerError):
         return (f"the restart loop (slurm/*.sbatch, MAX_RESTARTS) relaunches without it; by hand: sbatch/srun "
-                f"--exclude={hosts} ... --resume auto (its checkpoint is written), or train.straggler_action=warn to "
+                f"--exclude={hosts} ... --resume auto (its checkpoint is written), or faults.straggler_action=warn to "
                 f"go on with it")
     return (f"the restart loop (slurm/*.sbatch, MAX_RESTARTS) relaunches without the host; by hand: sbatch/srun "
-            f"--exclude={hosts}, train.preflight_slow=0.3 where nodes are shared with other work, or "
-            f"train.preflight=off to train on it anyway (RUN_DIR/preflight.json has the figures)")
+            f"--exclude={hosts}, faults.preflight_slow=0.3 where nodes are shared with other work, or "
+            f"faults.preflight=off to train on it anyway (RUN_DIR/preflight.json has the figures)")
 
 
 def _resource(err: BaseException) -> str:

@@ -45,7 +45,7 @@ class ConsoleHandler(logging.StreamHandler):
 def setup_logging(info: DistInfo, run_dir: str | Path | None = None, level: int = logging.INFO,
                   per_rank: bool = False) -> None:
     """Rank 0 logs INFO to the console and run_dir/train.log; other ranks log warnings only. per_rank
-    (train.log_per_rank): every rank also writes its INFO lines to run_dir/train.rank{N}.log."""
+    (log.per_rank): every rank also writes its INFO lines to run_dir/train.rank{N}.log."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, "_trainer", False):

@@ -70,7 +70,7 @@ class Throughput:
     def update(self, samples: int, steps: int = 0, synced: float | None = None,
                phases: dict[str, float] | None = None) -> None:
         """Count samples (and optimizer steps) done since the window started, seconds spent waiting for
-        gradients, and seconds per step phase (forward, backward: train.measure_sync)."""
+        gradients, and seconds per step phase (forward, backward: log.measure_sync)."""
         self.samples += samples
         self.steps += steps
         if synced is not None:

@@ -9,6 +9,8 @@ from typing import Any, ClassVar, Collection, Protocol, Sequence
 
 import torch
 
+from trainer.config.sections import OptimConfig
+
 
 class DeviceData(Protocol):
     """A training set held on the training device (Recipe.device_dataset): a batch is a gather of its indices."""
@@ -38,9 +40,10 @@ class Recipe:
     reuse_freed_memory: ClassVar[bool] = True        # steps free and remake large tensors: trainer/native/memory.py
 
     def __init__(self, data_cfg: Any, model_cfg: Any, train_cfg: Any, dist: Any, eval_cfg: Any = None,
-                 seed: int = 0, loss_cfg: Any = None):
+                 seed: int = 0, loss_cfg: Any = None, optim_cfg: Any = None):
         self.data_cfg, self.model_cfg, self.train_cfg, self.dist = data_cfg, model_cfg, train_cfg, dist
         self.eval_cfg, self.loss_cfg, self.seed = eval_cfg, loss_cfg, seed
+        self.optim_cfg = optim_cfg if optim_cfg is not None else OptimConfig()   # optim.*: the optimizer's memory
 
     def build_datasets(self) -> tuple[torch.utils.data.Dataset, dict[str, torch.utils.data.Dataset]]:
         """(training set, {"val": ..., "test": ...}); evaluation sets may be empty."""
@@ -73,19 +76,19 @@ class Recipe:
 
     def optimizer_states(self) -> int:
         """How many copies of the weights the optimizer keeps (Adam/AdamW: 2; SGD: its momentum, if any)."""
-        tc = self.train_cfg
-        return 2 if tc.optimizer in ("adam", "adamw") else int(bool(getattr(tc, "momentum", 0)))
+        oc = self.optim_cfg
+        return 2 if oc.name in ("adam", "adamw") else int(bool(getattr(oc, "momentum", 0)))
 
     def memory_drivers(self) -> str:
         """The settings and data sizes that set the model's size, for the message of a model that cannot fit."""
         return "the model.* settings"
 
     def before_step(self, batch: Any) -> None:
-        """Host-side work of a micro-batch before its training_step (which train.compile traces: a clock read
+        """Host-side work of a micro-batch before its training_step (which compile.mode traces: a clock read
         or an optimizer's phase switch there would break its graph)."""
 
     def after_step(self) -> None:
-        """After training_step returned, outside train.compile's graph: a CUDA-graph replay's outputs that the
+        """After training_step returned, outside compile.mode's graph: a CUDA-graph replay's outputs that the
         recipe keeps are read here, before the next replay writes over them."""
 
     def training_step(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
@@ -126,7 +129,7 @@ class Recipe:
         return None
 
     def build_optimizer(self, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer | None:
-        """A recipe-specific optimizer at the (world-size scaled) lr; None: the engine's train.optimizer."""
+        """A recipe-specific optimizer at the (world-size scaled) lr; None: the engine's optim.name."""
         return None
 
     def sample_costs(self) -> Sequence[float] | None:

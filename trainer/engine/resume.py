@@ -30,12 +30,10 @@ log = logging.getLogger(__name__)
 # run would no longer be the one its checkpoints belong to. (docs: checkpoints and faults, "Changed settings")
 CHANGEABLE_ON_RESUME = (
     "run_dir", "private",
-    "train.epochs", "train.max_steps", "train.lr",
-    "train.batch_size", "train.global_batch_size", "train.grad_accum_steps",
+    "train.epochs", "train.max_steps", "train.batch_size", "train.global_batch_size", "train.grad_accum_steps",
     "train.num_workers", "train.eval_every_epochs", "train.eval_batch_size", "train.early_stop_patience",
-    "train.log_every_steps", "train.progress", "train.log_per_rank", "train.tensorboard", "train.measure_sync",
-    "train.gpu_path", "train.compile", "train.step_graph", "train.profile", "train.preflight", "train.straggler_action",
-    "train.hang_timeout_s", "train.select_metric",
+    "train.gpu_path", "train.select_metric",
+    "optim.lr", "log.*", "compile.*", "faults.*",
     "ckpt.*", "dist.*", "data.cache", "data.cache_cap_gb",
     "data.path",        # a moved copy of the same data; other data is refused by the checkpoint's data fingerprint
 )

@@ -43,7 +43,7 @@ def resolve_run_dir(cfg, info) -> str:
 def build_recipe(cfg, info, spec: RecipeSpec):
     """The recipe object, given only its own config sections."""
     return spec.recipe_class()(cfg.data, cfg.model, cfg.train, info, eval_cfg=cfg.eval, seed=cfg.seed,
-                               loss_cfg=cfg.loss)
+                               loss_cfg=cfg.loss, optim_cfg=cfg.optim)
 
 
 def run_train(cfg: Config, spec: RecipeSpec) -> tuple[FitResult, Config]:
@@ -72,7 +72,7 @@ def run_train(cfg: Config, spec: RecipeSpec) -> tuple[FitResult, Config]:
                 make_private(cfg.run_dir)
             commit_run_dir(cfg.run_dir, info, planned.damaged, lock)
             evict_pending()                      # the data cache's cap: nothing removed by a refused run
-            attach_run_log(info, cfg.run_dir, held, per_rank=cfg.train.log_per_rank)
+            attach_run_log(info, cfg.run_dir, held, per_rank=cfg.log.per_rank)
             if planned.changes:
                 log.warning("changed on resume: %s", describe(planned.changes))
             if info.is_main:

@@ -1,8 +1,8 @@
-"""The whole optimizer step as one CUDA graph (train.step_graph=on; issue 70 point 2): the forward, the backward, the
+"""The whole optimizer step as one CUDA graph (compile.step_graph=on; issue 70 point 2): the forward, the backward, the
 gradient clipping and the optimizer captured together and replayed, so that the host issues one replay per step
 instead of a launch per kernel (a small model's step is mostly the host's launches: docs/gpu.md).
 
-    graph = StepGraph(run, closure_of)      # train.step_graph=on; build_run refused what it cannot capture
+    graph = StepGraph(run, closure_of)      # compile.step_graph=on; build_run refused what it cannot capture
     loss = graph.step(batch)                # the batch copied into the graph's inputs, the step replayed
 
 Each batch shape (the epoch's short last batch is a second one) runs WARMUP steps eagerly, on a side stream as torch
@@ -30,8 +30,8 @@ WARMUP = 2          # eager steps per batch shape before its capture (torch: laz
 
 
 def refusal(run) -> str | None:
-    """Why train.step_graph=on cannot run here, or None."""
-    tc, recipe = run.cfg.train, run.recipe
+    """Why compile.step_graph=on cannot run here, or None."""
+    recipe = run.recipe
     if not recipe.gpu_shaped:
         return "it needs the GPU-shaped step (fixed shapes, no host reads): set train.gpu_path=on"
     if run.info.world_size > 1 or isinstance(run.wrapped, torch.nn.DataParallel):
@@ -42,11 +42,11 @@ def refusal(run) -> str | None:
         return f"train.grad_accum_steps={run.accum}: the graph is one whole optimizer step; set it to 1"
     if run.scaler.is_enabled():
         return "fp16's loss scaling checks for infs on the host every step: use train.amp=bf16 (or off)"
-    if tc.compile == "reduce-overhead":
-        return "train.compile=reduce-overhead makes CUDA graphs of its own: use train.compile=default or off"
+    if run.cfg.compile.mode == "reduce-overhead":
+        return "compile.mode=reduce-overhead makes CUDA graphs of its own: use compile.mode=default or off"
     if not has_fixed_shapes(type(run.optimizer)):
         return (f"the recipe's own optimizer ({type(run.optimizer).__name__}) is not capturable: "
-                f"set train.step_graph=off")
+                f"set compile.step_graph=off")
     return None
 
 
@@ -147,7 +147,7 @@ def step_outputs(recipe, before: dict) -> dict:
 
 def plain_state(optimizer_state: dict) -> dict:
     """An optimizer's state_dict as a run without the graph writes it (the learning rate a float, not capturable):
-    its checkpoint resumes with or without train.step_graph, on either device. KGAT's phases: each phase's."""
+    its checkpoint resumes with or without compile.step_graph, on either device. KGAT's phases: each phase's."""
     for phase_state in optimizer_state.get("phases", {}).values():
         plain_state(phase_state)
     for group in optimizer_state.get("param_groups", ()):

@@ -1,6 +1,6 @@
 """How an optimizer step is executed, chosen once per run (build.py's build_run): the eager step (micro-batches,
 accumulation with DDP's no_sync, AMP's loss scaling, clipping) or the whole step replayed as one graph
-(train.step_graph=on, trainer/engine/step_graph.py). The epoch loop hands each micro-batch to the run's strategy
+(compile.step_graph=on, trainer/engine/step_graph.py). The epoch loop hands each micro-batch to the run's strategy
 and counts what comes back; it never asks which one it has.
 
     strategy = step_strategy(run, compiled_step(recipe, run.wrapped, "off"), sync=None)
@@ -50,7 +50,7 @@ class Run(Protocol):
 @dataclass
 class MicroBatch:
     """One micro-batch done: its loss (on the device, unread), its samples, whether it ended an optimizer step,
-    and what it measured on the host (train.measure_sync: forward/backward seconds; seconds waiting in the
+    and what it measured on the host (log.measure_sync: forward/backward seconds; seconds waiting in the
     gradient collectives, None where unmeasured)."""
 
     loss: torch.Tensor
@@ -74,7 +74,7 @@ class StepStrategy(Protocol):
 class GradSync:
     """How the ranks' gradients meet beside DDP (build.py _sync_gradients): `after_backward` averages them after
     the last micro-batch's backward (Recipe.average_after_backward), `timer` times the collectives
-    (train.measure_sync, or the straggler watch on a CPU)."""
+    (log.measure_sync, or the straggler watch on a CPU)."""
 
     after_backward: Callable[[], None] | None = None
     timer: GradSyncTimer | None = None
@@ -87,7 +87,7 @@ class EagerStep:
     def __init__(self, run: Run, train_step: TrainStep, sync: GradSync):
         self.run, self.train_step, self.sync = run, train_step, sync
         self.measures_sync = sync.timer is not None
-        self.phases_timed = run.cfg.train.measure_sync   # where a DDP step's time beyond one rank's goes
+        self.phases_timed = run.cfg.log.measure_sync   # where a DDP step's time beyond one rank's goes
 
     def micro_batch(self, batch: Any, micro: int, end: int) -> MicroBatch:
         run = self.run
@@ -118,7 +118,7 @@ class EagerStep:
         return done
 
     def _optimizer_step(self) -> None:
-        run, clip = self.run, self.run.cfg.train.clip_grad_norm
+        run, clip = self.run, self.run.cfg.optim.clip_grad_norm
         if clip > 0:
             run.scaler.unscale_(run.optimizer)
             torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip)
@@ -132,8 +132,8 @@ class EagerStep:
 
 
 class GraphedStep:
-    """train.step_graph=on: each micro-batch one whole optimizer step through a StepGraph (no accumulation: refused
-    at build). The recipe's before/after_step stay outside the graph, as under train.compile."""
+    """compile.step_graph=on: each micro-batch one whole optimizer step through a StepGraph (no accumulation: refused
+    at build). The recipe's before/after_step stay outside the graph, as under compile.mode."""
 
     measures_sync = False
 
@@ -159,7 +159,7 @@ class GraphedStep:
         first, as the eager step leaves them: a parameter this step does not reach (KGAT's CF phase and its
         relations) keeps no zero gradient for the optimizer to move it by; under a capture the backward allocates
         them from the graph's pool, at the addresses every replay writes (torch's whole-network capture)."""
-        run, clip = self.run, self.run.cfg.train.clip_grad_norm
+        run, clip = self.run, self.run.cfg.optim.clip_grad_norm
 
         def closure() -> torch.Tensor:
             run.optimizer.zero_grad(set_to_none=True)
@@ -177,7 +177,7 @@ class GraphedStep:
 
 
 def step_strategy(run: Run, train_step: TrainStep, sync: GradSync) -> StepStrategy:
-    """The run's one way of stepping (train.step_graph)."""
-    if run.cfg.train.step_graph == "on":
+    """The run's one way of stepping (compile.step_graph)."""
+    if run.cfg.compile.step_graph == "on":
         return GraphedStep(run, train_step)
     return EagerStep(run, train_step, sync)

@@ -77,8 +77,8 @@ class Trainer:
         if info.restart_count:
             log.info("restart %d of job %s (launcher %s)", info.restart_count, info.job_id, info.launcher)
         self.info, self.cfg, self.run_dir = info, cfg, Path(cfg.run_dir)
-        checked = preflight.wanted(cfg.train.preflight, info)
-        slow = preflight.slow_fraction(cfg.train.preflight_slow) if checked else None   # a bad setting refuses here
+        checked = preflight.wanted(cfg.faults.preflight, info)
+        slow = preflight.slow_fraction(cfg.faults.preflight_slow) if checked else None   # a bad setting refuses here
         self.run = build_run(recipe, info, cfg)
         refuse_unknown_metric(recipe, cfg)
         self.ckpts = Checkpointer(self.run, self.run_dir, planned)
@@ -95,7 +95,7 @@ class Trainer:
         # logged from there on (a crash after the checkpoint leaves such steps behind)
         self.failures = WriteFailures()         # a write failed mid-run: every rank stops alike, exit 4
         watch(self.failures)
-        self.writer = MetricsWriter(self.run_dir, info, cfg.train.tensorboard,
+        self.writer = MetricsWriter(self.run_dir, info, cfg.log.tensorboard,
                                     purge_step=self.state.global_step + 1 if resumed else None,
                                     failures=self.failures)
         self.components: list[Component] = []
@@ -105,7 +105,7 @@ class Trainer:
                                     self.ckpts.notes)
             self.evaluations = Evaluations(self.run, self.state, self.writer, metrics)
             self.meter = Throughput(self.run.device)
-            self.losses = TrainLosses(self.run.device, info, max(cfg.train.log_every_steps, 1) * self.run.accum,
+            self.losses = TrainLosses(self.run.device, info, max(cfg.log.every_steps, 1) * self.run.accum,
                                       self.state, self.ckpts.last_good)
             self.components = self._components()
         except BaseException:
@@ -126,9 +126,9 @@ class Trainer:
     def _components(self) -> list[Component]:
         """The run's components, in the order the loops call them (a component's Stop ends a step's calls): the
         device clock first (its step is filed before the window reads it), eviction last."""
-        info, tc, clock = self.info, self.cfg.train, StepClock()
-        watched = Stragglers.wanted(info, tc.straggler_action)
-        stragglers = Stragglers(info, tc.straggler_action, clock) if watched else None
+        info, faults, logs, clock = self.info, self.cfg.faults, self.cfg.log, StepClock()
+        watched = Stragglers.wanted(info, faults.straggler_action)
+        stragglers = Stragglers(info, faults.straggler_action, clock) if watched else None
         device_clock = DeviceClock(self.run.model.parameters()) \
             if watched and self.run.device.type == "cuda" else None
         preempt = PreemptionHandler(self._trapped())
@@ -137,16 +137,17 @@ class Trainer:
                                device_clock=device_clock)
         built = [
             device_clock,
-            HangWatch(info, self.run_dir, tc.hang_timeout_s) if HangWatch.wanted(info, tc.hang_timeout_s) else None,
+            HangWatch(info, self.run_dir, faults.hang_timeout_s) if HangWatch.wanted(info, faults.hang_timeout_s)
+            else None,
             preempt,
-            StepProfiler(tc.profile, self.run_dir, info, self.state),
+            StepProfiler(logs.profile, self.run_dir, info, self.state),
             ShutdownBudget(info),
             window,
             stragglers,
-            ProgressBar(info, tc.progress, window),
+            ProgressBar(info, logs.progress, window),
             FirstStep(info),
             PeriodicSaves(self.cfg.ckpt, self.state, self.save),
-            StepLimit(tc.max_steps, self.run.scheduler),
+            StepLimit(self.cfg.train.max_steps, self.run.scheduler),
             Eviction(stragglers) if stragglers else None,
         ]
         built += [factory(self) for factory in registered_components()]
@@ -246,7 +247,7 @@ class Trainer:
         folder = self.ckpts.dir
         log.info("run directory: %s", self.cfg.run_dir)
         log.info("checkpoints: %s (in %s)", ", ".join(sorted(p.name for p in folder.glob("*.pt"))) or "none", folder)
-        if self.cfg.train.tensorboard:
+        if self.cfg.log.tensorboard:
             log.info("TensorBoard: tensorboard --logdir %s", Path(self.cfg.run_dir) / "tb")
 
     def save(self, kind: str) -> None:

@@ -97,7 +97,7 @@ def non_finite(reading: Reading, step: int, last_good: str) -> NonFiniteLossErro
     bad = reading.bad
     return NonFiniteLossError(
         f"non-finite loss at step {bad.step} (epoch {bad.epoch}, batch {bad.batch}); training stopped at step "
-        f"{step}, {last_good}.\nHINT: lower --lr, set train.clip_grad_norm, use --amp bf16 instead of fp16, "
+        f"{step}, {last_good}.\nHINT: lower --lr, set optim.clip_grad_norm, use --amp bf16 instead of fp16, "
         f"check the data for NaN/inf; continue with --resume auto.")
 
 
@@ -117,7 +117,7 @@ class TrainLosses:
 
     def add(self, loss: torch.Tensor, samples: int, epoch: int, batch: int) -> None:
         """A micro-batch's mean loss and samples, of the optimizer step to come (no host sync)."""
-        if self.buffer.full:            # train.log_every_steps beyond the buffer: read it now
+        if self.buffer.full:            # log.every_steps beyond the buffer: read it now
             self.read()
         self.buffer.add(loss, samples, self.state.global_step + 1, epoch, batch)
 

@@ -12,7 +12,7 @@
 | 5         | unfit host: the pre-flight found a host slow or failing its  | relaunch without that host, at   |
 |           | checks, or a straggler was evicted after a checkpoint         | once; stop where none is left    |
 |           | (named in the cause: "unfit host(s) [h1,h2]")                 |                                  |
-| 6         | hang: no rank made progress for train.hang_timeout_s; one    | relaunch from the last agreed    |
+| 6         | hang: no rank made progress for faults.hang_timeout_s; one    | relaunch from the last agreed    |
 |           | verdict for the group ("hang: rank R ...", or "hang: the     | checkpoint (counts in            |
 |           | group ..." when all stalled alike), stacks in RUN_DIR/hangs/ | MAX_RESTARTS)                    |
 | 128 + N   | stopped by signal N after an agreed checkpoint (.preempted)  | requeue, not relaunch            |
@@ -56,7 +56,7 @@ class UnfitHostError(RuntimeError):
 
 
 class StragglerError(UnfitHostError):
-    """A rank's host was a straggler under train.straggler_action=evict (trainer/distributed/stragglers.py): after an
+    """A rank's host was a straggler under faults.straggler_action=evict (trainer/distributed/stragglers.py): after an
     agreed checkpoint, exit UNFIT_HOST as the pre-flight's; the cause says which check named it."""
 
     def __init__(self, host: str, why: str):

@@ -21,7 +21,7 @@ ALIASES: dict[str, tuple[str, str | None]] = {
     "--num-workers": ("train.num_workers", None),
     "--batch_size_per_gpu": ("train.batch_size", None),    # seed 000: per GPU, as --batch-size here
     "--maxlen": ("data.maxlen", None),
-    "--warmup_steps": ("train.warmup_steps", None),        # seed 001's troubleshooting table
+    "--warmup_steps": ("optim.warmup_steps", None),        # seed 001's troubleshooting table
     "--backend": ("dist.backend", None),
     "--no_mhc": ("model.mhc", "false"),
     "--no_time": ("model.time", "false"),

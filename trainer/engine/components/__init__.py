@@ -2,4 +2,4 @@
 (trainer/engine/trainer.py) and called by the loops: logging_window.py (the loss window's read, the signal agreement,
 the train records), stragglers.py (the straggler watch), eviction.py, periodic.py (periodic checkpoints), limits.py
 (train.max_steps), budget.py (torchrun's shutdown budget), progress.py (the progress bar), profiler.py
-(train.profile)."""
+(log.profile)."""

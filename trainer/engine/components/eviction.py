@@ -1,4 +1,4 @@
-"""train.straggler_action=evict: a straggler named in a logging window (stragglers.py), while a world is left
+"""faults.straggler_action=evict: a straggler named in a logging window (stragglers.py), while a world is left
 without its host, stops the steps; the fit loop checkpoints, then the stop raises StragglerError: exit 5, which the
 restart loop (slurm/common.sh) reads as "relaunch without this host"."""
 from __future__ import annotations

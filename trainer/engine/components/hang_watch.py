@@ -3,7 +3,7 @@ group's timeout (dist.timeout_s, 30 minutes by default). Every rank publishes it
 heartbeats.py): its progress (each mark the engine passes: a batch in hand, a backward begun, a step done, an
 evaluation batch; and every tick of its watch while a long phase lasts: a recipe hook, a checkpoint, an evaluation's
 start), its position (the marks alone: equal on every rank at the same point of the schedule they all follow) and its
-watch's tick. When no rank has made progress for train.hang_timeout_s, or one rank's watch has been silent that long,
+watch's tick. When no rank has made progress for faults.hang_timeout_s, or one rank's watch has been silent that long,
 each rank that can still tell dumps its threads' stacks (and, under NCCL, the flight recorder) into RUN_DIR/hangs/,
 names the culprit by one rule that every rank applies to the same heartbeats (blame() below), records its exit and
 exits HANG (6), which the restart loop relaunches from the last agreed checkpoint. A watch that finds its own loop
@@ -222,7 +222,7 @@ class HangWatch(Component):
                f"rank {named[0]} (with {', '.join(map(str, named[1:]))})")
         head = f"made no progress, nor did any other rank, for {idle_s:.0f} s" if idle_s > timeout or not silent \
             else f"has been silent for {max(silent.values()):.0f} s while the others waited"
-        return f"hang: {who} {head} (train.hang_timeout_s={timeout:.0f}); {why}"
+        return f"hang: {who} {head} (faults.hang_timeout_s={timeout:.0f}); {why}"
 
     def _tell(self, cause: str, seen: dict[int, Beat]) -> None:
         """This rank's stacks into RUN_DIR/hangs/, its exit record, the error line."""

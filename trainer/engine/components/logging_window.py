@@ -1,4 +1,4 @@
-"""The logging window: every train.log_every_steps optimizer steps the ranks read their losses in one collective
+"""The logging window: every log.every_steps optimizer steps the ranks read their losses in one collective
 (trainer/engine/window.py TrainLosses), which also carries the preemption flags and each rank's step clock
 (trainer/distributed/stragglers.py window_slots), and rank 0 writes one train record; between windows the ranks
 agree on a signal every few steps (trainer/engine/preemption.py AgreementCadence, ckpt.signal_latency_s).
@@ -58,12 +58,12 @@ class LoggingWindow(Component):
                  writer: MetricsWriter, preempt: PreemptionHandler, clock: StepClock,
                  readers: Sequence[WindowReader] = (), failures: WriteFailures | None = None,
                  device_clock: DeviceClock | None = None):
-        self.run, self.info, self.tc, self.state = run, run.info, run.cfg.train, state
+        self.run, self.info, self.log_cfg, self.state = run, run.info, run.cfg.log, state
         self.losses, self.meter, self.writer, self.preempt = losses, meter, writer, preempt
         self.clock, self.readers, self.device_clock = clock, list(readers), device_clock
         self.timed = run.step is not None and run.step.measures_sync     # the step's collectives are timed
         self.failures = failures or WriteFailures()
-        self.cadence = AgreementCadence(run.info, run.cfg.ckpt.signal_latency_s, self.tc.log_every_steps)
+        self.cadence = AgreementCadence(run.info, run.cfg.ckpt.signal_latency_s, self.log_cfg.every_steps)
         self.stats = SystemStats()
         self.steps = 0                        # the steps whose clock figures this rank sent
         self.record: dict[str, Any] = {}      # the last train record and its step (the progress bar shows it)
@@ -78,7 +78,7 @@ class LoggingWindow(Component):
         if not self.meter.cuda:           # on a GPU the host only queues a step: its window's CUDA time is used
             self.clock.step(step.seconds)
             self.clock.waited(step.waited)
-        if step.step % max(self.tc.log_every_steps, 1) == 0:
+        if step.step % max(self.log_cfg.every_steps, 1) == 0:
             signum = self._timed(self._read_window, step.step)     # the window's read agrees on the signal too
             self._log(step.epoch, step.step)
         else:       # between windows, every few steps (ckpt.signal_latency_s)
@@ -102,7 +102,7 @@ class LoggingWindow(Component):
                                    epoch_time_s=round(time.perf_counter() - self.epoch_t0, 4)))
 
     def _timed(self, collective: Callable, *args):
-        """A per-step collective; with train.measure_sync its time counts as waiting for the other ranks."""
+        """A per-step collective; with log.measure_sync its time counts as waiting for the other ranks."""
         if not self.timed:
             return collective(*args)
         t0 = time.perf_counter()
@@ -143,7 +143,7 @@ class LoggingWindow(Component):
                 waits = max(wall - seconds / timed * steps, 0.0) if timed else wall
             self.clock.add(wall, waits, steps)
         self.clock.mark()
-        if not self.tc.measure_sync:
+        if not self.log_cfg.measure_sync:
             rates.pop("sync_wait_frac", None)
         rates["samples_per_s"] *= self.info.world_size  # every rank runs at the same pace
         self.meter.reset()

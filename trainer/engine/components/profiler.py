@@ -1,7 +1,7 @@
-"""train.profile=START:STOP: a torch.profiler trace of optimizer steps START..STOP on every rank (the seed HAR
+"""log.profile=START:STOP: a torch.profiler trace of optimizer steps START..STOP on every rank (the seed HAR
 guide's "profile single GPU first"), for TensorBoard's profiler plugin or Perfetto, and a top-10 table.
 
-    python -m trainer train --recipe har train.profile=10:15       # RUN_DIR/profile/rank0.pt.trace.json
+    python -m trainer train --recipe har log.profile=10:15       # RUN_DIR/profile/rank0.pt.trace.json
 
 CPU activity always, CUDA activity on a GPU; shapes and memory recorded. Steps are the run's optimizer steps
 (counted from 1, as in metrics.jsonl), so a resumed run profiles the same steps if it has not passed them.
@@ -22,14 +22,14 @@ log = logging.getLogger(__name__)
 
 
 def parse_steps(spec: str) -> tuple[int, int]:
-    """(START, STOP) from 'START:STOP', or a ValueError naming train.profile and an example."""
+    """(START, STOP) from 'START:STOP', or a ValueError naming log.profile and an example."""
     try:
         start, stop = (int(part) for part in spec.split(":"))
     except ValueError:
         start = stop = 0
     if not 1 <= start <= stop:
-        raise ValueError(f"train.profile={spec!r}: expected START:STOP, the first and last optimizer step to "
-                         f"profile (1 <= START <= STOP), e.g. train.profile=10:15")
+        raise ValueError(f"log.profile={spec!r}: expected START:STOP, the first and last optimizer step to "
+                         f"profile (1 <= START <= STOP), e.g. log.profile=10:15")
     return start, stop
 
 
@@ -38,7 +38,7 @@ class StepProfiler(Component):
     rank into RUN_DIR/profile and logs the top ops by device time (rank 0)."""
 
     def __init__(self, spec: str, run_dir: str | Path, info: DistInfo, state: TrainState | None = None):
-        """spec '' (train.profile unset): profiles nothing. state: the run's, whose steps are counted."""
+        """spec '' (log.profile unset): profiles nothing. state: the run's, whose steps are counted."""
         self.start, self.stop = parse_steps(spec) if spec else (0, 0)
         self.dir, self.info, self.state = Path(run_dir) / "profile", info, state or TrainState()
         self.cuda = info.device.startswith("cuda")
@@ -60,7 +60,7 @@ class StepProfiler(Component):
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
             self.prof = profile(activities=activities, record_shapes=True, profile_memory=True)
             self.prof.__enter__()
-            log.info("profiling optimizer steps %d-%d (train.profile)", self.start, self.stop)
+            log.info("profiling optimizer steps %d-%d (log.profile)", self.start, self.stop)
         elif self.prof is not None and step >= self.stop:
             self.close()
 

@@ -1,4 +1,4 @@
-"""Rank 0's progress: a bar over an epoch's micro-batches (train.progress: auto shows it on a terminal), with the last
+"""Rank 0's progress: a bar over an epoch's micro-batches (log.progress: auto shows it on a terminal), with the last
 logging window's loss and learning rate; one line when the first step is done, with the time it took to get there."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 class ProgressBar(Component):
-    """A tqdm bar per epoch; none off rank 0, with train.progress=off, or (auto) off a terminal."""
+    """A tqdm bar per epoch; none off rank 0, with log.progress=off, or (auto) off a terminal."""
 
     def __init__(self, info: DistInfo, mode: str, window: LoggingWindow):
         self.shown = info.is_main and mode != "off" and (mode == "on" or sys.stderr.isatty())

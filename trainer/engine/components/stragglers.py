@@ -1,4 +1,4 @@
-"""The straggler watch while training (train.straggler_action warn|evict): each logging window's collective carries
+"""The straggler watch while training (faults.straggler_action warn|evict): each logging window's collective carries
 every rank's own time per step (trainer/engine/components/logging_window.py); a rank at FACTOR or more of the
 others' median for WINDOWS judged windows in a row is named (trainer/distributed/stragglers.py StragglerWatch), with
 a warning and the window's fields in its train record. Eviction (eviction.py) acts on the name.
@@ -31,7 +31,7 @@ class Stragglers(Component):
 
     @staticmethod
     def wanted(info: DistInfo, action: str) -> bool:
-        """A single process, and train.straggler_action=off, watch nothing."""
+        """A single process, and faults.straggler_action=off, watch nothing."""
         return info.distributed and action != "off"
 
     def window_read(self, figures: WindowFigures) -> None:
@@ -45,7 +45,7 @@ class Stragglers(Component):
 
     def _action_text(self, named: Straggler) -> str:
         if self.action != "evict":
-            return "train.straggler_action=evict would relaunch without it"
+            return "faults.straggler_action=evict would relaunch without it"
         if not named.evictable:
             return f"not evicted: every rank runs on {named.host}"
         return f"checkpointing, then exit 5 so that the run goes on without {named.host}"

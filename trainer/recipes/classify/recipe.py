@@ -66,7 +66,7 @@ class ClassifierRecipe(Recipe):
         return logits
 
     def after_step(self) -> None:
-        # out here, not in counted: under train.compile=reduce-overhead the hits are a CUDA graph's output, which
+        # out here, not in counted: under compile.mode=reduce-overhead the hits are a CUDA graph's output, which
         # the next replay overwrites, so the running sum must not be carried into the graph
         hits = getattr(self, "_step_hits", None)
         if hits is None:

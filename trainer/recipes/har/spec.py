@@ -31,8 +31,8 @@ SPEC = RecipeSpec(
     data_config=HARDataConfig, model_config=HARModelConfig, loss_config=HARLossConfig,
     renamed={"model.hidden": "model.head_width", "model.embed_dim": "model.channel_width",
              "model.label_smoothing": "loss.label_smoothing"},
-    defaults={"train.amp": "auto", "train.batch_size": 64, "train.epochs": 30, "train.lr": 2e-3,
-              "train.weight_decay": 1e-2, "train.warmup_epochs": 1.0},
+    defaults={"train.amp": "auto", "train.batch_size": 64, "train.epochs": 30, "optim.lr": 2e-3,
+              "optim.weight_decay": 1e-2, "optim.warmup_epochs": 1.0},
     flags=(Flag("--mode", "model.mode", "channel fusion (model.mode): concatenate, average, or the first "
                 "channel only", choices=("flatten", "average", "first")),),
     synth=DataCommand("windows in the UCI HAR layout", _synth_arguments, _synth),

@@ -116,7 +116,7 @@ class KGATRecipe(Recipe):
 
     def build_model(self):
         m = self.model_cfg
-        if m.kg_update == "sparse" and (self.train_cfg.optimizer == "sgd" or self.dist.replicas > 1):
+        if m.kg_update == "sparse" and (self.optim_cfg.name == "sgd" or self.dist.replicas > 1):
             log.info("kgat: model.kg_update=dense (sparse row updates need Adam/AdamW and one device per process)")
             m = self.model_cfg = replace(m, kg_update="dense")
         model = KGAT(m, self.data.n_entities, self.data.n_users, self.ckg.n_relations, len(self.ckg.heads),
@@ -149,7 +149,7 @@ class KGATRecipe(Recipe):
                 f"largest ids + 1; data.remap_ids=true compacts sparse ids) x model.width={self.model_cfg.width}")
 
     def build_optimizer(self, model, lr):
-        cls, kwargs = optimizer_spec(self.train_cfg, lr)
+        cls, kwargs = optimizer_spec(self.optim_cfg, lr)
         if self.model_cfg.kg_update == "sparse":
             # the C++ row update where the kernels are built; fixed shapes, no host read on the GPU-shaped step
             cls = sparse_rows(cls, cpu_kernels(), fixed=self.gpu_shaped)

@@ -31,7 +31,7 @@ SPEC = RecipeSpec(
     data_config=SeqDataConfig, model_config=SeqRecConfig, eval_config=SeqEvalConfig, loss_config=SeqLossConfig,
     renamed={"model.hidden": "model.width", "model.blocks": "model.depth", "model.loss": "loss.kind",
              "model.l2_emb": "loss.l2_emb"},
-    defaults={"train.clip_grad_norm": 1.0},          # the seed's main.py always clips (max norm 1)
+    defaults={"optim.clip_grad_norm": 1.0},          # the seed's main.py always clips (max norm 1)
     synth=DataCommand("user sequences with timestamps in the MovieLens u.data layout", _synth_arguments, _synth),
     datasets={"ml-100k": Dataset("trainer.recipes.sasrec.download:ml_100k", "ml-100k"),
               "ml-1m": Dataset("trainer.recipes.sasrec.download:ml_1m", "ml-1m")},

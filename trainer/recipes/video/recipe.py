@@ -50,7 +50,7 @@ class VideoRecipe(ClassifierRecipe):
         return model(self.inputs(batch[0]))
 
     def before_step(self, batch) -> None:
-        self.loss_weight(batch[1].device)       # here, outside train.compile's graph (see loss_weight)
+        self.loss_weight(batch[1].device)       # here, outside compile.mode's graph (see loss_weight)
 
     def loss_weight(self, device: torch.device) -> torch.Tensor:
         """The class weights on the batch's device, copied there once (a copy per step made a CUDA step wait), in
