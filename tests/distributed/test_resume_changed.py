@@ -83,7 +83,7 @@ def test_the_lr_schedule_ends_exactly_after_layout_changes(sequence):
 def test_config_yaml_records_what_runs_and_keeps_the_previous(sequence):
     run_dir = sequence["run_dir"]
     now = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert now["train"]["lr"] == 0.02 and now["train"]["batch_size"] == 16
+    assert now["optim"]["lr"] == 0.02 and now["train"]["batch_size"] == 16
     assert yaml.safe_load((run_dir / "config.3.yaml").read_text())["train"]["batch_size"] == 16
     assert yaml.safe_load((run_dir / "config.5.yaml").read_text())["train"]["batch_size"] == 24
 

@@ -245,7 +245,7 @@ def two_rank_check() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     info = DistInfo(rank=rank, local_rank=rank, world_size=world, backend="gloo", local_world_size=world)
     recipe, alone = tiny_recipe(info=info), tiny_recipe()
-    recipe.train_cfg = replace(recipe.train_cfg, weight_decay=0.05, optimizer="adamw")
+    recipe.optim_cfg = replace(recipe.optim_cfg, weight_decay=0.05, name="adamw")
     torch.manual_seed(0)
     model = recipe.build_model()
     torch.manual_seed(0)

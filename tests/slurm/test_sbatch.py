@@ -218,7 +218,7 @@ def test_usr1_to_the_batch_shell_is_forwarded_and_requeues(slurm_cluster, tmp_pa
     assert "received SIGUSR1" in text and f"requeued Slurm job {job}" in text
     assert re.search(r"resumed from \S+step-\d+\.pt", text)
     ckpt = torch.load(tmp_path / "runs" / job / "checkpoints" / "final.pt", weights_only=True)
-    assert ckpt["world_size"] == 2 and ckpt["config"]["train"]["lr"] == 0.002
+    assert ckpt["world_size"] == 2 and ckpt["config"]["optim"]["lr"] == 0.002
 
 
 def test_image_runs_tasks_through_apptainer(slurm_cluster, tmp_path):
