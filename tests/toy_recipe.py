@@ -16,6 +16,7 @@ import torch
 from trainer.config.bounds import FRACTION, POSITIVE, Bound
 from trainer.config.registry import register
 from trainer.config.spec import RecipeSpec
+from trainer.engine.capabilities import EpochPlan, Prediction
 from trainer.engine.recipe import Recipe
 
 
@@ -90,7 +91,7 @@ def _toy_model_config() -> ToyModelConfig:
     return ToyModelConfig()
 
 
-class ToyRecipe(Recipe):
+class ToyRecipe(Recipe, EpochPlan, Prediction):
     """Regression with MSE; primary metric val mse (lower is better)."""
 
     primary_metric = ("mse", "min")

@@ -50,9 +50,13 @@ def test_every_module_and_function_the_architecture_names_exists():
 
 
 def test_the_recipe_hooks_it_names_are_the_interfaces():
+    from trainer.engine import capabilities
     from trainer.engine.recipe import Recipe
-    for hook in re.findall(r"`(\w+)\(\)`", DOC.read_text().split("## Recipe interface", 1)[1]):
-        assert hasattr(Recipe, hook), hook
+    text = DOC.read_text().split("## Recipe interface", 1)[1]
+    hooks = re.findall(r"`(\w+)\(\)`", text)
+    assert hooks and all(hasattr(Recipe, hook) for hook in hooks), hooks
+    named = re.findall(r"`([A-Z]\w+)`", text)
+    assert {c.__name__ for c in capabilities.CAPABILITIES} <= set(named), named
 
 
 def test_docs_lines_and_readme_length():

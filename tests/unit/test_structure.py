@@ -265,7 +265,7 @@ def test_recipe_names_live_in_their_recipes():
     downloads in its spec), apart from the two places that are about particular recipes: the seed guides'
     compatibility (trainer/legacy/) and `make demo` (trainer/cli/demo.py)."""
     from trainer.config.registry import specs
-    names = {s.name for s in specs()} | {d for s in specs() for d in s.datasets} | {"tisasrec"}
+    names = {s.name for s in specs()} | {d for s in specs() for d in s.tools.datasets} | {"tisasrec"}
     found = []
     for path in (REPO / "trainer").rglob("*.py"):
         rel = path.relative_to(REPO / "trainer")

@@ -29,7 +29,7 @@ CONFIG_SECTIONS = ("seed", "run_dir", "private", "train.*", "optim.*", "log.*", 
 
 def flag_keys() -> dict[str, str]:
     """FLAG_KEYS plus the recipes' own flags (their specs' `flags`)."""
-    extra = {f.name.lstrip("-").replace("-", "_"): f.key for s in specs() for f in s.flags}
+    extra = {f.name.lstrip("-").replace("-", "_"): f.key for s in specs() for f in s.tools.flags}
     return {**FLAG_KEYS, **extra}
 
 
@@ -119,7 +119,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                    help="run directory, checkpoints and logs readable by you only (umask 077; an existing "
                         "run directory is tightened), for shared file systems")
     for spec in specs():
-        for flag in spec.flags:
+        for flag in spec.tools.flags:
             g.add_argument(flag.name, type=flag.type, choices=flag.choices, help=f"{spec.name}: {flag.help}")
     g.add_argument("overrides", nargs="*", metavar="key=value",
                    help="config overrides, e.g. optim.lr=0.01 data.path=DIR model.width=64")

@@ -1,7 +1,7 @@
 """The record a recipe fills to plug into the trainer (in the spirit of torchtitan's TrainSpec).
 
     SPEC = RecipeSpec(name="har", recipe="trainer.recipes.har.recipe:HARRecipe", data_config=HARDataConfig,
-                      model_config=HARModelConfig, flags=(Flag("--mode", "model.mode", "channel fusion"),))
+                      model_config=HARModelConfig, tools=RecipeTools(flags=(Flag("--mode", "model.mode", "fusion"),)))
 
 Everything here is importable without torch: the registry, the config, `--help` and hpc/submit.py read
 specs on login nodes. The recipe class (which needs torch) is named by "module:Class" and imported on use.
@@ -9,9 +9,11 @@ specs on login nodes. The recipe class (which needs torch) is named by "module:C
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 
 @dataclass
@@ -61,8 +63,22 @@ def _load(target: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class RecipeTools:
+    """What a recipe adds to the command line and the data commands; nothing here is read by a run."""
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("flags", "synth", "converters", "data_commands", "datasets", "data_hints")
+    flags: tuple[Flag, ...] = ()                 # extra `train` flags (--mode ...)
+    synth: DataCommand | None = None             # `data synth NAME`: a synthetic dataset usable as data.path
+    converters: Mapping[str, DataCommand] = field(default_factory=dict)     # `data convert KIND`
+    data_commands: Mapping[str, DataCommand] = field(default_factory=dict)  # other `data` subcommands
+    datasets: Mapping[str, Dataset] = field(default_factory=dict)   # what `data download NAME` fetches
+    data_hints: Mapping[str, str] = field(default_factory=dict)    # folder -> the commands that make it ({parent})
+
+
+@dataclass(frozen=True, init=False)
 class RecipeSpec:
-    """One recipe: name, config sections and defaults, CLI flags, data commands."""
+    """One recipe: what a run plugs in (its class, config sections and defaults, renamed keys, what a resume may
+    change), and apart from it its command-line and data tooling (`tools`, a RecipeTools)."""
 
     name: str
     recipe: Any                                   # the Recipe subclass, or "module:Class" (imported on use)
@@ -71,16 +87,31 @@ class RecipeSpec:
     eval_config: Callable[[], Any] = EmptyConfig
     loss_config: Callable[[], Any] = EmptyConfig
     defaults: Mapping[str, Any] = field(default_factory=dict)   # dotted keys over the engine's defaults
-    flags: tuple[Flag, ...] = ()
-    synth: DataCommand | None = None             # `data synth NAME`: a synthetic dataset usable as data.path
-    converters: Mapping[str, DataCommand] = field(default_factory=dict)     # `data convert KIND`
-    data_commands: Mapping[str, DataCommand] = field(default_factory=dict)  # other `data` subcommands
-    datasets: Mapping[str, Dataset] = field(default_factory=dict)   # what `data download NAME` fetches
-    data_hints: Mapping[str, str] = field(default_factory=dict)    # folder -> the commands that make it ({parent})
     renamed: Mapping[str, str] = field(default_factory=dict)   # deprecated dotted key -> its new name
     resume_changeable: tuple[str, ...] = ()      # key patterns beyond the engine's that a resume may change
-    own_batch_plan: bool = False   # Recipe.epoch_batches draws the batches: a resume in another world is not exact
+    own_batch_plan: bool = False   # EpochPlan.epoch_batches draws the batches: a resume in another world is not exact
     summary: str = ""
+    tools: RecipeTools = field(default_factory=RecipeTools)
+
+    def __init__(self, name: str, recipe: Any, **given: Any):
+        """The fields by keyword; a RecipeTools field given at the top level (the flat form, before RecipeTools)
+        is taken into `tools` with a FutureWarning."""
+        flat = {key: given.pop(key) for key in RecipeTools.FIELDS if key in given}
+        if flat:
+            if "tools" in given:
+                raise TypeError(f"RecipeSpec({name!r}): {', '.join(flat)} given beside tools=; put them in RecipeTools")
+            warnings.warn(f"RecipeSpec({name!r}, {', '.join(f'{k}=...' for k in flat)}): give them as "
+                          f"tools=RecipeTools({', '.join(f'{k}=...' for k in flat)})", FutureWarning, stacklevel=2)
+            given["tools"] = RecipeTools(**flat)
+        known = {f.name: f for f in dataclasses.fields(RecipeSpec)}
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise TypeError(f"RecipeSpec({name!r}): unknown field(s) {', '.join(unknown)}")
+        values = dict(given, name=name, recipe=recipe)
+        for key, f in known.items():
+            value = values[key] if key in values else \
+                f.default if f.default is not dataclasses.MISSING else f.default_factory()   # type: ignore[misc]
+            object.__setattr__(self, key, value)
 
     def recipe_class(self) -> type:
         """The Recipe subclass (imports torch)."""

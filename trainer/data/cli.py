@@ -23,7 +23,7 @@ def add_data_parser(sub) -> None:
     """Register `data download`, `data synth`, `data convert` and the recipes' own data subcommands."""
     data = sub.add_parser("data", help="download, generate or convert datasets")
     dsub = data.add_subparsers(dest="data_command", required=True)
-    owned = "; ".join(f"{', '.join(s.datasets)} ({s.name})" for s in specs() if s.datasets)
+    owned = "; ".join(f"{', '.join(s.tools.datasets)} ({s.name})" for s in specs() if s.tools.datasets)
     dl = dsub.add_parser("download", help="fetch a public dataset (sha256-verified, resumable)")
     dl.add_argument("name", help=f"dataset: {owned}")
     dl.add_argument("--out", required=True, help="output folder")
@@ -38,13 +38,13 @@ def add_data_parser(sub) -> None:
     convert = dsub.add_parser("convert", help="build a dataset from raw files")
     csub = convert.add_subparsers(dest="kind", required=True, metavar="KIND")
     for spec in specs():
-        if spec.synth:
-            p = _command(ssub, spec.name, spec.synth)
+        if spec.tools.synth:
+            p = _command(ssub, spec.name, spec.tools.synth)
             p.add_argument("--out", required=True, help="output folder")
             p.add_argument("--seed", type=int, default=0)
-        for kind, command in spec.converters.items():
+        for kind, command in spec.tools.converters.items():
             _command(csub, kind, command)
-        for name, command in spec.data_commands.items():
+        for name, command in spec.tools.data_commands.items():
             _command(dsub, name, command)
 
 

@@ -3,7 +3,7 @@
     python -m trainer data download ml-100k --out data/
     python -m trainer data download ml-1m --out data/ --url http://mirror.local/ml-1m.zip   # a mirror
 
-The datasets are the recipes' own (RecipeSpec.datasets: sasrec's MovieLens, kgat's, har's UCI HAR); this module
+The datasets are the recipes' own (RecipeSpec.tools.datasets: sasrec's MovieLens, kgat's, har's UCI HAR); this module
 is the machinery they share. A partial transfer is kept as NAME.part and continued with an HTTP Range request;
 the archive is only renamed into place (and extracted) once its sha256 matches.
 """
@@ -128,7 +128,7 @@ def fetch_remote(remote: Remote, out: str | Path, url: str | None = None, sha256
 def registered() -> dict[str, Any]:
     """Every downloadable dataset: name -> the spec's Dataset (each recipe declares its own)."""
     from trainer.config.registry import specs
-    return {name: ds for spec in specs() for name, ds in spec.datasets.items()}
+    return {name: ds for spec in specs() for name, ds in spec.tools.datasets.items()}
 
 
 def download(name: str, out: str | Path, url: str | None = None, sha256: str | None = None) -> Path:
@@ -227,8 +227,8 @@ def download_hint(path: str | Path) -> str:
         if path.name in (name, ds.folder):
             return f"python -m trainer data download {name} --out {parent}"
     for spec in specs():
-        if path.name in spec.data_hints:
-            return spec.data_hints[path.name].format(parent=parent, path=shlex.quote(str(path)))
+        if path.name in spec.tools.data_hints:
+            return spec.tools.data_hints[path.name].format(parent=parent, path=shlex.quote(str(path)))
     return "copy the dataset there"
 
 

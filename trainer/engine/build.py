@@ -24,9 +24,21 @@ from trainer.distributed import gradsync, runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import footprint, step_graph
 from trainer.engine.callbacks import Phases
+from trainer.engine.capabilities import (
+    Batching,
+    DDPPolicy,
+    DeviceData,
+    DeviceResident,
+    EpochPlan,
+    GPUShapedStep,
+    MemoryEstimate,
+    OwnOptimizer,
+    Prediction,
+    of,
+)
 from trainer.engine.loader import ResumableSampler, per_rank_batch_size
 from trainer.engine.optim import build_optimizer, build_scheduler, scaled_lr
-from trainer.engine.recipe import DeviceData, Recipe
+from trainer.engine.recipe import Recipe
 from trainer.engine.steps import GradSync, StepStrategy, TrainStep, step_strategy
 from trainer.native import memory
 
@@ -138,15 +150,16 @@ def _data_and_model(recipe: Recipe, info: DistInfo, cfg: Config, wrap: bool, tra
                          f"(data.path={getattr(cfg.data, 'path', '')})")
     # after the data: a parse's temporaries go back to the system (with malloc keeping freed memory they would
     # stay resident for the whole run; 20M u.data rows parsed here: no child process to start, 2 s saved)
-    if recipe.reuse_freed_memory and memory.reuse_freed_memory():
+    if of(recipe, MemoryEstimate).reuse_freed_memory and memory.reuse_freed_memory():
         log.info("malloc keeps freed memory for reuse (no mmap): large tensors fault no pages after step one")
     fp = None
     if training:                # before a byte of it is taken: a model that cannot fit stops here (exit 4)
         fp = footprint.check_before_build(recipe, info)
     model = recipe.build_model().to(info.torch_device)
     seed_everything(rank_seed(cfg.seed, info.rank))  # per-rank dropout/sampling streams
-    wrapped = wrap_model(model, info, cfg.dist, recipe.find_unused_parameters, recipe.broadcast_buffers,
-                         not recipe.average_after_backward) if wrap else model
+    ddp = of(recipe, DDPPolicy)
+    wrapped = wrap_model(model, info, cfg.dist, ddp.find_unused_parameters, ddp.broadcast_buffers,
+                         not ddp.average_after_backward) if wrap else model
     run = Run(recipe, info, cfg, train_set, eval_sets, model, wrapped,
               per_rank_batch_size(cfg.train, info.world_size, info.replicas),
               amp_dtype(cfg.train.amp, info.torch_device))
@@ -176,7 +189,8 @@ def loaded_for_eval(recipe: Recipe, info: DistInfo, cfg: Config, ckpt: dict, pat
     from trainer.engine import ckpt_io
     run = build_for_eval(recipe, info, cfg)
     ckpt_io.check_compatible(ckpt, cfg.recipe, run.model, path)
-    ckpt_io.check_id_maps(ckpt, {k: torch.as_tensor(np.asarray(v)) for k, v in run.recipe.id_maps().items()}, path)
+    maps = of(run.recipe, Prediction).id_maps()
+    ckpt_io.check_id_maps(ckpt, {k: torch.as_tensor(np.asarray(v)) for k, v in maps.items()}, path)
     run.model.load_state_dict(ckpt["model"])
     return run
 
@@ -209,7 +223,7 @@ def compiled_step(recipe: Recipe, wrapped: torch.nn.Module, mode: str) -> TrainS
     step = functools.partial(recipe.training_step, wrapped)
     if mode == "off":
         return step
-    if not recipe.gpu_shaped:
+    if not of(recipe, GPUShapedStep).gpu_shaped:
         log.warning("compile.mode=%s on the CPU-shaped step (packing, length buckets, host reads): expect graph "
                     "breaks and recompilations; train.gpu_path=on gives the fixed-shape step", mode)
     return torch.compile(step, mode=None if mode == "default" else mode, dynamic=False)
@@ -221,24 +235,24 @@ def build_run(recipe: Recipe, info: DistInfo, cfg: Config) -> Run:
     run = _data_and_model(recipe, info, cfg, wrap=True, training=True)
     run.accum = max(tc.grad_accum_steps, 1)
     sync = _sync_gradients(run, runtime.local_comm()) if info.distributed else GradSync()
-    run.device_data = recipe.device_dataset()
+    run.device_data = of(recipe, DeviceResident).device_dataset()
     if run.device_data is not None:
         log.info("training set held on %s (%.1f MB): batches are gathers there, no DataLoader", info.device,
                  getattr(run.device_data, "nbytes", 0) / 2**20)
     run.sampler = ResumableSampler(len(run.train_set), info.rank, info.world_size, True, cfg.seed,
-                                   recipe.sample_costs(), run.batch_size)
-    plan = recipe.epoch_batches(0)
+                                   of(recipe, Batching).sample_costs(), run.batch_size)
+    plan = of(recipe, EpochPlan).epoch_batches(0)
     run.micro_per_epoch = len(plan) if plan is not None else math.ceil(run.sampler.per_rank / run.batch_size)
     run.steps_per_epoch = math.ceil(run.micro_per_epoch / run.accum)
     gpus = info.world_size * info.replicas      # what lr scaling counts: every GPU a batch is spread over
-    run.optimizer = recipe.build_optimizer(run.model, scaled_lr(oc.lr, oc.lr_scaling, gpus)) \
+    run.optimizer = of(recipe, OwnOptimizer).build_optimizer(run.model, scaled_lr(oc.lr, oc.lr_scaling, gpus)) \
         or build_optimizer(run.model.parameters(), oc, gpus)
     run.scheduler = build_scheduler(run.optimizer, oc, tc, run.steps_per_epoch)
     run.scaler = torch.amp.GradScaler(run.device.type, enabled=run.amp_dtype == torch.float16)
     if cfg.compile.step_graph == "on" and (why := step_graph.refusal(run)):
         raise ConfigError(f"compile.step_graph=on: {why}")
     run.step = step_strategy(run, compiled_step(recipe, run.wrapped, cfg.compile.mode), sync)
-    if recipe.gpu_shaped and run.device.type == "cuda" and not tc.deterministic:
+    if of(recipe, GPUShapedStep).gpu_shaped and run.device.type == "cuda" and not tc.deterministic:
         torch.backends.cudnn.benchmark = True     # fixed shapes: each picks its fastest kernels once
     log.info("recipe=%s world=%d device=%s batch/rank=%d accum=%d steps/epoch=%d params=%d",
              cfg.recipe, info.world_size, info.device, run.batch_size, run.accum,

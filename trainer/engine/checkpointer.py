@@ -21,6 +21,7 @@ from trainer.data.fingerprint import data_changes, data_fingerprint
 from trainer.distributed import runtime
 from trainer.engine import ckpt_io, resume, step_graph
 from trainer.engine.build import Run
+from trainer.engine.capabilities import DataProvenance, Prediction, of
 from trainer.engine.state import TrainState, where
 from trainer.launch.exitcodes import DiskError
 
@@ -32,7 +33,8 @@ def data_of(run: Run) -> dict:
     in the data cache so that a warm start reads no file again, and the recipe's counts."""
     data_cfg = run.cfg.data
     root = cache.root_of(getattr(data_cfg, "cache", ""))
-    return data_fingerprint(run.recipe.data_files(), run.recipe.data_counts(), getattr(data_cfg, "path", ""),
+    data = of(run.recipe, DataProvenance)
+    return data_fingerprint(data.data_files(), data.data_counts(), getattr(data_cfg, "path", ""),
                             root / "fingerprints" if root is not None else None)
 
 
@@ -45,7 +47,7 @@ class Checkpointer:
         self.files = ckpt_io.CheckpointFolder(run_dir, run.cfg.ckpt.keep_last)
         self.notes: list[str] = []       # what a resume under another layout or lr changed (metrics.jsonl)
         self.component_states: dict[str, Any] | None = None   # a resumed checkpoint's components' states (by key)
-        self.id_maps = {k: torch.as_tensor(np.asarray(v)) for k, v in run.recipe.id_maps().items()}
+        self.id_maps = {k: torch.as_tensor(np.asarray(v)) for k, v in of(run.recipe, Prediction).id_maps().items()}
         self.data = data_of(run)         # the data's fingerprint: in every checkpoint, checked on resume
 
     def write_id_maps(self) -> None:

@@ -20,6 +20,7 @@ from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import ckpt_io
 from trainer.engine.callbacks import Phases
+from trainer.engine.capabilities import Batching, DDPPolicy, Evaluation, of
 from trainer.engine.loader import ShardSampler, make_loader
 from trainer.engine.logging import MetricsWriter
 from trainer.engine.recipe import Recipe, move_to
@@ -61,12 +62,13 @@ def evaluate(recipe: Recipe, model: torch.nn.Module, dataset, info: DistInfo, ba
     phases = phases or Phases()
     phases.tell("evaluation_start", split)
     sampler = ShardSampler(len(dataset), info.rank, info.world_size)
-    loader = make_loader(dataset, sampler, batch_size, num_workers, recipe.collate_fn(), 0)
+    loader = make_loader(dataset, sampler, batch_size, num_workers, of(recipe, Batching).collate_fn(), 0)
+    hooks = of(recipe, Evaluation)
     was_training = model.training
     model.eval()
     totals: dict[str, torch.Tensor] = {}
     with phases.long("recipe.on_evaluation_start"):
-        recipe.on_evaluation_start(model)
+        hooks.on_evaluation_start(model)
     progress = EvalProgress(len(loader), info.is_main)
     try:
         for batch in loader:
@@ -79,7 +81,7 @@ def evaluate(recipe: Recipe, model: torch.nn.Module, dataset, info: DistInfo, ba
             phases.tell("evaluation_batch", split)
             progress.step()
     finally:
-        recipe.on_evaluation_end()
+        hooks.on_evaluation_end()
         model.train(was_training)
     phases.mark("evaluation done")          # before the ranks' totals meet
     metrics = recipe.compute_metrics(reduce_totals(totals, info))
@@ -143,7 +145,7 @@ class Evaluations:
     def evaluate(self, split: str, epoch: int, **tags: Any) -> dict[str, Any]:
         """Evaluate a split and log it (epoch: the one just trained; tags: extra fields of its record)."""
         run, t0 = self.run, time.perf_counter()
-        if run.recipe.buffers_before_eval and isinstance(run.wrapped, DDP):
+        if of(run.recipe, DDPPolicy).buffers_before_eval and isinstance(run.wrapped, DDP):
             for buf in run.model.buffers():
                 runtime.broadcast(buf, run.info)
         metrics = self.last_metrics[split] = evaluate_split(run, split)
@@ -154,7 +156,7 @@ class Evaluations:
             log.info("%s%s after epoch %d (%.1f s): %s", split, which, epoch, time.perf_counter() - t0,
                      metrics_line(metrics))
             with run.phases.long("recipe.after_evaluation"):
-                pngs = run.recipe.after_evaluation(split, metrics, str(run.cfg.run_dir), epoch) or ()
+                pngs = of(run.recipe, Evaluation).after_evaluation(split, metrics, str(run.cfg.run_dir), epoch) or ()
             for png in pngs:
                 self.writer.image(f"{split}/{Path(png).stem}", png, self.state.global_step)
         return metrics

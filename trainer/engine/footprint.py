@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.engine.capabilities import MemoryEstimate, of
 from trainer.launch.exitcodes import ResourceError
 from trainer.native.memory import free_memory
 
@@ -54,13 +55,14 @@ def size(n: float) -> str:
 
 
 def estimate(recipe, info) -> Footprint:
-    """The footprint of recipe.model_for_estimate() (built on the meta device: nothing allocated)."""
-    model = recipe.model_for_estimate()
+    """The footprint of the recipe's model_for_estimate() (built on the meta device: nothing allocated)."""
+    memory = of(recipe, MemoryEstimate)
+    model = memory.model_for_estimate()
     params = [(name, p) for name, p in model.named_parameters()]
     trainable = [p for _, p in params if p.requires_grad]
     weights = sum(t.numel() * t.element_size() for _, t in [*params, *model.named_buffers()])
     grads = sum(p.numel() * p.element_size() for p in trainable)
-    states = recipe.optimizer_states()
+    states = memory.optimizer_states()
     name, biggest = max(params, key=lambda np_: np_[1].numel(), default=("none", torch.empty(0)))
     return Footprint(params=sum(p.numel() for p in trainable), weights=weights, grads=grads,
                      optimizer=states * grads, buckets=grads if info.distributed else 0,
@@ -88,12 +90,12 @@ def check_before_build(recipe, info) -> Footprint | None:
         fp = estimate(recipe, info)
     except Exception as err:  # noqa: BLE001 - a plugin's build_model that reads tensor values cannot run on meta
         log.warning("no memory estimate: %s's model does not build on the meta device (%s: %s); override "
-                    "Recipe.model_for_estimate", type(recipe).__name__, type(err).__name__, str(err)[:200])
+                    "MemoryEstimate.model_for_estimate", type(recipe).__name__, type(err).__name__, str(err)[:200])
         return None
     if info.is_main:
         log.info(fp.describe())
     try:
-        check_fits(fp, info, recipe.memory_drivers())
+        check_fits(fp, info, of(recipe, MemoryEstimate).memory_drivers())
         short = None
     except MemoryShortError as err:
         short = f"rank {info.rank}: {err}" if info.distributed else str(err)

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from trainer.engine.build import Run, rank_seed
 from trainer.engine.callbacks import Component, StepEnd, Stop
+from trainer.engine.capabilities import Batching, EpochPlan, of
 from trainer.engine.loader import device_batches, make_loader
 from trainer.engine.meters import Throughput
 from trainer.engine.state import TrainState
@@ -93,7 +94,7 @@ class EpochLoop:
         recipe's plan or the sampler's. Sets where the epoch ends (self.end)."""
         run = self.run
         with run.phases.long("recipe.epoch_batches"):
-            plan = run.recipe.epoch_batches(epoch)
+            plan = of(run.recipe, EpochPlan).epoch_batches(epoch)
         if plan is not None:
             self.end = len(plan)
             return (plan[i] for i in range(start, len(plan)))
@@ -103,5 +104,5 @@ class EpochLoop:
         if run.device_data is not None:
             return device_batches(run.device_data, run.sampler, run.batch_size, epoch, run.device)
         return make_loader(run.train_set, run.sampler, run.batch_size, run.cfg.train.num_workers,
-                           run.recipe.collate_fn(), rank_seed(run.cfg.seed, run.info.rank, epoch),
+                           of(run.recipe, Batching).collate_fn(), rank_seed(run.cfg.seed, run.info.rank, epoch),
                            pin_memory=run.device.type == "cuda")

@@ -85,9 +85,10 @@ def run_predict(args) -> PredictOutcome:
 def _predict(run, args, request: PredictRequest, source: dict) -> PredictOutcome:
     """The parts of this rank, written one by one (a signal stops it after the current one), then the join."""
     from trainer.distributed import runtime
+    from trainer.engine.capabilities import Prediction, of
     from trainer.engine.preemption import PreemptionHandler
     from trainer.engine.recipe import unwrap
-    info, recipe, model = run.info, run.recipe, unwrap(run.model).eval()
+    info, recipe, model = run.info, of(run.recipe, Prediction), unwrap(run.model).eval()
     units = recipe.predict_units(request)
     if len(units) == 0:
         raise PredictError(f"{request.data or run.cfg.data.path or 'the data'}: nothing to predict for")

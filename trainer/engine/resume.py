@@ -21,6 +21,7 @@ from trainer.config.spec import RecipeSpec
 from trainer.distributed import runtime
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import ckpt_io
+from trainer.engine.capabilities import EpochPlan, of
 from trainer.engine.loader import per_rank_batch_size
 
 log = logging.getLogger(__name__)
@@ -194,7 +195,7 @@ def continue_at(state, ckpt: dict, run) -> list[str]:
     in this layout's steps. Returns what differs, for the log and metrics.jsonl."""
     before, now = saved_layout(ckpt), Layout(run.info.world_size, run.batch_size, run.accum)
     state.layout = [now.world, now.batch, now.accum]
-    plan = run.recipe.epoch_batches(state.epoch)
+    plan = of(run.recipe, EpochPlan).epoch_batches(state.epoch)
     if plan is None and not state.sample_in_epoch and state.batch_in_epoch:   # written before positions were samples
         state.sample_in_epoch = min(state.batch_in_epoch * before.batch * before.world, run.sampler.size)
     if before == now:

@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from trainer.config.settings import Config, ConfigError
+from trainer.engine.capabilities import Evaluation, of
 from trainer.engine.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -28,10 +29,10 @@ def selected_metric(setting: str, recipe: tuple[str, str]) -> tuple[str, str]:
 
 
 def refuse_unknown_metric(recipe, cfg: Config) -> None:
-    """train.select_metric checked against the metrics the recipe reports (Recipe.metric_names), before the run
+    """train.select_metric checked against the metrics the recipe reports (Evaluation.metric_names), before the run
     writes anything; a recipe that cannot tell before its first evaluation is checked there (Selection.improved)."""
     metric = selected_metric(cfg.train.select_metric, recipe.primary_metric)[0]
-    names = recipe.metric_names() if cfg.train.select_metric.strip() else None
+    names = of(recipe, Evaluation).metric_names() if cfg.train.select_metric.strip() else None
     if names is not None and metric not in names:
         raise ConfigError(unknown_metric(metric, cfg.recipe, names))
 
@@ -74,7 +75,7 @@ class Selection:
             return True
         if value != best:
             return better(value, best, self.mode)
-        tie, best_tie = self.recipe.tie_break_metric, self.state.best_tie
+        tie, best_tie = of(self.recipe, Evaluation).tie_break_metric, self.state.best_tie
         return bool(tie) and tie[0] in metrics and best_tie is not None and \
             better(float(metrics[tie[0]]), best_tie, tie[1])
 
@@ -85,6 +86,6 @@ class Selection:
             state.bad_epochs += 1
             return False
         state.best, state.bad_epochs = float(metrics[self.metric]), 0
-        tie = self.recipe.tie_break_metric
+        tie = of(self.recipe, Evaluation).tie_break_metric
         state.best_tie = float(metrics[tie[0]]) if tie and tie[0] in metrics else None
         return True

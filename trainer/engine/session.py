@@ -87,7 +87,8 @@ def run_train(cfg: Config, spec: RecipeSpec) -> tuple[FitResult, Config]:
                         "use a configs/<recipe>/<dataset>.yaml, for a real dataset)")
         recipe = build_recipe(cfg, info, spec)
         try:
-            with Trainer(recipe, info, cfg, planned, commit) as trainer:
+            trainer = Trainer(recipe, info, cfg, planned, commit)
+            with trainer:           # not `with Trainer(...) as trainer`: a reader (and a walk of the calls) sees fit()
                 result = trainer.fit()
         except BaseException as err:
             if started:             # a refusal before commit() leaves the run directory as it was

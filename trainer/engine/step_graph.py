@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from trainer.engine.capabilities import GPUShapedStep, of
 from trainer.engine.optim import has_fixed_shapes
 from trainer.engine.recipe import map_tensors, tensors_of
 
@@ -31,8 +32,7 @@ WARMUP = 2          # eager steps per batch shape before its capture (torch: laz
 
 def refusal(run) -> str | None:
     """Why compile.step_graph=on cannot run here, or None."""
-    recipe = run.recipe
-    if not recipe.gpu_shaped:
+    if not of(run.recipe, GPUShapedStep).gpu_shaped:
         return "it needs the GPU-shaped step (fixed shapes, no host reads): set train.gpu_path=on"
     if run.info.world_size > 1 or isinstance(run.wrapped, torch.nn.DataParallel):
         return (f"it captures one process's step; this run has {run.info.world_size} ranks"

@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer.config.settings import Config
 from trainer.distributed.gradsync import GradSyncTimer
 from trainer.engine.callbacks import Phases
+from trainer.engine.capabilities import Batching, GPUShapedStep, of
 from trainer.engine.recipe import Recipe, move_to
 from trainer.engine.step_graph import StepGraph
 
@@ -86,6 +87,7 @@ class EagerStep:
 
     def __init__(self, run: Run, train_step: TrainStep, sync: GradSync):
         self.run, self.train_step, self.sync = run, train_step, sync
+        self.host, self.batches = of(run.recipe, GPUShapedStep), of(run.recipe, Batching)   # looked up once
         self.measures_sync = sync.timer is not None
         self.phases_timed = run.cfg.log.measure_sync   # where a DDP step's time beyond one rank's goes
 
@@ -96,19 +98,19 @@ class EagerStep:
         run.phases.mark("batch")
         batch = move_to(batch, run.device)
         t0 = time.perf_counter()
-        run.recipe.before_step(batch)
+        self.host.before_step(batch)
         run.phases.mark("forward")         # before DDP's forward, whose buffer broadcast is a collective
         with no_sync:
             with run.autocast():
                 loss = self.train_step(batch)
-            run.recipe.after_step()
+            self.host.after_step()
             run.phases.mark("backward")
             t1 = time.perf_counter()
             window = min(run.accum, end - (micro - micro % run.accum))     # the last window may be short
             run.scaler.scale(loss / window).backward()
             if last and self.sync.after_backward is not None:
                 self.sync.after_backward()
-        done = MicroBatch(loss, run.recipe.batch_size_of(batch), last)
+        done = MicroBatch(loss, self.batches.batch_size_of(batch), last)
         if self.phases_timed:
             done.phases = {"forward": t1 - t0, "backward": time.perf_counter() - t1}
         if self.sync.timer is not None:
@@ -139,6 +141,7 @@ class GraphedStep:
 
     def __init__(self, run: Run, train_step: TrainStep):
         self.run, self.train_step = run, train_step
+        self.host, self.batches = of(run.recipe, GPUShapedStep), of(run.recipe, Batching)
         self.graph: StepGraph | None = None
 
     def micro_batch(self, batch: Any, micro: int, end: int) -> MicroBatch:
@@ -147,12 +150,12 @@ class GraphedStep:
             self.graph = StepGraph(run, self._closure)
         run.phases.mark("batch")
         batch = move_to(batch, run.device)
-        run.recipe.before_step(batch)
+        self.host.before_step(batch)
         run.phases.mark("forward")
         loss = self.graph.step(batch)
-        run.recipe.after_step()
+        self.host.after_step()
         run.scheduler.step()              # fills the learning-rate tensor the graph reads
-        return MicroBatch(loss, run.recipe.batch_size_of(batch), True)
+        return MicroBatch(loss, self.batches.batch_size_of(batch), True)
 
     def _closure(self, batch: Any) -> Callable[[], torch.Tensor]:
         """() -> loss: one optimizer step on `batch`, what a step graph captures. The gradients are set to None

@@ -25,6 +25,7 @@ from trainer.distributed.runtime import DistInfo
 from trainer.distributed.stragglers import StepClock
 from trainer.engine.build import Run, build_run
 from trainer.engine.callbacks import Component, Stop, component_states, load_component_states, registered_components
+from trainer.engine.capabilities import EpochPlan, of
 from trainer.engine.checkpointer import Checkpointer
 from trainer.engine.components.budget import ShutdownBudget
 from trainer.engine.components.eviction import Eviction
@@ -172,7 +173,7 @@ class Trainer:
         return result
 
     def _epochs(self) -> FitResult:
-        state, epochs, recipe = self.state, self.cfg.train.epochs, self.run.recipe
+        state, epochs, recipe = self.state, self.cfg.train.epochs, of(self.run.recipe, EpochPlan)
         status = "completed"
         if state.epoch >= epochs:       # --epochs 0, or a resume of a run already done
             log.warning("no training ran: the run is at epoch %d and --epochs is %d (step %d); the final "
@@ -208,7 +209,7 @@ class Trainer:
     def _end_epoch(self, epoch: int) -> bool:
         """Evaluate, track the best, let the components act (periodic checkpoints); True when early stopping
         triggers."""
-        state, tc, recipe = self.state, self.cfg.train, self.run.recipe
+        state, tc, recipe = self.state, self.cfg.train, of(self.run.recipe, EpochPlan)
         with self.run.phases.long("recipe.on_epoch_end"):
             recipe.on_epoch_end(epoch, self.run.model)
             extra = recipe.epoch_metrics()

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.distributed import runtime
+from trainer.engine.capabilities import DataProvenance, DDPPolicy, EpochPlan, Evaluation, GPUShapedStep
 from trainer.engine.recipe import Recipe
 from trainer.recipes.classify.metrics import classification_metrics, confusion_matrix
 from trainer.recipes.classify.plots import confusion_png
@@ -23,7 +24,7 @@ from trainer.recipes.classify.plots import confusion_png
 log = logging.getLogger(__name__)
 
 
-class ClassifierRecipe(Recipe):
+class ClassifierRecipe(Recipe, EpochPlan, Evaluation, DDPPolicy, DataProvenance, GPUShapedStep):
     """Batches end with the class index; best checkpoint by validation macro-F1 (ties: lower loss)."""
 
     # BatchNorm's running statistics are read only in eval mode, and rank 0's are the same whether or not they

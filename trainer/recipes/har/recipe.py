@@ -10,6 +10,7 @@ import logging
 
 import torch.nn.functional as F
 
+from trainer.engine.capabilities import DeviceResident, Prediction
 from trainer.engine.loader import TensorBatches, fits_on_device
 from trainer.recipes.classify.recipe import ClassifierRecipe
 from trainer.recipes.har.model import HARNet
@@ -18,7 +19,7 @@ from trainer.recipes.har.prepare import load
 log = logging.getLogger(__name__)
 
 
-class HARRecipe(ClassifierRecipe):
+class HARRecipe(ClassifierRecipe, DeviceResident, Prediction):
     """Cross-entropy (optional label smoothing) over windows; best checkpoint by validation macro-F1."""
 
 

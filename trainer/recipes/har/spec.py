@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from trainer.config.spec import DataCommand, Dataset, Flag, RecipeSpec
+from trainer.config.spec import DataCommand, Dataset, Flag, RecipeSpec, RecipeTools
 from trainer.recipes.har.config import HARDataConfig, HARLossConfig, HARModelConfig
 
 UCI_SIZES = {"tiny": (450, 150), "uci-har": (7352, 2947)}     # train / test windows
@@ -33,10 +33,12 @@ SPEC = RecipeSpec(
              "model.label_smoothing": "loss.label_smoothing"},
     defaults={"train.amp": "auto", "train.batch_size": 64, "train.epochs": 30, "optim.lr": 2e-3,
               "optim.weight_decay": 1e-2, "optim.warmup_epochs": 1.0},
-    flags=(Flag("--mode", "model.mode", "channel fusion (model.mode): concatenate, average, or the first "
-                "channel only", choices=("flatten", "average", "first")),),
-    synth=DataCommand("windows in the UCI HAR layout", _synth_arguments, _synth),
-    datasets={"uci-har": Dataset("trainer.recipes.har.download:uci_har", "UCI HAR Dataset")},
+    tools=RecipeTools(
+        flags=(Flag("--mode", "model.mode", "channel fusion (model.mode): concatenate, average, or the first "
+                    "channel only", choices=("flatten", "average", "first")),),
+        synth=DataCommand("windows in the UCI HAR layout", _synth_arguments, _synth),
+        datasets={"uci-har": Dataset("trainer.recipes.har.download:uci_har", "UCI HAR Dataset")},
+    ),
 )
 
 

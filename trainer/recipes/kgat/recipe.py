@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from trainer.distributed import runtime
+from trainer.engine import capabilities as can
 from trainer.engine.loader import per_rank_batch_size
 from trainer.engine.optim import optimizer_spec, phased, sparse_rows
 from trainer.engine.recipe import Recipe, unwrap
@@ -70,16 +71,16 @@ def load_data(cfg: KGATDataConfig, local_rank: int = 0) -> D.KGATData:
     return D.hold_out_validation(data, cfg.val_fraction, cfg.split_seed)
 
 
-class KGATRecipe(Recipe):
+class KGATRecipe(Recipe, can.Batching, can.DataProvenance, can.EpochPlan, can.Evaluation, can.Prediction,
+                 can.MemoryEstimate, can.DDPPolicy, can.GPUShapedStep, can.OwnOptimizer):
     """BPR on propagated embeddings (CF phase) and TransR (KG phase), attention refreshed every epoch."""
 
     primary_metric = ("recall@20", "max")
-    # the CF loss leaves the TransR parameters out, the KG loss the layers, and the node table's gradient is
-    # dense in one phase and a few rows in the other: rather than DDP (its search for unused parameters, a
-    # used-parameter map and two synchronisations per step: its bucket and the table), the loop averages every
-    # gradient in one all-reduce after the backward, the table's rows gathered in the KG phase
-    # (no DDP, so no buffer broadcast either: the graph's buffers are built alike on every rank, and the ranks
-    # refresh the attention together once per epoch, below)
+    # the CF loss leaves the TransR parameters out, the KG loss the layers, and the node table's gradient is dense
+    # in one phase and a few rows in the other: rather than DDP (its search for unused parameters, a used-parameter
+    # map, two synchronisations per step), the loop averages every gradient in one all-reduce after the backward,
+    # the table's rows gathered in the KG phase (no DDP, so no buffer broadcast either: the graph's buffers are
+    # built alike on every rank, and the ranks refresh the attention together once per epoch, below)
     average_after_backward = True
 
     def id_maps(self):

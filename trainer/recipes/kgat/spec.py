@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from trainer.config.spec import DataCommand, Dataset, RecipeSpec
+from trainer.config.spec import DataCommand, Dataset, RecipeSpec, RecipeTools
 from trainer.recipes.kgat.config import KGATDataConfig, KGATEvalConfig, KGATLossConfig, KGATModelConfig
 
 PRESET_NAMES = ("tiny", "amazon-book")
@@ -53,13 +53,15 @@ SPEC = RecipeSpec(
     renamed={"model.embed_dim": "model.width", "model.relation_dim": "model.relation_width",
              "model.layers": "model.layer_widths", "model.mess_dropout": "model.dropout",
              "model.cf_l2": "loss.cf_l2", "model.kg_l2": "loss.kg_l2"},
-    synth=DataCommand("clustered users/items/entities in the KGAT file format", _synth_arguments, _synth),
-    converters={"movielens-kg": DataCommand("KGAT format from MovieLens ratings + item metadata (genres, "
-                                            "release year)", _convert_arguments, _convert)},
-    datasets={name: Dataset(f"trainer.recipes.kgat.download:{name.replace('-', '_')}", name)
-              for name in ("amazon-book", "last-fm", "yelp2018")},
-    data_hints={"ml-100k-kg": "python -m trainer data download ml-100k --out {parent} && python -m trainer data "
-                              "convert movielens-kg --src {parent}ml-100k --out {path}"},
+    tools=RecipeTools(
+        synth=DataCommand("clustered users/items/entities in the KGAT file format", _synth_arguments, _synth),
+        converters={"movielens-kg": DataCommand("KGAT format from MovieLens ratings + item metadata (genres, "
+                                                "release year)", _convert_arguments, _convert)},
+        datasets={name: Dataset(f"trainer.recipes.kgat.download:{name.replace('-', '_')}", name)
+                  for name in ("amazon-book", "last-fm", "yelp2018")},
+        data_hints={"ml-100k-kg": "python -m trainer data download ml-100k --out {parent} && python -m trainer data "
+                                  "convert movielens-kg --src {parent}ml-100k --out {path}"},
+    ),
 )
 
 

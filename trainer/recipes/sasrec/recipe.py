@@ -10,6 +10,16 @@ import torch.nn.functional as F
 
 from trainer.config.settings import refuse_ignored
 from trainer.distributed import runtime
+from trainer.engine.capabilities import (
+    Batching,
+    DataProvenance,
+    DeviceResident,
+    EpochPlan,
+    Evaluation,
+    GPUShapedStep,
+    MemoryEstimate,
+    Prediction,
+)
 from trainer.engine.loader import fits_on_device
 from trainer.engine.recipe import Recipe, unwrap
 from trainer.recipes.sasrec import data as D
@@ -23,7 +33,8 @@ from trainer.recipes.sasrec.negatives import log_q as log_q_of
 KS = (5, 10, 20)
 
 
-class SASRecRecipe(Recipe):
+class SASRecRecipe(Recipe, Batching, DataProvenance, DeviceResident, EpochPlan, Evaluation, Prediction, MemoryEstimate,
+                   GPUShapedStep):
     """Next-item prediction: BCE or a softmax on sampled negatives, or a softmax over every item (loss.kind)."""
 
     primary_metric = ("ndcg@10", "max")

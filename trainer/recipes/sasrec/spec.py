@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from trainer.config.spec import DataCommand, Dataset, RecipeSpec
+from trainer.config.spec import DataCommand, Dataset, RecipeSpec, RecipeTools
 from trainer.recipes.sasrec.config import SeqDataConfig, SeqEvalConfig, SeqLossConfig, SeqRecConfig
 
 
@@ -32,12 +32,14 @@ SPEC = RecipeSpec(
     renamed={"model.hidden": "model.width", "model.blocks": "model.depth", "model.loss": "loss.kind",
              "model.l2_emb": "loss.l2_emb"},
     defaults={"optim.clip_grad_norm": 1.0},          # the seed's main.py always clips (max norm 1)
-    synth=DataCommand("user sequences with timestamps in the MovieLens u.data layout", _synth_arguments, _synth),
-    datasets={"ml-100k": Dataset("trainer.recipes.sasrec.download:ml_100k", "ml-100k"),
-              "ml-1m": Dataset("trainer.recipes.sasrec.download:ml_1m", "ml-1m")},
-    # configs/sasrec/beauty.yaml: no licence lets us fetch it for the user
-    data_hints={"beauty.txt": "put there the preprocessed Amazon Beauty of the BERT4Rec paper (one `user item` pair "
-                              "per line, each user's lines in time order)"},
+    tools=RecipeTools(
+        synth=DataCommand("user sequences with timestamps in the MovieLens u.data layout", _synth_arguments, _synth),
+        datasets={"ml-100k": Dataset("trainer.recipes.sasrec.download:ml_100k", "ml-100k"),
+                  "ml-1m": Dataset("trainer.recipes.sasrec.download:ml_1m", "ml-1m")},
+        # configs/sasrec/beauty.yaml: no licence lets us fetch it for the user
+        data_hints={"beauty.txt": "put there the preprocessed Amazon Beauty of the BERT4Rec paper (one `user item` "
+                                  "pair per line, each user's lines in time order)"},
+    ),
 )
 
 

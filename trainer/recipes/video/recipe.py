@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.distributed import runtime
+from trainer.engine.capabilities import Prediction
 from trainer.recipes.classify.recipe import ClassifierRecipe
 from trainer.recipes.video.clips import prepare, weights_table
 from trainer.recipes.video.model import build
@@ -21,7 +22,7 @@ from trainer.recipes.video.model import build
 log = logging.getLogger(__name__)
 
 
-class VideoRecipe(ClassifierRecipe):
+class VideoRecipe(ClassifierRecipe, Prediction):
     """Clips arrive as uint8 (4x less to copy); they become floats in [-1, 1] on the device."""
 
 

@@ -5,7 +5,7 @@ import argparse
 import math
 from pathlib import Path
 
-from trainer.config.spec import DataCommand, RecipeSpec
+from trainer.config.spec import DataCommand, RecipeSpec, RecipeTools
 from trainer.recipes.video.config import VideoDataConfig, VideoLossConfig, VideoModelConfig
 
 
@@ -64,9 +64,11 @@ SPEC = RecipeSpec(
     defaults={"train.amp": "auto", "train.batch_size": 16, "train.epochs": 20, "optim.lr": 1e-3,
               "optim.weight_decay": 1e-2, "optim.warmup_epochs": 1.0, "optim.clip_grad_norm": 1.0,
               "train.num_workers": 2},
-    synth=DataCommand("H.264 .mp4 files of moving squares and labels.csv", _synth_arguments, _synth),
-    data_commands={"extract-frames": DataCommand("decode videos once into the uint8 frame cache training reads",
-                                                 _extract_arguments, _extract)},
+    tools=RecipeTools(
+        synth=DataCommand("H.264 .mp4 files of moving squares and labels.csv", _synth_arguments, _synth),
+        data_commands={"extract-frames": DataCommand("decode videos once into the uint8 frame cache training reads",
+                                                     _extract_arguments, _extract)},
+    ),
 )
 
 
