@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import REPO, clean_env, trainer
 from trainer.config.settings import CheckpointConfig
 from trainer.distributed.runtime import DistInfo
-from trainer.distributed.stragglers import StepClock, Straggler, StragglerWatch
+from trainer.distributed.stragglers import Straggler, StragglerWatch
 from trainer.engine.callbacks import Component, StepEnd, Stop
 from trainer.engine.components.eviction import Eviction
 from trainer.engine.components.limits import StepLimit
@@ -123,7 +123,7 @@ def test_the_step_limit_counts_the_schedules_steps():
 @pytest.mark.parametrize("action,hosts,evicted", [("evict", ["a", "b"], True), ("warn", ["a", "b"], False),
                                                   ("evict", ["a", "a"], False)])
 def test_eviction_acts_on_a_named_straggler_that_can_be_left_out(action, hosts, evicted):
-    stragglers = Stragglers(DistInfo(), action, StepClock())
+    stragglers = Stragglers(DistInfo(), action)
     eviction = Eviction(stragglers)
     assert eviction.step_end(StepEnd(0, 1, 8, 1, 0.1)) is None
     stragglers.named = Straggler(1, hosts[1], 3.0, 3, evictable=len(set(hosts)) > 1)
@@ -136,13 +136,12 @@ def test_eviction_acts_on_a_named_straggler_that_can_be_left_out(action, hosts, 
 
 
 def test_the_straggler_watch_judges_windows_of_a_second_and_names_after_three():
-    clock = StepClock()
-    stragglers = Stragglers(DistInfo(), "warn", clock)
+    stragglers = Stragglers(DistInfo(), "warn")
     stragglers.watch = StragglerWatch(["a", "b"])        # two ranks' hosts (a single process gathers its own)
-    stragglers.window_read(WindowFigures([0.1, 0.3], wall_s=0.3, steps=2))     # 0.6 s: not judged yet
+    assert stragglers.window_read(WindowFigures([0.1, 0.3], wall_s=0.3, steps=2)) is False     # 0.6 s: not yet
     assert stragglers.take_fields() == {}
     for _ in range(3):
-        stragglers.window_read(WindowFigures([0.1, 0.3], wall_s=0.3, steps=4))
+        assert stragglers.window_read(WindowFigures([0.1, 0.3], wall_s=0.3, steps=4)) is True
     assert stragglers.take_fields()["straggler_rank"] == 1 and stragglers.take_named().rank == 1
 
 

@@ -164,7 +164,7 @@ def test_the_loop_is_split_by_job():
 # Issue 83 point 1: the engine's own concerns reach the loops only through the component contract. Each row: a
 # concern, and the words that would name it in code (identifiers, attribute names), whatever the docstrings say.
 BUILT_IN_CONCERNS = {
-    "hang watch": r"hang|HangWatch|beat\b", "straggler watch": r"straggl", "eviction": r"evict",
+    "hang watch": r"(?<![a-z])hang|HangWatch|beat\b", "straggler watch": r"straggl", "eviction": r"evict",
     "device clock": r"device_clock|DeviceClock", "preemption": r"preempt|signal", "logging window":
     r"LoggingWindow|logging_window", "periodic saves": r"PeriodicSaves|\.every_steps\b|\.every_epochs\b", "limits":
     r"max_steps|StepLimit", "budget": r"budget", "progress": r"progress|ProgressBar", "profiler": r"profil",
@@ -193,20 +193,36 @@ def code_names(tree: ast.AST) -> str:
 FIT_PHASES = {"fit", "_epochs", "_stopped", "_end_epoch", "_finish", "_where_it_is"}   # Trainer's, after the build
 
 
-def test_the_epoch_loop_and_the_fit_phases_name_no_built_in_concern():
-    """The epoch loop (loop.py) and the Trainer's fit phases; its build (_components) names each component once."""
+def test_the_epoch_loop_and_the_trainer_name_no_built_in_concern():
+    """The epoch loop (loop.py) and the Trainer's methods after __init__ (the components' build, the fit phases): the
+    built-ins are the module's BUILT_IN list of factories, each built from the run as a plugin's is."""
     trainer = ast.parse((REPO / "trainer/engine/trainer.py").read_text())
     methods = {n.name: n for n in ast.walk(trainer) if isinstance(n, ast.FunctionDef)}
     assert FIT_PHASES <= set(methods), FIT_PHASES - set(methods)
+    owner = next(n for n in trainer.body if isinstance(n, ast.ClassDef) and n.name == "Trainer")
     places = {"loop.py": ast.parse((REPO / "trainer/engine/loop.py").read_text()),
-              **{f"Trainer.{name}": methods[name] for name in FIT_PHASES}}
+              **{f"Trainer.{n.name}": n for n in owner.body if isinstance(n, ast.FunctionDef) and n.name != "__init__"}}
+    assert {"Trainer._components", "Trainer.fit"} <= set(places)
     for where, tree in places.items():
         names = code_names(tree)
         named = {concern: m.group(0) for concern, pattern in BUILT_IN_CONCERNS.items()
                  if (m := re.search(pattern, names, re.I))}
         assert not named, f"{where} names {named}"
-    planted = code_names(methods["_components"])     # the check sees a name where one is
+    built_in = next(n for n in trainer.body if isinstance(n, ast.AnnAssign) and n.target.id == "BUILT_IN")
+    planted = code_names(built_in)                   # the check sees a name where one is
     assert all(re.search(BUILT_IN_CONCERNS[c], planted, re.I) for c in ("hang watch", "eviction", "device clock"))
+
+
+def test_every_built_in_component_is_built_from_the_run_as_a_plugins_is():
+    import inspect
+
+    from trainer.engine.callbacks import Component
+    from trainer.engine.trainer import BUILT_IN
+    assert len(BUILT_IN) == 12
+    for factory in BUILT_IN:
+        owner = factory.__self__                     # a classmethod bound to its component class
+        assert issubclass(owner, Component) and factory.__name__ == "from_run", factory
+        assert list(inspect.signature(factory).parameters) == ["ctx"], factory
 
 
 def test_the_run_has_no_field_typed_any():

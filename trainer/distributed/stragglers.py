@@ -85,6 +85,11 @@ class StragglerWatch:
 
 
 
+def watched(info, action: str) -> bool:
+    """Whether a run watches for stragglers (faults.straggler_action): not a single process, not off."""
+    return info.distributed and action != "off"
+
+
 class StepClock:
     """A rank's own time over the optimizer steps since the last judged window: their wall time (data loading,
     forward, backward, optimizer step; not the boundary work after a step: agreements, checkpoints) minus what they

@@ -18,11 +18,12 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence, TypeVar
 
 from trainer.engine.result import FitResult
 
 log = logging.getLogger(__name__)
+C = TypeVar("C", bound="Component")
 
 
 @dataclass(frozen=True)
@@ -168,9 +169,11 @@ def load_component_states(components, states: dict[str, Any] | None) -> None:
 
 
 class RunContext(Protocol):
-    """What a component factory may read from the run's owner (trainer/engine/trainer.py Trainer): the run built
-    (trainer.engine.build.Run), its state (TrainState: epoch, global_step, ...), the resolved config (plugin
-    sections included), the launch facts, the run directory, the metrics writer, and save(kind) for a checkpoint."""
+    """What a component factory (the built-ins' from_run, a plugin's) reads from the run's owner
+    (trainer/engine/trainer.py Trainer): the run built (trainer.engine.build.Run), its state (TrainState: epoch,
+    global_step, ...), the resolved config (plugin sections included), the launch facts, the run directory, the
+    metrics writer, the device-side losses (window.TrainLosses), the throughput meter, the write-failure flag,
+    save(kind) for a checkpoint, and the components built so far (in order) with component(kind), the one of a type."""
 
     run: Any
     state: Any
@@ -178,8 +181,14 @@ class RunContext(Protocol):
     info: Any
     run_dir: Path
     writer: Any
+    losses: Any
+    meter: Any
+    failures: Any
+    components: list[Component]
 
     def save(self, kind: str) -> None: ...
+
+    def component(self, kind: type[C]) -> C | None: ...
 
 
 ComponentFactory = Callable[[RunContext], "Component | None"]     # the run's owner -> a component, or None

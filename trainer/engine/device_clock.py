@@ -26,7 +26,8 @@ from typing import Callable, Iterable
 
 import torch
 
-from trainer.engine.callbacks import Component, StepEnd
+from trainer.distributed.stragglers import watched as stragglers_watched
+from trainer.engine.callbacks import Component, RunContext, StepEnd
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,12 @@ def cuda_event() -> torch.cuda.Event:
 
 class DeviceClock(Component):
     """Per optimizer step: an event where its first micro-batch begins and one where its last gradient is ready."""
+
+    @classmethod
+    def from_run(cls, ctx: RunContext) -> DeviceClock | None:
+        """On a GPU where the straggler watch runs: its own time per step (the host only queues the steps)."""
+        watched = stragglers_watched(ctx.info, ctx.cfg.faults.straggler_action)
+        return cls(ctx.run.model.parameters()) if watched and ctx.run.device.type == "cuda" else None
 
     def __init__(self, params: Iterable[torch.nn.Parameter], new_event: Callable[[], object] = cuda_event):
         self.new_event = new_event

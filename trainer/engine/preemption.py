@@ -17,7 +17,7 @@ from typing import Iterable
 import torch
 
 from trainer.distributed import runtime
-from trainer.engine.callbacks import Component, Stop
+from trainer.engine.callbacks import Component, RunContext, Stop
 from trainer.engine.result import FitResult
 from trainer.launch.exitcodes import PREEMPTED_MARKER
 
@@ -39,6 +39,19 @@ def trapped_signals(requeue_signals: Iterable[str], preempt_signal: str | None =
 
 class PreemptionHandler(Component):
     """Installs flag-only handlers for SIGUSR1/SIGUSR2/SIGTERM and restores the old ones on exit."""
+
+    @classmethod
+    def from_run(cls, ctx: RunContext) -> PreemptionHandler:
+        """The signals that checkpoint and stop (ckpt.requeue_signals, the launcher's); a warning where torchrun
+        would not forward one of them."""
+        info = ctx.info
+        trapped = trapped_signals(ctx.cfg.ckpt.requeue_signals, info.preempt_signal)
+        lost = unforwarded_signals(info, trapped)
+        if lost and info.is_main:
+            log.warning("torchrun forwards only %s to its workers: %s (trapped here for a requeue) would end its "
+                        "agent, and this job step with it, before the checkpoint.\nHINT: %s",
+                        ",".join(info.agent_signals or ()), ",".join(lost), FORWARD_HINT)
+        return cls(trapped)
 
     def __init__(self, signals: Iterable[str] = HANDLED):
         self.signals = [getattr(signal, name) for name in signals]

@@ -6,9 +6,9 @@ finish (final checkpoint, test split); save() writes a checkpoint; close() tears
     with Trainer(recipe, dist_info, cfg, planned, commit) as trainer:     # cfg: trainer.config.settings.Config
         result = trainer.fit()                                             # FitResult
 
-A new concern of a run is a component (trainer/engine/callbacks.py): one class in trainer/engine/components/ and
-one line in Trainer._components(), or register_component() in a plugin module (an entry point in the group
-hpc_trainer.plugins, or TRAINER_PLUGINS).
+A new concern of a run is a component (trainer/engine/callbacks.py): one class in trainer/engine/components/ with
+its from_run(context) and one entry in BUILT_IN, or register_component() in a plugin module (an entry point in the
+group hpc_trainer.plugins, or TRAINER_PLUGINS).
 """
 from __future__ import annotations
 
@@ -22,9 +22,16 @@ import torch
 from trainer.config.settings import Config
 from trainer.distributed import preflight
 from trainer.distributed.runtime import DistInfo
-from trainer.distributed.stragglers import StepClock
 from trainer.engine.build import Run, build_run
-from trainer.engine.callbacks import Component, Stop, component_states, load_component_states, registered_components
+from trainer.engine.callbacks import (
+    C,
+    Component,
+    ComponentFactory,
+    Stop,
+    component_states,
+    load_component_states,
+    registered_components,
+)
 from trainer.engine.capabilities import EpochPlan, of
 from trainer.engine.checkpointer import Checkpointer
 from trainer.engine.components.budget import ShutdownBudget
@@ -41,7 +48,7 @@ from trainer.engine.evaluation import Evaluations
 from trainer.engine.logging import MetricsWriter
 from trainer.engine.loop import EpochLoop
 from trainer.engine.meters import Throughput
-from trainer.engine.preemption import FORWARD_HINT, PreemptionHandler, trapped_signals, unforwarded_signals
+from trainer.engine.preemption import PreemptionHandler
 from trainer.engine.recipe import Recipe
 from trainer.engine.result import FitResult
 from trainer.engine.resume import Planned, write_resume_record
@@ -52,6 +59,14 @@ from trainer.engine.write_failures import WriteFailures, watch
 from trainer.launch.exitcodes import PREEMPTED_MARKER, UnfitHostError
 
 log = logging.getLogger(__name__)
+
+# the built-in components, each built from the run as a plugin's is (register_component), in the order the loops call
+# them (a component's Stop ends a step's calls): the device clock first (its step is filed before the window reads
+# it), the straggler watch before the window that reads it (it has no hook of its own), eviction last
+BUILT_IN: tuple[ComponentFactory, ...] = (
+    DeviceClock.from_run, HangWatch.from_run, PreemptionHandler.from_run, StepProfiler.from_run,
+    ShutdownBudget.from_run, Stragglers.from_run, LoggingWindow.from_run, ProgressBar.from_run, FirstStep.from_run,
+    PeriodicSaves.from_run, StepLimit.from_run, Eviction.from_run)
 
 
 def check_hosts(run: Run, run_dir: Path, slow: float) -> None:
@@ -108,54 +123,25 @@ class Trainer:
             self.meter = Throughput(self.run.device)
             self.losses = TrainLosses(self.run.device, info, max(cfg.log.every_steps, 1) * self.run.accum,
                                       self.state, self.ckpts.last_good)
-            self.components = self._components()
+            self._components()
         except BaseException:
             self.close()
             raise
 
-    def _trapped(self) -> list[str]:
-        """The signals that checkpoint and stop; a warning where torchrun would not forward one of them."""
-        info = self.info
-        trapped = trapped_signals(self.cfg.ckpt.requeue_signals, info.preempt_signal)
-        lost = unforwarded_signals(info, trapped)
-        if lost and info.is_main:
-            log.warning("torchrun forwards only %s to its workers: %s (trapped here for a requeue) would end its "
-                        "agent, and this job step with it, before the checkpoint.\nHINT: %s",
-                        ",".join(info.agent_signals or ()), ",".join(lost), FORWARD_HINT)
-        return trapped
-
     def _components(self) -> list[Component]:
-        """The run's components, in the order the loops call them (a component's Stop ends a step's calls): the
-        device clock first (its step is filed before the window reads it), eviction last."""
-        info, faults, logs, clock = self.info, self.cfg.faults, self.cfg.log, StepClock()
-        watched = Stragglers.wanted(info, faults.straggler_action)
-        stragglers = Stragglers(info, faults.straggler_action, clock) if watched else None
-        device_clock = DeviceClock(self.run.model.parameters()) \
-            if watched and self.run.device.type == "cuda" else None
-        preempt = PreemptionHandler(self._trapped())
-        window = LoggingWindow(self.run, self.state, self.losses, self.meter, self.writer, preempt, clock,
-                               readers=[stragglers] if stragglers else [], failures=self.failures,
-                               device_clock=device_clock)
-        built = [
-            device_clock,
-            HangWatch(info, self.run_dir, faults.hang_timeout_s) if HangWatch.wanted(info, faults.hang_timeout_s)
-            else None,
-            preempt,
-            StepProfiler(logs.profile, self.run_dir, info, self.state),
-            ShutdownBudget(info),
-            window,
-            stragglers,
-            ProgressBar(info, logs.progress, window),
-            FirstStep(info),
-            PeriodicSaves(self.cfg.ckpt, self.state, self.save),
-            StepLimit(self.cfg.train.max_steps, self.run.scheduler),
-            Eviction(stragglers) if stragglers else None,
-        ]
-        built += [factory(self) for factory in registered_components()]
-        built = [c for c in built if c is not None]
-        self.run.phases.bind(built)
-        load_component_states(built, self.ckpts.component_states)
-        return built
+        """BUILT_IN's components, then the plugins', each built from this run (a RunContext) in that order; their
+        states resumed from the checkpoint."""
+        for factory in (*BUILT_IN, *registered_components()):
+            component = factory(self)
+            if component is not None:
+                self.components.append(component)
+        self.run.phases.bind(self.components)
+        load_component_states(self.components, self.ckpts.component_states)
+        return self.components
+
+    def component(self, kind: type[C]) -> C | None:
+        """The run's component of this type (the first built), or None."""
+        return next((c for c in self.components if isinstance(c, kind)), None)
 
     def fit(self) -> FitResult:
         """Train until the configured end, early stopping, or a component's stop (a signal's checkpoint, an

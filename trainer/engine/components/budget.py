@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from trainer.distributed.runtime import DistInfo
-from trainer.engine.callbacks import Component, StepEnd, Stop
+from trainer.engine.callbacks import Component, RunContext, StepEnd, Stop
 from trainer.engine.preemption import FORWARD_HINT
 
 log = logging.getLogger(__name__)
@@ -16,6 +16,10 @@ class ShutdownBudget(Component):
     """An agent (torchrun) SIGKILLs its workers agent_shutdown_s after forwarding a signal: the slowest
     step plus a checkpoint must fit in that, or a signal costs the checkpoint. Warns once, on rank 0,
     after the first checkpoint that shows it does not fit."""
+
+    @classmethod
+    def from_run(cls, ctx: RunContext) -> ShutdownBudget:
+        return cls(ctx.info)
 
     def __init__(self, info: DistInfo):
         self.limit, self.is_main = info.agent_shutdown_s, info.is_main

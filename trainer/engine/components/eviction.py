@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from trainer.distributed.stragglers import Straggler
-from trainer.engine.callbacks import Component, StepEnd, Stop
+from trainer.engine.callbacks import Component, RunContext, StepEnd, Stop
 from trainer.engine.components.stragglers import Stragglers
 from trainer.engine.exits import exit_of
 from trainer.launch.exitcodes import StragglerError
@@ -17,6 +17,12 @@ log = logging.getLogger(__name__)
 class Eviction(Component):
     """A stop once a straggler can be left out (every rank named the same one from the same window's collective:
     no vote needed); `evicted` names it."""
+
+    @classmethod
+    def from_run(cls, ctx: RunContext) -> Eviction | None:
+        """Acts on the run's straggler watch, where there is one."""
+        stragglers = ctx.component(Stragglers)
+        return cls(stragglers) if stragglers is not None else None
 
     def __init__(self, stragglers: Stragglers):
         self.stragglers = stragglers

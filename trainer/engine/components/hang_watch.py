@@ -27,7 +27,7 @@ from typing import Iterator
 
 from trainer.distributed.heartbeats import Beat, HeartbeatBoard
 from trainer.distributed.runtime import DistInfo
-from trainer.engine.callbacks import Component, Phases, StepEnd, Stop
+from trainer.engine.callbacks import Component, Phases, RunContext, StepEnd, Stop
 from trainer.launch.exitcodes import HANG, record_exit
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,12 @@ def blame(beats: dict[int, Beat], silent: dict[int, float], world: int) -> tuple
 
 class HangWatch(Component):
     """Progress published for the group and the group's progress judged, by a thread of this rank."""
+
+    @classmethod
+    def from_run(cls, ctx: RunContext) -> HangWatch | None:
+        """The run's hang watch (faults.hang_timeout_s; off in a single process or below 0)."""
+        timeout = ctx.cfg.faults.hang_timeout_s
+        return cls(ctx.info, ctx.run_dir, timeout) if cls.wanted(ctx.info, timeout) else None
 
     def __init__(self, info: DistInfo, run_dir: str | Path, timeout_s: float = 0.0, board: HeartbeatBoard | None = None,
                  period_s: float | None = None, exit_fn=os._exit):

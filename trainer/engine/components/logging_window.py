@@ -3,25 +3,24 @@
 (trainer/distributed/stragglers.py window_slots), and rank 0 writes one train record; between windows the ranks
 agree on a signal every few steps (trainer/engine/preemption.py AgreementCadence, ckpt.signal_latency_s).
 
-    window = LoggingWindow(run, state, losses, meter, writer, preempt, clock, readers=[stragglers],
-                           device_clock=device_clock)     # a GPU rank's own time per step (device_clock.py)
+    window = LoggingWindow.from_run(trainer)   # the run's losses, meter, writer, its PreemptionHandler, DeviceClock
     window.step_end(step)     # a Stop once the ranks agreed on a signal (preemption.signal_stop)
 
-What reads each window's figures (the straggler watch) is a WindowReader: it is told the window's per-rank own
-times and adds its fields to the record.
+What reads each window's figures (the straggler watch) is a WindowReader, a component built before the window: it
+is told the window's per-rank own times, says whether it judged them, and adds its fields to the record.
 """
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
 from trainer.distributed.stragglers import StepClock, own_times, window_slots
 from trainer.engine.build import Run
-from trainer.engine.callbacks import Component, StepEnd, Stop
+from trainer.engine.callbacks import Component, RunContext, StepEnd, Stop
 from trainer.engine.device_clock import DeviceClock
 from trainer.engine.logging import MetricsWriter
 from trainer.engine.meters import SystemStats, Throughput
@@ -43,16 +42,25 @@ class WindowFigures:
     steps: int
 
 
+@runtime_checkable
 class WindowReader(Protocol):
-    """What reads each logging window's figures (the straggler watch)."""
+    """What reads each logging window's figures (the straggler watch): True from window_read when it judged them (the
+    window's step clock then drops what they covered; otherwise the next window's figures add to them)."""
 
-    def window_read(self, figures: WindowFigures) -> None: ...
+    def window_read(self, figures: WindowFigures) -> bool: ...
 
     def take_fields(self) -> dict[str, Any]: ...
 
 
 class LoggingWindow(Component):
     """The loss window's read and the signal agreement, and the train records they make."""
+
+    @classmethod
+    def from_run(cls, ctx: RunContext) -> LoggingWindow:
+        """The window of the run: its readers are the WindowReader components built before it."""
+        return cls(ctx.run, ctx.state, ctx.losses, ctx.meter, ctx.writer, ctx.component(PreemptionHandler), StepClock(),
+                   readers=[c for c in ctx.components if isinstance(c, WindowReader)], failures=ctx.failures,
+                   device_clock=ctx.component(DeviceClock))
 
     def __init__(self, run: Run, state: TrainState, losses: TrainLosses, meter: Throughput,
                  writer: MetricsWriter, preempt: PreemptionHandler, clock: StepClock,
@@ -126,8 +134,9 @@ class LoggingWindow(Component):
             self.failures.agree(self.info)         # every rank raises the same DiskError
         own, wall_s = own_times(summed[len(flags) + 1:], self.info.world_size)
         self.cadence.measured(wall_s)
-        for reader in self.readers:
-            reader.window_read(WindowFigures(own, wall_s, self.steps))
+        judged = [reader.window_read(WindowFigures(own, wall_s, self.steps)) for reader in self.readers]
+        if any(judged):
+            self.clock.judged()
         return self.preempt.signal_of(summed[:len(flags)])
 
     def _rates(self) -> dict[str, float]:

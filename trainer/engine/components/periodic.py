@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from typing import Callable
 
-from trainer.engine.callbacks import Component, StepEnd, Stop
+from trainer.engine.callbacks import Component, RunContext, StepEnd, Stop
 from trainer.engine.state import TrainState
 
 
 class PeriodicSaves(Component):
     """ckpt.every_steps and ckpt.every_epochs; save(kind) is the run owner's (the losses read first)."""
+
+    @classmethod
+    def from_run(cls, ctx: RunContext) -> PeriodicSaves:
+        return cls(ctx.cfg.ckpt, ctx.state, ctx.save)
 
     def __init__(self, ckpt_cfg, state: TrainState, save: Callable[[str], None]):
         self.every_steps, self.every_epochs = ckpt_cfg.every_steps, ckpt_cfg.every_epochs

@@ -15,7 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from trainer.distributed.runtime import DistInfo
-from trainer.engine.callbacks import Component, StepEnd, Stop
+from trainer.engine.callbacks import Component, RunContext, StepEnd, Stop
 from trainer.engine.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,10 @@ def parse_steps(spec: str) -> tuple[int, int]:
 class StepProfiler(Component):
     """Starts torch.profiler before optimizer step START and stops it after STOP; writes the trace of this
     rank into RUN_DIR/profile and logs the top ops by device time (rank 0)."""
+
+    @classmethod
+    def from_run(cls, ctx: RunContext) -> StepProfiler:
+        return cls(ctx.cfg.log.profile, ctx.run_dir, ctx.info, ctx.state)
 
     def __init__(self, spec: str, run_dir: str | Path, info: DistInfo, state: TrainState | None = None):
         """spec '' (log.profile unset): profiles nothing. state: the run's, whose steps are counted."""

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from trainer.distributed.runtime import DistInfo
-from trainer.engine.callbacks import Component, StepEnd, Stop
+from trainer.engine.callbacks import Component, RunContext, StepEnd, Stop
 from trainer.engine.components.logging_window import LoggingWindow
 from trainer.native.console import progress_bar
 
@@ -18,6 +18,11 @@ log = logging.getLogger(__name__)
 
 class ProgressBar(Component):
     """A tqdm bar per epoch; none off rank 0, with log.progress=off, or (auto) off a terminal."""
+
+    @classmethod
+    def from_run(cls, ctx: RunContext) -> ProgressBar:
+        """Rank 0's bar, showing the run's logging window's last record."""
+        return cls(ctx.info, ctx.cfg.log.progress, ctx.component(LoggingWindow))
 
     def __init__(self, info: DistInfo, mode: str, window: LoggingWindow):
         self.shown = info.is_main and mode != "off" and (mode == "on" or sys.stderr.isatty())
@@ -62,6 +67,10 @@ class FirstStep(Component):
     """Rank 0's one line when the run's first optimizer step is done, with the seconds since the process started:
     what a user waits through before training (imports, data, model, pre-flight; a C++ build, were one waited for)
     shows as one figure."""
+
+    @classmethod
+    def from_run(cls, ctx: RunContext) -> FirstStep:
+        return cls(ctx.info)
 
     def __init__(self, info: DistInfo):
         self.pending = info.is_main
