@@ -4,7 +4,8 @@ import subprocess
 
 import pytest
 
-from tests.conftest import PY, REPO, assert_close, clean_env, free_port, run_ranks, trainer, weights
+from tests.conftest import PY, REPO, assert_close, clean_env, free_port, run_ranks, weights
+from tests.inprocess import cli
 from trainer.engine.logging import read_metrics
 
 pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
@@ -16,10 +17,10 @@ BASE = ("--recipe", "toy", "--epochs", "1", "--seed", "7", "optim.name=sgd", "op
 
 def test_two_rank_ddp_equals_single_process_on_same_global_batch(tmp_path):
     run_ranks(2, "train", *BASE, "--batch-size", "8", "--run-dir", str(tmp_path / "ddp"))
-    trainer("train", *BASE, "--batch-size", "16", "--run-dir", str(tmp_path / "single"))
+    cli("train", *BASE, "--batch-size", "16", "--run-dir", str(tmp_path / "single"))
     assert_close(weights(tmp_path / "ddp"), weights(tmp_path / "single"), 1e-6)
     # and it really trained: weights moved away from the initial ones
-    init = trainer("train", *BASE, "--batch-size", "16", "train.max_steps=0", "--epochs", "0",
+    init = cli("train", *BASE, "--batch-size", "16", "train.max_steps=0", "--epochs", "0",
                    "--run-dir", str(tmp_path / "init"))
     assert init.returncode == 0
     diff = max((weights(tmp_path / "single")[k] - weights(tmp_path / "init")[k]).abs().max().item()
@@ -28,8 +29,8 @@ def test_two_rank_ddp_equals_single_process_on_same_global_batch(tmp_path):
 
 
 def test_global_batch_size_with_accumulation_equals_one_big_batch(tmp_path):
-    trainer("train", *BASE, "--batch-size", "16", "--run-dir", str(tmp_path / "big"))
-    trainer("train", *BASE, "--global-batch-size", "16", "--grad-accum-steps", "4",
+    cli("train", *BASE, "--batch-size", "16", "--run-dir", str(tmp_path / "big"))
+    cli("train", *BASE, "--global-batch-size", "16", "--grad-accum-steps", "4",
             "--run-dir", str(tmp_path / "accum"))
     run_ranks(2, "train", *BASE, "--global-batch-size", "16", "--grad-accum-steps", "2",
               "--run-dir", str(tmp_path / "ddp_accum"))   # no_sync on the first micro-batch of each window
@@ -49,9 +50,9 @@ def test_global_batch_size_with_accumulation_equals_one_big_batch(tmp_path):
 
 
 def test_sharded_evaluation_equals_single_process(tmp_path):
-    trainer("train", *BASE, "--batch-size", "16", "--run-dir", str(tmp_path / "run"))
+    cli("train", *BASE, "--batch-size", "16", "--run-dir", str(tmp_path / "run"))
     ckpt = str(tmp_path / "run" / "checkpoints" / "final.pt")
-    trainer("eval", "--checkpoint", ckpt, "--out", str(tmp_path / "one.json"), "train.batch_size=5")
+    cli("eval", "--checkpoint", ckpt, "--out", str(tmp_path / "one.json"), "train.batch_size=5")
     run_ranks(3, "eval", "--checkpoint", ckpt, "--out", str(tmp_path / "three.json"), "train.batch_size=5")
     one, three = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "three.json"))
     for split, n in (("val", 61), ("test", 37)):           # 61 and 37 samples: uneven shards over 3 ranks

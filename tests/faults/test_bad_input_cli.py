@@ -5,7 +5,8 @@ import time
 import pytest
 import torch
 
-from tests.conftest import clean_env, record_fault, trainer
+from tests.conftest import clean_env, record_fault
+from tests.inprocess import cli
 
 
 class Evil:
@@ -46,7 +47,7 @@ def test_bad_input_stops_at_once_naming_it(tmp_path, name):
     argv, env, message = CASES[name](tmp_path)
     run_dir = tmp_path / "run"
     t0 = time.monotonic()
-    proc = trainer("train", *argv, "--run-dir", str(run_dir), env=clean_env(**env), check=False)
+    proc = cli("train", *argv, "--run-dir", str(run_dir), env=clean_env(**env), check=False)
     took = time.monotonic() - t0
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr and "Traceback" not in proc.stderr and "pwned" not in proc.stdout

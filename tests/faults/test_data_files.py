@@ -6,7 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import record_fault, trainer
+from tests.conftest import record_fault
+from tests.inprocess import cli
 from trainer.recipes.video import data as D
 
 
@@ -24,7 +25,7 @@ def test_a_damaged_npz_data_file_is_an_error_naming_it(tmp_path, damage):
     blob = path.read_bytes()
     path.write_bytes({"truncated": blob[: len(blob) // 2], "garbage": b"\x89junk" * 100, "empty": b""}[damage])
     t0 = time.monotonic()
-    proc = trainer("train", "--recipe", "har", "--epochs", "1", f"data.path={tmp_path}", "--run-dir",
+    proc = cli("train", "--recipe", "har", "--epochs", "1", f"data.path={tmp_path}", "--run-dir",
                    str(tmp_path / "run"), check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"{path}: cannot be read as a .npz file" in proc.stderr
@@ -42,7 +43,7 @@ def test_a_damaged_kgat_pretrain_file_is_an_error_naming_it(tmp_path, damage):
     else:
         np.savez(mf, user_embed=np.zeros((300, 8), np.float32))
         expected = f"{mf}: field 'item_embed' missing"
-    proc = trainer("train", "--recipe", "kgat", "--epochs", "1", f"model.pretrain={mf}", "model.width=8",
+    proc = cli("train", "--recipe", "kgat", "--epochs", "1", f"model.pretrain={mf}", "model.width=8",
                    "--run-dir", str(tmp_path / "run"), check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert expected in proc.stderr

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import record_fault, trainer
+from tests.conftest import record_fault
+from tests.inprocess import cli
 from trainer.data.flat import MAX_UNUSED, TABLE_FLOOR
 from trainer.recipes.har import data as HD
 from trainer.recipes.kgat import convert
@@ -47,7 +48,7 @@ def test_a_stray_entity_id_is_refused_with_its_line(kgat_folder, tmp_path):
     assert "data.remap_ids=true" in message
     assert KD.load(kgat_folder).n_entities == convert.PRESETS["tiny"]["entities"]     # the fixture itself passes
     t0 = time.monotonic()                                  # through the CLI: exit 2 before any model is built
-    out = trainer("train", "--recipe", "kgat", "--epochs", "1", f"data.path={folder}", "data.cache=off",
+    out = cli("train", "--recipe", "kgat", "--epochs", "1", f"data.path={folder}", "data.cache=off",
                   "--run-dir", str(tmp_path / "run"), check=False)
     assert out.returncode == 2 and "entity id 999,999 makes the entity table" in out.stderr
     assert not list((tmp_path / "run").rglob("*.pt"))
@@ -69,7 +70,7 @@ def test_remap_ids_compacts_and_the_maps_travel_with_the_checkpoint(kgat_folder,
     assert data.n_entities == convert.PRESETS["tiny"]["entities"] + 1 and data.id_maps["entity"][-1] == 999999
     assert data.kg.max() == data.n_entities - 1
     run = tmp_path / "run"
-    trainer("train", "--recipe", "kgat", "--epochs", "1", f"data.path={folder}", "data.remap_ids=true",
+    cli("train", "--recipe", "kgat", "--epochs", "1", f"data.path={folder}", "data.remap_ids=true",
             "data.cache=off", "--batch-size", "256", "log.tensorboard=false", "--run-dir", str(run))
     saved = np.load(run / "ids.npz")
     assert np.array_equal(saved["entity"], data.id_maps["entity"])
@@ -77,10 +78,10 @@ def test_remap_ids_compacts_and_the_maps_travel_with_the_checkpoint(kgat_folder,
     assert torch.equal(ckpt["id_maps"]["entity"], torch.from_numpy(data.id_maps["entity"]))
     copy = tmp_path / "copied.pt"
     shutil.copy(run / "checkpoints" / "final.pt", copy)
-    out = trainer("eval", "--checkpoint", str(copy), "--splits", "test")
+    out = cli("eval", "--checkpoint", str(copy), "--splits", "test")
     assert "recall@20" in out.stdout
     other = sparse_copy(kgat_folder, tmp_path / "other", kg_line="0 3 888888")
-    out = trainer("eval", "--checkpoint", str(copy), f"data.path={other}", check=False)
+    out = cli("eval", "--checkpoint", str(copy), f"data.path={other}", check=False)
     assert out.returncode == 2 and "its id maps (data.remap_ids) differ from this data's for entity" in out.stderr
 
 

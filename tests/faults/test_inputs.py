@@ -6,7 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import record_fault, trainer
+from tests.conftest import record_fault
+from tests.inprocess import cli
 from trainer.config.settings import ConfigError, load_yaml
 from trainer.recipes.har import data as HAR
 from trainer.recipes.kgat import data as KG
@@ -22,7 +23,7 @@ def ts_file(path, cases):
 
 def cli_error(*args):
     """A CLI call that must fail with exit 2 and one clean error (no traceback); its stderr."""
-    out = trainer(*args, check=False)
+    out = cli(*args, check=False)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
     return out.stderr
 
@@ -167,6 +168,6 @@ def test_a_plugin_that_raises_on_import_is_named_and_doctor_still_runs(tmp_path)
     (tmp_path / "badplug.py").write_text("x = 1\nraise RuntimeError('boom in the plugin')\n")
     from tests.conftest import clean_env
     env = clean_env(PYTHONPATH=str(tmp_path), TRAINER_PLUGINS="badplug")
-    out = trainer("doctor", env=env)
+    out = cli("doctor", env=env)
     assert "TRAINER_PLUGINS module 'badplug' raised RuntimeError: boom in the plugin at " in out.stderr
     assert f"{tmp_path / 'badplug.py'}:2" in out.stderr and "world size: 1" in out.stdout + out.stderr

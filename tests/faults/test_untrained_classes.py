@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-from tests.conftest import trainer
+from tests.inprocess import cli
 from trainer.engine.logging import read_metrics
 
 HEADER = "@problemName toy\n@univariate true\n@equalLength true\n@seriesLength 8\n@classLabel true a b c\n@data\n"
@@ -25,12 +25,12 @@ def test_a_class_only_in_the_test_file_is_named_recorded_and_refusable(tmp_path)
     run = tmp_path / "run"
     common = ("train", "--recipe", "har", "--epochs", "1", f"data.path={data}", "data.val_fraction=0",
               "data.cache=off", "--batch-size", "4", "log.tensorboard=false")
-    out = trainer(*common, "--run-dir", str(run))
+    out = cli(*common, "--run-dir", str(run))
     assert "class(es) with no training case: c: the model cannot learn them" in out.stderr
     record = json.loads((run / "data.json").read_text())
     assert record == dict(classes=["a", "b", "c"], train_cases=[6, 6, 0], no_training_case=["c"])
     test = read_metrics(run, "test")
     assert test and all(r["no_training_case"] == ["c"] for r in test)
-    out = trainer(*common, "data.require_all_classes=true", "--run-dir", str(tmp_path / "strict"), check=False)
+    out = cli(*common, "data.require_all_classes=true", "--run-dir", str(tmp_path / "strict"), check=False)
     assert out.returncode == 2 and "class(es) with no training case: c (of 3 declared)" in out.stderr
     assert "data.require_all_classes=false" in out.stderr

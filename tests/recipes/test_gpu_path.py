@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from bench.opcount import OpCount, epoch_loop_for, step_counts
-from tests.conftest import trainer
+from tests.inprocess import cli
 from trainer.distributed.stragglers import StepClock
 from trainer.engine.callbacks import StepEnd
 from trainer.engine.components.logging_window import LoggingWindow
@@ -217,7 +217,7 @@ def test_kgats_kg_step_syncs_nothing_either():
 # ------------------------------------------------------------------------------------------ trained
 def _test_ndcg(tmp_path, path: str, seed: int) -> float:
     run = tmp_path / f"{path}-{seed}"
-    trainer("train", "--recipe", "sasrec", *SAS, "--epochs", "6", "--seed", str(seed), f"train.gpu_path={path}",
+    cli("train", "--recipe", "sasrec", *SAS, "--epochs", "6", "--seed", str(seed), f"train.gpu_path={path}",
             "--run-dir", str(run), "log.tensorboard=false", "ckpt.every_epochs=0", "eval.full_ranking=false",
             timeout=300)
     return read_metrics(run, "test")[0]["ndcg@10"]

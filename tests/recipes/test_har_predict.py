@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import trainer
+from tests.inprocess import cli
 from trainer.recipes.har import data as D
 
 pytestmark = pytest.mark.beside_cluster      # several launches of the trainer: in the cluster half
@@ -33,15 +33,15 @@ def write_ts(path, cases: np.ndarray) -> None:
 
 def test_har_labels_every_window_as_eval_scores_them(tmp_path):
     run = tmp_path / "run"
-    trainer("train", "--recipe", "har", *SMALL, "--epochs", "2", "log.tensorboard=false", "--run-dir", str(run))
-    trainer("predict", "--checkpoint", str(run), "--out", str(tmp_path / "all.csv"), *SMALL)
+    cli("train", "--recipe", "har", *SMALL, "--epochs", "2", "log.tensorboard=false", "--run-dir", str(run))
+    cli("predict", "--checkpoint", str(run), "--out", str(tmp_path / "all.csv"), *SMALL)
     rows = read(tmp_path / "all.csv")
     names = [k[2:] for k in rows[0] if k.startswith("p_")]
     for r in rows:
         p = [float(r[f"p_{n}"]) for n in names]
         assert abs(sum(p) - 1) < 1e-5 and r["label"] == names[int(np.argmax(p))]
     test = [r for r in rows if r["split"] == "test"]
-    trainer("eval", "--checkpoint", str(run), "--splits", "test", "--out", str(tmp_path / "eval.json"), *SMALL)
+    cli("eval", "--checkpoint", str(run), "--splits", "test", "--out", str(tmp_path / "eval.json"), *SMALL)
     accuracy = json.loads((tmp_path / "eval.json").read_text())["test"]["accuracy"]
     assert len(test) > 0 and abs(np.mean([r["label"] == r["true_label"] for r in test]) - accuracy) < 1e-9
     # new recordings without labels: the first test cases again, as a .ts file
@@ -50,7 +50,7 @@ def test_har_labels_every_window_as_eval_scores_them(tmp_path):
     cases = _holdout(raw, 0.25, "test", seed=1)["test"]
     x = np.stack(cases.samples[:7])
     write_ts(tmp_path / "new.ts", x)
-    trainer("predict", "--checkpoint", str(run), "--out", str(tmp_path / "new.csv"), "--data",
+    cli("predict", "--checkpoint", str(run), "--out", str(tmp_path / "new.csv"), "--data",
             str(tmp_path / "new.ts"), *SMALL)
     new = read(tmp_path / "new.csv")
     assert "true_label" not in new[0] and [r["case"] for r in new] == [str(i) for i in range(7)]

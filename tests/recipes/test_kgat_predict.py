@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import trainer
+from tests.inprocess import cli
 from trainer.recipes.kgat import convert
 
 pytestmark = pytest.mark.beside_cluster      # several launches of the trainer: in the cluster half
@@ -38,11 +38,11 @@ def test_kgat_top_k_in_the_files_ids_without_seen_items(tmp_path):
     tiny = convert.write(convert.synthesize(convert.Stats(**convert.PRESETS["tiny"]), seed=0), tmp_path / "tiny")
     folder, seen = sparse_users(tiny, tmp_path / "sparse")
     run = tmp_path / "run"
-    trainer("train", "--recipe", "kgat", "--epochs", "1", f"data.path={folder}", "data.remap_ids=true",
+    cli("train", "--recipe", "kgat", "--epochs", "1", f"data.path={folder}", "data.remap_ids=true",
             "data.cache=off", "--batch-size", "256", "log.tensorboard=false", "--run-dir", str(run))
-    trainer("predict", "--checkpoint", str(run), "--out", str(tmp_path / "top.csv"), "--top-k", "5",
+    cli("predict", "--checkpoint", str(run), "--out", str(tmp_path / "top.csv"), "--top-k", "5",
             "--part-size", "64")
-    trainer("predict", "--checkpoint", str(run), "--out", str(tmp_path / "all.csv"), "--top-k", "100000",
+    cli("predict", "--checkpoint", str(run), "--out", str(tmp_path / "all.csv"), "--top-k", "100000",
             "--keep-seen")
     top, everything = read(tmp_path / "top.csv"), read(tmp_path / "all.csv")
     by_user: dict[str, list] = {}
@@ -59,14 +59,14 @@ def test_kgat_top_k_in_the_files_ids_without_seen_items(tmp_path):
     # listed users: one the checkpoint never saw
     users = tmp_path / "users.txt"
     users.write_text("17\n99999\n")
-    skip = trainer("predict", "--checkpoint", str(run), "--out", str(tmp_path / "skip.csv"), "--users", str(users))
+    skip = cli("predict", "--checkpoint", str(run), "--out", str(tmp_path / "skip.csv"), "--users", str(users))
     assert "1 of 2 users the checkpoint never saw: skipped (99999)" in skip.stderr
     assert {r["user"] for r in read(tmp_path / "skip.csv")} == {"17"}
-    trainer("predict", "--checkpoint", str(run), "--out", str(tmp_path / "pop.csv"), "--users", str(users),
+    cli("predict", "--checkpoint", str(run), "--out", str(tmp_path / "pop.csv"), "--users", str(users),
             "--unknown-users", "popular", "--top-k", "3")
     cold = [r for r in read(tmp_path / "pop.csv") if r["user"] == "99999"]
     counts = [float(r["score"]) for r in cold]
     assert len(cold) == 3 and counts == sorted(counts, reverse=True) and counts[0] >= 1
-    refused = trainer("predict", "--checkpoint", str(run), "--out", str(tmp_path / "x.csv"), "--data", str(folder),
+    refused = cli("predict", "--checkpoint", str(run), "--out", str(tmp_path / "x.csv"), "--data", str(folder),
                       check=False)
     assert refused.returncode == 2 and "kgat: --data does not apply" in refused.stderr

@@ -8,7 +8,8 @@ import shutil
 import pytest
 import torch
 
-from tests.conftest import assert_bitwise_equal, run_ranks, trainer, weights
+from tests.conftest import assert_bitwise_equal, run_ranks, weights
+from tests.inprocess import cli
 from trainer.recipes.sasrec.losses import LOGITS, chunk_for, full_softmax_ce
 
 
@@ -64,8 +65,8 @@ def test_two_ddp_ranks_train_with_ce_and_a_resume_ends_bitwise_equal(tmp_path):
     run_ranks(2, *CE, "--epochs", "1", "--run-dir", str(tmp_path / "ddp"))
     assert (tmp_path / "ddp" / "checkpoints" / "final.pt").exists()
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    trainer(*CE, "--epochs", "2", "ckpt.every_steps=3", "ckpt.keep_last=0", "--run-dir", str(whole))
+    cli(*CE, "--epochs", "2", "ckpt.every_steps=3", "ckpt.keep_last=0", "--run-dir", str(whole))
     (parts / "checkpoints").mkdir(parents=True)
     shutil.copy(whole / "checkpoints" / "step-00000003.pt", parts / "checkpoints")   # mid-epoch
-    trainer(*CE, "--epochs", "2", "--resume", "auto", "--run-dir", str(parts))
+    cli(*CE, "--epochs", "2", "--resume", "auto", "--run-dir", str(parts))
     assert_bitwise_equal(weights(parts), weights(whole))

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import trainer
+from tests.inprocess import cli
 from trainer.recipes.sasrec.recipe import gbce_beta, sequence_loss
 
 
@@ -48,7 +48,7 @@ def test_beta_is_one_at_t_0_and_the_sampling_rate_at_t_1():
 
 
 def test_sasrec_trains_with_gbce(tmp_path):
-    out = trainer("train", "--recipe", "sasrec", "loss.kind=gbce", "data.train_negatives=8", "--epochs", "1",
+    out = cli("train", "--recipe", "sasrec", "loss.kind=gbce", "data.train_negatives=8", "--epochs", "1",
                   "log.tensorboard=false", "data.synthetic_users=120", "data.synthetic_items=200",
                   "model.mhc=false", "model.time=false", "--run-dir", str(tmp_path / "run"))
     assert "val after epoch 0" in out.stderr and (tmp_path / "run" / "checkpoints" / "final.pt").exists()

@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, clean_env, trainer
+from tests.conftest import REPO, clean_env
+from tests.inprocess import cli
 from trainer.engine.logging import read_metrics
 from trainer.recipes.sasrec import data as D
 
@@ -75,7 +76,7 @@ def test_without_pyarrow_the_extra_is_named(tmp_path, inter):
 
 def test_training_from_parquet(tmp_path, inter):
     pq.write_table(table(inter), tmp_path / "x.parquet")
-    trainer("train", "--recipe", "sasrec", "--epochs", "1", f"data.path={tmp_path / 'x.parquet'}",
+    cli("train", "--recipe", "sasrec", "--epochs", "1", f"data.path={tmp_path / 'x.parquet'}",
             f"data.cache={tmp_path / 'cache'}", "data.maxlen=10", "model.width=16", "log.tensorboard=false",
             "--run-dir", str(tmp_path / "run"))
     assert read_metrics(tmp_path / "run", "test") and list((tmp_path / "cache").glob("sasrec-*/manifest.json"))

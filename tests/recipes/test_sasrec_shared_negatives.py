@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import assert_bitwise_equal, trainer, weights
+from tests.conftest import assert_bitwise_equal, weights
+from tests.inprocess import cli
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.config import SeqDataConfig, SeqLossConfig
 from trainer.recipes.sasrec.device import DeviceSequences
@@ -184,10 +185,10 @@ RUN = ("train", "--recipe", "sasrec", "log.tensorboard=false", "data.synthetic_u
 ], ids=["softmax-in_batch", "gbce-sequence-popularity", "bce-batch"])
 def test_a_resume_under_each_shared_loss_ends_bitwise_equal(tmp_path, overrides):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    trainer(*RUN, *overrides, "--epochs", "2", "ckpt.every_steps=3", "ckpt.keep_last=0", "--run-dir", str(whole))
+    cli(*RUN, *overrides, "--epochs", "2", "ckpt.every_steps=3", "ckpt.keep_last=0", "--run-dir", str(whole))
     (parts / "checkpoints").mkdir(parents=True)
     shutil.copy(whole / "checkpoints" / "step-00000003.pt", parts / "checkpoints")   # mid-epoch
-    trainer(*RUN, *overrides, "--epochs", "2", "--resume", "auto", "--run-dir", str(parts))
+    cli(*RUN, *overrides, "--epochs", "2", "--resume", "auto", "--run-dir", str(parts))
     assert_bitwise_equal(weights(parts), weights(whole))
 
 
@@ -197,6 +198,6 @@ def test_a_resume_under_each_shared_loss_ends_bitwise_equal(tmp_path, overrides)
     (("loss.gbce_t=0.5",), "loss.gbce_t=0.5 would be ignored: it counts only with loss.kind=gbce"),
 ])
 def test_settings_that_would_be_ignored_are_refused(tmp_path, overrides, message):
-    proc = trainer(*RUN, *overrides, "--epochs", "1", "--run-dir", str(tmp_path / "r"), check=False)
+    proc = cli(*RUN, *overrides, "--epochs", "1", "--run-dir", str(tmp_path / "r"), check=False)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "r").exists()                      # refused before the run directory was made

@@ -10,7 +10,8 @@ import re
 import pytest
 import torch
 
-from tests.conftest import assert_bitwise_equal, trainer, weights
+from tests.conftest import assert_bitwise_equal, weights
+from tests.inprocess import cli
 from trainer.engine.logging import read_metrics
 from trainer.engine.recipe import map_tensors
 from trainer.engine.step_graph import WARMUP, copy_into, plain_state, shape_key
@@ -30,7 +31,7 @@ def har_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("har")
     logs = {}
     for mode in ("off", "on"):
-        logs[mode] = trainer("train", *HAR, f"compile.step_graph={mode}", "--run-dir", str(root / mode)).stderr
+        logs[mode] = cli("train", *HAR, f"compile.step_graph={mode}", "--run-dir", str(root / mode)).stderr
     return root, logs
 
 
@@ -56,7 +57,7 @@ def test_a_graphed_runs_checkpoint_resumes_with_or_without_the_graph(har_runs, t
     ckpt = root / "on" / "checkpoints" / "step-00000008.pt"
     saved = torch.load(ckpt, weights_only=True)["optimizer"]["param_groups"][0]
     assert isinstance(saved["lr"], float) and not saved.get("capturable")     # as a run without the graph writes it
-    trainer("train", *HAR, f"compile.step_graph={mode}", "--run-dir", str(tmp_path / "run"), "--resume", str(ckpt))
+    cli("train", *HAR, f"compile.step_graph={mode}", "--run-dir", str(tmp_path / "run"), "--resume", str(ckpt))
     assert_bitwise_equal(weights(tmp_path / "run"), weights(root / "off"))
 
 
@@ -64,7 +65,7 @@ def test_sasrec_with_dropout_and_its_negatives_equals_the_eager_run(tmp_path):
     args = ("--recipe", "sasrec", "--seed", "1", "--epochs", "1", "train.gpu_path=on", "model.time=false",
             "model.mhc=false", "data.maxlen=50", "log.tensorboard=false", "train.max_steps=6")
     for mode in ("off", "on"):
-        trainer("train", *args, f"compile.step_graph={mode}", "--run-dir", str(tmp_path / mode))
+        cli("train", *args, f"compile.step_graph={mode}", "--run-dir", str(tmp_path / mode))
     assert_bitwise_equal(weights(tmp_path / "on"), weights(tmp_path / "off"))
 
 
@@ -76,7 +77,7 @@ def test_sasrec_with_dropout_and_its_negatives_equals_the_eager_run(tmp_path):
      "compile.mode=reduce-overhead makes CUDA graphs of its own"),
 ])
 def test_what_cannot_be_captured_is_refused_before_the_first_step(tmp_path, args, says):
-    proc = trainer("train", *args, "--epochs", "1", "compile.step_graph=on", "log.tensorboard=false", "--run-dir",
+    proc = cli("train", *args, "--epochs", "1", "compile.step_graph=on", "log.tensorboard=false", "--run-dir",
                    str(tmp_path / "run"), check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"compile.step_graph=on: {says}" in proc.stderr, proc.stderr[-3000:]
@@ -129,7 +130,7 @@ def test_kgat_two_phases_sparse_rows_and_a_refreshed_attention_equal_the_eager_r
     loss sums added to in place; bit for bit the eager run, and its checkpoint (both phases' optimizer states,
     the learning rate a float) resumes without the graph to the same end. (One thread a process, as the tests
     run: KGAT's CPU products on several threads differ in the last bits from run to run, graph or not.)"""
-    logs = {m: trainer("train", *KGAT, f"compile.step_graph={m}", "--run-dir", str(tmp_path / m)).stderr
+    logs = {m: cli("train", *KGAT, f"compile.step_graph={m}", "--run-dir", str(tmp_path / m)).stderr
             for m in ("off", "on")}
     assert logs["on"].count("captured after") == 2, logs["on"][-3000:]
     assert "step graph: 2 graph(s), 42 replayed step(s) (epoch 2)" in logs["on"], logs["on"][-3000:]
@@ -143,5 +144,5 @@ def test_kgat_two_phases_sparse_rows_and_a_refreshed_attention_equal_the_eager_r
     saved = torch.load(ckpt, weights_only=True)["optimizer"]
     assert {p: isinstance(sd["param_groups"][0]["lr"], float) for p, sd in saved["phases"].items()} == \
         {"cf": True, "kg": True}
-    trainer("train", *KGAT, "compile.step_graph=off", "--run-dir", str(tmp_path / "resumed"), "--resume", str(ckpt))
+    cli("train", *KGAT, "compile.step_graph=off", "--run-dir", str(tmp_path / "resumed"), "--resume", str(ckpt))
     assert_bitwise_equal(weights(tmp_path / "resumed"), weights(tmp_path / "off"))

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import trainer
+from tests.inprocess import cli
 from trainer.recipes.video import data as D
 
 pytestmark = pytest.mark.beside_cluster      # several launches of the trainer: in the cluster half
@@ -27,10 +27,10 @@ def read(path):
 
 def test_video_labels_every_frame_in_the_training_layout(tmp_path):
     cache, run = tmp_path / "synth", tmp_path / "run"
-    trainer("train", *SMALL, "--epochs", "1", "log.tensorboard=false", f"data.cache={cache}", "--run-dir",
+    cli("train", *SMALL, "--epochs", "1", "log.tensorboard=false", f"data.cache={cache}", "--run-dir",
             str(run))
     out = tmp_path / "labels.csv"
-    trainer("predict", "--checkpoint", str(run), "--out", str(out), "--part-size", "50")
+    cli("predict", "--checkpoint", str(run), "--out", str(out), "--part-size", "50")
     rows = read(out)
     videos = sorted({r["video"] for r in rows})
     assert len(videos) == 4 and len(rows) == 4 * 30
@@ -41,7 +41,7 @@ def test_video_labels_every_frame_in_the_training_layout(tmp_path):
     labels, classes = D.read_generic(out, names)                        # the training's reader takes it back
     assert sum(len(a.frames) for a in labels) == len(rows) and classes == names
     # the test split's labelled frames: as accurate as eval says
-    trainer("eval", "--checkpoint", str(run), "--splits", "test", "--out", str(tmp_path / "eval.json"))
+    cli("eval", "--checkpoint", str(run), "--splits", "test", "--out", str(tmp_path / "eval.json"))
     report = json.loads((tmp_path / "eval.json").read_text())["test"]
     truth = {(r["video"], r["frame"]): r["label"] for r in read(cache / "labels.csv")}
     test = [r for r in rows if (r["video"], r["frame"]) in truth and r["video"] == "synth03.mp4"]
@@ -50,7 +50,7 @@ def test_video_labels_every_frame_in_the_training_layout(tmp_path):
     # a video without frames
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "empty.mp4").write_bytes(b"not a video")
-    bad = trainer("predict", "--checkpoint", str(run), "--out", str(tmp_path / "bad.csv"), "--data",
+    bad = cli("predict", "--checkpoint", str(run), "--out", str(tmp_path / "bad.csv"), "--data",
                   str(tmp_path / "bad"), check=False)
     assert bad.returncode == 2 and "empty.mp4" in bad.stderr and bad.stderr.strip().splitlines()[-1].startswith(
         "error:"), bad.stderr[-2000:]

@@ -4,7 +4,8 @@ import subprocess
 
 import pytest
 
-from tests.conftest import PY, REPO, clean_env, trainer
+from tests.conftest import PY, REPO, clean_env
+from tests.inprocess import cli
 from trainer.cli.parser import FLAG_KEYS, flags_from_args, get_parser, get_train_parser
 from trainer.native.extras import missing_core
 
@@ -16,9 +17,9 @@ def toy_recipe(monkeypatch):
 
 
 def test_help_lists_registered_recipes():
-    out = trainer("train", "--help").stdout
+    out = cli("train", "--help").stdout
     assert "toy" in out and "--global-batch-size" in out and "key=value" in out
-    assert "toy" in trainer("--help").stdout
+    assert "toy" in cli("--help").stdout
 
 
 def test_flags_map_to_config_keys():
@@ -45,20 +46,20 @@ def test_bad_flag_value_rejected():
 
 
 def test_unknown_key_is_a_clear_error_exit_2(tmp_path):
-    proc = trainer("train", "--recipe", "toy", "--run-dir", str(tmp_path), "train.nope=1", check=False)
+    proc = cli("train", "--recipe", "toy", "--run-dir", str(tmp_path), "train.nope=1", check=False)
     assert proc.returncode == 2
     assert "unknown config key 'train.nope'" in proc.stderr and "train.epochs" in proc.stderr
 
 
 def test_indivisible_global_batch_is_a_clear_error(tmp_path):
-    proc = trainer("train", "--recipe", "toy", "--run-dir", str(tmp_path), "--global-batch-size", "10",
+    proc = cli("train", "--recipe", "toy", "--run-dir", str(tmp_path), "--global-batch-size", "10",
                    "--grad-accum-steps", "4", check=False)
     assert proc.returncode == 2 and "not divisible" in proc.stderr and "HINT" in proc.stderr
 
 
 def test_python_under_sbatch_without_srun_is_refused(tmp_path):
     env = clean_env(SLURM_JOB_ID="5", SLURM_PROCID="0", SLURM_NTASKS="4", SLURM_JOB_NODELIST="n[1-2]")
-    proc = trainer("train", "--recipe", "toy", "--run-dir", str(tmp_path), env=env, check=False)
+    proc = cli("train", "--recipe", "toy", "--run-dir", str(tmp_path), env=env, check=False)
     assert proc.returncode == 2 and "without srun" in proc.stderr and "HINT" in proc.stderr
 
 

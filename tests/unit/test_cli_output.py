@@ -11,7 +11,8 @@ import subprocess
 import pytest
 import torch
 
-from tests.conftest import PY, REPO, clean_env, trainer
+from tests.conftest import PY, REPO, clean_env
+from tests.inprocess import cli
 from trainer.distributed.runtime import DistInfo
 from trainer.engine.logging import setup_logging
 from trainer.native.console import progress_bar
@@ -22,7 +23,7 @@ TOY = ("--recipe", "toy", "--seed", "1", "log.tensorboard=false")
 
 @pytest.mark.parametrize("typo,meant", [("--epoch", "--epochs"), ("--epcohs", "--epochs"), ("--batch", "--batch-size")])
 def test_an_abbreviated_or_mistyped_flag_is_refused_with_a_suggestion_and_the_subcommands_usage(typo, meant):
-    out = trainer("train", *TOY, typo, "3", "--print-config", check=False)
+    out = cli("train", *TOY, typo, "3", "--print-config", check=False)
     assert out.returncode == 2
     assert f"unrecognized argument {typo} (did you mean {meant}?)" in out.stderr
     assert "usage: trainer train" in out.stderr
@@ -51,7 +52,7 @@ def test_every_parser_in_the_repository_refuses_abbreviations():
 @pytest.mark.parametrize("key,meant", [("epochs=3", "train.epochs"), ("train.epcohs=3", "train.epochs"),
                                        ("hiden=3", "model.hidden")])
 def test_a_key_without_its_section_or_mistyped_gets_its_best_match(key, meant):
-    out = trainer("train", *TOY, key, "--print-config", check=False)
+    out = cli("train", *TOY, key, "--print-config", check=False)
     assert out.returncode == 2 and f"Did you mean {meant!r}?" in out.stderr
     if "." not in key:
         assert len(out.stderr) < 600, "the top level lists its sections, not every key"
@@ -60,7 +61,7 @@ def test_a_key_without_its_section_or_mistyped_gets_its_best_match(key, meant):
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("toy")
-    out = trainer("train", *TOY[:-1], "--epochs", "2", "--run-dir", str(root / "run"))
+    out = cli("train", *TOY[:-1], "--epochs", "2", "--run-dir", str(root / "run"))
     return root / "run", out.stderr
 
 
@@ -77,7 +78,7 @@ def test_train_ends_with_where_everything_is(toy_run):
 
 def test_eval_of_a_run_directory_names_its_file_prints_a_table_and_writes_the_json(toy_run, tmp_path):
     run_dir, _ = toy_run
-    out = trainer("eval", "--checkpoint", str(run_dir), "--out", str(tmp_path / "m.json"))
+    out = cli("eval", "--checkpoint", str(run_dir), "--out", str(tmp_path / "m.json"))
     assert out.stdout.splitlines()[0].startswith(f"{run_dir / 'checkpoints' / 'best.pt'} (best checkpoint, step ")
     assert re.search(r"^metric\s+val\s+test$", out.stdout, re.M) and re.search(r"^mse\s+[\d.]+\s+[\d.]+$", out.stdout,
                                                                                  re.M)
@@ -93,7 +94,7 @@ def test_eval_of_a_run_directory_with_a_damaged_best_falls_back_to_final_naming_
     copy = tmp_path / "copy"
     shutil.copytree(run_dir / "checkpoints", copy / "checkpoints")
     (copy / "checkpoints" / "best.pt").write_bytes(b"")
-    out = trainer("eval", "--checkpoint", str(copy))
+    out = cli("eval", "--checkpoint", str(copy))
     best, final = copy / "checkpoints" / "best.pt", copy / "checkpoints" / "final.pt"
     assert f"warning: checkpoint {best} is truncated, corrupt or unsafe" in out.stderr
     assert f"evaluating {final} instead" in out.stderr
@@ -102,7 +103,7 @@ def test_eval_of_a_run_directory_with_a_damaged_best_falls_back_to_final_naming_
 
 def test_epochs_zero_says_no_training_ran(tmp_path):
     """Issue 57: --epochs 0 ends with an untrained final.pt evaluated; the log says so."""
-    out = trainer("train", *TOY[:-1], "--epochs", "0", "--run-dir", str(tmp_path / "run"))
+    out = cli("train", *TOY[:-1], "--epochs", "0", "--run-dir", str(tmp_path / "run"))
     assert "no training ran: the run is at epoch 0 and --epochs is 0 (step 0)" in out.stderr
     assert "of untrained weights" in out.stderr
 
@@ -110,7 +111,7 @@ def test_epochs_zero_says_no_training_ran(tmp_path):
 def test_a_glob_matching_several_checkpoints_is_refused_by_name(toy_run):
     run_dir, _ = toy_run
     files = sorted(str(p) for p in (run_dir / "checkpoints").glob("*.pt"))
-    out = trainer("eval", "--checkpoint", *files, check=False)
+    out = cli("eval", "--checkpoint", *files, check=False)
     assert out.returncode == 2 and f"--checkpoint matched {len(files)} paths ({', '.join(files)})" in out.stderr
 
 

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import REPO, clean_env, trainer
+from tests.conftest import REPO, clean_env
+from tests.inprocess import cli
 from trainer.config.settings import CheckpointConfig
 from trainer.distributed.runtime import DistInfo
 from trainer.distributed.stragglers import Straggler, StragglerWatch
@@ -34,7 +35,7 @@ def test_a_component_from_tests_is_called_at_every_hook_with_one_registration_li
     plugin = (REPO / "tests/step_log_component.py").read_text()
     assert plugin.count("register_component(") == 1 and plugin.rstrip().endswith("register_component(StepLog)")
     run_dir = tmp_path / "run"
-    trainer(*TOY, "--epochs", "2", "--run-dir", str(run_dir), "ckpt.every_steps=5", env=clean_env(**PLUGGED))
+    cli(*TOY, "--epochs", "2", "--run-dir", str(run_dir), "ckpt.every_steps=5", env=clean_env(**PLUGGED))
     calls = hooks(run_dir)
     names = [c["hook"] for c in calls]
     assert names.count("epoch_start") == 2 and names.count("epoch_end") == 2 and names.count("evaluated") == 2
@@ -53,7 +54,7 @@ def test_a_component_from_tests_is_called_at_every_hook_with_one_registration_li
 
 def test_a_component_from_tests_stops_the_steps(tmp_path):
     run_dir = tmp_path / "run"
-    trainer(*TOY, "--epochs", "3", "--run-dir", str(run_dir), env=clean_env(STEP_LOG_STOP_AT="11", **PLUGGED))
+    cli(*TOY, "--epochs", "3", "--run-dir", str(run_dir), env=clean_env(STEP_LOG_STOP_AT="11", **PLUGGED))
     calls = hooks(run_dir)
     assert [c["step"] for c in calls if c["hook"] == "step_end"][-1] == 11
     assert [c["stop"] for c in calls if c["hook"] == "epoch_end"] == ["epoch done", "step log: STEP_LOG_STOP_AT"]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, clean_env, trainer
+from tests.conftest import REPO, clean_env
+from tests.inprocess import cli
 from trainer.config.bounds import bound_of
 from trainer.config.settings import ConfigError, _fields, build_config, default_config, set_key
 
@@ -87,7 +88,7 @@ def test_every_shipped_config_is_in_range(yaml_path):
 
 
 def test_the_cli_flag_is_checked_too():
-    proc = trainer("train", "--recipe", "toy", "--epochs", "-3", "--run-dir", "/nonexistent/never", check=False,
+    proc = cli("train", "--recipe", "toy", "--epochs", "-3", "--run-dir", "/nonexistent/never", check=False,
                    env=clean_env())
     assert proc.returncode == 2 and "error: command line: train.epochs = -3 is out of range" in proc.stderr
     assert "Traceback" not in proc.stderr and not Path("/nonexistent/never").exists()

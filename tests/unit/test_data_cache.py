@@ -227,17 +227,17 @@ def test_har_text_formats_are_cached_as_flat_series(tmp_path, caplog):
 
 
 def test_the_data_cache_command_lists_and_clears_only_what_no_job_maps(tmp_path):
-    from tests.conftest import trainer
+    from tests.inprocess import cli
     path = udata(tmp_path / "u.data", ROWS)
     root = tmp_path / "cache"
     for kcore in (0, 2):
         D.load(SeqDataConfig(path=str(path), cache=str(root), kcore=kcore))      # this process maps both
-    listed = trainer("data", "cache", "list", "--root", str(root)).stdout
+    listed = cli("data", "cache", "list", "--root", str(root)).stdout
     assert listed.count("mapped by: pid ") == 2 and f"pid {os.getpid()} on " in listed
-    assert "removed 0 entries" in trainer("data", "cache", "clear", "--root", str(root)).stdout
+    assert "removed 0 entries" in cli("data", "cache", "clear", "--root", str(root)).stdout
     assert len(entries(root)) == 2
     owners._LEASES.release_all()
-    assert "removed 2 entries" in trainer("data", "cache", "clear", "--root", str(root)).stdout
+    assert "removed 2 entries" in cli("data", "cache", "clear", "--root", str(root)).stdout
     assert entries(root) == []
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PY, REPO, clean_env, trainer
+from tests.conftest import PY, REPO, clean_env
+from tests.inprocess import cli
 from trainer.data import download as dl
 
 
@@ -33,22 +34,22 @@ def test_a_repository_config_is_found_from_another_directory(tmp_path):
 
 def test_doctor_run_says_what_to_run_next(tmp_path):
     run = tmp_path / "run"
-    trainer("train", "--recipe", "toy", "--epochs", "1", "--run-dir", str(run), "log.tensorboard=false",
+    cli("train", "--recipe", "toy", "--epochs", "1", "--run-dir", str(run), "log.tensorboard=false",
             "ckpt.every_steps=2")
-    done = trainer("doctor", "--run", str(run)).stdout
+    done = cli("doctor", "--run", str(run)).stdout
     assert f"next: python -m trainer eval --checkpoint {run}" in done
     (run / "checkpoints" / "final.pt").unlink()                        # as a run cut off before its end
-    cut = trainer("doctor", "--run", str(run)).stdout
+    cut = cli("doctor", "--run", str(run)).stdout
     assert "next: continue it (from step" in cut and f"--run-dir {run} --resume auto" in cut
     assert f"--config {run / 'config.yaml'}" in cut
     for periodic in (run / "checkpoints").glob("step-*.pt"):
         periodic.unlink()                                              # best.pt alone does not resume
-    again = trainer("doctor", "--run", str(run)).stdout
+    again = cli("doctor", "--run", str(run)).stdout
     assert "next: continue it (from the start: no checkpoint was written)" in again
 
 
 def test_a_single_process_doctor_prints_no_bandwidth():
-    out = trainer("doctor", timeout=120).stdout
+    out = cli("doctor", timeout=120).stdout
     assert "GB/s" not in out.split("all_reduce via", 1)[1].splitlines()[0]
     assert "no bandwidth: one process copies nothing" in out
 
@@ -120,7 +121,7 @@ def test_a_refusal_before_the_run_starts_is_recorded_for_the_restart_loop_which_
     run.mkdir()                                                       # common.sh's mkdir -p "$RUN_DIR"
     env = clean_env(**ONE_SRUN_TASK, RUN_DIR=str(run), TRAINER_ATTEMPT="0")
     start = time.time()
-    proc = trainer("train", "--recipe", "sasrec", "--run-dir", str(run), "data.path=", env=env, check=False)
+    proc = cli("train", "--recipe", "sasrec", "--run-dir", str(run), "data.path=", env=env, check=False)
     assert proc.returncode == 2 and "data.path is empty" in proc.stderr
     record = json.loads((run / "exits" / "rank-0.json").read_text())
     assert record["code"] == 2 and record["kind"] == "usage" and "data.path is empty" in record["cause"]
@@ -130,6 +131,6 @@ def test_a_refusal_before_the_run_starts_is_recorded_for_the_restart_loop_which_
                              capture_output=True, text=True, timeout=60)
     assert decided.stdout.strip() == "stop", decided.stdout + decided.stderr
     plain = tmp_path / "plain"                                        # outside the loop nothing is written
-    trainer("train", "--recipe", "sasrec", "--run-dir", str(plain), "data.path=",
+    cli("train", "--recipe", "sasrec", "--run-dir", str(plain), "data.path=",
             env=clean_env(**ONE_SRUN_TASK), check=False)
     assert not plain.exists()

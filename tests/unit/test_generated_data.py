@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import PY, REPO, clean_env, trainer
+from tests.conftest import PY, REPO, clean_env
+from tests.inprocess import cli
 from trainer.config.data_source import check_generated_data
 from trainer.config.settings import ConfigError
 
@@ -37,7 +38,7 @@ def test_the_rule():
 
 def test_an_srun_task_without_data_path_stops_before_the_process_group(tmp_path):
     run = tmp_path / "run"
-    proc = trainer("train", "--recipe", "har", "--epochs", "1", "--run-dir", str(run), env=clean_env(**ONE_SRUN_TASK),
+    proc = cli("train", "--recipe", "har", "--epochs", "1", "--run-dir", str(run), env=clean_env(**ONE_SRUN_TASK),
                    check=False, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "data.path is empty: this slurm run would train on the recipe's generated data" in proc.stderr
@@ -46,7 +47,7 @@ def test_an_srun_task_without_data_path_stops_before_the_process_group(tmp_path)
 
 def test_data_synthetic_true_trains_on_generated_data_and_the_config_says_so(tmp_path):
     run = tmp_path / "run"
-    proc = trainer("train", "--recipe", "har", "--epochs", "1", "--run-dir", str(run), "data.synthetic=true",
+    proc = cli("train", "--recipe", "har", "--epochs", "1", "--run-dir", str(run), "data.synthetic=true",
                    "log.tensorboard=false", env=clean_env(**ONE_SRUN_TASK), timeout=300)
     assert "training on the recipe's generated data" in proc.stderr
     config = (run / "config.yaml").read_text()

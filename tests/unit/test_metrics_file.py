@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import trainer
+from tests.inprocess import cli
 from trainer.distributed.runtime import DistInfo
 from trainer.engine.logging import MetricsWriter, read_metrics, repair_metrics
 
@@ -40,7 +40,7 @@ def test_doctor_names_a_damaged_line_by_file_and_line(tmp_path):
     lines = [json.dumps(r) for r in RECORDS]
     lines[1] = lines[1][:20] + lines[2]                    # a cut-off record joined to the next (before issue 68)
     (run / "metrics.jsonl").write_bytes(("\n".join(lines) + "\n").encode())
-    report = trainer("doctor", "--run", str(run)).stdout
+    report = cli("doctor", "--run", str(run)).stdout
     assert f"{run / 'metrics.jsonl'}:2: not a JSON record" in report and "2 records" in report
 
 

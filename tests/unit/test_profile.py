@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from tests.conftest import trainer
+from tests.inprocess import cli
 from trainer.engine.components.profiler import parse_steps
 
 TOY = ("train", "--recipe", "toy", "--epochs", "2", "log.tensorboard=false")
 
 
 def test_a_trace_of_the_steps_and_a_table(tmp_path):
-    proc = trainer(*TOY, "--run-dir", str(tmp_path / "run"), "log.profile=3:5")
+    proc = cli(*TOY, "--run-dir", str(tmp_path / "run"), "log.profile=3:5")
     trace = tmp_path / "run" / "profile" / "rank0.pt.trace.json"
     events = json.loads(trace.read_text())["traceEvents"]
     steps = [e for e in events if e.get("name", "").startswith("Optimizer.step")]
@@ -28,6 +28,6 @@ def test_a_bad_range_is_refused_with_an_example(spec):
 
 
 def test_a_bad_range_stops_the_run_before_it_trains(tmp_path):
-    proc = trainer(*TOY, "--run-dir", str(tmp_path / "run"), "log.profile=7", check=False)
+    proc = cli(*TOY, "--run-dir", str(tmp_path / "run"), "log.profile=7", check=False)
     assert proc.returncode != 0 and "START:STOP" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import trainer
+from tests.inprocess import cli
 from trainer.config.settings import ConfigError
 from trainer.engine.selection import selected_metric
 
@@ -26,15 +26,15 @@ def test_the_setting_names_a_metric_and_its_direction():
 
 def test_a_resume_may_change_it_and_a_metric_the_recipe_does_not_report_is_refused(tmp_path):
     run = tmp_path / "run"
-    trainer(*SAS, "--epochs", "1", "train.select_metric=full_ndcg@10", "--run-dir", str(run))
+    cli(*SAS, "--epochs", "1", "train.select_metric=full_ndcg@10", "--run-dir", str(run))
     state = torch.load(run / "checkpoints" / "best.pt", weights_only=True)["state"]
     assert state["best_metric"] == "full_ndcg@10" and state["best"] is not None
-    resumed = trainer(*SAS, "--epochs", "2", "--resume", "auto", "train.select_metric=hr@10", "--run-dir", str(run))
+    resumed = cli(*SAS, "--epochs", "2", "--resume", "auto", "train.select_metric=hr@10", "--run-dir", str(run))
     assert "train.select_metric 'full_ndcg@10' -> 'hr@10'" in resumed.stderr
     assert "best.pt and early stopping now follow hr@10 (was full_ndcg@10" in resumed.stderr
     state = torch.load(run / "checkpoints" / "best.pt", weights_only=True)["state"]
     assert state["best_metric"] == "hr@10"
-    wrong = trainer(*SAS, "--epochs", "1", "train.select_metric=ndcg@11", "--run-dir", str(tmp_path / "wrong"),
+    wrong = cli(*SAS, "--epochs", "1", "train.select_metric=ndcg@11", "--run-dir", str(tmp_path / "wrong"),
                     check=False)
     assert wrong.returncode == 2 and "train.select_metric: 'ndcg@11' is not among the validation metrics" in \
         wrong.stderr and "full_ndcg@10" in wrong.stderr
