@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.conftest import launch_ranks, run_ranks, trainer, wait_all, weights
+from tests.inprocess import cli
 from trainer.engine.logging import read_metrics
 
 QUICK = ("--recipe", "toy", "--epochs", "1", "--seed", "1", "log.tensorboard=false", "ckpt.every_epochs=0")
@@ -14,7 +15,7 @@ QUICK = ("--recipe", "toy", "--epochs", "1", "--seed", "1", "log.tensorboard=fal
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
 def test_amp_modes_train_and_save_scaler_state(tmp_path, amp):
-    proc = trainer("train", *QUICK, "--amp", amp, "--run-dir", str(tmp_path))
+    proc = cli("train", *QUICK, "--amp", amp, "--run-dir", str(tmp_path))
     assert proc.returncode == 0
     ckpt = torch.load(tmp_path / "checkpoints" / "final.pt", weights_only=True)
     assert all(v.dtype == torch.float32 for v in ckpt["model"].values())   # master weights stay fp32
@@ -28,9 +29,9 @@ def test_amp_modes_train_and_save_scaler_state(tmp_path, amp):
 
 def test_clipping_limits_the_update(tmp_path):
     common = (*QUICK, "optim.name=sgd", "optim.lr=0.5", "model.dropout=0.0", "train.max_steps=1")
-    trainer("train", *common, "train.max_steps=0", "--epochs", "0", "--run-dir", str(tmp_path / "init"))
-    trainer("train", *common, "--run-dir", str(tmp_path / "free"))
-    trainer("train", *common, "optim.clip_grad_norm=0.001", "--run-dir", str(tmp_path / "clip"))
+    cli("train", *common, "train.max_steps=0", "--epochs", "0", "--run-dir", str(tmp_path / "init"))
+    cli("train", *common, "--run-dir", str(tmp_path / "free"))
+    cli("train", *common, "optim.clip_grad_norm=0.001", "--run-dir", str(tmp_path / "clip"))
     init = weights(tmp_path / "init")
 
     def step_norm(name):
@@ -41,7 +42,7 @@ def test_clipping_limits_the_update(tmp_path):
 
 
 def test_dp_without_gpus_falls_back_with_warning(tmp_path):
-    proc = trainer("train", *QUICK, "--strategy", "dp", "--gpu-ids", "0,1", "--run-dir", str(tmp_path))
+    proc = cli("train", *QUICK, "--strategy", "dp", "--gpu-ids", "0,1", "--run-dir", str(tmp_path))
     assert "--strategy dp needs two or more CUDA devices" in proc.stderr
     assert (tmp_path / "checkpoints" / "final.pt").exists()
 
@@ -53,7 +54,7 @@ def test_single_strategy_with_several_ranks_is_refused(tmp_path):
 
 
 def test_progress_bar_on_rank_zero(tmp_path):
-    proc = trainer("train", *QUICK, "log.progress=on", "--run-dir", str(tmp_path))
+    proc = cli("train", *QUICK, "log.progress=on", "--run-dir", str(tmp_path))
     assert "epoch 0" in proc.stderr and "batch/s" in proc.stderr or "s/batch" in proc.stderr
 
 
@@ -74,7 +75,7 @@ def test_a_requeue_signal_named_in_the_config_is_trapped_and_checkpointed(tmp_pa
     assert proc.returncode == 128 + signal.SIGURG, proc.stderr[-2000:]
     assert "received SIGURG: checkpointing at epoch 0 step 3" in proc.stderr
     assert (tmp_path / "checkpoints" / "step-00000003.pt").exists()
-    bad = trainer("train", "--recipe", "toy", "--run-dir", str(tmp_path / "bad"), "ckpt.requeue_signals=[SIGKILL]",
+    bad = cli("train", "--recipe", "toy", "--run-dir", str(tmp_path / "bad"), "ckpt.requeue_signals=[SIGKILL]",
                   check=False)
     assert bad.returncode == 2 and "'SIGKILL' is not a signal this process can catch" in bad.stderr
 
@@ -93,7 +94,7 @@ def test_tensorboard_does_not_show_replayed_steps_twice_after_a_resume(tmp_path)
            "ckpt.every_steps=3", "ckpt.every_epochs=0")
     first = trainer(*run, "data.signal_at_step=6", "data.signal_name=SIGKILL", check=False)
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
-    trainer(*run, "--resume", "auto")
+    cli(*run, "--resume", "auto")
     steps = [e.step for e in tb_events(tmp_path).Scalars("train/loss")]
     assert steps == sorted(set(steps)) and steps[:6] == [1, 2, 3, 4, 5, 6], steps
     jsonl = [r["step"] for r in read_metrics(tmp_path, "train") if "loss" in r]
@@ -102,7 +103,7 @@ def test_tensorboard_does_not_show_replayed_steps_twice_after_a_resume(tmp_path)
 
 def test_confusion_matrices_also_go_to_tensorboard_as_images(tmp_path):
     """Issue 19.8: the classifier recipes' PNGs appear under <split>/confusion_<split>."""
-    trainer("train", "--recipe", "har", "--epochs", "1", "--run-dir", str(tmp_path), "data.synthetic_cases=120",
+    cli("train", "--recipe", "har", "--epochs", "1", "--run-dir", str(tmp_path), "data.synthetic_cases=120",
             "model.width=8", "model.channel_width=8", "model.head_width=8")
     tags = tb_events(tmp_path).Tags()["images"]
     assert {"val/confusion_val", "test/confusion_test"} <= set(tags), tags

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import trainer
+from tests.inprocess import cli
 
 ARGS = ("--recipe", "sasrec", "data.maxlen=20", "model.width=16", "--batch-size", "32", "log.tensorboard=false")
 
@@ -28,5 +28,5 @@ def trained(tmp_path_factory):
     """ROOT/data/u.data and ROOT/run, one epoch of SASRec on it (never changed in place)."""
     root = tmp_path_factory.mktemp("udata-run")
     write_udata(root / "data" / "u.data")
-    trainer("train", *ARGS, f"data.path={root / 'data'}", "--epochs", "1", "--run-dir", str(root / "run"))
+    cli("train", *ARGS, f"data.path={root / 'data'}", "--epochs", "1", "--run-dir", str(root / "run"))
     return root

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, record_fault, trainer, weights
+from tests.inprocess import cli
 
 RUN = ("--recipe", "toy", "--epochs", "3", "--seed", "3", "log.tensorboard=false", "ckpt.every_epochs=0",
        "ckpt.every_steps=8", "ckpt.keep_last=2")
@@ -18,7 +19,7 @@ RUN = ("--recipe", "toy", "--epochs", "3", "--seed", "3", "log.tensorboard=false
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ref")
-    trainer("train", *RUN, "--run-dir", str(run_dir))
+    cli("train", *RUN, "--run-dir", str(run_dir))
     return weights(run_dir)
 
 
@@ -35,7 +36,7 @@ def test_stale_corrupt_checkpoints_neither_eat_new_ones_nor_get_resumed(tmp_path
     assert "moved aside as step-00000900.pt.corrupt" in first.stderr
     assert sorted(p.name for p in ckpts.iterdir()) == [
         "best.pt", "step-00000016.pt", "step-00000019.pt", "step-00000800.pt.corrupt", "step-00000900.pt.corrupt"]
-    second = trainer("train", *RUN, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
+    second = cli("train", *RUN, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
     assert "step-00000019.pt: epoch 2, batch 3, step 19" in second.stderr
     assert_bitwise_equal(weights(tmp_path / "run"), reference)
     record_fault("stale corrupt step-800/900 checkpoints in the run dir, then SIGTERM and requeue", steps_lost=0,
@@ -44,10 +45,10 @@ def test_stale_corrupt_checkpoints_neither_eat_new_ones_nor_get_resumed(tmp_path
 
 def test_fresh_run_into_an_old_run_directory_is_refused_and_changes_nothing(tmp_path):
     run_dir = tmp_path / "run"
-    trainer("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir))
+    cli("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir))
     before = {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     t0 = time.monotonic()
-    again = trainer("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir), "--lr", "0.5", check=False)
+    again = cli("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir), "--lr", "0.5", check=False)
     record_fault("fresh run (no --resume) into a run dir with checkpoints", exit_s=round(time.monotonic() - t0, 2),
                  steps_lost=0, outcome="refused, exit 2, nothing in the run dir changed")
     assert again.returncode == 2 and "Traceback" not in again.stderr
@@ -60,7 +61,7 @@ def test_temporaries_of_a_killed_save_are_removed_at_the_next_start(tmp_path, re
     ckpts = tmp_path / "run" / "checkpoints"
     ckpts.mkdir(parents=True)
     (ckpts / ".step-00000008.pt.tmp.31337").write_bytes(b"\0" * 100)
-    out = trainer("train", *RUN, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
+    out = cli("train", *RUN, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
     assert "removed" in out.stderr and ".step-00000008.pt.tmp.31337" in out.stderr
     assert not list(ckpts.glob(".*tmp*"))
     assert_bitwise_equal(weights(tmp_path / "run"), reference)

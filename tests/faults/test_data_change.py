@@ -8,8 +8,9 @@ import json
 import time
 
 from bench.opcount import epoch_loop_for
-from tests.conftest import record_fault, trainer
+from tests.conftest import record_fault
 from tests.faults.conftest import ARGS, write_udata
+from tests.inprocess import cli
 from trainer.data.fingerprint import data_changes, data_fingerprint, files_under
 from trainer.engine.checkpointer import data_of
 from trainer.engine.ckpt_io import load
@@ -35,7 +36,7 @@ def test_a_resume_on_other_data_of_the_same_counts_is_refused_and_allowed_with_t
     # the same users, items and interactions, other ratings: what "continues silently" meant
     udata.write_text("".join(line.replace("\t1\t", "\t4\t", 1) if k % 2 else line for k, line in enumerate(lines)))
     t0 = time.monotonic()
-    proc = trainer("train", *ARGS, f"data.path={tmp_path / 'data'}", "--epochs", "2", "--run-dir",
+    proc = cli("train", *ARGS, f"data.path={tmp_path / 'data'}", "--epochs", "2", "--run-dir",
                    str(tmp_path / "run"), "--resume", "auto", check=False)
     exit_s = time.monotonic() - t0
     assert proc.returncode == USAGE, proc.stderr[-2000:]
@@ -46,23 +47,23 @@ def test_a_resume_on_other_data_of_the_same_counts_is_refused_and_allowed_with_t
     record_fault("resume on other data of the same counts (u.data ratings changed)", exit_s=round(exit_s, 2),
                  steps_lost=0, outcome="exit 2 naming the file and what differs; --allow-data-change goes on, "
                  "logged as changed on resume")
-    proc = trainer("train", *ARGS, f"data.path={tmp_path / 'data'}", "--epochs", "2", "--run-dir",
+    proc = cli("train", *ARGS, f"data.path={tmp_path / 'data'}", "--epochs", "2", "--run-dir",
                    str(tmp_path / "run"), "--resume", "auto", "--allow-data-change")
     assert "data changed on resume: u.data: same size, other content" in proc.stderr
     assert any("data changed on resume" in json.dumps(r) for r in read_metrics(tmp_path / "run", "resume"))
-    report = trainer("doctor", "--run", str(tmp_path / "run")).stdout
+    report = cli("doctor", "--run", str(tmp_path / "run")).stdout
     assert "u.data" in report and "unchanged" in report           # the new checkpoints record the new data
 
 
 def test_a_resume_on_fewer_rows_names_the_size_and_the_counts(tmp_path):
     write_udata(tmp_path / "data" / "u.data")
-    trainer("train", *ARGS, f"data.path={tmp_path / 'data'}", "--epochs", "1", "--run-dir", str(tmp_path / "run"))
+    cli("train", *ARGS, f"data.path={tmp_path / 'data'}", "--epochs", "1", "--run-dir", str(tmp_path / "run"))
     write_udata(tmp_path / "data" / "u.data", per_user=20)          # the file the checkpoint was trained on
-    proc = trainer("train", *ARGS, f"data.path={tmp_path / 'data'}", "--epochs", "2", "--run-dir",
+    proc = cli("train", *ARGS, f"data.path={tmp_path / 'data'}", "--epochs", "2", "--run-dir",
                    str(tmp_path / "run"), "--resume", "auto", check=False)
     assert proc.returncode == USAGE
     assert "u.data: " in proc.stderr and " bytes" in proc.stderr and "interactions " in proc.stderr
-    report = trainer("doctor", "--run", str(tmp_path / "run")).stdout
+    report = cli("doctor", "--run", str(tmp_path / "run")).stdout
     assert "changed: " in report and "bytes" in report
 
 

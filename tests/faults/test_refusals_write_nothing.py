@@ -11,8 +11,8 @@ import shutil
 import pytest
 import torch
 
-from tests.conftest import trainer
 from tests.faults.conftest import ARGS, write_udata
+from tests.inprocess import cli
 from trainer.data import owners
 from trainer.recipes.sasrec import data as SD
 from trainer.recipes.sasrec.config import SeqDataConfig
@@ -87,7 +87,7 @@ def test_a_refused_resume_leaves_the_run_directory_as_it_was(trained, tmp_path, 
     args = [*base, *(extra if where is None else []), f"data.path={tmp_path / 'data'}", "--epochs", "2",
             f"data.cache={cache}", "data.cache_cap_gb=0.000001",
             "--run-dir", str(tmp_path / "run"), "--resume", "auto", *(extra if where == "data" else [])]
-    proc = trainer("train", *args, check=False)
+    proc = cli("train", *args, check=False)
     assert proc.returncode == 2 and said in proc.stderr, proc.stderr[-2000:]
     after = contents(tmp_path / "run")
     assert after == before, sorted(set(after.items()) ^ set(before.items()), key=str)[:6]
@@ -96,7 +96,7 @@ def test_a_refused_resume_leaves_the_run_directory_as_it_was(trained, tmp_path, 
 
 
 def test_a_refused_start_leaves_nothing(tmp_path):
-    proc = trainer("train", *ARGS, "model.width=65536", "--epochs", "1", "--run-dir", str(tmp_path / "runs" / "run"),
+    proc = cli("train", *ARGS, "model.width=65536", "--epochs", "1", "--run-dir", str(tmp_path / "runs" / "run"),
                    check=False)
     assert proc.returncode == 4 and "the model needs" in proc.stderr
     assert list(tmp_path.iterdir()) == []                   # the lock and the folders it made, removed
@@ -104,7 +104,7 @@ def test_a_refused_start_leaves_nothing(tmp_path):
 
 def test_a_resume_that_passes_writes_the_log_from_the_start(trained, tmp_path):
     shutil.copytree(trained / "run", tmp_path / "run")
-    trainer("train", *ARGS, f"data.path={trained / 'data'}", "--epochs", "2", "--run-dir", str(tmp_path / "run"),
+    cli("train", *ARGS, f"data.path={trained / 'data'}", "--epochs", "2", "--run-dir", str(tmp_path / "run"),
             "--resume", "auto")
     log = (tmp_path / "run" / "train.log").read_text()
     # the lines logged before the run directory could be written (the data, the model's estimate) are in it
@@ -117,7 +117,7 @@ def test_a_resume_that_passes_writes_the_log_from_the_start(trained, tmp_path):
 def test_a_resume_that_passes_then_sets_the_damage_aside(trained, tmp_path):
     shutil.copytree(trained / "run", tmp_path / "run")
     damage(tmp_path / "run")
-    proc = trainer("train", *ARGS, f"data.path={trained / 'data'}", "--epochs", "2", "--run-dir",
+    proc = cli("train", *ARGS, f"data.path={trained / 'data'}", "--epochs", "2", "--run-dir",
                    str(tmp_path / "run"), "--resume", "auto")
     ckpts = tmp_path / "run" / "checkpoints"
     assert f"resumed from {ckpts / RESUMED}" in proc.stderr
@@ -130,7 +130,7 @@ def test_a_checkpoint_of_another_torch_resumes_with_the_difference_logged(traine
     ckpt = torch.load(path, weights_only=True)
     ckpt["versions"] = dict(ckpt["versions"], torch="2.11.0")
     torch.save(ckpt, path)
-    proc = trainer("train", *ARGS, f"data.path={trained / 'data'}", "--epochs", "2", "--run-dir",
+    proc = cli("train", *ARGS, f"data.path={trained / 'data'}", "--epochs", "2", "--run-dir",
                    str(tmp_path / "run"), "--resume", "auto")
     assert f"versions changed on resume: torch 2.11.0 -> {torch.__version__}" in proc.stderr
     from trainer.engine.logging import read_metrics

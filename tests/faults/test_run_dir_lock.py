@@ -4,7 +4,8 @@ import signal
 import subprocess
 import time
 
-from tests.conftest import PY, REPO, clean_env, trainer
+from tests.conftest import PY, REPO, clean_env
+from tests.inprocess import cli
 from trainer.engine.rundir import LOCK_NAME
 
 SLOW = ("train", "--recipe", "toy", "--seed", "5", "log.tensorboard=false", "--batch-size", "16",
@@ -22,7 +23,7 @@ def test_a_second_run_into_a_live_run_directory_is_refused_and_the_lock_dies_wit
         while not (run_dir / "config.yaml").exists():
             assert time.monotonic() < deadline and first.poll() is None, "the first run did not start"
             time.sleep(0.05)
-        second = trainer(*SLOW, "--run-dir", str(run_dir), "--resume", "auto", check=False, timeout=60)
+        second = cli(*SLOW, "--run-dir", str(run_dir), "--resume", "auto", check=False, timeout=60)
         assert second.returncode == 2
         assert f"run directory {run_dir} is in use by a live run (pid {first.pid} on " in second.stderr
         assert "job 4242 step 3" in second.stderr and "HINT" in second.stderr
@@ -31,5 +32,5 @@ def test_a_second_run_into_a_live_run_directory_is_refused_and_the_lock_dies_wit
         first.send_signal(signal.SIGKILL)
         first.communicate(timeout=30)
     assert (run_dir / LOCK_NAME).exists()                 # left behind, but unlocked: no stale lock
-    resumed = trainer(*SLOW[:-3], "--epochs", "1", "--run-dir", str(run_dir), "--resume", "auto", check=False)
+    resumed = cli(*SLOW[:-3], "--epochs", "1", "--run-dir", str(run_dir), "--resume", "auto", check=False)
     assert "in use by a live run" not in resumed.stderr

@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from tests.conftest import record_fault, trainer
+from tests.conftest import record_fault
+from tests.inprocess import cli
 from trainer.engine.rundir import MARKER
 
 RUN = ("train", "--recipe", "toy", "--epochs", "1", "--seed", "1", "log.tensorboard=false")
@@ -23,7 +24,7 @@ def test_a_directory_of_the_users_own_files_is_refused_untouched(tmp_path, their
     before = listing(home)
     t0 = time.monotonic()
     for extra in ((), ("--resume", "auto")):
-        out = trainer(*RUN, "--run-dir", str(home), *extra, check=False)
+        out = cli(*RUN, "--run-dir", str(home), *extra, check=False)
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
         assert f"--run-dir {home} is an existing directory that is not a run directory (it holds " \
                f"{', '.join(theirs)})" in out.stderr
@@ -36,9 +37,9 @@ def test_a_directory_of_the_users_own_files_is_refused_untouched(tmp_path, their
 def test_a_file_and_an_unwritable_place_get_one_line_errors(tmp_path):
     afile = tmp_path / "results.csv"
     afile.write_text("a,b\n")
-    out = trainer(*RUN, "--run-dir", str(afile), check=False)
+    out = cli(*RUN, "--run-dir", str(afile), check=False)
     assert out.returncode == 2 and f"--run-dir {afile} is a file, not a directory" in out.stderr
-    out = trainer(*RUN, "--run-dir", "/proc/no-such-run", check=False)
+    out = cli(*RUN, "--run-dir", "/proc/no-such-run", check=False)
     assert out.returncode == 4 and "Traceback" not in out.stderr          # resource: never relaunched
     assert "cannot create or write run directory /proc/no-such-run" in out.stderr
 
@@ -52,13 +53,13 @@ def test_directories_that_are_ours_are_accepted(tmp_path, kind):
     if kind == "task logs only":                    # sbatch's PER_TASK_LOGS=1 writes these before the trainer
         (run_dir / "task-0.out").write_text("job 1 restart 0\n")
     if kind == "a run before the marker":           # today's run directories: config.yaml beside checkpoints/
-        trainer(*RUN, "--run-dir", str(run_dir))
+        cli(*RUN, "--run-dir", str(run_dir))
         (run_dir / MARKER).unlink()
         epochs, resume = "2", ("--resume", "auto")
     if kind == "checkpoints copied in":           # a run's checkpoints/ moved to a new directory, then resumed
-        trainer(*RUN, "--run-dir", str(tmp_path / "old"))
+        cli(*RUN, "--run-dir", str(tmp_path / "old"))
         (tmp_path / "old" / "checkpoints").rename(run_dir / "checkpoints")
         epochs, resume = "2", ("--resume", "auto")
-    out = trainer(*RUN[:3], "--epochs", epochs, *RUN[5:], "--run-dir", str(run_dir), *resume, check=False)
+    out = cli(*RUN[:3], "--epochs", epochs, *RUN[5:], "--run-dir", str(run_dir), *resume, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert (run_dir / MARKER).exists() and (run_dir / "checkpoints" / "final.pt").exists()

@@ -16,9 +16,9 @@ from tests.conftest import (
     eval_one_and_three,
     run_ranks,
     train_until_sigterm,
-    trainer,
     weights,
 )
+from tests.inprocess import cli
 from trainer.engine.logging import read_metrics
 from trainer.recipes.har import data as hd
 
@@ -84,7 +84,7 @@ def test_sharded_evaluation_equals_single_process(trained, tmp_path):
 
 
 def test_dp_without_cuda_falls_back_to_one_device_with_a_warning(tmp_path):
-    proc = trainer("train", *FAST, "--epochs", "1", "--strategy", "dp", "--gpu-ids", "0,1", "--mode", "average",
+    proc = cli("train", *FAST, "--epochs", "1", "--strategy", "dp", "--gpu-ids", "0,1", "--mode", "average",
                    "--run-dir", str(tmp_path))
     assert "--strategy dp needs two or more CUDA devices (no CUDA here): using one device (cpu)" in proc.stderr
     assert read_metrics(tmp_path, "test")[-1]["cases"] > 0
@@ -93,11 +93,11 @@ def test_dp_without_cuda_falls_back_to_one_device_with_a_warning(tmp_path):
 
 def test_resume_mid_epoch_is_bitwise_exact(tmp_path):
     args = ("train", *FAST, "--epochs", "2", "--batch-size", "32", "ckpt.every_epochs=1", "--grad-accum-steps", "2")
-    trainer(*args, "--run-dir", str(tmp_path / "ref"))
+    cli(*args, "--run-dir", str(tmp_path / "ref"))
     kill_at = 13                       # micro-batch 13 of 2 x 9: inside epoch 1, between optimizer steps
     proc = train_until_sigterm("trainer.recipes.har.recipe", "HARRecipe", kill_at, args, tmp_path / "run")
     assert proc.returncode == 143 and "checkpointing at epoch 1" in proc.stderr, proc.stderr[-2000:]
-    trainer(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
+    cli(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
     assert_bitwise_equal(weights(tmp_path / "run"), weights(tmp_path / "ref"))
     a, b = (read_metrics(p, "test")[-1] for p in (tmp_path / "run", tmp_path / "ref"))
     assert a["confusion_matrix"] == b["confusion_matrix"] and a["loss"] == b["loss"]

@@ -12,9 +12,9 @@ from tests.conftest import (
     record_fault,
     run_ranks,
     train_until_sigterm,
-    trainer,
     weights,
 )
+from tests.inprocess import cli
 from trainer.engine.logging import read_metrics
 from trainer.engine.optim import phased
 from trainer.recipes.kgat import data as D
@@ -143,14 +143,14 @@ def test_sharded_evaluation_equals_single_process(trained, tmp_path):
 
 def test_resume_in_the_kg_phase_is_bitwise_exact(tmp_path):
     args = ("train", *SMALL, "--epochs", "2", "--batch-size", "128", "ckpt.every_epochs=1")
-    trainer(*args, "--run-dir", str(tmp_path / "ref"))
+    cli(*args, "--run-dir", str(tmp_path / "ref"))
     # SIGTERM 5 steps into epoch 1's KG phase (epoch length: the step of the first epoch's summary)
     n_cf_steps = len(load_data(KGATDataConfig()).pairs("train")[0]) // 128 + 1
     per_epoch = [r["step"] for r in rows(tmp_path / "ref", "train") if "cf_loss" in r][0]
     kill_at = per_epoch + n_cf_steps + 5
     proc = train_until_sigterm("trainer.recipes.kgat.recipe", "KGATRecipe", kill_at, args, tmp_path / "run")
     assert proc.returncode == 143 and f"checkpointing at epoch 1 step {kill_at}" in proc.stderr, proc.stderr[-2000:]
-    trainer(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
+    cli(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
     assert_bitwise_equal(weights(tmp_path / "run"), weights(tmp_path / "ref"))
     a, b = (torch.load(p / "checkpoints" / "final.pt", weights_only=True)["optimizer"] for p in
             (tmp_path / "run", tmp_path / "ref"))
@@ -172,7 +172,7 @@ def test_hits_by_binary_search_equal_a_dense_mask():
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
 def test_amp_training_keeps_the_sparse_propagation_in_fp32(tmp_path, amp):
-    trainer("train", *SMALL, "--epochs", "1", "--batch-size", "128", "--amp", amp, "--run-dir", str(tmp_path))
+    cli("train", *SMALL, "--epochs", "1", "--batch-size", "128", "--amp", amp, "--run-dir", str(tmp_path))
     test = rows(tmp_path, "test")[-1]
     assert 0 < test["recall@20"] <= 1 and test["users"] == 300
     ckpt = torch.load(tmp_path / "checkpoints" / "final.pt", weights_only=True)
@@ -186,7 +186,7 @@ def test_resume_with_another_batch_size_goes_on_with_a_recorded_warning(tmp_path
     proc = train_until_sigterm("trainer.recipes.kgat.recipe", "KGATRecipe", 4, (*args, "--batch-size", "128"),
                                tmp_path / "run")
     assert proc.returncode == 143, proc.stderr[-2000:]
-    again = trainer(*args, "--batch-size", "64", "--run-dir", str(tmp_path / "run"), "--resume", "auto")
+    again = cli(*args, "--batch-size", "64", "--run-dir", str(tmp_path / "run"), "--resume", "auto")
     assert "draws each epoch's batches from its own plan" in again.stderr
     note = [n for r in rows(tmp_path / "run", "resume") for n in r["notes"]]
     assert any("epoch 0 continues at batch" in n and "the checkpoint was at 4 of" in n for n in note), note

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import run_ranks, trainer
+from tests.conftest import run_ranks
+from tests.inprocess import cli
 from trainer.config.settings import from_dict
 from trainer.recipes.sasrec.model import SeqRec
 from trainer.recipes.sasrec.sequences import synthesize, write_udata
@@ -35,14 +36,14 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("predict")
     inter = raw_ids(synthesize(USERS, ITEMS, 12, seed=0))
     data = write_udata(inter, root / "u.data")
-    trainer("train", "--recipe", "sasrec", f"data.path={data}", f"data.cache={root / 'cache'}", "--epochs", "2",
+    cli("train", "--recipe", "sasrec", f"data.path={data}", f"data.cache={root / 'cache'}", "--epochs", "2",
             "log.tensorboard=false", "model.mhc=false", "model.time=false", "data.maxlen=20",
             "--run-dir", str(root / "run"))
     return root, inter
 
 
 def predict(root: Path, out: str, *extra: str, check: bool = True):
-    return trainer("predict", "--checkpoint", str(root / "run"), "--out", str(root / out), *extra, check=check)
+    return cli("predict", "--checkpoint", str(root / "run"), "--out", str(root / out), *extra, check=check)
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -150,7 +151,7 @@ def test_users_list_new_data_and_refusals(trained, tmp_path):
     for args, message in [(("--out", str(tmp_path / "x.txt")), "unknown suffix '.txt'"),
                           (("--checkpoint", str(tmp_path / "none")), "none"),
                           (("--data", str(tmp_path / "har.ts")), "har.ts")]:
-        proc = trainer("predict", "--checkpoint", str(root / "run"), "--out", str(tmp_path / "y.csv"), *args,
+        proc = cli("predict", "--checkpoint", str(root / "run"), "--out", str(tmp_path / "y.csv"), *args,
                        check=False)
         last = proc.stderr.strip().splitlines()[-1]
         assert proc.returncode == 2 and last.startswith("error: ") and message in last, proc.stderr

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, assert_bitwise_equal, clean_env, run_ranks, trainer, weights
+from tests.conftest import REPO, assert_bitwise_equal, clean_env, run_ranks, weights
+from tests.inprocess import cli
 from trainer.engine.logging import read_metrics
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.config import SeqDataConfig
@@ -65,7 +66,7 @@ def test_the_sinkhorn_row_error_is_logged_every_epoch(trained):
 
 def test_sharded_evaluation_equals_single_process(trained, tmp_path):
     ckpt = str(trained / "checkpoints" / "final.pt")
-    trainer("eval", "--checkpoint", ckpt, "--out", str(tmp_path / "one.json"), "train.batch_size=7")
+    cli("eval", "--checkpoint", ckpt, "--out", str(tmp_path / "one.json"), "train.batch_size=7")
     run_ranks(3, "eval", "--checkpoint", ckpt, "--out", str(tmp_path / "three.json"), "train.batch_size=7")
     one, three = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "three.json"))
     for split in ("val", "test"):
@@ -80,7 +81,7 @@ def test_resume_after_sigterm_is_bitwise_exact(tmp_path, path):
     dropout from torch's generator and its negatives on the device, both restored or re-derived on resume."""
     args = ("train", *SMALL, "--epochs", "2", "--batch-size", "32", "ckpt.every_epochs=1", f"train.gpu_path={path}",
             f"train.deterministic={path == 'on'}")      # as a bitwise resume on CUDA needs (tests/gpu)
-    trainer(*args, "--run-dir", str(tmp_path / "ref"))
+    cli(*args, "--run-dir", str(tmp_path / "ref"))
     # SIGTERM at the 13th step (mid-epoch 1 of 10 steps per epoch), via a tiny wrapper that signals itself
     code = ("import os,signal,sys,trainer.recipes.sasrec.recipe as r;"
             "orig=r.SASRecRecipe.training_step;n=[0]\n"
@@ -89,14 +90,14 @@ def test_resume_after_sigterm_is_bitwise_exact(tmp_path, path):
     proc = subprocess.run([sys.executable, "-c", code, *args, "--run-dir", str(tmp_path / "run")], cwd=REPO,
                           env=clean_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 143 and "received SIGTERM: checkpointing at epoch 1 step 13" in proc.stderr
-    trainer(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
+    cli(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
     assert_bitwise_equal(weights(tmp_path / "run"), weights(tmp_path / "ref"))
 
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
 def test_amp_training_with_mhc_in_fp32(tmp_path, amp):
     """TiSASRec+mHC under AMP trains (finite metrics); the mHC maps stay fp32 (model.mhc_fp32)."""
-    trainer("train", *SMALL, "--epochs", "1", "--batch-size", "32", "--amp", amp, "model.grad_checkpoint=true",
+    cli("train", *SMALL, "--epochs", "1", "--batch-size", "32", "--amp", amp, "model.grad_checkpoint=true",
             "--run-dir", str(tmp_path))
     val = rows(tmp_path, "val")[-1]
     assert 0 <= val["ndcg@10"] <= 1 and val["users"] == 300

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import assert_bitwise_equal, eval_one_and_three, run_ranks, train_until_sigterm, trainer, weights
+from tests.conftest import assert_bitwise_equal, eval_one_and_three, run_ranks, train_until_sigterm, weights
+from tests.inprocess import cli
 from trainer.engine.logging import read_metrics
 from trainer.recipes.video.data import synth_videos
 
@@ -55,11 +56,11 @@ def test_sharded_evaluation_equals_single_process(trained, tmp_path):
 
 def test_resume_mid_epoch_is_bitwise_exact(tmp_path, videos):
     args = ("train", *FAST, "--epochs", "2", "--batch-size", "16", "train.num_workers=0", f"data.path={videos}")
-    trainer(*args, "--run-dir", str(tmp_path / "ref"))
+    cli(*args, "--run-dir", str(tmp_path / "ref"))
     kill_at = 20                       # epoch 0 has 15 batches of 16 (240 training clips): inside epoch 1
     proc = train_until_sigterm("trainer.recipes.video.recipe", "VideoRecipe", kill_at, args, tmp_path / "run")
     assert proc.returncode == 143 and "checkpointing at epoch 1" in proc.stderr, proc.stderr[-2000:]
-    trainer(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
+    cli(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
     assert_bitwise_equal(weights(tmp_path / "run"), weights(tmp_path / "ref"))
 
 
