@@ -18,7 +18,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
-from tests.conftest import REPO, clean_env
+from tests.procs import REPO, clean_env
 
 
 @dataclass
