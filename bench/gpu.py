@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from bench.opcount import endless, epoch_loop_for, step_counts
+from trainer.engine.capabilities import Batching, of
 from trainer.engine.meters import Throughput
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,7 +72,7 @@ def timed_rates(tr, feed, steps: int, device: str) -> dict:
     while done < steps:
         batch, micro = next(batches)
         n = tr.step(batch, micro)
-        meter.update(tr.run.recipe.batch_size_of(batch), steps=int(n))
+        meter.update(of(tr.run.recipe, Batching).batch_size_of(batch), steps=int(n))
         done += n
     tr.losses.read()
     return meter.rates()
