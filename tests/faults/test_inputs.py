@@ -166,8 +166,8 @@ def test_the_issues_tracebacks_are_one_line_errors(tmp_path):
 
 def test_a_plugin_that_raises_on_import_is_named_and_doctor_still_runs(tmp_path):
     (tmp_path / "badplug.py").write_text("x = 1\nraise RuntimeError('boom in the plugin')\n")
-    from tests.conftest import clean_env
+    from tests.conftest import clean_env, trainer
     env = clean_env(PYTHONPATH=str(tmp_path), TRAINER_PLUGINS="badplug")
-    out = cli("doctor", env=env)
+    out = trainer("doctor", env=env)            # a process: PYTHONPATH is what finds the plugin
     assert "TRAINER_PLUGINS module 'badplug' raised RuntimeError: boom in the plugin at " in out.stderr
     assert f"{tmp_path / 'badplug.py'}:2" in out.stderr and "world size: 1" in out.stdout + out.stderr
