@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 from tests.procs import REPO, clean_env
@@ -73,6 +75,10 @@ def cli(*args: str, env: dict[str, str] | None = None, check: bool = True, timeo
     clean_env(...) mapping, default clean_env()). check: a non-zero exit raises, with the end of stderr. timeout:
     taken for conftest.trainer's signature; nothing here waits on another process."""
     from trainer.cli import main
+    paths = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    if [p for p in paths if Path(p).resolve() != REPO]:
+        raise ValueError(f"cli(): PYTHONPATH={paths} is read when an interpreter starts; run this one as a process "
+                         f"(tests/procs.py trainer)")
     out, err = io.StringIO(), io.StringIO()
     with environment(env), kept_process_state(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
             warnings.catch_warnings():

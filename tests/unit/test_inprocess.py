@@ -42,3 +42,11 @@ def test_the_test_process_is_left_as_it_was(tmp_path):
         == before and "MY_VAR" not in os.environ
     assert after_umask == umask and logging.getLogger().handlers == handlers
     assert (tmp_path / "run" / "checkpoints" / "final.pt").stat().st_mode & 0o077 == 0      # --private held inside
+
+
+def test_a_pythonpath_of_its_own_is_refused_with_what_to_do_instead(tmp_path):
+    import pytest
+
+    from tests.conftest import clean_env
+    with pytest.raises(ValueError, match="run this one as a process"):
+        cli("doctor", env=clean_env(PYTHONPATH=str(tmp_path)))
