@@ -4,6 +4,7 @@ and throughput counts windows (not channel series)."""
 import pytest
 import torch
 
+from trainer.engine.capabilities import Batching, of
 from trainer.recipes.har.config import HARLossConfig
 from trainer.recipes.har.model import HARModelConfig, HARNet, masked_pool, valid_mask
 
@@ -64,7 +65,7 @@ def test_label_smoothing_and_throughput_counts_windows():
     from trainer.recipes.har.recipe import HARRecipe
     recipe = HARRecipe(None, HARModelConfig(), None, None, loss_cfg=HARLossConfig(label_smoothing=0.1))
     batch = (torch.randn(7, C, T), torch.full((7,), T), torch.zeros(7, dtype=torch.long))
-    assert recipe.batch_size_of(batch) == 7                   # windows, not 7 x 9 channel series
+    assert of(recipe, Batching).batch_size_of(batch) == 7                   # windows, not 7 x 9 channel series
     model = net()
     smooth = recipe.training_step(model, batch)
     plain = HARRecipe(None, HARModelConfig(), None, None, loss_cfg=HARLossConfig()).training_step(model, batch)

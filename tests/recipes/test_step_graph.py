@@ -106,7 +106,7 @@ def test_a_recipes_own_optimizer_is_refused_unless_its_step_has_fixed_shapes():
     from trainer.engine.optim import phased, sparse_rows
     from trainer.engine.step_graph import refusal
     params = [torch.nn.Parameter(torch.zeros(3))]
-    run = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(compile="off")),
+    run = SimpleNamespace(cfg=SimpleNamespace(compile=SimpleNamespace(mode="off")),
                           recipe=SimpleNamespace(gpu_shaped=True), info=SimpleNamespace(world_size=1),
                           wrapped=torch.nn.Linear(1, 1), accum=1, scaler=torch.amp.GradScaler("cpu", enabled=False))
     for optimizer, refused in ((torch.optim.RMSprop(params), True), (sparse_rows(torch.optim.Adam)(params), True),
