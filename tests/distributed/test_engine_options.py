@@ -94,7 +94,7 @@ def test_tensorboard_does_not_show_replayed_steps_twice_after_a_resume(tmp_path)
            "ckpt.every_steps=3", "ckpt.every_epochs=0")
     first = trainer(*run, "data.signal_at_step=6", "data.signal_name=SIGKILL", check=False)
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
-    cli(*run, "--resume", "auto")
+    trainer(*run, "--resume", "auto")            # a process of its own, as a requeue is (its events file)
     steps = [e.step for e in tb_events(tmp_path).Scalars("train/loss")]
     assert steps == sorted(set(steps)) and steps[:6] == [1, 2, 3, 4, 5, 6], steps
     jsonl = [r["step"] for r in read_metrics(tmp_path, "train") if "loss" in r]
