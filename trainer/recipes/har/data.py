@@ -281,7 +281,8 @@ def read_arrays(path: str | Path, class_names: list[str] | None = None) -> Serie
     path = Path(path)
     if path.suffix == ".npz":
         try:
-            with np.load(path, allow_pickle=False) as z:
+            # the file opened here: np.load leaves its own open when the zip is damaged
+            with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:   # truncated, garbage, pickled objects
             raise DataError(f"{path}: cannot be read as a .npz file ({type(err).__name__}: {err})") from None

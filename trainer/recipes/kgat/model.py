@@ -211,7 +211,7 @@ class KGAT(nn.Module):
     def load_pretrained(self, path: str, n_items: int) -> None:
         """BPR-MF embeddings (mf.npz: user_embed (U, D), item_embed (I, D)) as the initial node embeddings."""
         try:
-            with np.load(path, allow_pickle=False) as mf:
+            with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as mf:   # np.load's own would leak if damaged
                 arrays = {k: torch.from_numpy(mf[k]) for k in mf.files if k in ("user_embed", "item_embed")}
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:   # truncated, garbage, pickled
             raise ValueError(f"{path}: cannot be read as a .npz file ({type(err).__name__}: {err})") from None
