@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset
 
 from trainer.config.settings import Config, ConfigError
-from trainer.distributed import gradsync, runtime
+from trainer.distributed import gradsync, runtime, stragglers
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import footprint, step_graph
 from trainer.engine.callbacks import Phases
@@ -200,7 +200,7 @@ def _sync_gradients(run: Run, comm) -> GradSync:
     log.measure_sync."""
     # the straggler watch needs each step's wait on the CPU (trainer/distributed/stragglers.py; only measure_sync
     # logs it); on a GPU it reads the device clock (a component), and NCCL's steps go without a Python comm hook
-    info, watch = run.info, run.info.distributed and run.cfg.faults.straggler_action != "off"
+    info, watch = run.info, stragglers.watched(run.info, run.cfg.faults.straggler_action)
     measure = run.cfg.log.measure_sync or (watch and run.device.type != "cuda")
     sync = GradSync()
     how = f"shared memory, {info.world_size} ranks on one host" if comm \

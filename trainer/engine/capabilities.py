@@ -11,6 +11,7 @@ capabilities, overriding the member under the same name, keeps working) and the 
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, ClassVar, Collection, Protocol, Sequence, TypeVar
 
@@ -202,9 +203,10 @@ CAPABILITIES: tuple[type, ...] = (Batching, DeviceResident, EpochPlan, Evaluatio
                                   DDPPolicy, GPUShapedStep, OwnOptimizer, DataProvenance)
 
 
-def members(capability: type) -> list[str]:
-    """A capability's own members, in the order they are declared."""
-    return [name for name in vars(capability) if not name.startswith("_")]
+@functools.cache
+def members(capability: type) -> tuple[str, ...]:
+    """A capability's own members, in the order they are declared (once per capability: a view asks on every read)."""
+    return tuple(name for name in vars(capability) if not name.startswith("_"))
 
 
 def of(recipe: Any, capability: type[T]) -> T:
