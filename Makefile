@@ -11,7 +11,7 @@ BENCH_ARGS    ?=
 BENCH_SLURM   ?= 1
 # the local cluster's directory: fresh and private at each start (hpc/cluster/where.sh); HPC_CLUSTER_DIR picks one
 
-.PHONY: kernels kernels-portable setup demo bench bench-gpu gpu-carry bench-steps bench-recipes faults-report test test-image test-fast lint ruff lock image sif slurm-install slurm-up slurm-down slurm-env clean help
+.PHONY: kernels kernels-portable setup demo bench bench-gpu gpu-carry bench-steps bench-recipes faults-report test test-image test-fast test-under-load lint ruff lock image sif slurm-install slurm-up slurm-down slurm-env clean help
 
 help:
 	@echo "make setup        virtual environment in $(VENV) (torch==$(TORCH_VERSION), CPU build where available)"
@@ -116,6 +116,10 @@ test-image: kernels slurm-install
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap >/dev/null; }
 	PYTHON=$(BIN)/python bash docker/standin/build.sh
 	$(BIN)/python -m pytest -rs --durations=5 -m image tests/container $(PYTEST_ARGS)
+
+# the tests that judge a speed or a time (marker timing), five rounds in a row beside one busy loop per core
+test-under-load: kernels slurm-install
+	bash tests/under_load.sh $(BIN)/python 5 $(PYTEST_ARGS)
 
 test-fast: kernels
 	$(BIN)/python -m pytest -rs -m "not slurm and not image" $(PYTEST_ARGS)

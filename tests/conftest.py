@@ -35,21 +35,27 @@ from tests.slowing import (  # noqa: F401
     SLOWED_NICE,
     busy_core,
     pin,
+    quota_reason,
     run_ended,
     slowed,
     slowed_rank,
     two_cores,
 )
+from tests.timeouts import limit
 
 
 @pytest.fixture
 def busy_core_turn():
-    """The tests that slow a rank with busy loops on one core take turns, across the suite's two halves (make test
-    runs them side by side): two at once would load each other's fast core too (a CI run saw a pre-flight test's
-    fast rank at 6.2 GFLOP/s against its slowed one's 4.0 while a cluster test slowed a node). A file lock in /tmp,
-    held for the whole test."""
+    """Without a CPU quota (tests/slowing.py quota_reason()), the tests that slow a rank with busy loops on one core
+    take turns, across the suite's two halves (make test runs them side by side): two at once would load each
+    other's fast core too (a CI run saw a pre-flight test's fast rank at 6.2 GFLOP/s against its slowed one's 4.0
+    while a cluster test slowed a node). A file lock in /tmp, held for the whole test. Under a quota, nothing to
+    share: each test's slowed processes have their own ceiling."""
     import fcntl
     import tempfile
+    if quota_reason() is None:
+        yield
+        return
     with open(Path(tempfile.gettempdir()) / "hpc-trainer-busy-core.lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
@@ -85,9 +91,9 @@ def slurm_cluster():
         pytest.skip("the local Slurm cluster needs root (mknod, /etc/hosts)")
     running = cluster_running(local_cluster_dir())
     if not running:
-        subprocess.run(["bash", str(REPO / "hpc/cluster/start.sh")], check=True, timeout=180)
+        subprocess.run(["bash", str(REPO / "hpc/cluster/start.sh")], check=True, timeout=limit("runs"))
     where = local_cluster_dir()
     env = dict(os.environ, HPC_CLUSTER_DIR=str(where))
     yield where / "slurm.conf"
     if not running:
-        subprocess.run(["bash", str(REPO / "hpc/cluster/stop.sh")], env=env, timeout=120)
+        subprocess.run(["bash", str(REPO / "hpc/cluster/stop.sh")], env=env, timeout=limit("run"))

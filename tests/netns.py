@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from tests.timeouts import limit
+
 IFNAME = "cl0"          # the node's side of its veth, the same name in every node: GLOO_SOCKET_IFNAME=cl0
 FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 _made = itertools.count()
@@ -82,7 +84,7 @@ def nodes(n: int) -> Iterator[list[Node]]:
     finally:
         for node in made:
             subprocess.run(["ip", "netns", "del", node.ns], capture_output=True)     # its veth goes with it...
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + limit("brief")
         for node in made:                                                           # ... a moment later
             while time.monotonic() < deadline and subprocess.run(["ip", "link", "show", node.outside],
                                                                  capture_output=True).returncode == 0:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from tests.timeouts import limit
+
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
@@ -49,7 +51,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def trainer(*args: str, env: dict | None = None, timeout: float = 180, check: bool = True):
+def trainer(*args: str, env: dict | None = None, timeout: float = limit("runs"), check: bool = True):
     """Run `python -m trainer ARGS` in a clean environment; returns the CompletedProcess."""
     proc = subprocess.run([PY, "-m", "trainer", *args], cwd=REPO, env=env or clean_env(), text=True,
                           capture_output=True, timeout=timeout)
@@ -76,7 +78,7 @@ def launch_ranks(n: int, *args: str, extra_env: dict | None = None, rank_env: li
     return procs
 
 
-def wait_all(procs: list[subprocess.Popen], timeout: float = 180) -> list[tuple[int, str]]:
+def wait_all(procs: list[subprocess.Popen], timeout: float = limit("runs")) -> list[tuple[int, str]]:
     """(returncode, stderr) of every rank. If they are not all done within timeout seconds, the ranks still
     running are stopped with SIGABRT (faulthandler prints each thread's stack) and the test fails with every
     rank's stderr tail, so a hang names where it hung."""
@@ -129,25 +131,26 @@ def _stop_hung(procs: list[subprocess.Popen]) -> str:
     tails = []
     for rank, p in enumerate(procs):
         try:
-            _, err = p.communicate(timeout=20)
+            _, err = p.communicate(timeout=limit("short"))
         except subprocess.TimeoutExpired:
             _signal_all(trees.get(p.pid, [p.pid]), signal.SIGKILL)
             try:
-                _, err = p.communicate(timeout=20)
+                _, err = p.communicate(timeout=limit("short"))
             except subprocess.TimeoutExpired:
                 err = "(no stderr: its pipe is held open by a process outside its tree)"
         tails.append(f"--- rank {rank} (exit {p.returncode}) ---\n{(err or '')[-20000:]}")   # its workers too
     return "\n".join(tails)
 
 
-def run_group(argv: list[str], env: dict, timeout: float = 300) -> tuple[int, str]:
+def run_group(argv: list[str], env: dict, timeout: float = limit("long")) -> tuple[int, str]:
     """(returncode, stderr) of ARGV (a launcher and everything it starts); a hang past timeout seconds fails
     the test with the stacks of every process it started."""
     proc = subprocess.Popen(argv, cwd=REPO, env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     return wait_all([proc], timeout)[0]
 
 
-def run_ranks(n: int, *args: str, timeout: float = 180, extra_env: dict | None = None) -> list[tuple[int, str]]:
+def run_ranks(n: int, *args: str, timeout: float = limit("runs"),
+              extra_env: dict | None = None) -> list[tuple[int, str]]:
     """launch_ranks + wait_all, asserting every rank exited 0."""
     results = wait_all(launch_ranks(n, *args, extra_env=extra_env), timeout)
     for rank, (code, err) in enumerate(results):
@@ -182,7 +185,7 @@ def eval_one_and_three(ckpt: Path | str, out: Path, *overrides: str) -> tuple[di
 
 
 def train_until_sigterm(module: str, cls: str, kill_at: int, args: tuple[str, ...], run_dir: Path,
-                        timeout: float = 300) -> subprocess.CompletedProcess:
+                        timeout: float = limit("long")) -> subprocess.CompletedProcess:
     """`trainer` ARGS --run-dir RUN_DIR that sends itself SIGTERM at the kill_at-th training_step call."""
     code = (f"import os,signal,sys,{module} as r;orig=r.{cls}.training_step;n=[0]\n"
             f"def step(self,m,b):\n n[0]+=1\n if n[0]=={kill_at}: os.kill(os.getpid(),signal.SIGTERM)\n"

@@ -1,30 +1,97 @@
 """Slowing a rank or a host on purpose, for the tests that judge speed (the pre-flight, the straggler watch,
-eviction): cores pinned and niced, busy loops on a core, a rank slowed from its first logging window to its exit
-record."""
+eviction; marker `timing`): the slowed processes under a CPU quota (a cgroup of the cpu controller: at most
+SLOW_SHARE of one core, whatever else the machine runs), the fast ones in a cgroup of many times a session's weight;
+a rank slowed from its first logging window to its exit record. A quota is a ceiling, not a share: a loaded machine
+can only slow the fast side, and by the fast group's weight (FAST_SHARES against a busy session's 1024) not much,
+so a slowed rank stays 10-20x behind with two busy loops beside the test (tests/under_load.sh)."""
 from __future__ import annotations
 
 import contextlib
 import os
 import subprocess
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tests.procs import PY
 
-SLOWED_NICE = 10   # a slowed session's nice: weight 110 against a busy session's 1024, about a twentieth of a core
-# the fast rank's session: weight 9548, most of its core whatever else runs there. The load balancer sends other
-# work to the fast core (the slow one is full): at nice 0 a CI run's fast rank got a third of it, and the factor
-# between the ranks fell from 10 to 1.8-3.7. Root only (a lower nice needs CAP_SYS_NICE); elsewhere it stays 0.
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")      # cgroup v1's cpu controller (cpu.cfs_quota_us, cpu.shares)
+SLOW_SHARE = 0.05          # of one core: a slowed process's ceiling
+QUOTA_PERIOD_US = 20_000   # its quota's period: bursts of at most 1 ms (0.05 x 20 ms) run at full speed
+FAST_SHARES = 10_240       # ten sessions' weight: the fast side keeps most of a core beside busy loops
+# Without a writable cpu controller (not root, or cgroup v2 without the cpu controller delegated): the older way,
+# the slowed process niced beside busy loops on one core (about a twentieth of it on an idle machine; a load beside
+# the test changes that share, so there the verdicts are not load-proof, and quota_reason() says why).
+SLOWED_NICE = 10
 FAST_NICE = -10
 
 
+def quota_reason() -> str | None:
+    """None when a CPU quota can slow a process here, else why not."""
+    if not (CPU_CGROUP / "cpu.cfs_quota_us").exists():
+        return f"no cgroup v1 cpu controller at {CPU_CGROUP}"
+    if not os.access(CPU_CGROUP, os.W_OK):
+        return f"{CPU_CGROUP} is not writable (not root)"
+    return None
+
+
+def _cgroup_of(pid: int) -> Path | None:
+    """The cpu controller's cgroup the process is in now (None once it has exited)."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "cpu" in controllers.split(","):
+                return CPU_CGROUP / path.lstrip("/")
+    return None
+
+
+class CpuGroups:
+    """Two cgroups of this test process's own, `slow` (the quota) and `fast` (the weight); processes moved in are
+    moved back where they were by close(), which removes the groups."""
+
+    def __init__(self) -> None:
+        self.root = CPU_CGROUP / f"hpc-trainer-test-{os.getpid()}-{threading.get_ident()}"
+        self.slow, self.fast = self.root / "slow", self.root / "fast"
+        for group in (self.slow, self.fast):
+            group.mkdir(parents=True, exist_ok=True)
+        (self.slow / "cpu.cfs_period_us").write_text(str(QUOTA_PERIOD_US))
+        (self.slow / "cpu.cfs_quota_us").write_text(str(int(SLOW_SHARE * QUOTA_PERIOD_US)))
+        (self.fast / "cpu.shares").write_text(str(FAST_SHARES))
+        self.home: dict[int, Path] = {}        # pid -> the cgroup it came from
+
+    def put(self, pid: int, group: Path) -> None:
+        """Move the process (every thread of it: cgroup.procs) into the group; a process gone meanwhile is left."""
+        if pid in self.home and _cgroup_of(pid) == group:
+            return
+        where = _cgroup_of(pid)
+        if where is None:
+            return
+        self.home.setdefault(pid, where)
+        with contextlib.suppress(OSError):           # (exited between the read and the move)
+            (group / "cgroup.procs").write_text(str(pid))
+
+    def release(self) -> None:
+        """Every process still in the groups back where it came from (the root group for one that came in as a
+        child of a moved process)."""
+        for group in (self.slow, self.fast):
+            with contextlib.suppress(OSError):
+                for line in (group / "cgroup.procs").read_text().split():
+                    pid = int(line)
+                    with contextlib.suppress(OSError):
+                        (self.home.get(pid, CPU_CGROUP) / "cgroup.procs").write_text(str(pid))
+
+    def close(self) -> None:
+        self.release()
+        for group in (self.slow, self.fast, self.root):
+            with contextlib.suppress(OSError):
+                group.rmdir()
+
+
 def pin(pid: int, cores: set[int], nice: int | None = None) -> None:
-    """Every thread of the process on `cores` (a thread keeps the mask it started with); `nice`: its session's
-    scheduler nice value. The kernel shares a core fairly between sessions before it shares within one
-    (sched_autogroup): busy loops in the slowed process's own session would take little from it, and a fast
-    process in the test's session, whose weight sits where its busy loops run, would lose its core to any other
-    session (a CI run saw 1-3.7x where 16x was meant, the suite's other half running beside it)."""
+    """Without a quota: every thread of the process on `cores` (a thread keeps the mask it started with); `nice`:
+    its session's scheduler nice value (sched_autogroup shares a core between sessions before it shares within
+    one)."""
     with contextlib.suppress(OSError):
         for tid in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError):
@@ -34,7 +101,7 @@ def pin(pid: int, cores: set[int], nice: int | None = None) -> None:
 
 
 def two_cores() -> tuple[int, int]:
-    """(fast, slow): the cores a slowed test uses."""
+    """(fast, slow): the cores a slowed test uses without a quota."""
     fast, slow = sorted(os.sched_getaffinity(0))[:2]
     return fast, slow
 
@@ -54,31 +121,60 @@ def busy_core(core: int, loops: int = 2):
 
 
 @contextlib.contextmanager
+def _slowing(slow_pids: Callable[[], list[int]], fast_pids: Callable[[], list[int]]) -> Iterator[Callable[[], None]]:
+    """Yields the function that applies the slowing to the processes named now; undone when the block ends."""
+    if quota_reason() is None:
+        groups = CpuGroups()
+
+        def apply() -> None:
+            for pid in slow_pids():
+                groups.put(pid, groups.slow)
+            for pid in fast_pids():
+                groups.put(pid, groups.fast)
+        try:
+            yield apply
+        finally:
+            groups.close()
+        return
+    fast, slow = two_cores()
+
+    def apply_niced() -> None:
+        for pid in slow_pids():
+            pin(pid, {slow}, nice=SLOWED_NICE)
+        for pid in fast_pids():
+            pin(pid, {fast}, nice=FAST_NICE)
+    with busy_core(slow):
+        try:
+            yield apply_niced
+        finally:
+            for pid in slow_pids() + fast_pids():        # (a session that outlives it is not left slowed)
+                pin(pid, os.sched_getaffinity(0), nice=0)
+
+
+@contextlib.contextmanager
 def slowed(slow_pids: Callable[[], list[int]], fast_pids: Callable[[], list[int]],
            once: Callable[[], bool] = lambda: True, until: Callable[[], bool] = lambda: False):
-    """The processes slow_pids() names on one core beside busy loops, their sessions at SLOWED_NICE (about a
-    twentieth of that core), those fast_pids() names on the other core, from when once() is true until until() is
-    or the block ends; then back on every core at nice 0. Re-pinned every 50 ms, so a process started meanwhile is
-    caught within 50 ms. A process's session must be its own (a session's nice is all of its processes')."""
-    fast, slow = two_cores()
+    """The processes slow_pids() names under the CPU quota (at most SLOW_SHARE of a core), those fast_pids() names
+    in the heavy group, from when once() is true until until() is or the block ends; then back where they were.
+    Applied again every 50 ms, so a process started meanwhile is caught within 50 ms (its children inherit its
+    group at once). Without a quota (quota_reason()): niced beside busy loops, as the module's docstring says; then a
+    process's session must be its own (a session's nice is all of its processes')."""
     ended = threading.Event()
     failed: list[BaseException] = []
+    if (reason := quota_reason()) is not None:
+        print(f"slowed: no CPU quota here ({reason}): niced beside busy loops instead, a share a load can change",
+              file=sys.stderr)
 
     def keep_slowed() -> None:
         try:
             while not once():
                 if ended.wait(0.01):
                     return
-            with busy_core(slow):
+            with _slowing(slow_pids, fast_pids) as apply:
                 while True:
-                    for pid in slow_pids():
-                        pin(pid, {slow}, nice=SLOWED_NICE)
-                    for pid in fast_pids():
-                        pin(pid, {fast}, nice=FAST_NICE)
+                    apply()
                     if ended.wait(0.05) or until():
                         break
-            for pid in slow_pids() + fast_pids():        # (a session that outlives it is not left slowed)
-                pin(pid, os.sched_getaffinity(0), nice=0)
         except BaseException as err:       # re-raised in the test's thread
             failed.append(err)
 

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO, clean_env
+from tests.timeouts import limit
 
 pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
 
@@ -20,7 +21,7 @@ def test_the_data_scale_bench_runs_through(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bench.data_scale", "--sizes", "40000,80000", "--repeat", "1",
                            "--parquet-sizes", "40000" if parquet else "", "--kgat-scales", "0.01",
                            "--eval-users", "200", "--data", str(tmp_path / "data"), "--out", str(tmp_path)],
-                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)
+                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "data_scale.json").read_text())
     assert set(report["sizes"]) == {"40000", "80000"} and "cold_no_cache" in report["slope_per_million_rows"]
@@ -42,7 +43,7 @@ def test_the_data_scale_bench_runs_through(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bench.data_scale", "--sizes", "", "--parquet-sizes", "",
                            "--kgat-scales", "0.02", "--repeat", "1", "--update", "--data", str(tmp_path / "data"),
                            "--out", str(tmp_path)], cwd=REPO, env=clean_env(), capture_output=True, text=True,
-                          timeout=600)
+                          timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     updated = json.loads((tmp_path / "data_scale.json").read_text())
     assert updated["sizes"] == report["sizes"] and set(updated["kgat"]) == {"tiny", "x0.02"}

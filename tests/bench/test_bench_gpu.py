@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, clean_env
+from tests.timeouts import limit
 
 pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/
 def test_the_gpu_bench_runs_through_on_a_cpu(tmp_path):
     out = tmp_path / "gpu-check.json"
     proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--device", "cpu", "--tiny", "--quick", "--out",
-                           str(out)], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)
+                           str(out)], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert {"sasrec-ml100k bf16", "sasrec-synthetic bf16"} & set(report["rows"])
@@ -30,7 +31,7 @@ def test_the_gpu_bench_runs_through_on_a_cpu(tmp_path):
     assert stock["batches"]["ours"] > 0 and stock["batches"]["stock"] > 0
     out.with_suffix(".png").unlink()                # the PNG drawn again from the JSON alone (a GPU machine's)
     proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--plot", str(out)], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=limit("run"))
     assert proc.returncode == 0 and out.with_suffix(".png").stat().st_size > 1000, proc.stderr[-2000:]
 
 
@@ -38,7 +39,7 @@ def test_without_cuda_it_says_so():
     if torch.cuda.is_available():
         return print("CUDA is here: the message for a machine without it is not shown")
     proc = subprocess.run([sys.executable, "-m", "bench.gpu"], cwd=REPO, env=clean_env(), capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=limit("run"))
     assert proc.returncode == 2 and "no CUDA device here" in proc.stdout and "Traceback" not in proc.stderr
 
 
@@ -46,7 +47,7 @@ def test_amps_add_a_deterministic_row_with_its_cost_and_the_rows_after_it_are_no
     out = tmp_path / "gpu-check.json"
     proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--device", "cpu", "--tiny", "--quick", "--out", str(out),
                            "--only", "har,kgat", "--amps", "bf16,deterministic,fp32"], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert set(rows) == {f"{r} {a}" for r in ("har", "kgat") for a in ("bf16", "deterministic", "fp32")}, rows
@@ -54,7 +55,7 @@ def test_amps_add_a_deterministic_row_with_its_cost_and_the_rows_after_it_are_no
         assert rows[f"{r} deterministic"]["cost_over_bf16"] == round(rows[f"{r} deterministic"]["step_ms"]
                                                                      / rows[f"{r} bf16"]["step_ms"], 3)
     proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--device", "cpu", "--tiny", "--amps", "bf16,fp8"],
-                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=120)
+                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=limit("run"))
     assert proc.returncode == 2 and "--amps bf16,fp8: each one of fp32, bf16, compiled, deterministic" in proc.stderr
 
 

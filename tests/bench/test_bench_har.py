@@ -5,6 +5,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env
+from tests.timeouts import limit
 
 pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
 
@@ -13,7 +14,7 @@ def test_har_bench_smoke(tmp_path):
     proc = subprocess.run([PY, "-m", "bench.har", "--seeds", "0", "--modes", "first", "--steps", "4",
                            "--basic-epochs", "3", "--synth-preset", "tiny",
                            "--out", str(tmp_path)], cwd=REPO, env=clean_env(), capture_output=True, text=True,
-                          timeout=600)
+                          timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "har.json").read_text())
     assert report["recipe"] == "har" and [r["mode"] for r in report["basicmotions"]] == ["first"]

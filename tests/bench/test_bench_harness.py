@@ -10,6 +10,7 @@ from bench.harness import cost_shares, percentile, phase_extra_ms, repeat_effici
 from bench.report import tables
 from bench.run import summarize
 from tests.conftest import REPO, clean_env
+from tests.timeouts import limit
 
 pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
 
@@ -87,7 +88,7 @@ def test_make_bench_smoke_runs_every_launch_path(tmp_path, slurm_cluster):
     args = f"har --steps 2 --warmup 1 --repeat 1 --slurm on --out {tmp_path}"
     proc = subprocess.run(["make", "-s", "bench", "BENCH_SLURM=0", f"BENCH_ARGS={args}"], cwd=REPO,
                           env=clean_env(HPC_CLUSTER_DIR=str(slurm_cluster.parent)), capture_output=True, text=True,
-                          timeout=400)
+                          timeout=limit("job"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     runs = {(r["launcher"], r["world"]): r for r in
             (json.loads(p.read_text()) for p in tmp_path.glob("har-*-w*.json"))}

@@ -6,6 +6,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env
+from tests.timeouts import limit
 
 pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
 
@@ -21,7 +22,7 @@ def test_kgat_bench_smoke(tmp_path):
                        check=True, cwd=REPO, env=clean_env())
     proc = subprocess.run([PY, "-m", "bench.kgat", "--data", str(data), "--epochs", "2", "--scale", "tiny",
                            "--out", str(tmp_path / "out")], cwd=REPO, env=clean_env(), capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "kgat.json").read_text())
     ours, scale = report["ml100k"], report["scale"]
@@ -38,7 +39,7 @@ def test_kgat_scale_bench_smoke(tmp_path):
     units and memory figures consistent with the data's sizes, slopes fitted, the plot written."""
     proc = subprocess.run([PY, "-m", "bench.kgat_scale", "--preset", "tiny", "--fractions", "0.5,1", "--cf-steps", "1",
                            "--kg-steps", "1", "--eval-batch", "64", "--out", str(tmp_path)], cwd=REPO,
-                          env=clean_env(), capture_output=True, text=True, timeout=600)
+                          env=clean_env(), capture_output=True, text=True, timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "kgat_scale.json").read_text())
     points = {(p["fraction"], p["world"]): p for p in report["points"]}

@@ -6,6 +6,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env
+from tests.timeouts import limit
 
 pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
 
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/
 def test_mhc_cost_bench_smoke(tmp_path):
     proc = subprocess.run([PY, "-m", "bench.mhc_cost", "--data", "", "--rounds", "2", "--variants",
                            "sasrec,sasrec_mhc", "--out", str(tmp_path)], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "mhc_cost.json").read_text())
     times = report["epoch_s"]
@@ -30,5 +31,5 @@ def test_mhc_cost_bench_smoke(tmp_path):
 
 def test_mhc_cost_bench_rejects_an_unknown_variant(tmp_path):
     proc = subprocess.run([PY, "-m", "bench.mhc_cost", "--variants", "sasrec,sasrek_mhc", "--out", str(tmp_path)],
-                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=120)
+                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=limit("run"))
     assert proc.returncode == 2 and "sasrek_mhc" in proc.stderr and "sasrec_mhc" in proc.stderr

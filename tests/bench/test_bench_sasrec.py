@@ -6,6 +6,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env
+from tests.timeouts import limit
 
 pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
 
@@ -20,7 +21,7 @@ def test_sasrec_bench_smoke(tmp_path):
                    check=True, cwd=REPO, env=clean_env())
     proc = subprocess.run([PY, "-m", "bench.sasrec", "--data", str(data), "--epochs", "2", "--variants",
                            "sasrec,sasrec_mhc", "--out", str(tmp_path / "out")], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "sasrec.json").read_text())
     result, mhc = report["results"]
@@ -42,7 +43,7 @@ def test_sasrec_profile_parts_add_up(tmp_path):
     args = [PY, "-m", "bench.sasrec_profile", "--epochs", "3", "--out", str(tmp_path)]
     if not ML100K.exists():
         args += ["--data", ""]                          # generated data of ml-100k's size
-    proc = subprocess.run(args, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(args, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "sasrec_profile.json").read_text())
     parts = report["parts_s"]

@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env
+from tests.timeouts import limit
 
 pytestmark = pytest.mark.beside_cluster      # CPU work, no cluster: tests/run.sh runs it in the cluster half
 
@@ -16,7 +17,8 @@ def test_the_at_size_bench_joins_its_rows_to_the_report(tmp_path):
     out.write_text(json.dumps({"rows": {"har bf16": {"step_ms": 1.0}}}))       # an earlier report's rows stay
     proc = subprocess.run([PY, "-m", "bench.sasrec_at_size", "--device", "cpu", "--rows", "30000", "--width", "16",
                            "--maxlen", "20", "--batches", "32,64", "--warmup", "2", "--work", str(tmp_path / "work"),
-                           "--out", str(out)], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
+                           "--out", str(out)], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                          timeout=limit("long"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["rows"] == {"har bf16": {"step_ms": 1.0}}
@@ -41,5 +43,5 @@ def test_without_cuda_it_says_so_and_measures_nothing(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is here: the refusal is for machines without one")
     proc = subprocess.run([PY, "-m", "bench.sasrec_at_size", "--out", str(tmp_path / "r.json")], cwd=REPO,
-                          env=clean_env(), capture_output=True, text=True, timeout=120)
+                          env=clean_env(), capture_output=True, text=True, timeout=limit("run"))
     assert proc.returncode == 2 and "no CUDA device here" in proc.stdout and not (tmp_path / "r.json").exists()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import PY, REPO, clean_env
+from tests.timeouts import limit
 
 pytestmark = pytest.mark.beside_cluster      # two short trainings: tests/run.sh runs it in the cluster half
 
@@ -22,7 +23,7 @@ def test_beauty_bench_reports_each_run_beside_the_paper(tmp_path):
     data = pairs_file(tmp_path / "beauty.txt")
     proc = subprocess.run([PY, "-m", "bench.sasrec_beauty", "--data", str(data), "--runs", "bce,bce_before",
                            "--epochs", "2", "--out", str(tmp_path / "out")], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "sasrec_beauty.json").read_text())
     bce, before = report["runs"]
@@ -38,7 +39,7 @@ def test_beauty_bench_reports_each_run_beside_the_paper(tmp_path):
     # another seed joins the report (--update) as a row of its own; the seed-0 rows stay as they were
     proc = subprocess.run([PY, "-m", "bench.sasrec_beauty", "--data", str(data), "--runs", "bce", "--seed", "1",
                            "--epochs", "1", "--update", "--out", str(tmp_path / "out")], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     again = json.loads((tmp_path / "out" / "sasrec_beauty.json").read_text())["runs"]
     assert [(r["run"], r["seed"]) for r in again] == [("bce", 0), ("bce", 1), ("bce_before", 0)]
@@ -49,8 +50,8 @@ def test_beauty_bench_reports_each_run_beside_the_paper(tmp_path):
 
 def test_beauty_bench_refuses_a_missing_file_and_an_unknown_run(tmp_path):
     proc = subprocess.run([PY, "-m", "bench.sasrec_beauty", "--data", str(tmp_path / "none.txt")], cwd=REPO,
-                          env=clean_env(), capture_output=True, text=True, timeout=120)
+                          env=clean_env(), capture_output=True, text=True, timeout=limit("run"))
     assert proc.returncode == 2 and "none.txt not found" in proc.stdout
     proc = subprocess.run([PY, "-m", "bench.sasrec_beauty", "--runs", "bce,bec"], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=limit("run"))
     assert proc.returncode == 2 and "unknown ['bec']" in proc.stderr

@@ -6,6 +6,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env
+from tests.timeouts import limit
 
 pytestmark = pytest.mark.beside_cluster      # a short training: tests/run.sh runs it in the cluster half
 
@@ -19,7 +20,7 @@ def test_ce_trained_at_a_generated_catalogue_joins_the_report(tmp_path):
     (tmp_path / "sasrec_losses.json").write_text(json.dumps(earlier))
     proc = subprocess.run([PY, "-m", "bench.sasrec_losses", "--data", str(tmp_path), "--losses", "", "--sizes", "",
                            "--trained", "2500", "--trained-users", "150", "--update", "--out", str(tmp_path)],
-                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)
+                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "sasrec_losses.json").read_text())
     (row,) = report["full_softmax_trained"]
@@ -33,5 +34,5 @@ def test_ce_trained_at_a_generated_catalogue_joins_the_report(tmp_path):
 
 def test_an_unknown_loss_is_refused(tmp_path):
     proc = subprocess.run([PY, "-m", "bench.sasrec_losses", "--losses", "ce,cee", "--out", str(tmp_path)], cwd=REPO,
-                          env=clean_env(), capture_output=True, text=True, timeout=120)
+                          env=clean_env(), capture_output=True, text=True, timeout=limit("run"))
     assert proc.returncode == 2 and "unknown ['cee']" in proc.stderr

@@ -9,6 +9,7 @@ import torch
 
 from bench.sasrec_stock import StockSASRec, stock_batches
 from tests.conftest import PY, REPO, clean_env
+from tests.timeouts import limit
 from trainer.recipes.sasrec import data as D
 
 pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
@@ -41,7 +42,7 @@ def test_stock_sampler_draws_the_references_batches():
 def test_stock_bench_smoke(tmp_path):
     proc = subprocess.run([PY, "-m", "bench.sasrec_stock", "--data", "", "--epochs", "1", "--out", str(tmp_path),
                            "--width", "16", "--maxlen", "40", "--batch", "64"],      # both models take the shape flags
-                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=600)
+                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "sasrec_stock.json").read_text())
     assert len(report["ours_epoch_s"]) == len(report["stock_epoch_s"]) == 1

@@ -5,6 +5,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env
+from tests.timeouts import limit
 
 pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
 
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/
 def test_video_bench_smoke(tmp_path):
     proc = subprocess.run([PY, "-m", "bench.video", "--archs", "light", "--size", "32", "--clip", "5", "--steps", "4",
                            "--workers", "1", "--out", str(tmp_path)], cwd=REPO, env=clean_env(), capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "video-cpu.json").read_text())
     (r,) = report["results"]

@@ -14,6 +14,7 @@ import torch
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, slurm_env, weights
 from tests.slurm.test_cluster import wait_job
+from tests.timeouts import limit
 
 pytestmark = pytest.mark.image
 IMAGE = os.environ.get("HPC_TRAINER_TEST_IMAGE", "localhost/hpc-trainer:test")
@@ -23,7 +24,7 @@ HAR = ("train", "--recipe", "har", "log.tensorboard=false", "model.width=16", "m
        "model.head_width=32", "--batch-size", "16", "--seed", "3", "ckpt.every_steps=5")
 
 
-def podman(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+def podman(*args: str, timeout: float = limit("long"), check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(["podman", *args], env=dict(os.environ, CONTAINERS_CONF=str(CONF)), text=True,
                           capture_output=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -85,19 +86,19 @@ def test_ddp_in_the_image_survives_sigterm_and_resumes_bitwise_equal_to_the_run_
     outside = tmp_path / "outside"
     subprocess.run([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "trainer", *args,
                     "--run-dir", str(outside)], cwd=REPO, env=clean_env(), check=True, capture_output=True,
-                   timeout=300)
+                   timeout=limit("long"))
     runs = writable_dir(tmp_path / "runs")
     run = ["run", "--rm", "-v", f"{runs}:/runs", "-e", "OMP_NUM_THREADS=1", image, "torchrun",
            "--nproc-per-node", "2", "-m", "trainer", *args, "--run-dir", "/runs/run"]
     name = f"hpc-trainer-test-{os.getpid()}"
     first = subprocess.Popen(["podman", *run[:2], "--name", name, *run[2:]], text=True, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, env=dict(os.environ, CONTAINERS_CONF=str(CONF)))
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + limit("run")
     while not list((runs / "run" / "checkpoints").glob("step-*.pt")):
         assert time.monotonic() < deadline and first.poll() is None, "no checkpoint in the container"
         time.sleep(0.05)
     podman("kill", "--signal", "TERM", name)
-    _, err = first.communicate(timeout=120)
+    _, err = first.communicate(timeout=limit("run"))
     stopped = re.search(r"received SIGTERM: checkpointing at epoch \d+ step (\d+)", err)
     assert stopped and "training completed" not in err, err[-3000:]
     resumed = podman(*run, "--resume", "auto")
@@ -111,10 +112,10 @@ def test_predict_in_the_image_on_two_ranks_writes_the_rows_of_one_process_outsid
     for byte, one process's outside it (the same parts: the same batches)."""
     runs = writable_dir(tmp_path / "runs")
     subprocess.run([PY, "-m", "trainer", *HAR, "--epochs", "1", "--run-dir", str(runs / "run")], cwd=REPO,
-                   env=clean_env(), check=True, capture_output=True, timeout=300)
+                   env=clean_env(), check=True, capture_output=True, timeout=limit("long"))
     subprocess.run([PY, "-m", "trainer", "predict", "--checkpoint", str(runs / "run"), "--out",
                     str(tmp_path / "outside.csv"), "--part-size", "32"], cwd=REPO, env=clean_env(), check=True,
-                   capture_output=True, timeout=300)
+                   capture_output=True, timeout=limit("long"))
     for path in runs.rglob("*"):
         os.chown(path, UID, UID)
     podman("run", "--rm", "-v", f"{runs}:/runs", "-e", "OMP_NUM_THREADS=1", image, "torchrun", "--nproc-per-node",
@@ -136,7 +137,7 @@ def test_a_run_directory_the_container_user_cannot_write_is_a_clear_error(image,
 
 def test_a_missing_base_image_is_a_clear_error():
     proc = subprocess.run(["bash", str(REPO / "docker" / "standin" / "build.sh")], capture_output=True, text=True,
-                          env=dict(os.environ, BASE_IMAGE="localhost/no-such-base:1"), timeout=60)
+                          env=dict(os.environ, BASE_IMAGE="localhost/no-such-base:1"), timeout=limit("minute"))
     assert proc.returncode == 2 and "base image localhost/no-such-base:1 is not in podman's image store" in proc.stderr
 
 
@@ -152,7 +153,7 @@ def test_a_lock_hash_mismatch_stops_the_build(image, tmp_path):
     base = json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", image).stdout)[
         "org.opencontainers.image.base.name"]
     proc = podman("build", "--network", "host", "--build-arg", f"BASE_IMAGE={base}", "-t",
-                  "localhost/hpc-trainer:tampered", str(ctx), check=False, timeout=600)
+                  "localhost/hpc-trainer:tampered", str(ctx), check=False, timeout=limit("jobs"))
     assert proc.returncode != 0
     assert "THESE PACKAGES DO NOT MATCH THE HASHES" in proc.stdout + proc.stderr
 
@@ -169,9 +170,10 @@ def test_sbatch_runs_its_tasks_in_the_image_on_two_nodes(image, slurm_cluster, t
                     OMP_NUM_THREADS="1")
     out = subprocess.run(["sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--gpus-per-node=0",
                           "--cpus-per-task=1", "--time=10", str(REPO / "slurm" / "har_1node.sbatch"),
-                          "--epochs", "1"], cwd=work, env=env, text=True, capture_output=True, check=True, timeout=60)
+                          "--epochs", "1"], cwd=work, env=env, text=True, capture_output=True, check=True,
+                         timeout=limit("minute"))
     job = out.stdout.strip().split(";")[0]
-    info = wait_job(slurm_cluster, job, timeout=300)
+    info = wait_job(slurm_cluster, job, timeout=limit("long"))
     log = (work / f"har-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED", log[-3000:]
     ckpt = torch.load(run_dir / "checkpoints" / "final.pt", weights_only=True)

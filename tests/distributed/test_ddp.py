@@ -6,6 +6,7 @@ import pytest
 
 from tests.conftest import PY, REPO, assert_close, clean_env, free_port, run_ranks, weights
 from tests.inprocess import cli
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 
 pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
@@ -71,7 +72,7 @@ def test_torchrun_launch_and_logged_artifacts(tmp_path):
            "-m", "trainer", "train", *BASE, "--batch-size", "8", "--run-dir", str(run_dir),
            "train.max_steps=0", "--epochs", "2", "log.every_steps=2", "log.tensorboard=true"]
     env = clean_env()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, text=True, capture_output=True, timeout=240)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, text=True, capture_output=True, timeout=limit("start"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(run_dir)
     assert {r["split"] for r in rows} == {"train", "val", "test"}

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env, free_port, trainer, wait_all
+from tests.timeouts import limit
 
 RUN = ("train", "--recipe", "toy", "--seed", "3", "log.tensorboard=false", "ckpt.every_epochs=1",
        "ckpt.every_steps=0", "model.hidden=2048")
@@ -28,7 +29,7 @@ def test_every_rank_stops_with_the_disk_error_and_exit_4(tmp_path):
                               env=clean_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                                             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
              for r in range(2)]
-    results = wait_all(procs, timeout=180)
+    results = wait_all(procs, timeout=limit("runs"))
     for rank, (code, err) in enumerate(results):
         assert code == 4 and "Traceback" not in err, f"rank {rank}: {code}\n{err[-3000:]}"
         assert re.search(r"error: could not write checkpoint .*checkpoints/\w+\.pt: File too large \(errno EFBIG\); "
@@ -63,7 +64,7 @@ def test_a_full_disk_under_a_log_stops_every_rank_with_exit_4_naming_the_file(tm
                                             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
              for r in range(2)]
     said = []
-    for rank, (code, err) in enumerate(wait_all(procs, timeout=180)):
+    for rank, (code, err) in enumerate(wait_all(procs, timeout=limit("runs"))):
         assert code == 4 and "Traceback" not in err, f"rank {rank}: {code}\n{err[-3000:]}"
         said.append(re.search(r"error: (could not write \w+ .*)", err).group(1))
     assert said[0] == said[1] and f"{target}: No space left on device (errno ENOSPC); " in said[0]

@@ -3,6 +3,7 @@ import socket
 import subprocess
 
 from tests.conftest import PY, REPO, clean_env, free_port, trainer
+from tests.timeouts import limit
 from trainer.cli.doctor import port_check
 from trainer.distributed.environment import LocalEnvironment, TorchrunEnvironment
 
@@ -10,7 +11,7 @@ from trainer.distributed.environment import LocalEnvironment, TorchrunEnvironmen
 def test_under_torchrun_every_rank_reaches_the_agent_store():
     proc = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                            str(free_port()), "-m", "trainer", "doctor"], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=180)
+                          capture_output=True, text=True, timeout=limit("runs"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "[OK] rendezvous store 127.0.0.1:" in proc.stdout and "reachable" in proc.stdout
     assert "all_reduce via shared memory: sum=3.0 (expected 3.0)" in proc.stdout

@@ -19,8 +19,11 @@ import time
 import pytest
 
 from tests.conftest import PY, REPO, clean_env, free_port, launch_ranks, wait_all
+from tests.timeouts import limit
 from trainer.distributed.stragglers import FACTOR
 from trainer.engine.logging import read_metrics
+
+pytestmark = pytest.mark.timing     # each verdict is against a time: named within a bound, or no hang within a timeout
 
 TIMEOUT = 5
 SLOW_STEPS = {"video": 30}             # video's default step takes 4-15 s on 2 loaded cores: a timeout above it
@@ -118,7 +121,7 @@ def test_a_stopped_rank_is_named_under_torchrun_as_the_issue_ran_it(tmp_path):
                              str(free_port()), "-m", "trainer", "train", "--recipe", "har", "--run-dir", str(run),
                              "--epochs", "30", f"faults.hang_timeout_s={TIMEOUT}", "dist.timeout_s=900"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = proc.communicate(timeout=240)[0]
+    out = proc.communicate(timeout=limit("start"))[0]
     cause = causes(run).get(0, "")
     assert cause.startswith("hang: rank 1 ") and "its hang watch has been silent" in cause, out[-3000:]
     assert "timed out after 900 s" not in out

@@ -6,6 +6,7 @@ import signal
 import time
 
 from tests.conftest import launch_ranks
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 
 TIMEOUT = 4
@@ -20,7 +21,7 @@ def test_a_stopped_rank_is_named_and_the_others_exit_6_within_the_timeout(tmp_pa
     procs = launch_ranks(2, "train", "--config", str(cfg), "--run-dir", str(run), f"faults.hang_timeout_s={TIMEOUT}",
                          "dist.timeout_s=600")
     try:
-        _, err = procs[0].communicate(timeout=120)
+        _, err = procs[0].communicate(timeout=limit("run"))
         stopped_at = max(r["time"] for r in read_metrics(run, "train"))
         ended = time.time()
     finally:

@@ -8,6 +8,7 @@ import json
 import subprocess
 
 from tests.conftest import PY, REPO, clean_env, free_port, wait_all
+from tests.timeouts import limit
 
 TOY = ("train", "--recipe", "toy", "--seed", "5", "--epochs", "1", "log.tensorboard=false", "--batch-size", "16")
 
@@ -15,7 +16,7 @@ TOY = ("train", "--recipe", "toy", "--seed", "5", "--epochs", "1", "log.tensorbo
 def ranks(envs: list[dict], run_dir) -> list[tuple[int, str]]:
     procs = [subprocess.Popen([PY, "-m", "trainer", *TOY, "--run-dir", str(run_dir)], cwd=REPO, env=clean_env(**e),
                               text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for e in envs]
-    return wait_all(procs, timeout=240)
+    return wait_all(procs, timeout=limit("start"))
 
 
 def exits(run_dir) -> list[dict]:
@@ -42,7 +43,7 @@ def test_lightnings_shape_trains_one_run_with_every_rank(tmp_path):
 
 def test_a_world_size_without_a_launcher_is_refused_not_a_world_of_one(tmp_path):
     proc = subprocess.run([PY, "-m", "trainer", *TOY, "--run-dir", str(tmp_path / "run")], cwd=REPO,
-                          env=clean_env(WORLD_SIZE="2"), text=True, capture_output=True, timeout=120)
+                          env=clean_env(WORLD_SIZE="2"), text=True, capture_output=True, timeout=limit("run"))
     assert proc.returncode == 2 and "WORLD_SIZE=2 says this process is one of several" in proc.stderr
     assert not (tmp_path / "run").exists()
 
@@ -54,7 +55,7 @@ def test_torchruns_virtual_local_rank_binds_each_worker_and_elects_one_cache_bui
            str(free_port()), "-m", "trainer", "train", "--recipe", "sasrec", "--epochs", "1", "--batch-size", "8",
            f"data.path={data}", f"data.cache={tmp_path / 'cache'}", "log.tensorboard=false", "model.width=8",
            "dist.timeout_s=20", "--run-dir", str(tmp_path / "run")]     # a wait for keys never set fails fast
-    proc = subprocess.run(cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=limit("long"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stderr.count("parsing the data into the cache") == 1             # one builder on this node
     assert [e["kind"] for e in exits(tmp_path / "run")] == ["done", "done"]

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, weights
+from tests.timeouts import limit
 
 TOY = ("train", "--recipe", "toy", "--seed", "5", "--epochs", "3", "log.tensorboard=false")   # 8 steps an epoch
 
@@ -24,7 +25,7 @@ def plugin_env(tmp_path_factory):
     shutil.copytree(REPO / "tests" / "plugins" / "tally", source)
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                            "--no-build-isolation", "--target", str(target), str(source)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=limit("long"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert list(target.glob("trainer_tally-*.dist-info/entry_points.txt")), list(target.iterdir())
     return clean_env(PYTHONPATH=f"{REPO}:{target}")
@@ -32,7 +33,7 @@ def plugin_env(tmp_path_factory):
 
 def train(env, run_dir, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([PY, "-m", "trainer", *TOY, "--run-dir", str(run_dir), *extra], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=limit("long"))
 
 
 def test_a_pip_installed_plugin_stops_with_its_own_code_and_resumes_its_state_bitwise(tmp_path, plugin_env):
@@ -62,6 +63,6 @@ def test_the_plugins_section_is_a_config_section_like_any_other(tmp_path, plugin
     bad = train(plugin_env, tmp_path / "bad", "tally.code=200")
     assert bad.returncode == 2 and "tally.code = 200 is out of range" in bad.stderr, bad.stderr[-2000:]
     shown = subprocess.run([PY, "-m", "trainer", *TOY, "--print-config"], cwd=REPO, env=plugin_env,
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=limit("run"))
     assert shown.returncode == 0 and "tally:\n  stop_at: 0\n  code: 70" in shown.stdout, shown.stdout[-2000:]
     assert not (tmp_path / "typo").exists() and not (tmp_path / "bad").exists()

@@ -18,6 +18,7 @@ import pytest
 
 from tests import netns
 from tests.conftest import clean_env, launch_ranks, record_fault, run_ended, slowed_rank, trainer, wait_all
+from tests.timeouts import limit
 from trainer.config.settings import ConfigError, build_config
 from trainer.distributed.preflight import (
     JOIN_LATE_S,
@@ -167,6 +168,7 @@ def launch(n: int, run_dir, hosts: list[str], *extra: str, base: tuple[str, ...]
                         own_sessions=True)
 
 
+@pytest.mark.timing
 def test_two_healthy_ranks_write_the_report_and_train(tmp_path):
     start = time.monotonic()
     results = wait_all(launch(2, tmp_path / "run", ["nodeA", "nodeB"]))
@@ -182,6 +184,7 @@ def test_two_healthy_ranks_write_the_report_and_train(tmp_path):
                  steps_lost=0, outcome=f"trains; the checks took {report['seconds']} s")
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
 @pytest.mark.parametrize("base", [TOY, HAR_DEFAULTS], ids=["toy", "har_defaults"])
 def test_a_host_slowed_three_times_is_named_and_the_run_exits_5(tmp_path, busy_core_turn, base):
@@ -191,7 +194,7 @@ def test_a_host_slowed_three_times_is_named_and_the_run_exits_5(tmp_path, busy_c
     # nodeB's rank on about a twentieth of a core, from when rank 0 has joined the group and claimed the run
     # directory (the ranks' imports done) until rank 1's exit record
     with slowed_rank(procs, rank=1, once=(run_dir / MARKER).exists, until=run_ended(run_dir, 1)):
-        results = wait_all(procs, timeout=240)
+        results = wait_all(procs, timeout=limit("start"))
     assert [c for c, _ in results] == [UNFIT_HOST, UNFIT_HOST], results[0][1][-3000:]
     line = [x for x in results[0][1].splitlines() if x.startswith("error:")][0]
     assert unfit_hosts(line) == ["nodeB"] and "matmul" in line
@@ -219,12 +222,13 @@ def launch_on_nodes(hosts: list[netns.Node], run_dir) -> list[subprocess.Popen]:
                         rank_env=[{"SLURMD_NODENAME": h.name} for h in hosts], wrap=lambda r, argv: hosts[r].run(argv))
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(NETNS is not None, reason=f"needs network namespaces: {NETNS}")
 def test_three_nodes_with_networks_of_their_own_time_each_link_and_train(tmp_path):
     """No false alarm across three real links (a slowed one: tests/slurm/test_slow_link.py, where the restart loop
     acts on it; it measured 0.024 GB/s each way at 400 Mbit/s against 1.17 GB/s here on a run of this harness)."""
     with netns.nodes(3) as hosts:
-        results = wait_all(launch_on_nodes(hosts, tmp_path / "run"), timeout=240)
+        results = wait_all(launch_on_nodes(hosts, tmp_path / "run"), timeout=limit("start"))
     assert [c for c, _ in results] == [0, 0, 0], results[0][1][-3000:]
     report = json.loads((tmp_path / "run" / "preflight.json").read_text())
     assert report["unfit"] == {} and report["notes"] == []

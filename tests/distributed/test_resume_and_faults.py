@@ -82,6 +82,7 @@ def test_resume_of_completed_run_does_no_more_work(tmp_path):
     assert "training completed after 8 steps" in again.stderr
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
 def test_dead_or_hung_rank_makes_the_other_exit_nonzero(tmp_path, how):
     """A killed rank breaks the connection; a frozen one trips the process-group timeout. No hang."""

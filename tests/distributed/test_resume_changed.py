@@ -11,6 +11,7 @@ import torch
 import yaml
 
 from tests.conftest import launch_ranks, record_fault, trainer, wait_all
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 from trainer.engine.optim import lr_factor
 
@@ -129,7 +130,7 @@ def test_a_resume_reads_its_checkpoint_once(tmp_path, resume):
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
     ckpt = max((run / "checkpoints").glob("step-*.pt"))
     proc = subprocess.run([PY, "-c", COUNT_LOADS, *args, "--resume", "auto" if resume == "auto" else str(ckpt)],
-                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=180)
+                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=limit("runs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     loads = eval(proc.stdout.split("LOADS ", 1)[1])        # noqa: S307 - our own print of a dict of str -> int
     assert loads.get(str(ckpt)) == 1, loads

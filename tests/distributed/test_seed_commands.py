@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env, free_port, run_group, wait_all
+from tests.timeouts import limit
 
 TINY = {   # per recipe: tiny model settings, put before the row's own arguments (the row's values win)
     "kgat": ["model.width=8", "model.relation_width=8", "model.layer_widths=[8]", "train.eval_batch_size=64"],
@@ -35,7 +36,7 @@ def datasets(tmp_path_factory):
             "har": ["har", "--preset", "tiny"], "video": ["video", "--videos", "4", "--frames", "30", "--classes", "2"]}
     for name, args in make.items():
         subprocess.run([PY, "-m", "trainer", "data", "synth", *args[:1], "--out", str(root / name), *args[1:]],
-                       cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=300)
+                       cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=limit("long"))
     return {"kgat": root / "kgat", "sasrec": root / "sasrec", "har": root / "har" / "UCI HAR Dataset",
             "video": root / "video"}
 

@@ -6,6 +6,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, launch_ranks, trainer, wait_all, weights
+from tests.timeouts import limit
 
 RUN = ("--recipe", "toy", "--epochs", "1", "--seed", "2", "log.tensorboard=false")
 
@@ -17,7 +18,7 @@ def test_two_processes_under_the_seed_launchers(tmp_path, launcher):
     """torch.distributed.launch passes --local-rank=N to the script (unless --use-env)."""
     proc = subprocess.run([PY, *launcher, "--nproc-per-node", "2", "-m", "trainer", "train", *RUN,
                            "--run-dir", str(tmp_path / "run")], cwd=REPO, env=clean_env(), capture_output=True,
-                          text=True, timeout=240)
+                          text=True, timeout=limit("start"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "world=2" in (tmp_path / "run" / "train.log").read_text()
 

@@ -5,6 +5,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env, free_port
+from tests.timeouts import limit
 from trainer.legacy.scripts import guide_of, trainer_args
 
 
@@ -45,7 +46,7 @@ def test_seed_001s_four_gpu_command_line_as_the_guide_wrote_it(tmp_path):
     proc = subprocess.run([PY, "-m", "torch.distributed.launch", "--nproc_per_node=2", f"--master_port={free_port()}",
                            str(REPO / "main.py"), "--dataset=ml-100k", "--train_dir=tisasrec_2gpu", "--batch_size=64",
                            "--use_amp", "--multi_gpu", "--epochs", "1", "data.path=", "log.tensorboard=false"],
-                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=240)
+                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=limit("start"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "here the same is torchrun --nproc-per-node 2 -m trainer train --config" in proc.stderr
     assert "--local-rank" not in proc.stderr.split("here the same is")[1].splitlines()[0]
@@ -54,7 +55,8 @@ def test_seed_001s_four_gpu_command_line_as_the_guide_wrote_it(tmp_path):
 
 
 def test_bare_main_py_stops_with_both_commands():
-    proc = subprocess.run([PY, "main.py"], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([PY, "main.py"], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                          timeout=limit("minute"))
     assert proc.returncode == 2
     assert "seed 001 (SASRec/TiSASRec+mHC): python -m trainer train --config configs/tisasrec/ml-1m.yaml" in proc.stderr
     assert "seed 002 (HAR): python -m trainer train --config configs/har/uci-har.yaml" in proc.stderr
@@ -62,7 +64,7 @@ def test_bare_main_py_stops_with_both_commands():
 
 def test_seed_001s_main_py_refuses_an_unknown_dataset_with_the_choices():
     proc = subprocess.run([PY, "main.py", "--dataset=ml-2m", "--no_mhc"], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=limit("minute"))
     assert proc.returncode == 2 and "--dataset ml-2m is a flag of the seed scripts" in proc.stderr
 
 
@@ -73,7 +75,7 @@ def test_seed_002s_ddp_command_line_trains_from_another_directory(tmp_path):
                            str(REPO / "main_multi_gpu.py"),
                            "--multi-gpu", "ddp", "--epochs", "1", "--batch-size", "32", "--run-dir", str(run_dir),
                            "data.path=", "log.tensorboard=false"], cwd=tmp_path, env=clean_env(),
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=limit("start"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count("main_multi_gpu.py: seed 002's script (HAR); here the same is torchrun "
                              "--nproc-per-node 2 -m trainer train --config") == 1      # said once, by rank 0
@@ -83,12 +85,12 @@ def test_seed_002s_ddp_command_line_trains_from_another_directory(tmp_path):
 
 def test_seed_003s_train_py_under_torch_distributed_launch():
     proc = subprocess.run([PY, "-m", "torch.distributed.launch", "--nproc_per_node=1", "train.py", "--print-config"],
-                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=120)
+                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=limit("run"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "recipe: video" in proc.stdout and "path: data/mouse" in proc.stdout
 
 
-def _sh(args, cwd, timeout=240, **env):
+def _sh(args, cwd, timeout=limit("start"), **env):
     return subprocess.run(["bash", *args], cwd=cwd, env=clean_env(**env), capture_output=True, text=True,
                           timeout=timeout)
 
@@ -119,7 +121,7 @@ def test_seed_000s_launch_script_and_its_flags(tmp_path):
 
 
 def test_seed_003s_launch_script():
-    proc = _sh(["train_multigpu.sh", "1", "--print-config"], REPO, timeout=120, MASTER_PORT="29631")
+    proc = _sh(["train_multigpu.sh", "1", "--print-config"], REPO, timeout=limit("run"), MASTER_PORT="29631")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "recipe: video" in proc.stdout
     assert "torchrun --nproc-per-node 1 --master-port 29631 -m trainer train --config" in proc.stderr
@@ -134,5 +136,5 @@ def test_seed_003s_launch_script():
     (["scripts/run_original_kgat_multi_gpu.sh", "--num_gpus"], "--num_gpus needs a value"),
 ])
 def test_the_launch_scripts_refuse_bad_arguments_naming_them(args, message):
-    proc = _sh(args, REPO, timeout=60)
+    proc = _sh(args, REPO, timeout=limit("minute"))
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr

@@ -150,6 +150,7 @@ def _peer_fault(rank: int, world: int, store: str, how: str, out: str) -> None:
     os._exit(0)                                             # the group is broken; do not wait in its teardown
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("how", ["exit", "freeze"])
 def test_a_dead_or_frozen_peer_is_named_not_waited_for(tmp_path, how):
     ctx = mp.spawn(_peer_fault, args=(2, str(tmp_path / "store"), how, str(tmp_path / "got")), nprocs=2, join=False)

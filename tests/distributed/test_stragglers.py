@@ -27,6 +27,7 @@ from tests.conftest import (
     wait_all,
     weights,
 )
+from tests.timeouts import limit
 from trainer.distributed.runtime import DistInfo
 from trainer.distributed.stragglers import FACTOR, JUDGED_S, WINDOWS, StepClock, StragglerWatch, own_times, window_slots
 from trainer.engine.logging import read_metrics
@@ -96,6 +97,7 @@ def test_the_agreement_cadence_follows_the_measured_step_time():
     assert AgreementCadence(DistInfo(), 5.0, 10).due(1)                # a single process: always (no collective)
 
 
+@pytest.mark.timing
 def test_a_signal_between_windows_is_agreed_within_the_latency_and_resumes_bitwise(tmp_path):
     """log_every_steps=8 (one window per epoch), steps of ~0.1 s, signal_latency_s=0.35: after the first window the
     ranks agree every 3 steps. Rank 1 alone gets SIGUSR1 at step 13: the checkpoint lands at step 13 + at most 3."""
@@ -129,13 +131,14 @@ SLOWED = (*TOY, "data.n_train=2048", "data.features=512", "model.hidden=4096", "
 TWO_HOSTS = dict(rank_env=[{"SLURMD_NODENAME": h} for h in ("nodeA", "nodeB")], own_sessions=True)
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
 def test_a_slowed_rank_is_named_in_the_log_the_train_records_and_doctor(tmp_path, busy_core_turn):
     run_dir = tmp_path / "run"
     procs = launch_ranks(2, *SLOWED, "--epochs", "1", "--run-dir", str(run_dir), **TWO_HOSTS)
     with slowed_rank(procs, rank=1, once=(run_dir / "metrics.jsonl").exists,
                      until=run_ended(run_dir, 1)):
-        results = wait_all(procs, timeout=300)
+        results = wait_all(procs, timeout=limit("long"))
     assert [c for c, _ in results] == [0, 0], results[0][1][-3000:]       # warn: the run goes on
     factors = [r["slowest_factor"] for r in train_records(run_dir) if "slowest_factor" in r]
     assert "straggler: rank 1 on nodeB took" in results[0][1], f"not named; the windows' factors: {factors}"
@@ -152,6 +155,7 @@ def test_a_slowed_rank_is_named_in_the_log_the_train_records_and_doctor(tmp_path
     assert "straggler: rank 1 on nodeB from step" in shown and "judged window(s)" in shown
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
 def test_evict_leaves_a_checkpoint_and_exits_5_naming_the_slow_host(tmp_path, busy_core_turn):
     run_dir = tmp_path / "run"
@@ -160,7 +164,7 @@ def test_evict_leaves_a_checkpoint_and_exits_5_naming_the_slow_host(tmp_path, bu
     start = time.monotonic()
     with slowed_rank(procs, rank=1, once=(run_dir / "metrics.jsonl").exists,
                      until=run_ended(run_dir, 1)):
-        results = wait_all(procs, timeout=300)
+        results = wait_all(procs, timeout=limit("long"))
     seconds = round(time.monotonic() - start, 2)
     assert [c for c, _ in results] == [UNFIT_HOST, UNFIT_HOST], results[0][1][-3000:]
     line = [x for x in results[0][1].splitlines() if x.startswith("error:")][0]

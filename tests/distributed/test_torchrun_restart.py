@@ -6,6 +6,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, free_port, record_fault, run_ranks, weights
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 
 
@@ -24,7 +25,7 @@ def test_a_worker_killed_under_torchrun_restarts_the_group_from_the_agreed_check
     cfg = toy_yaml(tmp_path, "  crash_at_step: 10\n  crash_rank: 0\n  crash_how: kill\n")
     cmd = [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            "--max-restarts", "1", "-m", "trainer", "train", "--config", cfg, "--run-dir", str(run), "--resume", "auto"]
-    proc = subprocess.run(cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=limit("start"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "failed (exitcode: -9) local_rank: 0" in proc.stderr
     assert "resumed from" in proc.stderr and "step-00000008.pt" in proc.stderr

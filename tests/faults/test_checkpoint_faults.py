@@ -11,6 +11,7 @@ import torch
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, record_fault, trainer, weights
 from tests.inprocess import cli
+from tests.timeouts import limit
 
 RUN = ("--recipe", "toy", "--epochs", "3", "--seed", "3", "log.tensorboard=false", "ckpt.every_epochs=0",
        "ckpt.every_steps=8", "ckpt.keep_last=2")
@@ -80,7 +81,7 @@ def test_a_full_disk_before_the_first_checkpoint_is_one_line_and_final(tmp_path)
     relaunches (was: a traceback and exit 1, retryable)."""
     t0 = time.monotonic()
     proc = subprocess.run([PY, "-m", "trainer", "train", *RUN, "--epochs", "1", "--run-dir", str(tmp_path / "run")],
-                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=180,
+                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=limit("runs"),
                           preexec_fn=_file_size_limit(0))
     assert proc.returncode == 4 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
@@ -101,7 +102,7 @@ def test_a_full_disk_during_a_checkpoint_write_is_an_error_naming_the_file(tmp_p
     t0 = time.monotonic()
     proc = subprocess.run([PY, "-m", "trainer", "train", *RUN, *big, "--epochs", "3", "--run-dir", str(run_dir),
                            "--resume", "auto"], cwd=REPO, env=clean_env(), capture_output=True, text=True,
-                          timeout=180, preexec_fn=_file_size_limit(100_000))
+                          timeout=limit("runs"), preexec_fn=_file_size_limit(100_000))
     assert proc.returncode == 4, proc.stderr[-3000:]          # resource: never relaunched (exitcodes.py)
     assert "Traceback" not in proc.stderr
     # the first write after the resume: the improved validation metric's best.pt

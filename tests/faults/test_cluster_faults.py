@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import REPO, assert_bitwise_equal, record_fault, slurm_env, trainer, weights
 from tests.slurm.test_cluster import TOY, job_info, trainer_cmd, wait_job
+from tests.timeouts import limit
 
 pytestmark = pytest.mark.slurm
 
@@ -22,9 +23,10 @@ def test_preempting_the_array_task_that_holds_the_array_id_requeues_that_task_on
     script = trainer_cmd("train", *args, "--resume", "auto") + f' --run-dir "{tmp_path}/run-$SLURM_ARRAY_TASK_ID"'
     out = subprocess.run(["sbatch", "--parsable", "--array=0-2", "-N1", "--ntasks-per-node=1", "--requeue",
                           "--open-mode=append", "-o", str(tmp_path / "task-%a.out"), "--wrap", "srun " + script],
-                         env=slurm_env(slurm_cluster), text=True, capture_output=True, check=True, timeout=60)
+                         env=slurm_env(slurm_cluster), text=True, capture_output=True, check=True,
+                         timeout=limit("minute"))
     array = out.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + limit("run")
     target = None
     while target is None or not list((tmp_path / f"run-{target}" / "checkpoints").glob("step-*.pt")):
         assert time.monotonic() < deadline, [job_info(slurm_cluster, f"{array}_{t}") for t in range(3)]
@@ -32,7 +34,8 @@ def test_preempting_the_array_task_that_holds_the_array_id_requeues_that_task_on
         target = next((t for t, job_id in ids.items() if job_id == array), None)
         time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR1", f"{array}_{target}"], env=slurm_env(slurm_cluster), check=True)
-    infos = [wait_job(slurm_cluster, f"{array}_{t}", timeout=300, restarts=int(t == target)) for t in range(3)]
+    infos = [wait_job(slurm_cluster, f"{array}_{t}", timeout=limit("long"),
+                      restarts=int(t == target)) for t in range(3)]
     logs = [(tmp_path / f"task-{t}.out").read_text() for t in range(3)]
     assert [i["JobState"] for i in infos] == ["COMPLETED"] * 3, logs[target][-3000:]
     counts = [int(i["Restarts"]) for i in infos]
@@ -95,7 +98,7 @@ def test_start_refuses_a_directory_it_did_not_make(slurm_cluster, tmp_path, kind
     if kind == "symlink":
         target.symlink_to(victim)
     proc = subprocess.run(["bash", str(REPO / "hpc/cluster/start.sh")], capture_output=True, text=True,
-                          env=dict(os.environ, HPC_CLUSTER_DIR=str(target)), timeout=60)
+                          env=dict(os.environ, HPC_CLUSTER_DIR=str(target)), timeout=limit("minute"))
     assert proc.returncode == 1 and "refusing to use or remove it" in proc.stderr, proc.stderr
     assert (victim / "precious").read_text() == "keep me" and sorted(os.listdir(victim)) == ["precious"]
 
@@ -107,12 +110,12 @@ def test_a_rank_that_dies_ends_the_submitit_job_at_once(slurm_cluster, tmp_path)
     t0 = time.monotonic()
     proc = submit_py(slurm_cluster, "--recipe", "toy", "--tasks-per-node", "3", "--time", "00:10:00",
                      "--folder", str(tmp_path / "sub"), "--run-dir", str(tmp_path / "run"), "--follow",
-                     env=slurm_env(slurm_cluster, TOY_FAIL_RANK="1"), timeout=240)
+                     env=slurm_env(slurm_cluster, TOY_FAIL_RANK="1"), timeout=limit("start"))
     elapsed = time.monotonic() - t0
     job = job_id(proc.stdout)
     assert proc.returncode == 1 and f"job {job}: FAILED" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     ran = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "ElapsedRaw"], env=slurm_env(slurm_cluster),
-                         text=True, capture_output=True, timeout=30).stdout.split()
+                         text=True, capture_output=True, timeout=limit("short")).stdout.split()
     assert ran and int(ran[0]) < 60, f"the job ran {ran} s before it failed"
     log = (tmp_path / "sub" / job / f"{job}_1_log.err").read_text()
     assert "toy: rank 1 fails before the rendezvous" in log

@@ -5,6 +5,7 @@ import signal
 import subprocess
 
 from tests.conftest import PY, REPO, clean_env, launch_ranks, trainer, wait_all
+from tests.timeouts import limit
 from trainer.launch.exitcodes import kind_of
 
 TOY = ("train", "--recipe", "toy", "--epochs", "2", "--seed", "1", "log.tensorboard=false")
@@ -47,7 +48,7 @@ def test_a_crash_exits_non_zero_as_retryable_with_its_cause(tmp_path):
             "r.ToyRecipe.training_step = boom\n"
             "from trainer.cli import main; sys.exit(main(sys.argv[1:]))")
     proc = subprocess.run([PY, "-c", code, *TOY, "--run-dir", str(tmp_path / "run")], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=limit("run"))
     assert proc.returncode == 1, proc.stderr[-2000:]
     rec = records(tmp_path / "run")[0]
     assert rec["kind"] == "retryable" and rec["cause"] == "RuntimeError: loader worker died (injected)"

@@ -9,6 +9,7 @@ import pytest
 
 from bench.opcount import epoch_loop_for
 from tests.conftest import PY, clean_env, free_port, launch_ranks, record_fault, run_group, trainer, wait_all
+from tests.timeouts import limit
 from trainer.distributed.runtime import DistInfo
 from trainer.engine import footprint
 from trainer.launch.exitcodes import RESOURCE
@@ -37,10 +38,11 @@ def test_the_estimate_is_the_built_models_size(recipe, overrides):
     assert fp.total == fp.weights + fp.grads + fp.optimizer
 
 
+@pytest.mark.timing
 def test_a_model_that_cannot_fit_stops_before_it_is_built(tmp_path):
     start = time.monotonic()
     proc = trainer("train", "--recipe", "sasrec", "--epochs", "1", "model.width=65536", "--run-dir",
-                   str(tmp_path / "run"), check=False, timeout=120)
+                   str(tmp_path / "run"), check=False, timeout=limit("run"))
     assert proc.returncode == RESOURCE, proc.stderr[-2000:]
     line = [x for x in proc.stderr.splitlines() if x.startswith("error:")][0]
     assert "the model needs" in line and "GiB is available on this host" in line and "[65536, 65536]" in line
@@ -56,7 +58,7 @@ def test_a_model_that_cannot_fit_stops_before_it_is_built(tmp_path):
 def test_every_rank_stops_when_the_model_cannot_fit(tmp_path):
     code, err = run_group([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", f"--master-port={free_port()}",
                            "-m", "trainer", "train", "--recipe", "sasrec", "--epochs", "1", "model.width=65536",
-                           "--run-dir", str(tmp_path / "run")], clean_env(), timeout=180)
+                           "--run-dir", str(tmp_path / "run")], clean_env(), timeout=limit("runs"))
     assert code != 0
     assert "x 2 ranks on this host" in err, err[-3000:]
     assert "error: rank 0: the model needs" in err, err[-3000:]
@@ -69,7 +71,7 @@ def test_each_rank_refuses_a_model_that_cannot_fit_on_its_own(tmp_path):
     which under load came before that rank's line (one of two lines seen)."""
     procs = launch_ranks(2, "train", "--recipe", "sasrec", "--epochs", "1", "model.width=65536",
                          "--run-dir", str(tmp_path / "run"))
-    for rank, (code, err) in enumerate(wait_all(procs, timeout=180)):
+    for rank, (code, err) in enumerate(wait_all(procs, timeout=limit("runs"))):
         assert code == 4, f"rank {rank} exited {code}:\n{err[-3000:]}"
         assert "error: rank 0: the model needs" in err and "x 2 ranks on this host" in err, err[-3000:]
     assert not (tmp_path / "run" / "exits").exists()

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO, record_fault
+from tests.timeouts import limit
 
 MARK = "$(touch PWNED)"
 
@@ -26,7 +27,7 @@ def run_script(tmp_path, script="sasrec_1node.sbatch", **knobs):
                TERM_HOLD_S="0")
     env.update(knobs)
     proc = subprocess.run(["bash", str(REPO / "slurm" / script)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=limit("minute"))
     argv = out.read_text().split("\0")[:-1] if out.exists() else None
     return proc.returncode, proc.stderr, argv
 

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, record_fault, run_ranks, slurm_env, weights
 from tests.slurm.test_cluster import TOY, sbatch, trainer_cmd, wait_job
+from tests.timeouts import limit
 
 # long CPU work (2-rank torchrun runs with loader workers, each resumed): tests/run.sh runs the module in the cluster
 # half, beside the slurm tests here, which share the module's reference run (one run, not one per half)
@@ -23,7 +24,7 @@ ARGS = (*TOY, "--epochs", "3", "train.num_workers=2", "ckpt.every_steps=4", "dat
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ref")
-    run_ranks(2, "train", *ARGS, "--run-dir", str(run_dir), timeout=240)
+    run_ranks(2, "train", *ARGS, "--run-dir", str(run_dir), timeout=limit("start"))
     return weights(run_dir)
 
 
@@ -37,7 +38,7 @@ FORWARD_USR = ("--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIG
 def resume_bitwise(run_dir, step: int, reference) -> None:
     """--resume auto under torchrun starts from the signal checkpoint and ends on the reference weights."""
     resumed = subprocess.run(torchrun(*ARGS, "--run-dir", str(run_dir), "--resume", "auto"), cwd=REPO,
-                             env=clean_env(), capture_output=True, text=True, timeout=240)
+                             env=clean_env(), capture_output=True, text=True, timeout=limit("start"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"step-{step:08d}.pt" in resumed.stderr
     assert_bitwise_equal(weights(run_dir), reference)
@@ -46,7 +47,7 @@ def resume_bitwise(run_dir, step: int, reference) -> None:
 def start_and_wait_for_a_checkpoint(cmd, run_dir, env=None):
     proc = subprocess.Popen(cmd, cwd=REPO, env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + limit("run")
     while not list((run_dir / "checkpoints").glob("step-*.pt")):
         assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint written"
         time.sleep(0.05)
@@ -71,7 +72,7 @@ def test_signal_to_ranks_and_their_workers_under_torchrun(tmp_path, reference, n
         except ProcessLookupError:
             pass
     assert signalled >= 1, workers
-    _, err = proc.communicate(timeout=180)
+    _, err = proc.communicate(timeout=limit("runs"))
     exit_s = time.monotonic() - t0
     assert "killed by signal" not in err, err[-3000:]
     stopped = re.search(rf"received {name}: checkpointing at epoch \d+ step (\d+)", err)
@@ -94,7 +95,7 @@ def test_a_signal_to_the_torchrun_agent_alone_ends_in_a_checkpoint_and_a_bitwise
     proc = start_and_wait_for_a_checkpoint(torchrun(*ARGS, "--run-dir", str(run_dir), agent=agent), run_dir)
     t0 = time.monotonic()
     os.kill(proc.pid, getattr(signal, name))            # the agent only, as srun's signal to its task
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=limit("run"))
     stopped = re.search(rf"received {name}: checkpointing at epoch \d+ step (\d+)", err)
     assert stopped, err[-3000:]
     written = re.search(rf"checkpoint written ([\d.]+) s after {name} reached this rank \(torchrun kills its "
@@ -114,7 +115,7 @@ def test_a_shutdown_limit_shorter_than_a_step_and_a_checkpoint_is_named_and_real
                                                     agent=("--shutdown-timeout", "0")), run_dir)
     time.sleep(1)
     os.kill(proc.pid, signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=limit("run"))
     assert re.search(r"a step plus a checkpoint take [\d.]+ s here, but torchrun kills its workers 0 s after", err)
     assert "HINT: torchrun --signals-to-handle" in err and "--shutdown-timeout" in err
     assert "checkpoint written" not in err               # the workers died before their checkpoint
@@ -125,11 +126,11 @@ def test_requeue_signals_torchrun_does_not_forward_are_named_at_start(tmp_path):
     --signals-to-handle they end it, and the step with it, before the checkpoint: said before step 1."""
     env = clean_env(SLURM_JOB_ID="77", SLURM_PROCID="0")
     proc = subprocess.run(torchrun(*TOY, "--run-dir", str(tmp_path / "run"), "train.max_steps=1"), cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=env, capture_output=True, text=True, timeout=limit("run"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "torchrun forwards only SIGTERM,SIGINT,SIGHUP,SIGQUIT to its workers: SIGUSR1,SIGUSR2" in proc.stderr
     quiet = subprocess.run(torchrun(*TOY, "--run-dir", str(tmp_path / "run2"), "train.max_steps=1", agent=FORWARD_USR),
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=limit("run"))
     assert quiet.returncode == 0 and "torchrun forwards only" not in quiet.stderr, quiet.stderr[-3000:]
 
 
@@ -142,7 +143,7 @@ def test_preempting_a_job_step_with_loader_workers_requeues_and_resumes(slurm_cl
     script = "srun " + trainer_cmd("train", *ARGS, "--run-dir", str(run_dir), "--resume", "auto")
     job = sbatch(slurm_cluster, script, "-N2", "--ntasks-per-node=1", "--cpus-per-task=2", "--requeue",
                  "--open-mode=append", "-o", str(out))
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + limit("run")
     while not list((run_dir / "checkpoints").glob("step-*.pt")):
         assert time.monotonic() < deadline, out.read_text() if out.exists() else "no output"
         time.sleep(0.1)
@@ -157,7 +158,7 @@ def test_preempting_a_job_step_with_loader_workers_requeues_and_resumes(slurm_cl
         if re.search(rf"received {name}: checkpointing[^\n]*\n(.*\n)*.*saved periodic checkpoint", log):
             checkpointed = time.monotonic() - t0
         time.sleep(0.05)
-    info = wait_job(slurm_cluster, job, timeout=300, restarts=1)
+    info = wait_job(slurm_cluster, job, timeout=limit("long"), restarts=1)
     text = out.read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-3000:]
     assert "killed by signal" not in text and f"received {name}: checkpointing" in text
@@ -186,7 +187,7 @@ def test_torchruns_failure_summary_names_the_root_cause(tmp_path, how, extra, ca
     args = [*TOY, "--run-dir", str(tmp_path / "run")] + (["data.nan_at_step=3", "data.nan_rank=1"]
                                                          if how == "diverged" else [])
     proc = subprocess.run(torchrun(*args), cwd=REPO, env=clean_env(**extra), capture_output=True, text=True,
-                          timeout=120)
+                          timeout=limit("run"))
     assert proc.returncode != 0
     root = _root_cause(proc.stderr)
     assert cause in root and "To enable traceback" not in root, proc.stderr[-3000:]
@@ -205,10 +206,10 @@ def test_loader_workers_and_their_fork_server_end_with_a_training_process_killed
             "os.kill(os.getpid(), signal.SIGKILL)\n")
     proc = subprocess.Popen([PY, "-c", code], cwd=REPO, env=clean_env(), stdout=subprocess.PIPE, text=True)
     own = [psutil.Process(int(p)) for p in proc.stdout.readline().split()]     # fork server, worker, tracker
-    proc.wait(timeout=60)
+    proc.wait(timeout=limit("minute"))
     assert proc.returncode == -signal.SIGKILL
     assert any("forkserver" in cmdline(p) for p in own) and len(own) >= 2, own
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + limit("short")
     while time.monotonic() < deadline and any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in own):
         time.sleep(0.2)
     alive = [p.pid for p in own if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

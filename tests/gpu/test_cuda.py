@@ -11,6 +11,7 @@ import torch
 
 from bench.opcount import endless, epoch_loop_for
 from tests.conftest import REPO, clean_env, free_port, trainer
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -58,13 +59,13 @@ def test_compiled_training_with_cuda_graphs(tmp_path, mode, loss):
     run = tmp_path / mode
     trainer("train", "--recipe", "sasrec", *SMALL["sasrec"], "model.time=false", "model.mhc=false", "--epochs", "2",
             f"compile.mode={mode}", "--amp", "bf16", "--run-dir", str(run), "log.tensorboard=false",
-            f"loss.kind={loss}", timeout=600)
+            f"loss.kind={loss}", timeout=limit("jobs"))
     test = read_metrics(run, "test")
     assert test and test[0]["ndcg@10"] > 0.05
 
 
 def test_a_cuda_checkpoint_evaluates_on_the_cpu_and_a_cpu_one_resumes_on_cuda(tmp_path):
-    trainer("train", "--recipe", "har", "--epochs", "1", "--run-dir", str(tmp_path / "gpu"), timeout=300)
+    trainer("train", "--recipe", "har", "--epochs", "1", "--run-dir", str(tmp_path / "gpu"), timeout=limit("long"))
     cpu = clean_env(CUDA_VISIBLE_DEVICES="")
     trainer("eval", "--checkpoint", str(tmp_path / "gpu" / "checkpoints" / "final.pt"), env=cpu)
     trainer("train", "--recipe", "har", "--epochs", "1", "--run-dir", str(tmp_path / "cpu"), env=cpu)
@@ -75,5 +76,5 @@ def test_world_one_nccl_under_torchrun(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
                            f"--master-port={free_port()}", "-m", "trainer", "train", "--recipe", "har", "--epochs",
                            "1", "--run-dir", str(tmp_path / "run")], cwd=REPO, env=clean_env(), capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=limit("long"))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -28,6 +28,7 @@ from tests.conftest import (
     trainer,
     weights,
 )
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 
 ON_CPU = os.environ.get("GPU_CHECK_ON_CPU") == "1"
@@ -57,7 +58,8 @@ COMMON = ["--seed", "5", "log.tensorboard=false", "train.eval_every_epochs=5", "
 
 def _torchrun(run_dir, *args: str) -> None:
     code, err = run_group([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", f"--master-port={free_port()}",
-                           "-m", "trainer", "train", *args, "--run-dir", str(run_dir)], clean_env(), timeout=240)
+                           "-m", "trainer", "train", *args, "--run-dir", str(run_dir)], clean_env(),
+                          timeout=limit("start"))
     assert code == 0, err[-4000:]
 
 
@@ -86,12 +88,12 @@ def _steps_per_epoch(run_dir) -> int:
 @pytest.mark.parametrize("recipe", list(SMALL))
 def test_resume_after_sigterm_is_bitwise_with_deterministic_kernels(tmp_path, recipe):
     args = ("train", *SMALL[recipe], *COMMON, "--epochs", "2")
-    trainer(*args, "--run-dir", str(tmp_path / "ref"), timeout=300)
+    trainer(*args, "--run-dir", str(tmp_path / "ref"), timeout=limit("long"))
     per_epoch = _steps_per_epoch(tmp_path / "ref")
     kill_at = per_epoch + max(per_epoch // 2, 1)       # inside epoch 1 (one micro-batch per optimizer step)
     proc = train_until_sigterm(*CLASSES[recipe], kill_at, args, tmp_path / "run")
     assert proc.returncode == 143 and "checkpointing at epoch 1" in proc.stderr, proc.stderr[-3000:]
-    trainer(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto", timeout=300)
+    trainer(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto", timeout=limit("long"))
     assert_bitwise_equal(weights(tmp_path / "run"), weights(tmp_path / "ref"))
 
 

@@ -16,10 +16,12 @@ import torch
 from tests.conftest import launch_ranks, run_ended, slowed_rank, wait_all
 from tests.distributed.test_stragglers import SLOWED, TWO_HOSTS, train_records
 from tests.gpu.test_cuda_resume import DEVICE, PLACE, pytestmark  # noqa: F401 - the gpu mark and its skip
+from tests.timeouts import limit
 from trainer.distributed.stragglers import FACTOR
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one rank against the other")
+@pytest.mark.timing
 def test_a_slowed_rank_sharing_the_gpu_is_named_from_its_cuda_time(tmp_path, busy_core_turn):
     run_dir = tmp_path / "run"
     # on a GPU 512 steps per rank: the GPU's share of a step is small, the slowed host's (~20 ms) makes the windows
@@ -28,7 +30,7 @@ def test_a_slowed_rank_sharing_the_gpu_is_named_from_its_cuda_time(tmp_path, bus
                          "dist.backend=gloo", "log.per_rank=true", "log.measure_sync=true", *PLACE,
                          **TWO_HOSTS)
     with slowed_rank(procs, rank=1, once=(run_dir / "metrics.jsonl").exists, until=run_ended(run_dir, 1)):
-        results = wait_all(procs, timeout=300)
+        results = wait_all(procs, timeout=limit("long"))
     assert [c for c, _ in results] == [0, 0], results[0][1][-3000:]
     log = (run_dir / "train.rank0.log").read_text()
     assert f"device={DEVICE}" in log, log[-2000:]                       # the ranks trained on the GPU

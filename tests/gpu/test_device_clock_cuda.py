@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 
 from tests.conftest import free_port
 from tests.gpu.test_cuda_resume import ON_CPU, pytestmark  # noqa: F401 - the gpu mark and its skip
+from tests.timeouts import limit
 from trainer.distributed.stragglers import FACTOR, WINDOWS, StragglerWatch
 from trainer.engine.device_clock import DeviceClock, HostEvent, cuda_event
 
@@ -137,7 +138,7 @@ def test_the_device_clock_names_the_rank_the_window_clock_cannot_see_when_the_st
     procs = [ctx.Process(target=_rank, args=(r, port, queue)) for r in range(2)]
     for p in procs:
         p.start()
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + limit("start")
     while True:              # a rank that dies fails the test at once, not at the deadline
         try:
             named_device, named_window, factors = queue.get(timeout=2)

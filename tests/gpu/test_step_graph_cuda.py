@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import assert_bitwise_equal, trainer, weights
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 
 ON_CPU = os.environ.get("GPU_CHECK_ON_CPU") == "1"
@@ -38,7 +39,7 @@ def test_the_graphed_step_trains_what_the_eager_step_trains(tmp_path, recipe):
     logs = {}
     for mode in ("off", "on"):
         logs[mode] = trainer("train", *common, f"compile.step_graph={mode}", "--run-dir", str(tmp_path / mode),
-                             timeout=300).stderr
+                             timeout=limit("long")).stderr
     assert "captured after" in logs["on"], logs["on"][-3000:]
     print(f"{recipe}: " + "; ".join(line.split("] ", 1)[-1] for line in logs["on"].splitlines()
                                     if "step graph" in line))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.timeouts import limit
 from trainer.recipes.sasrec import fused
 from trainer.recipes.sasrec.config import SeqRecConfig
 from trainer.recipes.sasrec.model import Packing, SeqRec, attention_bias
@@ -153,7 +154,7 @@ def test_the_aten_path_computes_what_the_blas_path_does(ops, tmp_path):
             f"torch.save((out, g), {str(tmp_path / 'aten.pt')!r})\n")
     env = {**__import__("os").environ, "TRAINER_KERNEL_SGEMM": "0", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=limit("jobs"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     if not ops.has_blas():
         print("NOTE: torch's library here exports no sgemm_: both processes took ATen's path")

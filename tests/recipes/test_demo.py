@@ -3,11 +3,12 @@ import re
 import subprocess
 
 from tests.conftest import PY, REPO, clean_env
+from tests.timeouts import limit
 
 
 def test_demo_runs_and_reports(tmp_path):
     proc = subprocess.run([PY, "-m", "trainer.cli.demo", "--epochs", "1", "--out", str(tmp_path)], cwd=REPO,
-                          env=clean_env(), capture_output=True, text=True, timeout=300)
+                          env=clean_env(), capture_output=True, text=True, timeout=limit("long"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2-process DDP" in proc.stdout and "ndcg@10" in proc.stdout and "test " in proc.stdout
     assert "tensorboard --logdir" in proc.stdout

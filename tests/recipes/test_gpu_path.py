@@ -18,6 +18,7 @@ import torch
 
 from bench.opcount import OpCount, epoch_loop_for, step_counts
 from tests.inprocess import cli
+from tests.timeouts import limit
 from trainer.distributed.stragglers import StepClock
 from trainer.engine.callbacks import StepEnd
 from trainer.engine.components.logging_window import LoggingWindow
@@ -219,7 +220,7 @@ def _test_ndcg(tmp_path, path: str, seed: int) -> float:
     run = tmp_path / f"{path}-{seed}"
     cli("train", "--recipe", "sasrec", *SAS, "--epochs", "6", "--seed", str(seed), f"train.gpu_path={path}",
             "--run-dir", str(run), "log.tensorboard=false", "ckpt.every_epochs=0", "eval.full_ranking=false",
-            timeout=300)
+            timeout=limit("long"))
     return read_metrics(run, "test")[0]["ndcg@10"]
 
 

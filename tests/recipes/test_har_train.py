@@ -19,6 +19,7 @@ from tests.conftest import (
     weights,
 )
 from tests.inprocess import cli
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 from trainer.recipes.har import data as hd
 
@@ -44,7 +45,7 @@ def basic(tmp_path_factory):
 def trained(tmp_path_factory, basic):
     run_dir = tmp_path_factory.mktemp("har")
     run_ranks(2, "train", *FAST, "--epochs", "25", "--batch-size", "8", "--run-dir", str(run_dir),
-              f"data.path={basic}", timeout=300)
+              f"data.path={basic}", timeout=limit("long"))
     return run_dir
 
 
@@ -111,11 +112,11 @@ def test_deterministic_kernels_stop_an_op_without_one_as_a_usage_error(tmp_path)
             "r.HARRecipe.training_step=step\nfrom trainer.cli import main;sys.exit(main(sys.argv[1:]))")
     args = [PY, "-c", code, "train", *FAST, "--epochs", "1"]
     proc = subprocess.run([*args, "train.deterministic=true", "--run-dir", str(tmp_path / "det")], cwd=REPO,
-                          env=clean_env(), capture_output=True, text=True, timeout=300)
+                          env=clean_env(), capture_output=True, text=True, timeout=limit("long"))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "error: train.deterministic=true: put_ does not have a deterministic implementation" in proc.stderr
     assert "HINT: train.deterministic=false" in proc.stderr and "Traceback" not in proc.stderr
     assert json.loads((tmp_path / "det" / "exits" / "rank-0.json").read_text())["kind"] == "usage"
     proc = subprocess.run([*args, "--run-dir", str(tmp_path / "free")], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=limit("long"))
     assert proc.returncode == 0, proc.stderr[-3000:]

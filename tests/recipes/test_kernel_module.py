@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.timeouts import limit
 from trainer.native import extensions as native
 from trainer.recipes import kernels
 
@@ -124,7 +125,7 @@ def test_each_fragment_compiles_on_its_own(tmp_path):
     flags, pch = _compiler_flags(), tmp_path / "pch"
     pch.mkdir()
     common = subprocess.run(["g++", *flags, "-x", "c++-header", str(kernels.ROOT / "cpu_common.h"), "-o",
-                             str(pch / "cpu_common.h.gch")], capture_output=True, text=True, timeout=600)
+                             str(pch / "cpu_common.h.gch")], capture_output=True, text=True, timeout=limit("jobs"))
     assert common.returncode == 0, common.stderr[-3000:]
 
     def check(header: Path) -> tuple[Path, subprocess.CompletedProcess]:
@@ -133,7 +134,7 @@ def test_each_fragment_compiles_on_its_own(tmp_path):
         alone.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(header, alone)
         return header, subprocess.run(["g++", *flags, "-Winvalid-pch", f"-I{pch}", f"-I{kernels.ROOT}", "-fsyntax-only",
-                                       "-x", "c++", str(alone)], capture_output=True, text=True, timeout=600)
+                                       "-x", "c++", str(alone)], capture_output=True, text=True, timeout=limit("jobs"))
 
     headers = kernels.kernel_fragments()
     assert len(headers) >= 4

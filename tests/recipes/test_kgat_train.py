@@ -15,6 +15,7 @@ from tests.conftest import (
     weights,
 )
 from tests.inprocess import cli
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 from trainer.engine.optim import phased
 from trainer.recipes.kgat import data as D
@@ -112,7 +113,7 @@ def popularity_recall20(cfg: KGATDataConfig) -> float:
 def trained(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("kgat")
     run_ranks(2, "train", *SMALL, "--epochs", "4", "--batch-size", "64", "--run-dir", str(run_dir),
-              timeout=600)
+              timeout=limit("jobs"))
     return run_dir
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import clean_env
+from tests.timeouts import limit
 from trainer.recipes import kernels
 from trainer.recipes.sasrec.config import SeqRecConfig
 from trainer.recipes.sasrec.fused import FusedCopiesMix
@@ -458,7 +459,7 @@ def test_without_a_compiler_training_warns_and_uses_the_pytorch_path(tmp_path):
     env = clean_env(TRAINER_EXTENSIONS_DIR=str(tmp_path / "ext"), CXX=str(tmp_path / "no-such-compiler"),
                     PYTHONPATH=str(REPO), TRAINER_NATIVE_BUILD="wait")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=limit("long"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "OPS None" in proc.stdout
     assert "fused CPU kernels unavailable" in proc.stdout and "TRAINER_CPU_KERNELS=0" in proc.stdout
@@ -501,7 +502,7 @@ def test_the_setup_build_command_announces_and_survives_a_missing_compiler(tmp_p
     trainer will use the PyTorch path and still exits 0 (setup must not fail for an optional speed-up)."""
     env = clean_env(TRAINER_EXTENSIONS_DIR=str(tmp_path / "ext"), CXX=str(tmp_path / "no-such-compiler"))
     proc = subprocess.run([sys.executable, "-m", "trainer.native", "build"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=limit("long"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     for what in ("fused CPU kernels", "the shared-memory all-reduce", "the C++ data kernels"):
         assert f"building {what} (native), once per CPU type; cached in" in proc.stderr

@@ -14,6 +14,7 @@ import torch
 
 from tests.conftest import run_ranks
 from tests.inprocess import cli
+from tests.timeouts import limit
 from trainer.config.settings import from_dict
 from trainer.recipes.sasrec.model import SeqRec
 from trainer.recipes.sasrec.sequences import synthesize, write_udata
@@ -184,7 +185,7 @@ def test_submitit_runs_the_predict_in_two_tasks(trained, tmp_path):
     assert refused.returncode == 2 and "one.csv exists: pass --overwrite" in refused.stderr
     done = subprocess.run([*submit, "--out", str(root / "submitit.csv"), "--top-k", "5", "--part-size", "40",
                            "--cluster", "local", "--tasks-per-node", "2", "--follow", "--folder", str(tmp_path / "s")],
-                          env=clean_env(), text=True, capture_output=True, cwd=tmp_path, timeout=300)
+                          env=clean_env(), text=True, capture_output=True, cwd=tmp_path, timeout=limit("long"))
     assert done.returncode == 0 and "FINISHED" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
     assert (root / "submitit.csv").read_text() == (root / "one.csv").read_text()
     assert (tmp_path / "s").stat().st_mode & 0o077 == 0            # the submitit folder is private

@@ -10,6 +10,7 @@ import torch
 
 from tests.conftest import REPO, assert_bitwise_equal, clean_env, run_ranks, weights
 from tests.inprocess import cli
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 from trainer.recipes.sasrec import data as D
 from trainer.recipes.sasrec.config import SeqDataConfig
@@ -40,7 +41,7 @@ def rows(run_dir, split):
 def trained(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("sasrec")
     run_ranks(2, "train", *SMALL, "--epochs", "20", "--batch-size", "16", "--run-dir", str(run_dir),
-              timeout=600)
+              timeout=limit("jobs"))
     return run_dir
 
 
@@ -88,7 +89,7 @@ def test_resume_after_sigterm_is_bitwise_exact(tmp_path, path):
             "def step(self,m,b):\n n[0]+=1\n if n[0]==13: os.kill(os.getpid(),signal.SIGTERM)\n return orig(self,m,b)\n"
             "r.SASRecRecipe.training_step=step\nfrom trainer.cli import main;sys.exit(main(sys.argv[1:]))")
     proc = subprocess.run([sys.executable, "-c", code, *args, "--run-dir", str(tmp_path / "run")], cwd=REPO,
-                          env=clean_env(), capture_output=True, text=True, timeout=300)
+                          env=clean_env(), capture_output=True, text=True, timeout=limit("long"))
     assert proc.returncode == 143 and "received SIGTERM: checkpointing at epoch 1 step 13" in proc.stderr
     cli(*args, "--run-dir", str(tmp_path / "run"), "--resume", "auto")
     assert_bitwise_equal(weights(tmp_path / "run"), weights(tmp_path / "ref"))

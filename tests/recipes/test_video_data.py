@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO
+from tests.timeouts import limit
 from trainer.recipes.video import data as D
 from trainer.recipes.video.clips import Clips, VideoDataConfig, class_weights, prepare, split_videos
 
@@ -181,7 +182,7 @@ def test_two_jobs_extracting_one_folder_at_once_decode_each_video_once(tmp_path,
             "print(json.dumps(dict(extracted=sum(s.startswith('extracting') for s in said), videos=sorted(m))))")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(src)], cwd=REPO, env=clean_env(), text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
-    got = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
+    got = [json.loads(p.communicate(timeout=limit("run"))[0].strip().splitlines()[-1]) for p in procs]
     assert sorted(g["extracted"] for g in got) == [0, 5] and got[0]["videos"] == got[1]["videos"]
     manifest = D.read_manifest(src / ".frame-cache")
     assert len(manifest) == 5 and not list((src / ".frame-cache").glob(".*.tmp"))

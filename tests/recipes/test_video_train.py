@@ -6,6 +6,7 @@ import torch
 
 from tests.conftest import assert_bitwise_equal, eval_one_and_three, run_ranks, train_until_sigterm, weights
 from tests.inprocess import cli
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 from trainer.recipes.video.data import synth_videos
 
@@ -22,7 +23,7 @@ def videos(tmp_path_factory):
 def trained(tmp_path_factory, videos):
     run_dir = tmp_path_factory.mktemp("video")
     results = run_ranks(2, "train", *FAST, "--epochs", "6", "--batch-size", "8", "train.num_workers=1",
-                        f"data.path={videos}", "--run-dir", str(run_dir), timeout=400)
+                        f"data.path={videos}", "--run-dir", str(run_dir), timeout=limit("job"))
     return run_dir, results
 
 
@@ -72,6 +73,6 @@ def test_a_corrupt_video_stops_every_rank_with_its_name(tmp_path, videos):
     shutil.copytree(videos, data, ignore=shutil.ignore_patterns(".frame-cache"))
     (data / "synth03.mp4").write_bytes(b"not a video" * 100)
     results = wait_all(launch_ranks(2, "train", *FAST, "--epochs", "1", f"data.path={data}",
-                                    "--run-dir", str(tmp_path / "run")), timeout=120)
+                                    "--run-dir", str(tmp_path / "run")), timeout=limit("run"))
     for code, err in results:             # rank 1 learns rank 0's error instead of waiting for a timeout
         assert code != 0 and "synth03.mp4: unreadable or corrupt video" in err, err[-2000:]

@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import PY, slurm_env
 from tests.slurm.test_cluster import sbatch, wait_job
+from tests.timeouts import limit
 
 pytestmark = pytest.mark.slurm
 SETTINGS = 3            # kcore = task id % 3: three parse settings
@@ -62,12 +63,12 @@ def test_job_arrays_on_both_nodes_share_one_cache(slurm_cluster, tmp_path):
     data = write_data(tmp_path / "u.data", seed=0)
     # an entry of a fourth setting that no job maps any more: the only one the cap may take
     old = wave(slurm_cluster, out, "old", root, data, tasks=1, hold="0", cap_gb=20, kcore=str(SETTINGS))
-    assert wait_job(slurm_cluster, old, timeout=300)["JobState"] == "COMPLETED"
+    assert wait_job(slurm_cluster, old, timeout=limit("long"))["JobState"] == "COMPLETED"
     leaseless = results(out, "old", 1)[0]["entry"]
     # wave 1: six tasks at once; tasks 0 and 1 keep their entries mapped while wave 2 runs, the rest end
     first = wave(slurm_cluster, out, "w1", root, data, tasks=6, hold="$(( SLURM_ARRAY_TASK_ID < 2 ? 60 : 0 ))",
                  cap_gb=20)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + limit("long")
     while not loaded(out, "w1", 6):
         assert time.monotonic() < deadline, "wave 1 never loaded"
         time.sleep(0.5)
@@ -75,7 +76,7 @@ def test_job_arrays_on_both_nodes_share_one_cache(slurm_cluster, tmp_path):
     # wave 2 at a cap of ~0: each build removes every entry no job maps; its own tasks map theirs for 15 s
     second = wave(slurm_cluster, out, "w2", root, data, tasks=6, hold="15", cap_gb=1e-9)
     for job in [f"{first}_{a}" for a in range(2, 6)] + [f"{second}_{a}" for a in range(6)]:
-        assert wait_job(slurm_cluster, job, timeout=300)["JobState"] == "COMPLETED", job
+        assert wait_job(slurm_cluster, job, timeout=limit("long"))["JobState"] == "COMPLETED", job
     w1, w2 = results(out, "w1", 6), results(out, "w2", 6)
     for got in (w1, w2):
         entries = [g["entry"] for g in got]
@@ -88,9 +89,10 @@ def test_job_arrays_on_both_nodes_share_one_cache(slurm_cluster, tmp_path):
     assert leaseless not in cached                                 # the cap took the entry no job mapped
     assert {w1[0]["entry"], w1[1]["entry"]} <= cached              # and none that wave 1 still held
     for a in (0, 1):
-        assert wait_job(slurm_cluster, f"{first}_{a}", timeout=300)["JobState"] == "COMPLETED"
+        assert wait_job(slurm_cluster, f"{first}_{a}", timeout=limit("long"))["JobState"] == "COMPLETED"
 
 
+@pytest.mark.timing
 def test_a_builder_killed_on_one_node_is_taken_over_from_the_other_within_10_s(slurm_cluster, tmp_path):
     """The waiter is on another node: it cannot look the builder's pid up, and learns of its death from the lock's
     stale heartbeat."""
@@ -99,7 +101,7 @@ def test_a_builder_killed_on_one_node_is_taken_over_from_the_other_within_10_s(s
     user = " ".join(shlex.quote(a) for a in (PY, "-m", "tests.cache_user", "--root", str(root), "--slow", "60",
                                               "--pid-file", str(pid_file)))
     builder = sbatch(slurm_cluster, user, "-w", "node1", "-n1", f"--output={out}/b.out", f"--error={out}/b.err")
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + limit("run")
     while not (pid_file.exists() and pid_file.read_text()):
         assert time.monotonic() < deadline, (out / "b.err").read_text()[-2000:] if (out / "b.err").exists() else ""
         time.sleep(0.2)
@@ -110,7 +112,7 @@ def test_a_builder_killed_on_one_node_is_taken_over_from_the_other_within_10_s(s
     assert "on node1" in (out / "w.err").read_text()
     subprocess.run(["scancel", "--signal=KILL", "--full", builder], env=slurm_env(slurm_cluster), check=True)
     killed = time.time()
-    assert wait_job(slurm_cluster, waiter, timeout=120)["JobState"] == "COMPLETED", (out / "w.err").read_text()
+    assert wait_job(slurm_cluster, waiter, timeout=limit("run"))["JobState"] == "COMPLETED", (out / "w.err").read_text()
     got = json.loads((out / "w.out").read_text().strip().splitlines()[-1])
     log = (out / "w.err").read_text()
     assert got["done_at"] - killed < 10, (got, log[-2000:])

@@ -9,30 +9,31 @@ import time
 import pytest
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, launch_ranks, slurm_env, wait_all, weights
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 
 pytestmark = pytest.mark.slurm
 TOY = ("--recipe", "toy", "--seed", "5", "log.tensorboard=false", "--batch-size", "16")
 
 
-def srun(conf, *args, timeout=120):
+def srun(conf, *args, timeout=limit("run")):
     return subprocess.run(["srun", *args], cwd=REPO, env=slurm_env(conf), text=True, capture_output=True,
                           timeout=timeout)
 
 
 def sbatch(conf, script: str, *opts: str) -> str:
     out = subprocess.run(["sbatch", "--parsable", *opts, "--wrap", script], cwd=REPO, env=slurm_env(conf),
-                         text=True, capture_output=True, check=True, timeout=60).stdout
+                         text=True, capture_output=True, check=True, timeout=limit("minute")).stdout
     return out.strip().split(";")[0]
 
 
 def job_info(conf, job: str) -> dict[str, str]:
     out = subprocess.run(["scontrol", "-o", "show", "job", job], env=slurm_env(conf), text=True,
-                         capture_output=True, timeout=30).stdout
+                         capture_output=True, timeout=limit("short")).stdout
     return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
-def wait_job(conf, job: str, timeout: float = 240, restarts: int = 0) -> dict[str, str]:
+def wait_job(conf, job: str, timeout: float = limit("start"), restarts: int = 0) -> dict[str, str]:
     """Wait for a terminal state (after `restarts` requeues)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -103,7 +104,7 @@ def test_plain_python_in_batch_script_is_refused(slurm_cluster, tmp_path):
     out = tmp_path / "job.out"
     job = sbatch(slurm_cluster, trainer_cmd("train", *TOY, "--run-dir", str(tmp_path / "run")),
                  "-n4", "-o", str(out))
-    info = wait_job(slurm_cluster, job, timeout=120)
+    info = wait_job(slurm_cluster, job, timeout=limit("run"))
     assert info["JobState"] == "FAILED"
     text = out.read_text()
     assert "without srun" in text and "HINT" in text
@@ -122,10 +123,10 @@ def test_four_rank_batch_job_completes(slurm_cluster, tmp_path):
     assert "world=4" in (run_dir / "train.log").read_text()
     # accounting is up (submitit's state watcher relies on sacct); slurmdbd records the end a moment after
     # slurmctld, so a few seconds of RUNNING there are expected
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + limit("short")
     while True:
         acct = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "State,NNodes,NTasks"], text=True,
-                              env=slurm_env(slurm_cluster), capture_output=True, timeout=30).stdout
+                              env=slurm_env(slurm_cluster), capture_output=True, timeout=limit("short")).stdout
         if not acct.startswith(("RUNNING", "COMPLETING", "PENDING")) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -143,7 +144,7 @@ def test_requeued_job_resumes_to_the_same_weights(slurm_cluster, tmp_path, how):
     script = "srun " + trainer_cmd("train", *args, "--run-dir", str(run_dir), "--resume", "auto")
     job = sbatch(slurm_cluster, script, "-N2", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
                  "-o", str(out))
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + limit("run")
     while not list((run_dir / "checkpoints").glob("step-*.pt")):
         assert time.monotonic() < deadline, f"no checkpoint written: {out.read_text() if out.exists() else ''}"
         time.sleep(0.2)
@@ -151,7 +152,7 @@ def test_requeued_job_resumes_to_the_same_weights(slurm_cluster, tmp_path, how):
         subprocess.run(["scancel", "--signal=USR1", job], env=slurm_env(slurm_cluster), check=True)
     else:
         subprocess.run(["scontrol", "requeue", job], env=slurm_env(slurm_cluster), check=True)
-    info = wait_job(slurm_cluster, job, timeout=300, restarts=1)
+    info = wait_job(slurm_cluster, job, timeout=limit("long"), restarts=1)
     text = out.read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-3000:]
     assert "restart 1 of job" in text            # DistInfo.restart_count, from SLURM_RESTART_COUNT
@@ -178,7 +179,7 @@ def test_two_concurrent_srun_steps_of_one_allocation_differ_in_port_and_run_dir(
                         "until [ -f runs/toy-$SLURM_JOB_ID/config.yaml ]; do sleep 0.2; done", third, "wait"])
     job = sbatch(slurm_cluster, script, "-N1", "-n4", "--cpus-per-task=1", "-D", str(tmp_path),
                  "-o", str(tmp_path / "job.out"))
-    info = wait_job(slurm_cluster, job, timeout=240)
+    info = wait_job(slurm_cluster, job, timeout=limit("start"))
     read = lambda name: (tmp_path / name).read_text().strip()  # noqa: E731
     logs = read("a.log") + read("b.log")
     assert info["JobState"] == "COMPLETED" and read("a.rc") == read("b.rc") == "0", logs[-3000:]
@@ -199,7 +200,8 @@ def test_steps_smaller_than_their_allocation_train(slurm_cluster, tmp_path):
                        for name, opts in steps.items())
     script += "\nsrun -N2 -n2 " + trainer_cmd("doctor", "--json") + f" > {tmp_path}/doctor.log 2>&1"
     job = sbatch(slurm_cluster, script, "-N2", "--ntasks-per-node=4", "-o", str(tmp_path / "job.out"))
-    assert wait_job(slurm_cluster, job, timeout=300)["JobState"] == "COMPLETED", (tmp_path / "job.out").read_text()
+    assert wait_job(slurm_cluster, job,
+                    timeout=limit("long"))["JobState"] == "COMPLETED", (tmp_path / "job.out").read_text()
     for name, world in (("n1", 1), ("N1n2", 2), ("N2n2", 2)):
         log = (tmp_path / f"{name}.log").read_text()
         assert f"world={world}" in (tmp_path / name / "train.log").read_text(), log[-2000:]
@@ -212,6 +214,6 @@ def test_steps_smaller_than_their_allocation_train(slurm_cluster, tmp_path):
 def test_an_salloc_shell_of_several_tasks_stops_naming_srun(slurm_cluster, tmp_path):
     proc = subprocess.run(["salloc", "-N1", "-n2", PY, "-m", "trainer", "train", *TOY, "--run-dir",
                            str(tmp_path / "run")], cwd=REPO, env=slurm_env(slurm_cluster), text=True,
-                          capture_output=True, timeout=120)
+                          capture_output=True, timeout=limit("run"))
     assert proc.returncode == 2 and "SLURM_NTASKS=2" in proc.stderr and "srun python -m trainer" in proc.stderr
     assert not (tmp_path / "run").exists()

@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import PY, REPO, assert_bitwise_equal, record_fault, run_ranks, slurm_env, weights
 from tests.slurm.test_cluster import wait_job
 from tests.slurm.test_sbatch import submit_script
+from tests.timeouts import limit
 from trainer.launch.restarts import read_jsonl
 
 HANG_TIMEOUT = 5
@@ -42,7 +43,7 @@ def submit_supervised(conf, work: Path) -> str:
     argv = ["--config", str(cfg), "--nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1", "--time", "00:10:00",
             "--folder", str(work / "submitit"), "--run-dir", str(work / "run"), "--max-restarts", "2"]
     proc = subprocess.run([PY, "hpc/submit.py", *argv], cwd=REPO, env=slurm_env(conf), text=True, capture_output=True,
-                          timeout=120)
+                          timeout=limit("run"))
     assert proc.returncode == 0, proc.stderr
     return re.search(r"submitted job (\d+)", proc.stdout).group(1)
 
@@ -60,7 +61,7 @@ def jobs(slurm_cluster, tmp_path_factory):
         submitted[name] = (job, work)
     done = {}
     for name, (job, work) in submitted.items():
-        info = wait_job(slurm_cluster, job, timeout=400)
+        info = wait_job(slurm_cluster, job, timeout=limit("job"))
         if name == "submitit":      # the batch step's own output: the loop's lines and the tasks' (no srun files)
             logs = sorted((work / "submitit" / job).glob("*_log.*"))
             done[name] = (info, "".join(p.read_text() for p in logs), work / "run")
@@ -158,7 +159,7 @@ def test_a_rank_that_crashes_every_time_stops_after_max_restarts_leaving_its_hos
     exits = {json.loads(p.read_text())["rank"]: json.loads(p.read_text()) for p in (run / "exits").glob("*.json")}
     assert exits[0]["attempt"] == 2 and exits[0]["host"] == "node2"       # the last launch ran on node2 only
     doctor = subprocess.run([PY, "-m", "trainer", "doctor", "--run", str(run)], cwd=REPO,
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=limit("minute"))
     assert doctor.returncode == 0 and "2 relaunch(es) in" in doctor.stdout, doctor.stdout + doctor.stderr
 
 

@@ -11,6 +11,7 @@ import torch
 
 from tests.conftest import PY, REPO, slurm_env
 from tests.slurm.test_cluster import wait_job
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 from trainer.recipes.kgat.config import KGATDataConfig
 from trainer.recipes.kgat.recipe import load_data
@@ -55,7 +56,7 @@ def submit_script(conf, workdir: Path, script: str, *opts: str, env: dict | None
     workdir.mkdir(parents=True, exist_ok=True)
     e = slurm_env(conf, PYTHON=PY, TRAINER_HOME=str(REPO), **(env or {}))
     out = subprocess.run(["sbatch", "--parsable", *opts, str(REPO / "slurm" / script), *args], cwd=workdir, env=e,
-                         text=True, capture_output=True, check=True, timeout=60).stdout
+                         text=True, capture_output=True, check=True, timeout=limit("minute")).stdout
     return out.strip().split(";")[0]
 
 
@@ -66,7 +67,7 @@ def toy_config(tmp_path: Path, epochs: int, sleep: float) -> str:
     return str(path)
 
 
-def wait_for_log(path: Path, pattern: str, timeout: float = 120) -> re.Match:
+def wait_for_log(path: Path, pattern: str, timeout: float = limit("run")) -> re.Match:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = path.exists() and re.search(pattern, path.read_text())
@@ -99,7 +100,7 @@ def test_sasrec_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
                     "--items", "60"], cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
     extra = (f"data.path={data} data.maxlen=16 model.width=16 model.depth=1 model.heads=1 train.eval_every_epochs=1 "
              "log.per_rank=true")
-    job, log, run = one_epoch_job(slurm_cluster, tmp_path, "sasrec_1node.sbatch", extra, timeout=240,
+    job, log, run = one_epoch_job(slurm_cluster, tmp_path, "sasrec_1node.sbatch", extra, timeout=limit("start"),
                                   env=dict(PER_TASK_LOGS="1"))
     assert "world=4" in (run / "train.log").read_text()
     # issue 19.5: one trainer log per rank and one srun output file per task
@@ -119,7 +120,7 @@ def test_har_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
     subprocess.run([PY, "-m", "trainer", "data", "synth", "har", "--out", str(data)], cwd=REPO,
                    env=slurm_env(slurm_cluster), check=True, capture_output=True)
     extra = "model.width=16 model.channel_width=16 model.head_width=32 log.tensorboard=false"
-    job, log, run = one_epoch_job(slurm_cluster, tmp_path, "har_1node.sbatch", extra, timeout=300,
+    job, log, run = one_epoch_job(slurm_cluster, tmp_path, "har_1node.sbatch", extra, timeout=limit("long"),
                                   env=dict(DATA=str(data)))
     assert "world=4" in (run / "train.log").read_text()
     ckpt = torch.load(run / "checkpoints" / "final.pt", weights_only=True)
@@ -136,7 +137,7 @@ def test_video_1node_completes_with_three_ranks(slurm_cluster, tmp_path):
                    capture_output=True)
     extra = ("model.arch=light data.size=32 data.clip_len=5 train.batch_size=8 log.tensorboard=false "
              "train.num_workers=1")
-    job, log, run = one_epoch_job(slurm_cluster, tmp_path, "video_1node.sbatch", extra, timeout=300,
+    job, log, run = one_epoch_job(slurm_cluster, tmp_path, "video_1node.sbatch", extra, timeout=limit("long"),
                                   env=dict(DATA=str(data), CONFIG=str(REPO / "configs/video/synthetic.yaml")))
     assert "world=3" in (run / "train.log").read_text()
     manifest = json.loads((data / ".frame-cache" / "manifest.json").read_text())
@@ -155,7 +156,7 @@ def test_a_crashing_rank_fails_the_job_at_once(slurm_cluster, tmp_path):
                     "--frames", "20"], cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
     job = submit_script(slurm_cluster, tmp_path, "video_1node.sbatch", "--cpus-per-task=1", "--time=10",
                         env=dict(DATA=str(data)))      # mouse.yaml's merge map does not apply to labels.csv
-    info = wait_job(slurm_cluster, job, timeout=120)
+    info = wait_job(slurm_cluster, job, timeout=limit("run"))
     log = (tmp_path / f"video-{job}.out").read_text()
     assert info["JobState"] == "FAILED", log[-2000:]
     assert "data.merge applies to the upstream Annotations/ layout" in log and "waiting up to" not in log
@@ -168,7 +169,7 @@ def test_kgat_2node_completes_with_eight_ranks(slurm_cluster, tmp_path):
                    cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
     extra = (f"data.path={data} model.width=16 model.relation_width=16 model.layer_widths=[16,8] train.batch_size=64 "
              "train.eval_batch_size=64 log.tensorboard=false")
-    job, log, run = one_epoch_job(slurm_cluster, tmp_path, "kgat_2node.sbatch", extra, timeout=300)
+    job, log, run = one_epoch_job(slurm_cluster, tmp_path, "kgat_2node.sbatch", extra, timeout=limit("long"))
     train_log = (run / "train.log").read_text()
     # the seed's batch rule: each CF step draws 8 ranks x 64 users, each KG step 8 x 128 triples
     d = load_data(KGATDataConfig(path=str(data)))
@@ -192,10 +193,10 @@ def test_preempted_by_higher_priority_partition_resumes(slurm_cluster, tmp_path)
     high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--ntasks-per-node=4", "-o", "/dev/null",
                            "--wrap", "sleep 1"], env=slurm_env(slurm_cluster), text=True, capture_output=True,
                           check=True).stdout.strip()
-    info = wait_job(slurm_cluster, job, timeout=300, restarts=1)
+    info = wait_job(slurm_cluster, job, timeout=limit("long"), restarts=1)
     text = log.read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-3000:]
-    assert wait_job(slurm_cluster, high, timeout=60)["JobState"] == "COMPLETED"
+    assert wait_job(slurm_cluster, high, timeout=limit("minute"))["JobState"] == "COMPLETED"
     assert "DUE TO PREEMPTION" in text
     stopped = int(re.search(r"received SIGTERM: checkpointing at epoch \d+ step (\d+)", text).group(1))
     resumed = int(re.search(r"resumed from \S+step-(\d+)\.pt", text).group(1))
@@ -212,7 +213,7 @@ def test_usr1_to_the_batch_shell_is_forwarded_and_requeues(slurm_cluster, tmp_pa
     wait_for_log(log, r"step 5 loss")
     # what --signal=B:USR1@120 does before the time limit: only the batch shell gets it
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm_env(slurm_cluster), check=True)
-    info = wait_job(slurm_cluster, job, timeout=300, restarts=1)
+    info = wait_job(slurm_cluster, job, timeout=limit("long"), restarts=1)
     text = log.read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-3000:]
     assert "received SIGUSR1" in text and f"requeued Slurm job {job}" in text
@@ -234,7 +235,7 @@ def test_image_runs_tasks_through_apptainer(slurm_cluster, tmp_path):
                PATH=f"{shim.parent}:{os.environ['PATH']}")
     job = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", "--ntasks-per-node=2", "--gpus-per-node=2",
                         "--cpus-per-task=1", env=env)
-    info = wait_job(slurm_cluster, job, timeout=240)
+    info = wait_job(slurm_cluster, job, timeout=limit("start"))
     assert info["JobState"] == "COMPLETED", (tmp_path / f"sasrec-{job}.out").read_text()[-3000:]
     calls = (tmp_path / "apptainer.calls").read_text().splitlines()
     assert len(calls) == 2 and all(
@@ -242,7 +243,7 @@ def test_image_runs_tasks_through_apptainer(slurm_cluster, tmp_path):
                                    for c in calls)
     missing = submit_script(slurm_cluster, tmp_path, "sasrec_1node.sbatch", "--ntasks-per-node=1",
                             "--gpus-per-node=1", "--cpus-per-task=1", env=dict(env, IMAGE=str(tmp_path / "no.sif")))
-    assert wait_job(slurm_cluster, missing, timeout=120)["JobState"] == "FAILED"
+    assert wait_job(slurm_cluster, missing, timeout=limit("run"))["JobState"] == "FAILED"
     assert "no.sif: no such file" in (tmp_path / f"sasrec-{missing}.out").read_text()
 
 
@@ -261,7 +262,7 @@ def test_predict_stops_at_the_time_limit_warning_and_the_requeued_job_continues_
     log = tmp_path / f"predict-{job}.out"
     wait_for_log(log, r"part 3/15 of rank 0 written")
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm_env(slurm_cluster), check=True)
-    info = wait_job(slurm_cluster, job, timeout=300, restarts=1)
+    info = wait_job(slurm_cluster, job, timeout=limit("long"), restarts=1)
     text = log.read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-3000:]
     assert re.search(r"SIGUSR1: rank 0 stops after \d+ of its 15 parts", text) and f"job {job} requeued" in text
@@ -289,14 +290,15 @@ def test_a_script_submitted_from_another_directory_finds_its_repository_and_refu
     for name, extra in (("refused", f"data.path= {tiny}"), ("asked", f"data.path= data.synthetic=true {tiny}")):
         out = subprocess.run(["sbatch", "--parsable", "--cpus-per-task=1", "--time=10",
                               str(REPO / "slurm" / "sasrec_1node.sbatch"), "--epochs", "1"], cwd=elsewhere,
-                             env=dict(env, EXTRA=extra), text=True, capture_output=True, check=True, timeout=60)
+                             env=dict(env,
+                                      EXTRA=extra), text=True, capture_output=True, check=True, timeout=limit("minute"))
         jobs[name] = out.stdout.strip().split(";")[0]
-    refused = wait_job(slurm_cluster, jobs["refused"], timeout=240)
+    refused = wait_job(slurm_cluster, jobs["refused"], timeout=limit("start"))
     log = (elsewhere / f"sasrec-{jobs['refused']}.out").read_text()
     assert refused["JobState"] == "FAILED", log[-2000:]     # every rank exits 2 (srun may report the TERM it sent)
     assert "data.path is empty: this slurm run would train on the recipe's generated data" in log
     assert "relaunching the training step" not in log
-    asked = wait_job(slurm_cluster, jobs["asked"], timeout=300)
+    asked = wait_job(slurm_cluster, jobs["asked"], timeout=limit("long"))
     log = (elsewhere / f"sasrec-{jobs['asked']}.out").read_text()
     assert asked["JobState"] == "COMPLETED", log[-3000:]
     run = elsewhere / "runs" / jobs["asked"]                      # RUN_DIR's default: the submit directory's runs/

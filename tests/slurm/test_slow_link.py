@@ -20,6 +20,7 @@ from tests import netns
 from tests.conftest import REPO, record_fault
 from tests.slurm.test_cluster import wait_job
 from tests.slurm.test_sbatch import submit_script
+from tests.timeouts import limit
 from trainer.launch.restarts import read_jsonl
 
 WHY_NOT = (netns.available() or
@@ -35,11 +36,11 @@ def net_cluster(tmp_path_factory):
     env = dict(os.environ, HPC_CLUSTER_DIR=str(where), HPC_CLUSTER_POINTER=str(where.parent / "pointer"),
                HPC_CLUSTER_NETNS="1", HPC_CLUSTER_NODE_PREFIX="net", HPC_CLUSTER_NODES="3", HPC_CLUSTER_ACCOUNTING="0",
                HPC_CLUSTER_CTLD_PORT="6917", HPC_CLUSTER_SLURMD_PORT0="6930")
-    subprocess.run(["bash", str(REPO / "hpc/cluster/start.sh")], check=True, timeout=180, env=env)
+    subprocess.run(["bash", str(REPO / "hpc/cluster/start.sh")], check=True, timeout=limit("runs"), env=env)
     try:
         yield where / "slurm.conf"
     finally:
-        subprocess.run(["bash", str(REPO / "hpc/cluster/stop.sh")], env=env, timeout=120)
+        subprocess.run(["bash", str(REPO / "hpc/cluster/stop.sh")], env=env, timeout=limit("run"))
 
 
 def toy(folder) -> str:
@@ -49,13 +50,14 @@ def toy(folder) -> str:
     return str(path)
 
 
+@pytest.mark.timing
 def test_a_node_with_a_slow_network_is_named_by_its_links_and_the_job_completes_without_it(net_cluster, tmp_path):
     net3 = netns.Node("net3", "hpc-net3", "", "hpc-net3")
     netns.slow(net3, "400mbit")
     start = time.time()
     job = submit_script(net_cluster, tmp_path, "sasrec_1node.sbatch", *NODES,
                         env=dict(CONFIG=toy(tmp_path), TRAINER_PLUGINS="tests.toy_recipe", MAX_RESTARTS="2"))
-    info = wait_job(net_cluster, job, timeout=400)
+    info = wait_job(net_cluster, job, timeout=limit("job"))
     log = (tmp_path / f"sasrec-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]
     run = tmp_path / "runs" / job
@@ -83,7 +85,7 @@ def test_a_second_cluster_that_fails_to_start_leaves_the_other_clusters_hosts_li
                HPC_CLUSTER_NETNS="1", HPC_CLUSTER_NODE_PREFIX="fail", HPC_CLUSTER_NET="10.98", HPC_CLUSTER_NODES="2",
                HPC_CLUSTER_ACCOUNTING="0", HPC_CLUSTER_CTLD_PORT="notaport")
     failed = subprocess.run(["bash", str(REPO / "hpc/cluster/start.sh")], env=env, capture_output=True, text=True,
-                            timeout=180)
+                            timeout=limit("runs"))
     assert failed.returncode != 0 and "start.sh failed" in failed.stderr, failed.stderr[-2000:]
     assert {mark: hosts_lines(mark) for mark in before} == before and not hosts_lines("hpc-trainer-cluster-fail")
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()

@@ -23,11 +23,13 @@ import pytest
 from tests.conftest import assert_bitwise_equal, record_fault, run_ranks, slowed, weights
 from tests.slurm.test_cluster import wait_job
 from tests.slurm.test_sbatch import submit_script
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 from trainer.engine.rundir import MARKER
 from trainer.launch.restarts import RESTARTS, read_jsonl
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one node")
+pytestmark = [pytest.mark.timing,
+              pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one node")]
 TWO_NODES = ("-N2", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1", "--time=10")
 ENV = dict(TRAINER_PLUGINS="tests.toy_recipe", MAX_RESTARTS="2")
 
@@ -73,7 +75,7 @@ def test_the_preflight_names_a_slowed_node_and_the_job_completes_without_it(slur
     run = tmp_path / "runs" / job
     # from when rank 0 has claimed the run directory (the ranks' imports done: a minute at a twentieth of a core)
     with slowed_node("node2", "node1", once=(run / MARKER).exists, until=(run / RESTARTS).exists):
-        info = wait_job(slurm_cluster, job, timeout=400)
+        info = wait_job(slurm_cluster, job, timeout=limit("job"))
     log = (tmp_path / f"sasrec-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]
     entries = read_jsonl(run / "restarts.jsonl")
@@ -89,7 +91,7 @@ def test_the_preflight_names_a_slowed_node_and_the_job_completes_without_it(slur
                          "(time: from submission to the relaunch)")
 
 
-def started_training(run: Path, step: int, timeout: float = 300) -> None:
+def started_training(run: Path, step: int, timeout: float = limit("long")) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any(r.get("step", 0) >= step and "loss" in r for r in read_metrics(run, "train")):
@@ -106,7 +108,7 @@ def test_evict_leaves_a_node_slowed_mid_run_out_and_ends_as_a_resume_on_the_smal
     started_training(run, 16)
     slowed_at = time.time()
     with slowed_node("node2", "node1", until=(run / RESTARTS).exists):
-        info = wait_job(slurm_cluster, job, timeout=500)
+        info = wait_job(slurm_cluster, job, timeout=limit("jobs"))
     log = (tmp_path / f"sasrec-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log[-4000:]
     entries = read_jsonl(run / "restarts.jsonl")
@@ -121,7 +123,7 @@ def test_evict_leaves_a_node_slowed_mid_run_out_and_ends_as_a_resume_on_the_smal
     (ref / "checkpoints").mkdir(parents=True)
     shutil.copy(run / "checkpoints" / f"step-{step:08d}.pt", ref / "checkpoints")
     run_ranks(1, "train", "--config", str(cfg), "--run-dir", str(ref), "--resume", "auto", extra_env=ENV,
-              timeout=300)
+              timeout=limit("long"))
     assert_bitwise_equal(weights(run), weights(ref))
     record_fault("a node slowed about 10x mid-run, faults.straggler_action=evict (local cluster, 2 nodes x 1 task)",
                  exit_s=round(entries[0]["time"] - slowed_at, 2), steps_lost=0,

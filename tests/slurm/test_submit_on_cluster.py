@@ -10,12 +10,13 @@ import pytest
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, slurm_env, weights
 from tests.slurm.test_cluster import job_info, wait_job
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 
 TOY = ("--recipe", "toy")
 
 
-def submit_py(conf, *argv, timeout=300, env=None):
+def submit_py(conf, *argv, timeout=limit("long"), env=None):
     return subprocess.run([PY, "hpc/submit.py", *argv], cwd=REPO, env=env or slurm_env(conf), text=True,
                           capture_output=True, timeout=timeout)
 
@@ -26,7 +27,7 @@ def job_id(stdout: str) -> str:
 
 def sacct_state(conf, job: str) -> str:
     out = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "State"], env=slurm_env(conf), text=True,
-                         capture_output=True, timeout=30).stdout
+                         capture_output=True, timeout=limit("short")).stdout
     return out.split("\n")[0].strip()
 
 
@@ -38,7 +39,7 @@ def test_sasrec_eight_ranks_on_two_nodes(slurm_cluster, tmp_path):
             "--folder", str(tmp_path / "submitit"), "--run-dir", str(tmp_path / "run"), "--epochs", "1",
             f"data.path={data}", "data.maxlen=16", "model.width=16", "model.depth=1", "model.heads=1",
             "--sbatch", "comment=pass-through", "--srun-arg=--cpu-bind=none"]       # issue 19.1
-    proc = submit_py(slurm_cluster, *argv, "--follow", timeout=400)
+    proc = submit_py(slurm_cluster, *argv, "--follow", timeout=limit("job"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     job = job_id(proc.stdout)
     final = next(line for line in proc.stdout.splitlines() if line.startswith(f"job {job}: "))
@@ -60,7 +61,7 @@ def test_sasrec_eight_ranks_on_two_nodes(slurm_cluster, tmp_path):
     assert dry.stdout == (tmp_path / "submitit" / job / f"{job}_submission.sh").read_text()
 
 
-def wait_for_step(run_dir: Path, step: int, timeout: float = 120) -> None:
+def wait_for_step(run_dir: Path, step: int, timeout: float = limit("run")) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any(r.get("step", 0) >= step for r in read_metrics(run_dir)):
@@ -87,7 +88,7 @@ def test_usr2_preemption_requeues_and_ends_with_the_same_weights(slurm_cluster, 
     assert f"#SBATCH --signal={preempt}@" in script
     wait_for_step(run_dir, 5)
     subprocess.run(["scancel", f"--signal={preempt}", job], env=slurm_env(slurm_cluster), check=True)
-    info = wait_job(slurm_cluster, job, timeout=300, restarts=1)
+    info = wait_job(slurm_cluster, job, timeout=limit("long"), restarts=1)
     # submitit's own logger sends INFO to the .out file and warnings to the .err file
     err = "".join((tmp_path / "sub" / job / f"{job}_0_log.{ext}").read_text() for ext in ("out", "err"))
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", err[-3000:]
@@ -99,7 +100,7 @@ def test_usr2_preemption_requeues_and_ends_with_the_same_weights(slurm_cluster, 
     import submitit
     result = submitit.SlurmJob(tmp_path / "sub" / "%j", job, tasks=[0, 1]).results()[0]
     assert result["status"] == "completed" and result["restarts"] == 1
-    ref_out = ref.communicate(timeout=300)[0]
+    ref_out = ref.communicate(timeout=limit("long"))[0]
     assert ref.returncode == 0, ref_out[-3000:]
     assert_bitwise_equal(weights(run_dir), weights(tmp_path / "ref"))
 
@@ -107,7 +108,7 @@ def test_usr2_preemption_requeues_and_ends_with_the_same_weights(slurm_cluster, 
 def test_time_limit_requeues_at_most_max_num_timeout_times(slurm_cluster, tmp_path):
     proc = submit_py(slurm_cluster, *TOY, "--time", "1", "--max-num-timeout", "1", "--epochs", "1000",
                      "data.step_sleep=0.5", "--folder", str(tmp_path / "sub"), "--run-dir", str(tmp_path / "run"),
-                     "--follow", timeout=420)
+                     "--follow", timeout=limit("jobs"))
     job = job_id(proc.stdout)
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert re.search(rf"job {job}: \S+ failed: .*timed-out too many times", proc.stdout), proc.stdout[-3000:]
@@ -148,7 +149,7 @@ def test_errors_are_raised_before_sbatch_is_called(slurm_cluster, tmp_path):
 def test_sweep_is_a_job_array_with_one_run_dir_per_point(slurm_cluster, tmp_path):
     proc = submit_py(slurm_cluster, *TOY, "--epochs", "1", "--sweep", "optim.lr=0.1,0.01", "--sweep",
                      "model.hidden=4,8", "--folder", str(tmp_path / "sub"), "--run-dir", str(tmp_path / "sw"),
-                     "--array-parallelism", "2", "--follow", timeout=400)
+                     "--array-parallelism", "2", "--follow", timeout=limit("job"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     jobs = re.findall(r"submitted job (\d+_\d+)", proc.stdout)
     throttle = job_info(slurm_cluster, jobs[0].split("_")[0]).get("ArrayTaskThrottle")

@@ -4,6 +4,7 @@ import socket
 
 from tests.conftest import PY
 from tests.slurm.test_cluster import srun
+from tests.timeouts import limit
 
 
 def doctor_json(proc) -> dict:
@@ -20,7 +21,7 @@ def test_port_in_use(slurm_cluster):
         busy.listen()
         port = busy.getsockname()[1]
         proc = srun(slurm_cluster, "-N1", "-n2", "--kill-on-bad-exit=1", "--export", f"ALL,MASTER_PORT={port}",
-                    PY, "-m", "trainer", "doctor", timeout=120)
+                    PY, "-m", "trainer", "doctor", timeout=limit("run"))
     assert proc.returncode != 0
     assert f"MASTER_PORT {port}" in proc.stdout and "is in use" in proc.stdout and "HINT" in proc.stdout
 

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from tests.conftest import REPO, clean_env
+from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 
 
@@ -35,7 +36,7 @@ def test_readme_recipe_folder_trains_evaluates_synthesizes_and_benches(tmp_path)
     env = clean_env(REPO=str(REPO), PATH=f"{Path(os.sys.executable).parent}:{os.environ['PATH']}")
     env.pop("TRAINER_PLUGINS")
     out = subprocess.run(["bash", "-euxc", script[0]], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=600)
+                         timeout=limit("jobs"))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = (tmp_path / "data/tinyreg/points.csv").read_text().splitlines()
     assert len(rows) == 400                                     # data synth tinyreg --points 400

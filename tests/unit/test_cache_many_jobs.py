@@ -13,7 +13,10 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, clean_env
+from tests.timeouts import limit
 from trainer.data import cache, owners
 
 KEY = dict(source="slow", seconds=30.0)
@@ -24,12 +27,12 @@ def user(root: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
                             env=clean_env(**(env or {})), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def result(proc: subprocess.Popen, timeout: float = 60) -> tuple[dict, str, float]:
+def result(proc: subprocess.Popen, timeout: float = limit("minute")) -> tuple[dict, str, float]:
     out, err = proc.communicate(timeout=timeout)
     return json.loads(out.strip().splitlines()[-1]), err, time.monotonic()
 
 
-def wait_for(path: Path, timeout: float = 30) -> int:
+def wait_for(path: Path, timeout: float = limit("short")) -> int:
     deadline = time.monotonic() + timeout
     while not (path.exists() and path.read_text()):
         assert time.monotonic() < deadline, f"{path} never written"
@@ -48,6 +51,7 @@ def test_two_jobs_at_once_build_once_and_the_waiter_names_the_builder(tmp_path, 
     assert not (tmp_path / "c.pid").exists()                 # the second job never built
 
 
+@pytest.mark.timing
 def test_a_builder_killed_in_process_is_taken_over_within_10_s(tmp_path):
     root, pid_file = tmp_path / "cache", tmp_path / "b.pid"
     builder = user(root, "--slow", "30", "--pid-file", str(pid_file))
@@ -64,6 +68,7 @@ def test_a_builder_killed_in_process_is_taken_over_within_10_s(tmp_path):
     assert not list(root.glob(".*.tmp")) and not list(root.glob(".*.lock"))
 
 
+@pytest.mark.timing
 def test_a_killed_build_child_stops_its_launch_within_10_s_and_the_next_launch_builds(tmp_path):
     root, pid_file = tmp_path / "cache", tmp_path / "child.pid"
     builder = user(root, "--slow", "30", "--pid-file", str(pid_file), "--child")
@@ -81,6 +86,7 @@ def test_a_killed_build_child_stops_its_launch_within_10_s_and_the_next_launch_b
     assert not (root / f".{cache.entry_name('slow', KEY)}.failed").exists()
 
 
+@pytest.mark.timing
 def test_a_lock_of_another_node_is_taken_over_once_its_heartbeat_is_stale(tmp_path):
     root = tmp_path / "cache"
     root.mkdir()
@@ -101,16 +107,16 @@ def test_a_lock_of_another_node_is_taken_over_once_its_heartbeat_is_stale(tmp_pa
 
     reader = threading.Thread(target=read_log, daemon=True)
     reader.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + limit("minute")
     while not waiting.is_set():
         assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
         os.utime(lock)
         last_beat = time.monotonic()
         waiting.wait(0.2)
     got = json.loads(proc.stdout.read().strip().splitlines()[-1])
-    proc.wait(timeout=60)
+    proc.wait(timeout=limit("minute"))
     done = time.monotonic()
-    reader.join(timeout=10)
+    reader.join(timeout=limit("brief"))
     log = "".join(lines)
     assert "error" not in got
     assert owners.STALE_S - 1 < done - last_beat < owners.STALE_S + 10 and "has not been heard of" in log

@@ -6,6 +6,7 @@ import pytest
 
 from tests.conftest import PY, REPO, clean_env
 from tests.inprocess import cli
+from tests.timeouts import limit
 from trainer.cli.parser import FLAG_KEYS, flags_from_args, get_parser, get_train_parser
 from trainer.native.extras import missing_core
 
@@ -71,7 +72,7 @@ def test_console_script_installed_next_to_python():
     if not exe.exists():
         pytest.skip(f"no console script at {exe}: the package is not pip-installed in this interpreter "
                     f"(`make setup` installs it)")
-    out = subprocess.run([str(exe), "--help"], env=clean_env(), capture_output=True, text=True, timeout=60)
+    out = subprocess.run([str(exe), "--help"], env=clean_env(), capture_output=True, text=True, timeout=limit("minute"))
     assert out.returncode == 0 and "{train,eval,predict,doctor,data}" in out.stdout
 
 
@@ -101,7 +102,7 @@ def test_a_python_without_torch_gets_the_interpreter_to_use_not_a_traceback():
     """A newcomer's `python3 -m trainer ...` with the project's .venv not activated: import torch fails."""
     blocked = "import sys, runpy; sys.modules['torch'] = None; runpy.run_module('trainer', run_name='__main__')"
     proc = subprocess.run([PY, "-c", blocked, "train", "--recipe", "toy"], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=limit("minute"))
     assert proc.returncode == 2, proc.stderr
     assert "has no 'torch' module (the package 'torch==2.13.0')" in proc.stderr
     assert "HINT:" in proc.stderr and "Traceback" not in proc.stderr
@@ -115,5 +116,5 @@ def test_only_the_trainers_own_dependencies_get_that_message():
 def test_the_benchmarks_give_the_same_message():
     blocked = "import sys, runpy; sys.modules['torch'] = None; runpy.run_module('bench', run_name='__main__')"
     proc = subprocess.run([PY, "-c", blocked, "har"], cwd=REPO, env=clean_env(), capture_output=True, text=True,
-                          timeout=60)
+                          timeout=limit("minute"))
     assert proc.returncode == 2 and "has no 'torch' module" in proc.stderr and "Traceback" not in proc.stderr

@@ -13,6 +13,7 @@ import torch
 
 from tests.conftest import PY, REPO, clean_env
 from tests.inprocess import cli
+from tests.timeouts import limit
 from trainer.distributed.runtime import DistInfo
 from trainer.engine.logging import setup_logging
 from trainer.native.console import progress_bar
@@ -31,7 +32,7 @@ def test_an_abbreviated_or_mistyped_flag_is_refused_with_a_suggestion_and_the_su
 
 def test_submit_refuses_abbreviations_too():
     out = subprocess.run([PY, "hpc/submit.py", *TOY, "--node", "2", "--dry-run"], cwd=REPO, env=clean_env(),
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=limit("run"))
     assert out.returncode == 2 and "unrecognized argument --node (did you mean --nodes?)" in out.stderr
 
 
@@ -139,7 +140,7 @@ def test_log_lines_and_a_progress_bar_do_not_share_a_line(tmp_path, monkeypatch)
 
 def test_version_names_the_package_commit_and_stack():
     out = subprocess.run([PY, "-m", "trainer", "--version"], cwd=REPO, env=clean_env(), capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=limit("minute"))
     assert out.returncode == 0
     first, second = out.stdout.strip().splitlines()
     assert re.match(r"hpc-trainer \d+\.\d+\.\d+\S* \(commit [0-9a-f]{7,}", first), first

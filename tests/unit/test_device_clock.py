@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.conftest import free_port
+from tests.timeouts import limit
 from trainer.engine.device_clock import DeviceClock, HostEvent
 
 
@@ -53,6 +55,7 @@ def one_step(model, clock, micro: int = 1, wait_after_s: float = 0.0):
     clock.step_end()
 
 
+@pytest.mark.timing
 def test_a_step_is_timed_to_its_last_gradient_not_to_a_wait_after_it():
     model = Net(slow_s=0.05)
     clock = DeviceClock(model.parameters(), HostEvent)
@@ -110,6 +113,7 @@ def _rank(rank: int, port: int, out) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.timing
 def test_under_ddp_the_fast_rank_is_timed_without_its_wait_for_the_slow_one():
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -117,7 +121,7 @@ def test_under_ddp_the_fast_rank_is_timed_without_its_wait_for_the_slow_one():
     procs = [ctx.Process(target=_rank, args=(r, port, out)) for r in range(2)]
     for p in procs:
         p.start()
-    figures = dict((r, (own, host)) for r, own, host in (out.get(timeout=120) for _ in procs))
+    figures = dict((r, (own, host)) for r, own, host in (out.get(timeout=limit("run")) for _ in procs))
     for p in procs:
         p.join(30)
     (own0, host0), (own1, host1) = figures[0], figures[1]

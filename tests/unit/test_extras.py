@@ -6,13 +6,14 @@ import re
 import subprocess
 
 from tests.conftest import PY, REPO, clean_env
+from tests.timeouts import limit
 
 BLOCK = "import sys; sys.modules['av'] = None; sys.modules['submitit'] = None\n"   # as if not installed
 
 
 def run_without_extras(code: str, tmp_path):
     return subprocess.run([PY, "-c", BLOCK + code], cwd=REPO, env=clean_env(), capture_output=True, text=True,
-                          timeout=300)
+                          timeout=limit("long"))
 
 
 def test_the_core_install_pulls_neither_av_nor_submitit():

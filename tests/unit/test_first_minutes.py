@@ -12,23 +12,24 @@ import pytest
 
 from tests.conftest import PY, REPO, clean_env
 from tests.inprocess import cli
+from tests.timeouts import limit
 from trainer.data import download as dl
 
 
 def test_a_repository_config_is_found_from_another_directory(tmp_path):
     proc = subprocess.run([PY, "-m", "trainer", "train", "--config", "configs/sasrec/ml-100k.yaml", "--print-config"],
-                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=limit("run"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "recipe: sasrec" in proc.stdout
     typo = subprocess.run([PY, "-m", "trainer", "train", "--config", "configs/sasrec/ml-100kk.yaml", "--print-config"],
-                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=limit("run"))
     assert typo.returncode == 2
     assert f"looked in {tmp_path} and in the repository, {REPO}" in typo.stderr
     assert f"did you mean {REPO / 'configs/sasrec/ml-100k.yaml'}?" in typo.stderr
     (tmp_path / "configs" / "sasrec").mkdir(parents=True)            # the working directory's own comes first
     (tmp_path / "configs" / "sasrec" / "ml-100k.yaml").write_text("recipe: sasrec\ntrain:\n  epochs: 7\n")
     own = subprocess.run([PY, "-m", "trainer", "train", "--config", "configs/sasrec/ml-100k.yaml", "--print-config"],
-                         cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
+                         cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=limit("run"))
     assert "epochs: 7" in own.stdout
 
 
@@ -49,7 +50,7 @@ def test_doctor_run_says_what_to_run_next(tmp_path):
 
 
 def test_a_single_process_doctor_prints_no_bandwidth():
-    out = cli("doctor", timeout=120).stdout
+    out = cli("doctor", timeout=limit("run")).stdout
     assert "GB/s" not in out.split("all_reduce via", 1)[1].splitlines()[0]
     assert "no bandwidth: one process copies nothing" in out
 
@@ -85,11 +86,11 @@ def test_every_sbatch_script_finds_its_repository_from_the_command_slurm_recorde
         line = next(x for x in script.read_text().splitlines() if x.startswith("TRAINER_HOME=${TRAINER_HOME:-"))
         out = subprocess.run(["bash", "-c", f"set -euo pipefail; unset TRAINER_HOME; {line}; echo $TRAINER_HOME"],
                              env=dict(PATH=f"{fake}:/usr/bin:/bin", SLURM_JOB_ID="7"), capture_output=True,
-                             text=True, timeout=30)
+                             text=True, timeout=limit("short"))
         assert out.stdout.strip() == "/srv/repo", (script.name, out.stderr)
         kept = subprocess.run(["bash", "-c", f"set -euo pipefail; {line}; echo $TRAINER_HOME"],
                               env=dict(PATH=f"{fake}:/usr/bin:/bin", SLURM_JOB_ID="7", TRAINER_HOME="/mine"),
-                              capture_output=True, text=True, timeout=30)
+                              capture_output=True, text=True, timeout=limit("short"))
         assert kept.stdout.strip() == "/mine"
     assert Path(REPO / "slurm" / "common.sh").read_text().count("DATA=DIR") == 1      # documented once, in its header
 
@@ -128,7 +129,7 @@ def test_a_refusal_before_the_run_starts_is_recorded_for_the_restart_loop_which_
     decided = subprocess.run([PY, "-m", "trainer.launch.restarts", "decide", "--run-dir", str(run), "--rc", "143",
                               "--attempt", "0", "--max", "2", "--tasks-per-node", "1", "--attempt-start", str(start),
                               "--job-start", str(start), "--job", "5"], cwd=REPO, env=clean_env(),
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=limit("minute"))
     assert decided.stdout.strip() == "stop", decided.stdout + decided.stderr
     plain = tmp_path / "plain"                                        # outside the loop nothing is written
     cli("train", "--recipe", "sasrec", "--run-dir", str(plain), "data.path=",

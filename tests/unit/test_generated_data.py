@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import PY, REPO, clean_env
 from tests.inprocess import cli
+from tests.timeouts import limit
 from trainer.config.data_source import check_generated_data
 from trainer.config.settings import ConfigError
 
@@ -39,7 +40,7 @@ def test_the_rule():
 def test_an_srun_task_without_data_path_stops_before_the_process_group(tmp_path):
     run = tmp_path / "run"
     proc = cli("train", "--recipe", "har", "--epochs", "1", "--run-dir", str(run), env=clean_env(**ONE_SRUN_TASK),
-                   check=False, timeout=120)
+                   check=False, timeout=limit("run"))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "data.path is empty: this slurm run would train on the recipe's generated data" in proc.stderr
     assert "data.synthetic=true" in proc.stderr and not run.exists()
@@ -48,7 +49,7 @@ def test_an_srun_task_without_data_path_stops_before_the_process_group(tmp_path)
 def test_data_synthetic_true_trains_on_generated_data_and_the_config_says_so(tmp_path):
     run = tmp_path / "run"
     proc = cli("train", "--recipe", "har", "--epochs", "1", "--run-dir", str(run), "data.synthetic=true",
-                   "log.tensorboard=false", env=clean_env(**ONE_SRUN_TASK), timeout=300)
+                   "log.tensorboard=false", env=clean_env(**ONE_SRUN_TASK), timeout=limit("long"))
     assert "training on the recipe's generated data" in proc.stderr
     config = (run / "config.yaml").read_text()
     assert "synthetic: true" in config and config.startswith("# trained on generated data (data.path is empty)\n")
@@ -59,7 +60,7 @@ def test_data_synthetic_true_trains_on_generated_data_and_the_config_says_so(tmp
 def submit_dry_run(*extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([PY, "hpc/submit.py", "--recipe", "sasrec", "--nodes", "2", "--gpus-per-node", "4",
                            "--dry-run", *extra], cwd=REPO, env=clean_env(TRAINER_PLUGINS=""), capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=limit("run"))
 
 
 def test_submit_refuses_generated_data_on_the_cluster_and_its_dry_run_says_what_the_tasks_read(tmp_path):
@@ -71,7 +72,7 @@ def test_submit_refuses_generated_data_on_the_cluster_and_its_dry_run_says_what_
     real = submit_dry_run(f"data.path={tmp_path}")
     assert real.returncode == 0 and f"# data: data.path={tmp_path}" in real.stderr
     local = subprocess.run([PY, "hpc/submit.py", "--recipe", "sasrec", "--cluster", "local", "--dry-run"], cwd=REPO,
-                           env=clean_env(TRAINER_PLUGINS=""), capture_output=True, text=True, timeout=120)
+                           env=clean_env(TRAINER_PLUGINS=""), capture_output=True, text=True, timeout=limit("run"))
     assert local.returncode == 0 and "# data: generated data (data.path is empty)" in local.stderr
 
 
@@ -80,7 +81,7 @@ def test_a_submitted_run_on_generated_data_says_so_and_runs_where_it_is_no_clust
     proc = subprocess.run([PY, "hpc/submit.py", "--recipe", "har", "--cluster", "debug", "--epochs", "1", "--folder",
                            str(tmp_path / "sub"), "--run-dir", str(tmp_path / "run"), "model.width=8",
                            "data.synthetic_cases=60", "log.tensorboard=false", "--follow"], cwd=REPO,
-                          env=clean_env(TRAINER_PLUGINS=""), capture_output=True, text=True, timeout=300)
+                          env=clean_env(TRAINER_PLUGINS=""), capture_output=True, text=True, timeout=limit("long"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "data: generated data (data.path is empty): the tasks train on the recipe's generated data" in proc.stdout
     assert (tmp_path / "run" / "checkpoints" / "final.pt").exists()

@@ -10,11 +10,15 @@ import json
 import threading
 import time
 
+import pytest
+
 from trainer.distributed.heartbeats import Beat
 from trainer.distributed.runtime import DistInfo
 from trainer.engine.callbacks import StepEnd
 from trainer.engine.components.hang_watch import HangWatch, auto_timeout, blame
 from trainer.launch.exitcodes import HANG
+
+pytestmark = pytest.mark.timing     # real watch threads judged against short timeouts
 
 PERIOD, TIMEOUT = 0.1, 1.2        # wide enough for a loaded 2-core machine (a live watch late by 0.6 s)
 

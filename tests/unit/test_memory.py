@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env
+from tests.timeouts import limit
 
 SCRIPT = """
 import resource, sys, torch
@@ -36,7 +37,7 @@ print(applied, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 
 def faults_per_step(mode: str, **env) -> tuple[str, int]:
     # two threads, as a rank alone on a node runs (with one, glibc still maps a third of them afresh)
     out = subprocess.run([PY, "-c", SCRIPT, mode], cwd=REPO, env=clean_env(OMP_NUM_THREADS="2", **env),
-                         capture_output=True, text=True, timeout=300, check=True).stdout.split()
+                         capture_output=True, text=True, timeout=limit("long"), check=True).stdout.split()
     return out[0], int(out[1])
 
 
@@ -47,7 +48,8 @@ def test_large_tensors_reuse_freed_memory_instead_of_faulting_pages():
     applied, on = faults_per_step("on")
     assert off > 100_000 and applied == "True" and on < off / 4, (off, on)   # measured: 329k and 9k
     tuned = subprocess.run([PY, "-c", "from trainer.native import memory; print(memory.reuse_freed_memory())"],
-                           cwd=REPO, env=clean_env(MALLOC_ARENA_MAX="2"), capture_output=True, text=True, timeout=60)
+                           cwd=REPO, env=clean_env(MALLOC_ARENA_MAX="2"), capture_output=True, text=True,
+                           timeout=limit("minute"))
     assert tuned.stdout.strip() == "False"                      # the user's own malloc settings win
 
 
@@ -67,7 +69,7 @@ def test_every_recipe_keeps_freed_memory_so_video_steps_stop_faulting(tmp_path):
         run_dir = tmp_path / mode
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
         subprocess.run([PY, *TRAIN, "--run-dir", str(run_dir), f"data.cache={tmp_path / 'cache'}"], cwd=REPO,
-                       env=clean_env(**env), capture_output=True, text=True, timeout=300, check=True)
+                       env=clean_env(**env), capture_output=True, text=True, timeout=limit("long"), check=True)
         faults[mode] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt - before
         logs[mode] = (run_dir / "train.log").read_text()
     assert "malloc keeps freed memory" in logs["kept"] and "malloc keeps" not in logs["glibc"]

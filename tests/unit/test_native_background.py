@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, clean_env
+from tests.timeouts import limit
 from trainer.native import background
 
 LOAD = ("from trainer.recipes import kernels\n"
@@ -25,10 +26,11 @@ LOAD = ("from trainer.recipes import kernels\n"
 def run_load(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     e = clean_env(TRAINER_EXTENSIONS_DIR=str(tmp_path / "ext"), CXX=str(tmp_path / "no-such-compiler"),
                   PYTHONPATH=str(REPO), **env)
-    return subprocess.run([sys.executable, "-c", LOAD], cwd=REPO, env=e, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", LOAD], cwd=REPO, env=e, capture_output=True, text=True,
+                          timeout=limit("run"))
 
 
-def wait_unlocked(root: Path, timeout: float = 120) -> None:
+def wait_unlocked(root: Path, timeout: float = limit("run")) -> None:
     deadline = time.monotonic() + timeout
     while (root / background.LOCK).exists():
         assert time.monotonic() < deadline, f"the builder still holds {root / background.LOCK}"

@@ -3,6 +3,7 @@ atexit work and its buffered output are kept; a working thread is waited for."""
 import subprocess
 
 from tests.conftest import PY, REPO, clean_env
+from tests.timeouts import limit
 
 ENDING = """
 import atexit, sys, threading, time
@@ -26,7 +27,7 @@ end_process(3)
 
 def ended(tmp_path, case: str) -> tuple[subprocess.CompletedProcess, set[str]]:
     proc = subprocess.run([PY, "-c", ENDING, str(tmp_path), case], cwd=REPO,     # stdout buffered: a pipe
-                          env=clean_env(PYTHONUNBUFFERED=""), capture_output=True, text=True, timeout=60)
+                          env=clean_env(PYTHONUNBUFFERED=""), capture_output=True, text=True, timeout=limit("minute"))
     return proc, {p.name for p in tmp_path.iterdir()}
 
 
@@ -46,5 +47,5 @@ def test_python_m_trainer_ends_through_it_with_the_commands_code(tmp_path):
     """A refusal's code (2) and its message come through `python -m trainer`, as before."""
     proc = subprocess.run([PY, "-m", "trainer", "train", "--recipe", "toy", "train.no_such_key=1", "--run-dir",
                            str(tmp_path / "run")], cwd=REPO, env=clean_env(), capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=limit("run"))
     assert proc.returncode == 2 and "no_such_key" in proc.stderr, proc.stderr[-2000:]

@@ -5,6 +5,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env
+from tests.timeouts import limit
 from trainer.config.settings import build_config
 from trainer.data.download import DownloadError, check_data_path
 
@@ -44,7 +45,7 @@ def test_end_to_end_the_sbatch_default_config_refuses_generated_data(tmp_path):
     """`sbatch slurm/sasrec_1node.sbatch` trains configs/sasrec/ml-1m.yaml; on main it silently trained on
     generated sequences. Now every rank stops at once (before the process group) naming the data."""
     proc = subprocess.run([PY, "-m", "trainer", "train", "--config", str(REPO / "configs/sasrec/ml-1m.yaml")],
-                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=limit("run"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "data.path data/ml-1m does not exist" in proc.stderr and "data download ml-1m" in proc.stderr
     assert not (tmp_path / "runs").exists()

@@ -6,11 +6,12 @@ import subprocess
 
 import tests.slurm.test_sbatch as sbatch_tests
 from tests.conftest import PY, REPO
+from tests.timeouts import limit
 
 
 def collected(part: str, path: str) -> set[str]:
     proc = subprocess.run([PY, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", path], cwd=REPO,
-                          env=dict(os.environ, TEST_PART=part), capture_output=True, text=True, timeout=120)
+                          env=dict(os.environ, TEST_PART=part), capture_output=True, text=True, timeout=limit("run"))
     return {line.split("::")[1].split("[")[0] for line in proc.stdout.splitlines() if "::" in line}
 
 
@@ -29,11 +30,11 @@ def test_the_worse_exit_status_wins_and_both_reports_are_shown(tmp_path):
                     'echo rest-report; exit 0\n')
     fake.chmod(0o755)
     proc = subprocess.run(["bash", str(REPO / "tests" / "run.sh"), str(fake), "-q"], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=limit("minute"))
     assert proc.returncode == 1
     assert proc.stdout.index("rest-report") < proc.stdout.index("cluster-report")
     fake.write_text("#!/bin/bash\nexit 5\n")                     # nothing collected in either half
-    assert subprocess.run(["bash", str(REPO / "tests" / "run.sh"), str(fake)], timeout=60).returncode == 5
+    assert subprocess.run(["bash", str(REPO / "tests" / "run.sh"), str(fake)], timeout=limit("minute")).returncode == 5
 
 
 def test_the_long_cpu_tests_marked_beside_the_cluster_run_in_its_half():

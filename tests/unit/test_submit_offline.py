@@ -10,6 +10,7 @@ from hpc import submit
 from hpc.slurm_info import SubmitError, gres_gpus, parse_time_min
 from hpc.task import TrainTask
 from tests.conftest import PY, REPO, clean_env, record_fault
+from tests.timeouts import limit
 
 GOLDEN = REPO / "tests" / "golden"
 
@@ -78,7 +79,7 @@ def test_checkpoint_resumes_the_same_run():
 
 def dry_run(*argv, env=None):
     return subprocess.run([PY, "hpc/submit.py", *argv], cwd=REPO, env=env or clean_env(), text=True,
-                          capture_output=True, timeout=120)
+                          capture_output=True, timeout=limit("run"))
 
 
 def normalise(text: str) -> str:

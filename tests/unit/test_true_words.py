@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env
+from tests.timeouts import limit
 from trainer.config.registry import specs
 from trainer.config.sections import ENGINE_RENAMED
 from trainer.config.settings import default_config, renamed_key, valid_keys
@@ -38,7 +39,7 @@ def help_texts() -> str:
     out = []
     for command in ("train", "eval", "predict", "doctor", "data"):
         proc = subprocess.run([PY, "-m", "trainer", command, "--help"], cwd=REPO, env=clean_env(),
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=limit("run"))
         out.append(proc.stdout + proc.stderr)
     return "\n".join(out)
 
