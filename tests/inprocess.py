@@ -18,7 +18,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from tests.procs import REPO, clean_env
 
@@ -75,6 +75,14 @@ def cli(*args: str, env: dict[str, str] | None = None, check: bool = True, timeo
     clean_env(...) mapping, default clean_env()). check: a non-zero exit raises, with the end of stderr. timeout:
     taken for conftest.trainer's signature; nothing here waits on another process."""
     from trainer.cli import main
+    return entry(main, args, env=env, check=check, what="trainer")
+
+
+def entry(main: Callable[[list[str]], int | None], args: tuple[str, ...] | list[str], env: dict[str, str] | None = None,
+          check: bool = True, what: str = "") -> Ran:
+    """A command line's entry function (trainer.cli.main, hpc.submit.main) on ARGS in this process: the exit code it
+    returns or raises (argparse's SystemExit), its two streams, the process's state put back after it."""
+    args = tuple(args)
     paths = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     if [p for p in paths if Path(p).resolve() != REPO]:
         raise ValueError(f"cli(): PYTHONPATH={paths} is read when an interpreter starts; run this one as a process "
@@ -89,9 +97,12 @@ def cli(*args: str, env: dict[str, str] | None = None, check: bool = True, timeo
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         try:
             code = main(list(args))
-        except SystemExit as stop:                     # argparse's usage errors, --help
-            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 2)
+        except SystemExit as stop:                     # argparse's usage errors, --help, sys.exit(message)
+            if isinstance(stop.code, str):
+                print(stop.code, file=sys.stderr)
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     ran = Ran(args, int(code or 0), out.getvalue(), err.getvalue())
     if check and ran.returncode != 0:
-        raise AssertionError(f"trainer {' '.join(args)} exited {ran.returncode}:\n{ran.stderr[-4000:]}")
+        raise AssertionError(f"{what or main.__module__} {' '.join(args)} exited {ran.returncode}:\n"
+                             f"{ran.stderr[-4000:]}")
     return ran

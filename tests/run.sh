@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # make test: pytest ARGS in two processes side by side, the tests that use the local Slurm cluster
 # (TEST_PART=cluster; they mostly wait on the scheduler: requeue delays, signals, time limits) and the rest
-# (TEST_PART=rest, on the CPUs). The cluster half's report follows the other's; the exit status is the worse.
+# (TEST_PART=rest, on the CPUs, in TEST_WORKERS pytest-xdist workers, default 2: the cluster half mostly waits, so
+# two CPU workers beside it keep both cores busy; tests that share a fixed resource name an xdist_group). The
+# cluster half's report follows the other's; the exit status is the worse.
 #   bash tests/run.sh .venv/bin/python -rs -m "not image"
+#   TEST_WORKERS=1 bash tests/run.sh .venv/bin/python -rs     (the rest half in one process)
 set -u
 py=$1
 shift
@@ -10,7 +13,10 @@ log=$(mktemp "${TMPDIR:-/tmp}/pytest-cluster.XXXXXX")
 TEST_PART=cluster "$py" -m pytest "$@" > "$log" 2>&1 &
 cluster_pid=$!
 trap 'kill "$cluster_pid" 2>/dev/null; rm -f "$log"' EXIT
-TEST_PART=rest "$py" -m pytest "$@"
+workers=${TEST_WORKERS:-2}
+spread=()
+[ "$workers" -gt 1 ] && spread=(-n "$workers" --dist loadgroup)
+TEST_PART=rest "$py" -m pytest "${spread[@]}" "$@"
 rest=$?
 wait "$cluster_pid"
 cluster=$?

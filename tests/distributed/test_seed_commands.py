@@ -1,5 +1,6 @@
 """Every command of docs/coming-from-the-seed-scripts.md runs (tiny generated data, one
-epoch, at most 2 processes), so the tables cannot rot."""
+epoch, at most 2 processes), so the tables cannot rot. A launcher's row runs as its process group; a row that is one
+`python -m trainer` process runs through the command line's entry in this process (tests/inprocess.py)."""
 import re
 import shlex
 import subprocess
@@ -7,6 +8,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env, free_port, run_group, wait_all
+from tests.inprocess import cli
 from tests.timeouts import limit
 
 TINY = {   # per recipe: tiny model settings, put before the row's own arguments (the row's values win)
@@ -84,6 +86,15 @@ def runnable(command: str, run_dir, data: dict, port: int | None = None) -> tupl
 COMMANDS = readme_commands()
 
 
+def run_row(argv: list[str], env: dict) -> tuple[int, str]:
+    """(exit code, stderr) of a row: `python -m trainer ...` in this process, anything else (torchrun,
+    torch.distributed.launch) as a process group."""
+    if argv[:3] == [PY, "-m", "trainer"]:
+        ran = cli(*argv[3:], env=env, check=False)
+        return ran.returncode, ran.stderr
+    return run_group(argv, env)
+
+
 def test_the_tables_are_there():
     assert len(COMMANDS) >= 25 and all("-m trainer train --config configs/" in c for c in COMMANDS)
 
@@ -94,7 +105,7 @@ def test_readme_seed_command_runs(command, tmp_path, datasets):
         source = command.split("--init-from ")[1].split()[0]
         first = command.split(" --init-from")[0].replace("--run-dir runs/tisasrec_resume", "--run-dir source")
         argv, env = runnable(first, tmp_path, datasets)
-        code, err = run_group(argv, env)
+        code, err = run_row(argv, env)
         assert code == 0, f"{shlex.join(argv)}\n{err[-3000:]}"
         command = command.replace(source, str(tmp_path / "source" / "checkpoints" / "final.pt"))
     if "--nnodes=2" in command:              # both "nodes" on this machine, as two torchrun agents
@@ -108,7 +119,7 @@ def test_readme_seed_command_runs(command, tmp_path, datasets):
         assert [code for code, _ in outs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
     else:
         argv, env = runnable(command, tmp_path, datasets)
-        code, err = run_group(argv, env)
+        code, err = run_row(argv, env)
         assert code == 0, f"{shlex.join(argv)}\n{err[-3000:]}"
     finals = [p for p in tmp_path.rglob("checkpoints/final.pt") if "source" not in p.parts]
     assert len(finals) == 1, f"{command}: {finals}"

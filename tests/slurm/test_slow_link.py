@@ -26,7 +26,9 @@ from trainer.launch.restarts import read_jsonl
 WHY_NOT = (netns.available() or
            (None if shutil.which("slurmctld") and shutil.which("nsenter") and shutil.which("unshare")
             else "Slurm (make slurm-install) and util-linux's nsenter/unshare are needed"))
-pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"a cluster of network namespaces: {WHY_NOT}")
+# one xdist worker for the file: its cluster's namespaces, ports and /etc/hosts lines have fixed names
+pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"a cluster of network namespaces: {WHY_NOT}"),
+              pytest.mark.xdist_group("netns-cluster")]
 NODES = ("-N3", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1", "--time=10")
 
 

@@ -44,3 +44,18 @@ def test_the_long_cpu_tests_marked_beside_the_cluster_run_in_its_half():
     headers = "tests/recipes/test_kernel_module.py"
     assert collected("cluster", headers) == {"test_each_fragment_compiles_on_its_own"}
     assert "test_every_header_registers_its_own_functions_in_the_module" in collected("rest", headers)
+
+
+def test_the_rest_half_is_spread_over_workers_unless_told_otherwise(tmp_path):
+    """The rest half in TEST_WORKERS pytest-xdist workers (default 2, grouped by xdist_group); the cluster half,
+    which shares one cluster, in one process."""
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/bash\necho "$TEST_PART $*" >> {tmp_path}/args\n')
+    fake.chmod(0o755)
+    for workers, spread in ((None, "-n 2 --dist loadgroup "), ("3", "-n 3 --dist loadgroup "), ("1", "")):
+        (tmp_path / "args").unlink(missing_ok=True)
+        env = dict(os.environ, **({"TEST_WORKERS": workers} if workers else {}))
+        env.pop("TEST_WORKERS", None) if workers is None else None
+        subprocess.run(["bash", str(REPO / "tests" / "run.sh"), str(fake), "-q"], env=env, timeout=limit("minute"))
+        lines = sorted((tmp_path / "args").read_text().splitlines())
+        assert lines == ["cluster -m pytest -q", f"rest -m pytest {spread}-q"], lines

@@ -10,6 +10,7 @@ from hpc import submit
 from hpc.slurm_info import SubmitError, gres_gpus, parse_time_min
 from hpc.task import TrainTask
 from tests.conftest import PY, REPO, clean_env, record_fault
+from tests.inprocess import entry
 from tests.timeouts import limit
 
 GOLDEN = REPO / "tests" / "golden"
@@ -78,8 +79,9 @@ def test_checkpoint_resumes_the_same_run():
 
 
 def dry_run(*argv, env=None):
-    return subprocess.run([PY, "hpc/submit.py", *argv], cwd=REPO, env=env or clean_env(), text=True,
-                          capture_output=True, timeout=limit("run"))
+    """hpc/submit.py ARGV through its entry (hpc.submit.main) in this process, answering as its process would
+    (that --help and --dry-run import no torch is tests/unit/test_structure.py's, in a process of its own)."""
+    return entry(submit.main, argv, env=env, check=False)
 
 
 def normalise(text: str) -> str:
@@ -179,8 +181,11 @@ def test_unknown_recipe_is_an_argparse_error():
 
 @pytest.mark.parametrize("cluster,tasks", [("debug", "1"), ("local", "2")])
 def test_debug_and_local_clusters_run_without_slurm(tmp_path, cluster, tasks):
-    proc = dry_run("--recipe", "toy", "--cluster", cluster, "--tasks-per-node", tasks, "--epochs", "1",
-                   "--folder", str(tmp_path / "sub"), "--run-dir", str(tmp_path / "run"), "--follow")
+    """As a process: submitit's debug executor runs the task inside it, the local one starts processes."""
+    proc = subprocess.run([PY, "hpc/submit.py", "--recipe", "toy", "--cluster", cluster, "--tasks-per-node", tasks,
+                           "--epochs", "1", "--folder", str(tmp_path / "sub"), "--run-dir", str(tmp_path / "run"),
+                           "--follow"], cwd=REPO, env=clean_env(), text=True, capture_output=True,
+                          timeout=limit("run"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     final = proc.stdout.strip().splitlines()[-1]
     assert '"status": "completed"' in final and str(tmp_path / "run") in final
