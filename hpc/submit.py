@@ -93,6 +93,9 @@ def add_job_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      help="slurm (default); local: same tasks as local processes; debug: in this process")
     sub.add_argument("--sweep", action="append", default=[], metavar="key=v1,v2",
                      help="job array over the product of all --sweep values, one run directory each")
+    sub.add_argument("--sweep-points", metavar="I,J,...",
+                     help="--sweep: submit only these points (their indices, as `python -m trainer runs DIR "
+                          "--rerun-failed` prints them), into the same --run-dir: each resumes from its checkpoint")
     sub.add_argument("--folder", default="runs/submitit", help="submitit folder (created private, 0700)")
     sub.add_argument("--dry-run", action="store_true", help="print the sbatch script and exit")
     sub.add_argument("--follow", action="store_true", help="stream rank 0's log; exit with the job's state")
@@ -278,6 +281,25 @@ def run_dirs(args, sweeps: list[list[str]]) -> list[Path]:
     return [base] if sweeps == [[]] else [base / combo_name(i, extra) for i, extra in enumerate(sweeps)]
 
 
+def sweep_points(args, sweeps: list[list[str]]) -> list[int]:
+    """The indices of the sweep points to submit: --sweep-points, else every one."""
+    given = getattr(args, "sweep_points", None)
+    if not given:
+        return list(range(len(sweeps)))
+    if sweeps == [[]]:
+        raise SubmitError("--sweep-points needs --sweep (the points of which grid?)")
+    if not args.run_dir:
+        raise SubmitError("--sweep-points: give the sweep's --run-dir, so that each point resumes in its own folder")
+    try:
+        points = sorted({int(x) for x in given.split(",") if x.strip()})
+    except ValueError:
+        raise SubmitError(f"--sweep-points {given!r}: expected indices such as 1,4") from None
+    outside = [i for i in points if not 0 <= i < len(sweeps)]
+    if outside or not points:
+        raise SubmitError(f"--sweep-points {given!r}: the grid has points 0..{len(sweeps) - 1}")
+    return points
+
+
 def container_python(args) -> str | None:
     """The shell words that start python inside the task (None: this interpreter). Under --max-restarts the
     supervising batch step runs this interpreter, and slurm/common.sh starts the tasks in the image (IMAGE)."""
@@ -373,7 +395,9 @@ def submit(args) -> tuple[list, list[Path]]:
         raise SubmitError("srun has no --container-image: pyxis is not installed on this cluster "
                           "(use --container IMAGE.sif with apptainer instead)")
     sweeps = parse_sweeps(args.sweep)
-    dirs = run_dirs(args, sweeps)
+    points = sweep_points(args, sweeps)
+    dirs = [run_dirs(args, sweeps)[i] for i in points]
+    sweeps = [sweeps[i] for i in points]
     if args.max_restarts:
         image = str(Path(args.container).resolve()) if args.container else None
         tasks = [SupervisedTask(trainer_argv(args, d, extra), args.max_restarts, image)
@@ -514,6 +538,23 @@ def main_predict(argv: list[str]) -> int:
     return 0
 
 
+def print_dry_run(args) -> int:
+    """--dry-run: each task's command and data on stderr, the sbatch script on stdout; nothing submitted."""
+    validate(args)
+    sweeps = parse_sweeps(args.sweep)
+    points = sweep_points(args, sweeps)
+    dirs, notes = run_dirs(args, sweeps), list(args.data_notes)
+    for i in points:
+        print("# task: python -m trainer train " + shlex.join(trainer_argv(args, dirs[i], sweeps[i])), file=sys.stderr)
+        print(f"# data: {notes[i] or 'as the recipe reads it'}", file=sys.stderr)
+    print(f"# restarts: {restarts_note(args)}", file=sys.stderr)
+    if args.cluster != "slurm":
+        print(f"# --cluster {args.cluster}: no sbatch script; tasks run as local processes", file=sys.stderr)
+        return 0
+    print(render_sbatch(args, Path(args.folder).resolve(), len(points)), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["predict"]:
@@ -522,17 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(parser, argv, legacy_flags=True)
     try:
         if args.dry_run:
-            validate(args)
-            sweeps = parse_sweeps(args.sweep)
-            for d, extra, data in zip(run_dirs(args, sweeps), sweeps, args.data_notes):
-                print("# task: python -m trainer train " + shlex.join(trainer_argv(args, d, extra)), file=sys.stderr)
-                print(f"# data: {data or 'as the recipe reads it'}", file=sys.stderr)
-            print(f"# restarts: {restarts_note(args)}", file=sys.stderr)
-            if args.cluster != "slurm":
-                print(f"# --cluster {args.cluster}: no sbatch script; tasks run as local processes", file=sys.stderr)
-                return 0
-            print(render_sbatch(args, Path(args.folder).resolve(), len(sweeps)), end="")
-            return 0
+            return print_dry_run(args)
         jobs, dirs = submit(args)
     except (ValueError, MissingExtraError) as err:  # SubmitError, ConfigError from check_config, no submitit
         print(f"error: {err}", file=sys.stderr)

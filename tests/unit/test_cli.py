@@ -73,7 +73,7 @@ def test_console_script_installed_next_to_python():
         pytest.skip(f"no console script at {exe}: the package is not pip-installed in this interpreter "
                     f"(`make setup` installs it)")
     out = subprocess.run([str(exe), "--help"], env=clean_env(), capture_output=True, text=True, timeout=limit("minute"))
-    assert out.returncode == 0 and "{train,eval,predict,doctor,data}" in out.stdout
+    assert out.returncode == 0 and "{train,eval,predict,doctor,runs,data}" in out.stdout
 
 
 def test_print_config_shows_the_resolved_config_and_starts_nothing(tmp_path):

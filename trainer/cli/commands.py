@@ -1,4 +1,4 @@
-"""The commands of `python -m trainer`: train, eval, predict, doctor, data; main() parses and dispatches.
+"""The commands of `python -m trainer`: train, eval, predict, doctor, runs, data; main() parses and dispatches.
 
     python -m trainer train --recipe toy --epochs 2 --run-dir runs/demo     # TRAINER_PLUGINS=tests.toy_recipe
     main(["eval", "--checkpoint", "runs/demo"])
@@ -79,7 +79,28 @@ def cmd_predict(args) -> int:
     return run_predict(args).code
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "doctor": cmd_doctor, "data": cmd_data}
+def cmd_runs(args) -> int:
+    from trainer.cli.runs import find_run_dirs, read_run
+    from trainer.cli.runs_report import plot, render, rerun_text
+    from trainer.engine.selection import selected_metric
+    root = Path(args.dir)
+    found = find_run_dirs(root)
+    if not found:
+        print(f"error: {root}: no run directory there (a folder with a metrics.jsonl or a claimed run's marker)",
+              file=sys.stderr)
+        return 2
+    metric = selected_metric(args.metric, ("", "max")) if args.metric else None
+    rows = [read_run(path, metric) for path in found]
+    print(render(rows, args.format), end="")
+    if args.plot:
+        print(f"plot: {plot(rows, Path(args.plot))}", file=sys.stderr)
+    if args.rerun_failed:
+        print(rerun_text(rows), end="", file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "doctor": cmd_doctor, "data": cmd_data,
+            "runs": cmd_runs}
 
 
 def main(argv: list[str] | None = None) -> int:

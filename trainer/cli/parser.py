@@ -159,7 +159,7 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
 
 
 def get_parser() -> argparse.ArgumentParser:
-    """`python -m trainer {train,eval,predict,doctor,data}`."""
+    """`python -m trainer {train,eval,predict,doctor,runs,data}`."""
     parser = Parser(
         prog="trainer", description="Distributed PyTorch training for HPC clusters. Registered recipes: "
         + (", ".join(recipe_names()) or "none"))
@@ -191,6 +191,19 @@ def get_parser() -> argparse.ArgumentParser:
                      "a whole allocation; exit 5 names an unfit host")
     doc.add_argument("--run", metavar="RUN_DIR", help="instead: how a finished or failed run went (each rank's exit, "
                      "its relaunches and why, steps recomputed, seconds lost); starts no process group")
+    runs = sub.add_parser("runs", help="a folder of run directories (a sweep's) as one table: the settings that "
+                          "differ, each run's state, best epoch and metrics, best first",
+                          description="Read every run directory under DIR (config.yaml, metrics.jsonl, its exit "
+                          "record) and print one table; --plot draws the metric against each varied setting and the "
+                          "best runs' validation curves.")
+    runs.add_argument("dir", metavar="DIR", help="a sweep's --run-dir, or any folder of run directories")
+    runs.add_argument("--format", choices=("table", "csv", "md"), default="table", help="the table's form "
+                      "(default: aligned text)")
+    runs.add_argument("--metric", metavar="NAME[:max|min]", help="sort and plot by this validation metric (default: "
+                      "each run's selection metric, train.select_metric or the recipe's)")
+    runs.add_argument("--plot", metavar="FILE.png", help="also draw the PNG (needs matplotlib: the bench extra)")
+    runs.add_argument("--rerun-failed", action="store_true", help="print the array indices of the failed sweep "
+                      "points and the hpc/submit.py option that submits them again")
     from trainer.data.cli import add_data_parser
     add_data_parser(sub)
     return parser
