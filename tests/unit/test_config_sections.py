@@ -39,7 +39,8 @@ def flat(values: dict) -> dict:
            {"optim", "log", "faults", "compile"}}
     for section in ("optim", "log", "faults", "compile"):
         for key, value in values[section].items():
-            out["train"][old[f"{section}.{key}"].split(".", 1)[1]] = value
+            if f"{section}.{key}" in old:        # (keys added after the split, log.tracker, had no flat name)
+                out["train"][old[f"{section}.{key}"].split(".", 1)[1]] = value
     return out
 
 

@@ -218,7 +218,7 @@ def test_every_built_in_component_is_built_from_the_run_as_a_plugins_is():
 
     from trainer.engine.callbacks import Component
     from trainer.engine.trainer import BUILT_IN
-    assert len(BUILT_IN) == 12
+    assert len(BUILT_IN) == 13
     for factory in BUILT_IN:
         owner = factory.__self__                     # a classmethod bound to its component class
         assert issubclass(owner, Component) and factory.__name__ == "from_run", factory

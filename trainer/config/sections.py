@@ -93,6 +93,10 @@ class LogConfig:
     per_rank: bool = False                # every rank also writes RUN_DIR/train.rank{N}.log (rank 0: train.log too)
     tensorboard: bool = True
     profile: str = ""                     # START:STOP: torch.profiler trace of those optimizer steps (RUN_DIR/profile)
+    # rank 0's records also to these trackers (the mlflow, wandb extras), one tracking run per run directory kept
+    # across requeues and resumes (trainer/engine/components/tracking.py); several at once: log.tracker=mlflow,wandb
+    tracker: list[Literal["mlflow", "wandb"]] = field(default_factory=list)
+    tracker_project: str = ""             # MLflow's experiment, W&B's project ("": the recipe's name)
 
 
 @dataclass

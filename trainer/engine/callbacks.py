@@ -132,6 +132,13 @@ class Component:
     def phase_end(self, what: str) -> None:
         """That long phase ended (normally or by an exception)."""
 
+    def logged(self, record: dict[str, Any]) -> None:
+        """Rank 0: a record was appended to metrics.jsonl (split, epoch, step, time, its metrics; a train step
+        logged before a resume went back behind it carries redone=True)."""
+
+    def exited(self, code: int, cause: str) -> None:
+        """How the run ends, as its exit record will say (the exit code, its cause), before close()."""
+
     def close(self) -> None:
         """The run ends (normally or not): release what the component holds."""
 

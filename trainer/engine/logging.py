@@ -7,7 +7,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from trainer.distributed.runtime import DistInfo
 from trainer.engine.write_failures import RunLogHandler, WriteFailures
@@ -129,6 +129,7 @@ class MetricsWriter:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.failures = failures        # a failed write is noted there (every rank stops at the next agreement)
         self.redone_to = -1             # a resumed run's train steps up to this one were logged before: marked
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []     # each record, once written (the components')
         if self.enabled and purge_step is not None:
             self.redone_to = repair_metrics(self.path)
         self.tb = None
@@ -152,6 +153,8 @@ class MetricsWriter:
         except OSError as err:
             self._failed(self.path, err, "metrics")
             return
+        for listener in self.listeners:
+            listener(record)
         if self.tb is not None:
             try:
                 for name, value in metrics.items():

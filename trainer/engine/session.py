@@ -89,7 +89,7 @@ def run_train(cfg: Config, spec: RecipeSpec) -> tuple[FitResult, Config]:
         try:
             trainer = Trainer(recipe, info, cfg, planned, commit)
             with trainer:           # not `with Trainer(...) as trainer`: a reader (and a walk of the calls) sees fit()
-                result = trainer.fit()
+                result = trainer.fit_and_tell()
         except BaseException as err:
             if started:             # a refusal before commit() leaves the run directory as it was
                 record_exit(cfg.run_dir, info.rank, exit_of(err).code, f"{type(err).__name__}: {err}"[:2000])

@@ -43,8 +43,10 @@ from trainer.engine.components.periodic import PeriodicSaves
 from trainer.engine.components.profiler import StepProfiler
 from trainer.engine.components.progress import FirstStep, ProgressBar
 from trainer.engine.components.stragglers import Stragglers
+from trainer.engine.components.tracking import Tracker
 from trainer.engine.device_clock import DeviceClock
 from trainer.engine.evaluation import Evaluations
+from trainer.engine.exits import exit_code_of, exit_of
 from trainer.engine.logging import MetricsWriter
 from trainer.engine.loop import EpochLoop
 from trainer.engine.meters import Throughput
@@ -57,6 +59,7 @@ from trainer.engine.state import TrainState
 from trainer.engine.window import TrainLosses
 from trainer.engine.write_failures import WriteFailures, watch
 from trainer.launch.exitcodes import PREEMPTED_MARKER, UnfitHostError
+from trainer.native.trackers import check_installed
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +69,7 @@ log = logging.getLogger(__name__)
 BUILT_IN: tuple[ComponentFactory, ...] = (
     DeviceClock.from_run, HangWatch.from_run, PreemptionHandler.from_run, StepProfiler.from_run,
     ShutdownBudget.from_run, Stragglers.from_run, LoggingWindow.from_run, ProgressBar.from_run, FirstStep.from_run,
-    PeriodicSaves.from_run, StepLimit.from_run, Eviction.from_run)
+    PeriodicSaves.from_run, StepLimit.from_run, Eviction.from_run, Tracker.from_run)
 
 
 def check_hosts(run: Run, run_dir: Path, slow: float) -> None:
@@ -97,6 +100,8 @@ class Trainer:
         slow = preflight.slow_fraction(cfg.faults.preflight_slow) if checked else None   # a bad setting refuses here
         self.run = build_run(recipe, info, cfg)
         refuse_unknown_metric(recipe, cfg)
+        if info.is_main:
+            check_installed(cfg.log.tracker)    # a tracker's missing extra refuses the run before it writes
         self.ckpts = Checkpointer(self.run, self.run_dir, planned)
         resumed = self.ckpts.resume()           # the last check that can refuse the run: nothing written before it
         if commit is not None:
@@ -137,6 +142,7 @@ class Trainer:
                 self.components.append(component)
         self.run.phases.bind(self.components)
         load_component_states(self.components, self.ckpts.component_states)
+        self.writer.listeners = [c.logged for c in self.components if type(c).logged is not Component.logged]
         return self.components
 
     def component(self, kind: type[C]) -> C | None:
@@ -249,6 +255,21 @@ class Trainer:
         self.failures.agree(self.info)          # a failed log or metrics write stops every rank, after the save
         for component in self.components:
             component.saved(seconds)
+
+    def fit_and_tell(self) -> FitResult:
+        """fit(), then each component told how the run ends (Component.exited: the exit record's code and cause),
+        an error included, before close()."""
+        try:
+            result = self.fit()
+        except BaseException as err:
+            self.exited(exit_of(err).code, f"{type(err).__name__}: {err}"[:2000])
+            raise
+        self.exited(exit_code_of(result), result.reason or result.status)
+        return result
+
+    def exited(self, code: int, cause: str) -> None:
+        for component in self.components:
+            component.exited(code, cause)
 
     def close(self) -> None:
         """Tear the run's parts down (the profiler's trace written, the writer closed)."""
