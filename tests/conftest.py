@@ -97,3 +97,26 @@ def slurm_cluster():
     yield where / "slurm.conf"
     if not running:
         subprocess.run(["bash", str(REPO / "hpc/cluster/stop.sh")], env=env, timeout=limit("run"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """TEST_CPU_REPORT=FILE: one JSON line per test with its wall time and the CPU seconds it took (this process's
+    and its finished children's, user + system): where a suite on 2 cores spends its CPU, which wall times hide
+    (a test that sleeps or waits on the scheduler costs wall, not CPU)."""
+    target = os.environ.get("TEST_CPU_REPORT")
+    if not target:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    start, wall = cpu(), time.monotonic()
+    yield
+    with open(target, "a") as fh:
+        fh.write(json.dumps(dict(test=item.nodeid, part=os.environ.get("TEST_PART", ""),
+                                 wall_s=round(time.monotonic() - wall, 2), cpu_s=round(cpu() - start, 2))) + "\n")

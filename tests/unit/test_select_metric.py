@@ -42,6 +42,12 @@ def test_a_resume_may_change_it_and_a_metric_the_recipe_does_not_report_is_refus
     assert "first step done" not in wrong.stderr and not (tmp_path / "wrong" / "config.yaml").exists()
 
 
+# the recipes' generated data made small (the names do not depend on the data's size; the defaults' evaluation of
+# SASRec's ranked every item for every user: 29 s)
+SMALL = {"har": ["data.synthetic_cases=60"], "kgat": ["data.synthetic_users=60"], "sasrec": ["data.synthetic_users=60"],
+         "video": ["data.synthetic_videos=4", "data.synthetic_frames=30"]}
+
+
 @pytest.mark.parametrize("recipe,metric", [("har", "macro_f1"), ("kgat", "recall@20"), ("video", "accuracy"),
                                            ("sasrec", "full_ndcg@10")])
 def test_each_recipe_tells_its_metrics_before_it_evaluates(recipe, metric):
@@ -52,7 +58,7 @@ def test_each_recipe_tells_its_metrics_before_it_evaluates(recipe, metric):
     from trainer.engine.evaluation import evaluate_split
     from trainer.engine.session import build_recipe
 
-    cfg, spec = configure(recipe, overrides=["data.synthetic_videos=4"] if recipe == "video" else [])
+    cfg, spec = configure(recipe, overrides=SMALL[recipe])
     cfg.run_dir = ""
     info = DistInfo()
     made = build_recipe(cfg, info, spec)
