@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make test: pytest ARGS in two processes side by side, the tests that use the local Slurm cluster
+# make test: pytest ARGS in two halves side by side, the tests that use the local Slurm cluster
 # (TEST_PART=cluster; they mostly wait on the scheduler: requeue delays, signals, time limits) and the rest
 # (TEST_PART=rest, on the CPUs, in TEST_WORKERS pytest-xdist workers, default 2: the cluster half mostly waits, so
 # two CPU workers beside it keep both cores busy; tests that share a fixed resource name an xdist_group). The
