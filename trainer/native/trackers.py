@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,7 @@ class WandbBackend:
         wandb = require("wandb", "wandb", "log.tracker=wandb")
         self.mode = os.environ.get("WANDB_MODE") or "offline"
         self.dir = Path(run_dir).resolve()
-        self.run = wandb.init(project=project, name=name, id=run_id or wandb.util.generate_id(), resume="allow",
+        self.run = wandb.init(project=project, name=name, id=run_id or secrets.token_hex(4), resume="allow",
                               dir=str(self.dir), mode=self.mode, reinit="create_new")
         self.run_id = self.run.id
 
