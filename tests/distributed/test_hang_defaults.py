@@ -52,11 +52,11 @@ def launch(tmp_path, recipe: str, how: str, *extra: str, rank: int = 1, at: int 
     return run, procs
 
 
-def ended(procs, limit: float, others_s: float = 10) -> tuple[list[int | None], list[str]]:
-    """Wait up to `limit` s for rank 0, then `others_s` for the others (a stopped rank never ends); kill the rest.
+def ended(procs, wait_s: float, others_s: float = 10) -> tuple[list[int | None], list[str]]:
+    """Wait up to `wait_s` s for rank 0, then `others_s` for the others (a stopped rank never ends); kill the rest.
     (codes, stderr)."""
     with contextlib.suppress(subprocess.TimeoutExpired):
-        procs[0].wait(timeout=limit)
+        procs[0].wait(timeout=wait_s)
     for p in procs[1:]:
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=others_s)

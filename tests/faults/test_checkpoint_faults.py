@@ -68,10 +68,10 @@ def test_temporaries_of_a_killed_save_are_removed_at_the_next_start(tmp_path, re
     assert_bitwise_equal(weights(tmp_path / "run"), reference)
 
 
-def _file_size_limit(limit: int):
+def _file_size_limit(size: int):
     def apply():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails with EFBIG instead
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
     return apply
 
 

@@ -83,12 +83,12 @@ def test_signal_to_ranks_and_their_workers_under_torchrun(tmp_path, reference, n
                  exit_s=round(exit_s, 2), steps_lost=0, outcome="agreed checkpoint, bitwise resume")
 
 
-@pytest.mark.parametrize("name,agent,limit", [
+@pytest.mark.parametrize("name,agent,shutdown_s", [
     ("SIGTERM", (), 30),
     ("SIGUSR1", (*FORWARD_USR, "--shutdown-timeout", "90"), 90),
 ])
 def test_a_signal_to_the_torchrun_agent_alone_ends_in_a_checkpoint_and_a_bitwise_resume(tmp_path, reference, name,
-                                                                                      agent, limit):
+                                                                                      agent, shutdown_s):
     """pytorch #119856: torchrun forwards SIGTERM (and, with --signals-to-handle, USR1/USR2) to its workers
     and SIGKILLs them --shutdown-timeout s later (30 by default); the workers checkpoint inside that."""
     run_dir = tmp_path / "run"
@@ -99,11 +99,11 @@ def test_a_signal_to_the_torchrun_agent_alone_ends_in_a_checkpoint_and_a_bitwise
     stopped = re.search(rf"received {name}: checkpointing at epoch \d+ step (\d+)", err)
     assert stopped, err[-3000:]
     written = re.search(rf"checkpoint written ([\d.]+) s after {name} reached this rank \(torchrun kills its "
-                        rf"workers {limit} s after", err)
-    assert written and float(written.group(1)) < limit, err[-3000:]
+                        rf"workers {shutdown_s} s after", err)
+    assert written and float(written.group(1)) < shutdown_s, err[-3000:]
     assert "exitcode  : -9" not in err                   # no worker needed torchrun's SIGKILL
     resume_bitwise(run_dir, int(stopped.group(1)), reference)
-    record_fault(f"{name} to the torchrun agent only (it forwards; shutdown limit {limit} s)",
+    record_fault(f"{name} to the torchrun agent only (it forwards; shutdown limit {shutdown_s} s)",
                  exit_s=round(time.monotonic() - t0, 2), steps_lost=0, outcome="agreed checkpoint, bitwise resume")
 
 

@@ -63,3 +63,22 @@ def test_the_slowing_tests_carry_the_timing_marker():
                 if slows and not marked:
                     unmarked.append(f"{path.relative_to(TESTS)}::{node.name}")
     assert not unmarked, unmarked
+
+
+def test_no_name_in_a_test_shadows_the_table():
+    """A parameter or variable named `limit` in a file that imports limit() would call a number (a TypeError
+    caught only when that test runs: CI, 2026-12-07)."""
+    import ast
+    shadowed = []
+    for path in sorted(TESTS.rglob("*.py")):
+        text = path.read_text()
+        if "from tests.timeouts import limit" not in text:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            names = [a.arg for a in node.args.args + node.args.kwonlyargs] if isinstance(node, ast.FunctionDef) else \
+                [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else []
+            if "limit" in names:
+                shadowed.append(f"{path.relative_to(TESTS)}:{node.lineno}")
+        if re.search(r"parametrize\(\"[^\"]*\blimit\b", text):
+            shadowed.append(f"{path.relative_to(TESTS)}: a parameter named limit")
+    assert not shadowed, shadowed
