@@ -31,6 +31,7 @@ class MLflowBackend:
     its plain file store), with the experiment's artifacts under RUN_DIR/mlartifacts."""
 
     name = "mlflow"
+    durable = True             # a call returns once its rows are in the store
 
     def __init__(self, run_dir: Path, project: str, name: str, run_id: str | None):
         require("mlflow", "mlflow", "log.tracker=mlflow")
@@ -78,6 +79,7 @@ class WandbBackend:
     RUN_DIR/wandb; the same id resumed (resume="allow"); an offline run is synced later with `wandb sync`."""
 
     name = "wandb"
+    durable = False            # its service writes behind the call; what a killed process had sent may be lost
 
     def __init__(self, run_dir: Path, project: str, name: str, run_id: str | None):
         wandb = require("wandb", "wandb", "log.tracker=wandb")

@@ -1,9 +1,11 @@
 """log.tracker: rank 0's records (metrics.jsonl's) also in MLflow and/or Weights & Biases (trainer/native/trackers.py),
-one tracking run per run directory. RUN_DIR/tracking.json keeps each tracker's run id and the last step it took of
-each series, so a requeue, an in-allocation restart or a `--resume auto` continues the same tracking run, and the
-steps a resume trains again (from a checkpoint behind the last logged step) are not sent twice: the tracker's
-curve is an uninterrupted run's. A tracker that fails (a server out of reach, a full disk, a bad URI) is said once
-and dropped; training goes on. Other ranks run none of it.
+one tracking run per run directory. RUN_DIR/tracking.json keeps each tracker's run id and the last step it holds of
+each series (MLflow's at once; W&B's once its run has finished: its service loses what it had not written when the
+process is killed, and the next attempt sends metrics.jsonl's records after that step first), so a requeue, an
+in-allocation restart or a `--resume auto` continues the same tracking run, and the steps a resume trains again
+(from a checkpoint behind the last logged step) are not sent twice: the tracker's curve is an uninterrupted run's.
+A tracker that fails (a server out of reach, a full disk, a bad URI) is said once and dropped; training goes on.
+Other ranks run none of it.
 
     python -m trainer train --recipe sasrec log.tracker=mlflow             # RUN_DIR/mlflow.db, or MLFLOW_TRACKING_URI
 """
@@ -63,6 +65,7 @@ class Tracker(Component):
         self.run_dir, self.path = Path(run_dir), Path(run_dir) / STATE
         self.state: dict[str, dict[str, Any]] = self._read()
         self.backends: dict[str, Any] = {}
+        self.sent: dict[str, dict[str, int]] = {}     # per tracker, the last step sent of each series (this attempt)
         self.ended = False
         project, name = cfg.log.tracker_project or cfg.recipe, self.run_dir.name
         for kind in dict.fromkeys(kinds):
@@ -73,11 +76,22 @@ class Tracker(Component):
                 continue
             self.backends[kind] = backend
             self.state[kind] = dict(run_id=backend.run_id, last=kept.get("last", {}))
+            self.sent[kind] = dict(self.state[kind]["last"])
             if fresh:
                 self._each_once(kind, lambda b: b.log_params(flat_config(cfg)))
             self._each_once(kind, lambda b: b.set_tags(self._tags(info)))
             log.info("log.tracker: %s", backend.where())
+        self._catch_up()
         self._write()
+
+    def _catch_up(self) -> None:
+        """What metrics.jsonl holds from earlier attempts that a tracker does not (an attempt killed before its
+        tracker wrote them out: W&B's service loses what it had not written, and the resume starts behind them),
+        sent first; a record a resume redid (redone) stays the first attempt's, as in metrics.jsonl."""
+        from trainer.engine.logging import read_metrics
+        for record in read_metrics(self.run_dir):
+            if not record.get("redone"):
+                self._send(record)
 
     def _read(self) -> dict[str, dict[str, Any]]:
         try:
@@ -125,25 +139,37 @@ class Tracker(Component):
             self._call(kind, lambda: fn(backend) or True)
 
     def logged(self, record: dict[str, Any]) -> None:
+        if self._send(record):
+            self._write()
+
+    def _send(self, record: dict[str, Any]) -> bool:
+        """The record to each tracker that has not had its step of the series; True when a durable tracker's last
+        step moved (tracking.json is due)."""
         values, series, step = numbers(record), series_of(record), int(record.get("step", 0))
-        if not values:
-            return
+        moved = False
+        if not values or record.get("redone"):
+            return False                    # (a redone step: sent before the resume went back behind it)
         for kind in list(self.backends):
-            last = self.state[kind]["last"]
-            if record.get("redone") or step <= last.get(series, -1):
-                continue                    # sent before the resume went back behind it
+            sent = self.sent[kind]
+            if step <= sent.get(series, -1):
+                continue
             metrics = {metric_key(series, k): v for k, v in values.items()}
             if self._call(kind, lambda: self.backends[kind].log_metrics(metrics, step) or True):
-                last[series] = step
-        self._write()
+                sent[series] = step
+                if self.backends[kind].durable:         # written when the call returns (MLflow's store)
+                    self.state[kind]["last"] = dict(sent)
+                    moved = True
+        return moved
 
     def exited(self, code: int, cause: str) -> None:
         status = "finished" if code == 0 else "killed" if "preempt" in cause or code >= 128 else "failed"
         for kind in list(self.backends):
             self._each_once(kind, lambda b: b.set_tags(dict(exit_code=code, exit_cause=cause[:500])))
             self._each_once(kind, lambda b: b.end(status))
-            if kind in self.backends:
+            if kind in self.backends:           # ended: what it was sent is written out (W&B's finish)
+                self.state[kind]["last"] = dict(self.sent[kind])
                 log.info("log.tracker: %s (%s)", self.backends[kind].where(), status)
+        self._write()
         self.ended = True
 
     def close(self) -> None:
