@@ -14,14 +14,14 @@ PARTS = ("cluster", "rest")
 
 
 def in_cluster_half(item) -> bool:
-    """The cluster half: the tests on the cluster; with the rest half in one process (TEST_WORKERS=1) also the CPU
-    work marked beside_cluster. That half mostly waits on the scheduler (CI, 2026-11-27: 17 minutes against the
-    other half's 40), so in one process it took the long CPU tests that need no cluster. With the rest in two
-    workers (tests/run.sh's default) the CPU is full already, and a CPU test in the cluster half only stretches it
-    (CI, 2026-12-07: the cluster half 38 minutes with them beside two workers)."""
+    """The cluster half: the tests on the cluster; with the rest half in one process (TEST_WORKERS=1, tests/run.sh's
+    default) also the long CPU work marked beside_cluster. That half mostly waits on the scheduler (CI, 2026-11-27:
+    17 minutes against the other half's 40), so it takes the long CPU tests that need no cluster. With the rest in
+    several workers they are the rest's (CI, 2026-12-07: the cluster half 38 minutes with them beside two workers;
+    21.5 without them)."""
     if item.get_closest_marker("slurm") is not None:
         return True
-    return item.get_closest_marker("beside_cluster") is not None and os.environ.get("TEST_WORKERS", "2") == "1"
+    return item.get_closest_marker("beside_cluster") is not None and os.environ.get("TEST_WORKERS", "1") == "1"
 
 
 def cluster_running(where: Path | None) -> bool:

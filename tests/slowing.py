@@ -46,11 +46,27 @@ def _cgroup_of(pid: int) -> Path | None:
     return None
 
 
+def _remove_stale_groups() -> None:
+    """The groups of a test process that died before it removed them (killed): what they still hold goes back to the
+    root group, so nothing stays slowed after its test."""
+    for root in CPU_CGROUP.glob("hpc-trainer-test-*"):
+        owner = int(root.name.split("-")[3])
+        if Path(f"/proc/{owner}").exists():
+            continue
+        for group in (root / "slow", root / "fast", root):
+            with contextlib.suppress(OSError):
+                for pid in (group / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(OSError):
+                        (CPU_CGROUP / "cgroup.procs").write_text(pid)
+                group.rmdir()
+
+
 class CpuGroups:
     """Two cgroups of this test process's own, `slow` (the quota) and `fast` (the weight); processes moved in are
     moved back where they were by close(), which removes the groups."""
 
     def __init__(self) -> None:
+        _remove_stale_groups()
         self.root = CPU_CGROUP / f"hpc-trainer-test-{os.getpid()}-{threading.get_ident()}"
         self.slow, self.fast = self.root / "slow", self.root / "fast"
         for group in (self.slow, self.fast):

@@ -40,24 +40,24 @@ def test_the_worse_exit_status_wins_and_both_reports_are_shown(tmp_path):
 
 
 def test_the_long_cpu_tests_marked_beside_the_cluster_run_in_its_half_only_beside_one_worker():
-    """With the rest half in one process, the benchmarks' smoke tests and other long CPU work fill the cluster half,
-    which mostly waits; with the rest in two workers (the default) they are the rest's."""
+    """With the rest half in one process (the default), the benchmarks' smoke tests and other long CPU work fill the
+    cluster half, which mostly waits; with the rest in several workers they are the rest's."""
     path, headers = "tests/bench/test_bench_har.py", "tests/recipes/test_kernel_module.py"
-    one = dict(TEST_WORKERS="1")
-    assert collected("cluster", path, one) and not collected("rest", path, one)
-    assert collected("cluster", headers, one) == {"test_each_fragment_compiles_on_its_own"}
-    assert "test_every_header_registers_its_own_functions_in_the_module" in collected("rest", headers, one)
-    assert not collected("cluster", path) and collected("rest", path)
-    assert "test_each_fragment_compiles_on_its_own" in collected("rest", headers)
+    assert collected("cluster", path) and not collected("rest", path)
+    assert collected("cluster", headers) == {"test_each_fragment_compiles_on_its_own"}
+    assert "test_every_header_registers_its_own_functions_in_the_module" in collected("rest", headers)
+    three = dict(TEST_WORKERS="3")
+    assert not collected("cluster", path, three) and collected("rest", path, three)
+    assert "test_each_fragment_compiles_on_its_own" in collected("rest", headers, three)
 
 
 def test_the_rest_half_is_spread_over_workers_unless_told_otherwise(tmp_path):
-    """The rest half in TEST_WORKERS pytest-xdist workers (default 2, grouped by xdist_group); the cluster half,
-    which shares one cluster, in one process."""
+    """The rest half in TEST_WORKERS pytest-xdist workers when that is above 1 (default 1: one process; grouped by
+    xdist_group); the cluster half, which shares one cluster, in one process."""
     fake = tmp_path / "python"
     fake.write_text(f'#!/bin/bash\necho "$TEST_PART $*" >> {tmp_path}/args\n')
     fake.chmod(0o755)
-    for workers, spread in ((None, "-n 2 --dist loadgroup "), ("3", "-n 3 --dist loadgroup "), ("1", "")):
+    for workers, spread in ((None, ""), ("3", "-n 3 --dist loadgroup "), ("1", "")):
         (tmp_path / "args").unlink(missing_ok=True)
         env = dict(os.environ, **({"TEST_WORKERS": workers} if workers else {}))
         env.pop("TEST_WORKERS", None) if workers is None else None
