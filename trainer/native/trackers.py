@@ -85,6 +85,8 @@ class WandbBackend:
         wandb = require("wandb", "wandb", "log.tracker=wandb")
         self.mode = os.environ.get("WANDB_MODE") or "offline"
         self.dir = Path(run_dir).resolve()
+        if run_id:
+            _next_second_if_taken(self.dir / "wandb", run_id)
         self.run = wandb.init(project=project, name=name, id=run_id or secrets.token_hex(4), resume="allow",
                               dir=str(self.dir), mode=self.mode, reinit="create_new")
         self.run_id = self.run.id
@@ -105,6 +107,13 @@ class WandbBackend:
         if self.mode == "offline":
             return f"W&B run {self.run_id} (offline: wandb sync {self.dir / 'wandb'}/offline-run-*-{self.run_id})"
         return f"W&B run {self.run_id} ({self.mode})"
+
+
+def _next_second_if_taken(folder: Path, run_id: str) -> None:
+    """W&B names an attempt's offline run by the second it starts (offline-run-YYYYMMDD_HHMMSS-ID): an attempt that
+    starts in the second its killed predecessor did would write into that run's file, where its rows are lost."""
+    while list(folder.glob(f"offline-run-{time.strftime('%Y%m%d_%H%M%S')}-{run_id}")):
+        time.sleep(1.05 - time.time() % 1)
 
 
 BACKENDS = {"mlflow": MLflowBackend, "wandb": WandbBackend}
