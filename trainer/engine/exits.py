@@ -93,3 +93,8 @@ def exit_code_of(result) -> int:
     if result.status == "preempted":
         return DONE if result.requeued else 128 + result.signal
     return result.code if result.code is not None else DONE
+
+
+def exit_cause(err: BaseException) -> str:
+    """An error as a run's exit record states its cause (the components hear the same: Component.exited)."""
+    return f"{type(err).__name__}: {err}"[:2000]

@@ -18,7 +18,7 @@ from trainer.data.cache import evict_pending
 from trainer.data.download import check_data_path
 from trainer.distributed import runtime
 from trainer.distributed.environment import select_environment
-from trainer.engine.exits import exit_code_of, exit_of
+from trainer.engine.exits import exit_cause, exit_code_of, exit_of
 from trainer.engine.logging import attach_run_log, hold_logging
 from trainer.engine.result import FitResult
 from trainer.engine.resume import check_resume_config, describe, keep_previous_config
@@ -92,7 +92,7 @@ def run_train(cfg: Config, spec: RecipeSpec) -> tuple[FitResult, Config]:
                 result = trainer.fit_and_tell()
         except BaseException as err:
             if started:             # a refusal before commit() leaves the run directory as it was
-                record_exit(cfg.run_dir, info.rank, exit_of(err).code, f"{type(err).__name__}: {err}"[:2000])
+                record_exit(cfg.run_dir, info.rank, exit_of(err).code, exit_cause(err))
             raise
         record_exit(cfg.run_dir, info.rank, exit_code_of(result), result.reason or result.status,
                     result.status == "preempted")

@@ -46,7 +46,7 @@ from trainer.engine.components.stragglers import Stragglers
 from trainer.engine.components.tracking import Tracker
 from trainer.engine.device_clock import DeviceClock
 from trainer.engine.evaluation import Evaluations
-from trainer.engine.exits import exit_code_of, exit_of
+from trainer.engine.exits import exit_cause, exit_code_of, exit_of
 from trainer.engine.logging import MetricsWriter
 from trainer.engine.loop import EpochLoop
 from trainer.engine.meters import Throughput
@@ -262,7 +262,7 @@ class Trainer:
         try:
             result = self.fit()
         except BaseException as err:
-            self.exited(exit_of(err).code, f"{type(err).__name__}: {err}"[:2000])
+            self.exited(exit_of(err).code, exit_cause(err))
             raise
         self.exited(exit_code_of(result), result.reason or result.status)
         return result
