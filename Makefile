@@ -41,7 +41,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	@$(PY) scripts/ticking.py "make setup: installing torch==$(TORCH_VERSION) (pip)" -- \
 	  $(BIN)/pip install -q $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) torch==$(TORCH_VERSION)
 	@$(PY) scripts/ticking.py "make setup: installing hpc-trainer and its extras (pip)" -- \
-	  $(BIN)/pip install -q -e ".[tensorboard,test,bench,video,submit,parquet,mlflow,wandb]"
+	  $(BIN)/pip install -q -e ".[tensorboard,test,bench,video,submit,parquet,mlflow,wandb,search]"
 	touch $@
 
 # the C++ extensions now, side by side, each announced with its elapsed time every 10 s (the tests and the

@@ -4,6 +4,7 @@
         --time 04:00:00 --partition gpu --follow
     python hpc/submit.py --recipe sasrec --nodes 1 --tasks-per-node 4 --dry-run data.path=data/ml-1m
     python hpc/submit.py --recipe sasrec --sweep optim.lr=0.001,0.0003 --sweep model.width=64,128 ...
+    python hpc/submit.py --recipe sasrec --search configs/search/sasrec.yaml --trials 12 --array-parallelism 3
     python hpc/submit.py predict --checkpoint runs/sasrec --out top10.parquet --nodes 1 --gpus-per-node 4 --top-k 10
 
 Every trainer flag and key=value override is accepted and validated before anything is submitted.
@@ -96,6 +97,11 @@ def add_job_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     sub.add_argument("--sweep-points", metavar="I,J,...",
                      help="--sweep: submit only these points (their indices, as `python -m trainer runs DIR "
                           "--rerun-failed` prints them), into the same --run-dir: each resumes from its checkpoint")
+    sub.add_argument("--search", metavar="SPACE.yaml",
+                     help="an Optuna search instead of a grid: a job array of --trials tasks, each training the "
+                          "next trial of the study in --run-dir (journal storage there; trainer/search/space.py "
+                          "describes the file)")
+    sub.add_argument("--trials", type=int, metavar="N", help="--search: how many trials (array tasks)")
     sub.add_argument("--folder", default="runs/submitit", help="submitit folder (created private, 0700)")
     sub.add_argument("--dry-run", action="store_true", help="print the sbatch script and exit")
     sub.add_argument("--follow", action="store_true", help="stream rank 0's log; exit with the job's state")
@@ -170,7 +176,7 @@ def check_text_fields(args) -> None:
 OWNED = {"nodes": "--nodes", "ntasks-per-node": "--gpus-per-node / --tasks-per-node", "gpus-per-node":
          "--gpus-per-node", "cpus-per-task": "--cpus-per-task", "time": "--time", "job-name": "--job-name",
          "partition": "--partition", "account": "--account", "qos": "--qos", "constraint": "--constraint",
-         "exclusive": "--exclusive", "mem": "--mem", "array": "--sweep / --array-parallelism",
+         "exclusive": "--exclusive", "mem": "--mem", "array": "--sweep / --search --trials / --array-parallelism",
          "output": "(submitit's, in --folder)", "error": "(submitit's, in --folder)", "open-mode": "(submitit's)",
          "signal": "(USR2 before the time limit: the checkpoint)", "requeue": "(always on)",
          "wckey": None}
@@ -240,27 +246,65 @@ def validate(args) -> None:
                           f"most {found[1]} GPUs (ask `sinfo -N -o '%P %G'`)")
     if getattr(args, "predict", False):
         return
+    if args.search or args.trials is not None:
+        check_search(args)
     from trainer.config.data_source import check_generated_data
     from trainer.config.settings import to_dict
     seen: dict[str, list[str]] = {}
     args.data_notes = []
-    for extra in parse_sweeps(args.sweep):
+    for extra in parse_sweeps(args.sweep) if not args.search else search_checks(args):
         cfg = check_config(args, extra)
         args.recipe = cfg.recipe  # the recipe may come from the YAML file
         # the tasks run under submitit on a cluster; --cluster local/debug are this machine's processes
         args.data_notes.append(check_generated_data(cfg.data, "submitit" if args.cluster == "slurm" else "local"))
         key = json.dumps(to_dict(cfg), sort_keys=True, default=str)
-        if key in seen:
+        if key in seen and not args.search:
             raise SubmitError(f"--sweep: the points {' '.join(seen[key])} and {' '.join(extra)} give the same "
                               f"configuration: each run would resume from and overwrite the other's "
                               f"checkpoints (drop the repeated value)")
         seen[key] = extra
 
 
+def check_search(args) -> None:
+    """--search and --trials: together, not with a grid; the space file read (errors name its line and field)."""
+    from trainer.search.space import load_space
+    if not args.search or args.trials is None:
+        raise SubmitError("--search SPACE.yaml and --trials N go together (a search of N trials)")
+    if args.trials < 1:
+        raise SubmitError(f"--trials {args.trials}: must be >= 1")
+    if args.sweep or getattr(args, "sweep_points", None):
+        raise SubmitError("--search and --sweep exclude each other: a search draws its points, a grid lists them")
+    args.space = load_space(args.search)
+    if args.space.metric:       # every trial selects its best epoch by the metric the study optimises
+        args.overrides = [*args.overrides, f"train.select_metric={args.space.metric}"]
+
+
+def search_checks(args) -> list[list[str]]:
+    """The configs a search's check builds: its lowest values, its highest, and every choice (a bad key or a value
+    out of a key's bounds fails here, naming the key, before anything is submitted)."""
+    params = args.space.params
+    ends = [[f"{k}={p.bounds()[end]}" for k, p in params.items() if p.kind != "choices"] for end in (0, -1)]
+    choices = [[f"{k}={c}"] for k, p in params.items() if p.kind == "choices" for c in p.choices]
+    return [point for point in (*ends, *choices) if point] or [[]]
+
+
+def search_metric(args) -> tuple[str, str]:
+    """(metric, mode) the search optimises: the space's, else train.select_metric's, else the recipe's."""
+    from trainer.config.registry import get_spec
+    from trainer.engine.selection import selected_metric
+    cfg = check_config(args, [])
+    return selected_metric(cfg.train.select_metric, tuple(get_spec(cfg.recipe).recipe_class().primary_metric))
+
+
+def search_dir(args) -> Path:
+    return Path(args.run_dir or f"runs/{args.recipe or 'run'}-search-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+
+
 # ------------------------------------------------------------------------------------------ job description
 
-def trainer_argv(args, run_dir: Path, extra: list[str]) -> list[str]:
-    """The `python -m trainer train` arguments of one run (absolute paths: tasks may start elsewhere)."""
+def trainer_argv(args, run_dir: Path | None, extra: list[str]) -> list[str]:
+    """The `python -m trainer train` arguments of one run (absolute paths: tasks may start elsewhere); run_dir None:
+    without --run-dir and --resume (a search's task adds its trial's)."""
     argv = []
     for dest in ("recipe", "config", *flag_keys()):
         value = getattr(args, dest, None)
@@ -271,7 +315,8 @@ def trainer_argv(args, run_dir: Path, extra: list[str]) -> list[str]:
         if dest == "gpu_ids":
             value = ",".join(map(str, value))
         argv += [f"--{dest.replace('_', '-')}"] if value is True else [f"--{dest.replace('_', '-')}", str(value)]
-    argv += ["--run-dir", str(run_dir), "--resume", args.resume or "auto"]
+    if run_dir is not None:
+        argv += ["--run-dir", str(run_dir), "--resume", args.resume or "auto"]
     return argv + list(args.overrides) + extra
 
 
@@ -394,6 +439,8 @@ def submit(args) -> tuple[list, list[Path]]:
     if args.cluster == "slurm" and args.container_image and not srun_supports("--container-image"):
         raise SubmitError("srun has no --container-image: pyxis is not installed on this cluster "
                           "(use --container IMAGE.sif with apptainer instead)")
+    if args.search:
+        return submit_search(args)
     sweeps = parse_sweeps(args.sweep)
     points = sweep_points(args, sweeps)
     dirs = [run_dirs(args, sweeps)[i] for i in points]
@@ -410,6 +457,23 @@ def submit(args) -> tuple[list, list[Path]]:
     with executor.batch():
         jobs = [executor.submit(task) for task in tasks]
     return jobs, dirs
+
+
+def submit_search(args) -> tuple[list, list[Path]]:
+    """The study created (or continued) in the search folder, then a job array of --trials SearchTasks."""
+    from hpc.task import SearchTask
+    from trainer.search.study import create_study
+    folder = search_dir(args)
+    metric, mode = search_metric(args)
+    slots = create_study(folder, args.space, metric, mode, args.trials)
+    image = str(Path(args.container).resolve()) if args.container and args.max_restarts else None
+    tasks = [SearchTask(trainer_argv(args, None, []), str(folder), slot, args.max_restarts, image) for slot in slots]
+    executor = make_executor(args, private_folder(args.folder))
+    if len(tasks) == 1:
+        return [executor.submit(tasks[0])], [folder]
+    with executor.batch():
+        jobs = [executor.submit(task) for task in tasks]
+    return jobs, [folder] * len(jobs)
 
 
 # ------------------------------------------------------------------------------------------------ following
@@ -541,6 +605,8 @@ def main_predict(argv: list[str]) -> int:
 def print_dry_run(args) -> int:
     """--dry-run: each task's command and data on stderr, the sbatch script on stdout; nothing submitted."""
     validate(args)
+    if args.search:
+        return print_search_dry_run(args)
     sweeps = parse_sweeps(args.sweep)
     points = sweep_points(args, sweeps)
     dirs, notes = run_dirs(args, sweeps), list(args.data_notes)
@@ -552,6 +618,23 @@ def print_dry_run(args) -> int:
         print(f"# --cluster {args.cluster}: no sbatch script; tasks run as local processes", file=sys.stderr)
         return 0
     print(render_sbatch(args, Path(args.folder).resolve(), len(points)), end="")
+    return 0
+
+
+def print_search_dry_run(args) -> int:
+    """--dry-run of a search: the space, the tasks' command and the array's sbatch script; no study created."""
+    metric, mode = search_metric(args)
+    space = args.space
+    print(f"# search: {args.trials} trials of {', '.join(space.params)} in {search_dir(args)}, optimising "
+          f"{metric}:{mode} ({space.sampler} sampler, pruner {space.pruner})", file=sys.stderr)
+    print("# task: python -m trainer train " + shlex.join(trainer_argv(args, None, [])) +
+          " --run-dir DIR/NNN-trialT --resume auto KEY=VALUE... search.study=DIR search.trial=T", file=sys.stderr)
+    print(f"# data: {args.data_notes[0] or 'as the recipe reads it'}", file=sys.stderr)
+    print(f"# restarts: {restarts_note(args)}; a requeued task continues its own trial", file=sys.stderr)
+    if args.cluster != "slurm":
+        print(f"# --cluster {args.cluster}: no sbatch script; tasks run as local processes", file=sys.stderr)
+        return 0
+    print(render_sbatch(args, Path(args.folder).resolve(), args.trials), end="")
     return 0
 
 
@@ -574,6 +657,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: sbatch refused the job: {str(err).strip() or err.__cause__}", file=sys.stderr)
         return 1
     print(describe(jobs, dirs), flush=True)
+    if args.search:
+        table = shlex.join(["python", "-m", "trainer", "runs", str(dirs[0])])
+        print(f"search: {len(jobs)} trials into {dirs[0]}; the table: {table}", flush=True)
     for note in dict.fromkeys(n for n in getattr(args, "data_notes", []) if n and n.startswith("generated")):
         print(f"data: {note}: the tasks train on the recipe's generated data", flush=True)
     if args.follow or args.cluster == "debug":

@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any
 
+log = logging.getLogger(__name__)
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -110,8 +111,11 @@ class SupervisedTask:
         loop = ('set -euo pipefail; source "$TRAINER_HOME/slurm/common.sh"; '
                 'run_training srun --kill-on-bad-exit=1 "${LAUNCH[@]}" -m trainer train "$@"')
         code = subprocess.run(["bash", "-c", loop, "supervised-training", *self.argv], env=env).returncode
+        from trainer.launch.exitcodes import PRUNED
         from trainer.launch.restarts import read_jsonl
         relaunches = sum(r.get("decision") == "relaunch" for r in read_jsonl(Path(run_dir) / "restarts.jsonl"))
+        if code == PRUNED:          # a search trial its study's pruner ended: not a failure of the job
+            return dict(status="pruned", run_dir=run_dir, relaunches=relaunches)
         if code != 0:
             raise RuntimeError(f"the training step failed (exit {code}) after {relaunches} relaunch(es) in this "
                                f"job; see {run_dir}/restarts.jsonl or `python -m trainer doctor --run {run_dir}`")
@@ -139,3 +143,76 @@ class PredictTask:
         if outcome.status == "stopped" and os.environ.get("SUBMITIT_EXECUTOR") in ("slurm", "local"):
             sys.exit(outcome.code)
         return dict(status=outcome.status, out=outcome.out)
+
+
+class SearchTask:
+    """hpc/submit.py --search: array task `slot` of a search. It claims its trial from the study in `search_dir`
+    (rank 0 or the batch step asks, the other ranks wait for the claim; a requeued, restarted or resumed task finds
+    its claim and continues the same trial in the same run directory), trains it as TrainTask (or SupervisedTask,
+    with --max-restarts) does, then tells the study how the trial ended (completed with its best value, pruned, or
+    failed: the study goes on). A preempted trial tells nothing: its task comes back and continues it."""
+
+    def __init__(self, argv: list[str], search_dir: str, slot: int, max_restarts: int = 0, image: str | None = None):
+        self.argv, self.search_dir, self.slot = list(argv), search_dir, slot
+        self.max_restarts, self.image = max_restarts, image
+
+    def __repr__(self) -> str:
+        return f"SearchTask(slot={self.slot}, {self.search_dir!r})"
+
+    def __call__(self) -> dict[str, Any]:
+        from pathlib import Path
+
+        from trainer.distributed.environment import select_environment
+        from trainer.search.study import claim_trial, is_finished
+        folder = Path(self.search_dir)
+        asks = bool(self.max_restarts) or select_environment().rank == 0     # the batch step is one process
+        claim = claim_trial(folder, self.slot, asks=asks)
+        if asks and is_finished(folder, claim):
+            return dict(status="told before", trial=claim.trial, run_dir=claim.run_dir)
+        argv = [*self.argv, "--run-dir", claim.run_dir, "--resume", "auto", *claim.overrides]
+        inner = SupervisedTask(argv, self.max_restarts, self.image) if self.max_restarts else TrainTask(argv)
+        try:
+            summary = inner()
+        except Exception:
+            if asks:
+                finish_trial(folder, claim)         # failed: its exit record says why
+            raise
+        summary["trial"] = claim.trial
+        if asks and summary.get("status") != "preempted":      # preempted (in process): it comes back for more
+            summary["told"] = finish_trial(folder, claim)
+        return summary
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        """Requeued (submitit, rank 0): the same task again; its claim makes it continue the same trial."""
+        import submitit
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+def finish_trial(search_dir, claim) -> str:
+    """Tell the study how the trial's run ended, read from its run directory as `trainer runs` reads it: completed
+    (its best value of the metric), pruned, or failed (any other end: the study goes on without it). Returns the
+    state told."""
+    from pathlib import Path
+
+    from trainer.cli.runs import read_run
+    from trainer.search.study import open_study, optuna, read_manifest
+    o = optuna()
+    study = open_study(search_dir)
+    manifest = read_manifest(search_dir)
+    if study.trials[claim.trial].state.is_finished():
+        return study.trials[claim.trial].state.name.lower()
+    row = read_run(Path(claim.run_dir), (manifest["metric"], manifest["mode"]))
+    if row.state == "completed" and row.best is not None:
+        study.tell(claim.trial, row.best)
+        told = "complete"
+    elif row.state == "pruned":
+        study.tell(claim.trial, state=o.trial.TrialState.PRUNED)
+        told = "pruned"
+    else:
+        why = row.cause or (f"no validation value of {manifest['metric']}" if row.state == "completed" else row.state)
+        study.tell(claim.trial, state=o.trial.TrialState.FAIL)
+        log.warning("search: trial %d failed: %s (the study goes on without it)", claim.trial, why)
+        told = "fail"
+    value = f" ({row.metric} {row.best:.6g})" if told == "complete" else ""
+    log.info("search: trial %d %s%s", claim.trial, told, value)
+    return told

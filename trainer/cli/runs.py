@@ -120,13 +120,16 @@ def read_state(run_dir: Path) -> tuple[str, str]:
 
 def selection_of(settings: dict[str, Any]) -> tuple[str, str]:
     """(metric, mode) the run selects its best checkpoint by: train.select_metric, else the recipe's own."""
+    from trainer.config.registry import get_spec
     from trainer.engine.selection import selected_metric
     setting = str(settings.get("train.select_metric") or "")
-    if setting.strip():
-        return selected_metric(setting, ("", "max"))
-    from trainer.config.registry import get_spec
-    recipe = get_spec(str(settings.get("recipe", ""))).recipe_class()
-    return tuple(recipe.primary_metric)
+    try:
+        own = tuple(get_spec(str(settings.get("recipe", ""))).recipe_class().primary_metric)
+    except (KeyError, ValueError):     # a recipe this process does not know (a plugin's): NAME alone is maximised
+        if not setting.strip():
+            raise
+        own = ("", "max")
+    return selected_metric(setting, own)      # the recipe's metric named without a mode keeps the recipe's mode
 
 
 def read_run(run_dir: Path, metric: tuple[str, str] | None = None) -> RunRow:

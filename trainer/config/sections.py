@@ -8,6 +8,7 @@ one owner decides, so a key is found where its behaviour is: docs/configuration.
     compile.* torch.compile of the training step, the whole step as a CUDA graph       trainer/engine/steps.py
     ckpt.*    when checkpoints are written and how a run resumes                       trainer/engine/checkpointer.py
     dist.*    how processes and devices are used                                       trainer/distributed/
+    search.*  the search trial a run is (set by hpc/submit.py --search)                components/search_trial.py
 
 They live here, at the config's floor (docs/architecture.md, "Layers"), not in the owners' modules: a login node
 builds, prints and checks a config without torch. ENGINE_RENAMED maps the keys of the one flat train.* section they
@@ -178,6 +179,17 @@ class DistConfig:
     timeout_s: float = 1800.0            # process-group timeout: a dead rank ends the others
     find_unused_parameters: bool = False
     shm_allreduce: Literal["auto", "on", "off"] = "auto"   # gloo on one host: all-reduce through shared memory
+
+
+@dataclass
+class SearchConfig:
+    """The search trial this run is (trainer/engine/components/search_trial.py): its study's folder and number, set by
+    the array task of hpc/submit.py --search (trainer/search/study.py); each validation is reported to the study
+    and its pruner may end the run (exit 7, pruned: never retried). Empty: not a trial."""
+
+    bounds: ClassVar[dict[str, Bound]] = dict(trial=Bound(-1))
+    study: str = ""                      # the search's folder (its journal.log); "": not a trial
+    trial: int = -1                      # the trial's number in that study
 
 
 # the flat train.* keys -> their owners' keys (set_key warns once per key and source, then sets the new one)

@@ -25,6 +25,7 @@ from trainer.config.sections import (
     FaultsConfig,
     LogConfig,
     OptimConfig,
+    SearchConfig,
     TrainConfig,
 )
 from trainer.config.spec import EmptyConfig, RecipeSpec
@@ -50,6 +51,7 @@ class Config:
     compile: CompileConfig = field(default_factory=CompileConfig)
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
     data: Any = field(default_factory=EmptyConfig)
     model: Any = field(default_factory=EmptyConfig)
     eval: Any = field(default_factory=EmptyConfig)

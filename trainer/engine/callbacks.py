@@ -105,8 +105,11 @@ class Component:
     def evaluation_end(self, split: str, metrics: dict[str, Any]) -> None:
         """The evaluation of `split` is done; every rank has its metrics."""
 
-    def evaluated(self, epoch: int, last: bool) -> None:
-        """The run's owner: the epoch is counted and validated (last: it was the run's last epoch)."""
+    def evaluated(self, epoch: int, last: bool) -> Stop | None:
+        """The run's owner: the epoch is counted and validated (last: it was the run's last epoch). A Stop ends the
+        run there, as step_end's does (code 0: as early stopping; any other: a checkpoint, then that exit), after
+        every component has heard of the epoch; the first one's wins. Every rank must return the same."""
+        return None
 
     def save_start(self, kind: str) -> None:
         """The run's owner begins a checkpoint of `kind` (periodic, best, final)."""

@@ -42,6 +42,7 @@ from trainer.engine.components.logging_window import LoggingWindow
 from trainer.engine.components.periodic import PeriodicSaves
 from trainer.engine.components.profiler import StepProfiler
 from trainer.engine.components.progress import FirstStep, ProgressBar
+from trainer.engine.components.search_trial import SearchTrial
 from trainer.engine.components.stragglers import Stragglers
 from trainer.engine.components.tracking import Tracker
 from trainer.engine.device_clock import DeviceClock
@@ -66,10 +67,11 @@ log = logging.getLogger(__name__)
 # the built-in components, each built from the run as a plugin's is (register_component), in the order the loops call
 # them (a component's Stop ends a step's calls): the device clock first (its step is filed before the window reads
 # it), the straggler watch before the window that reads it (it has no hook of its own), eviction last
+EARLY_STOP = Stop("early stopping")       # train.early_stop_patience: the run ends as after its last epoch
 BUILT_IN: tuple[ComponentFactory, ...] = (
     DeviceClock.from_run, HangWatch.from_run, PreemptionHandler.from_run, StepProfiler.from_run,
     ShutdownBudget.from_run, Stragglers.from_run, LoggingWindow.from_run, ProgressBar.from_run, FirstStep.from_run,
-    PeriodicSaves.from_run, StepLimit.from_run, Eviction.from_run, Tracker.from_run)
+    PeriodicSaves.from_run, StepLimit.from_run, Eviction.from_run, Tracker.from_run, SearchTrial.from_run)
 
 
 def check_hosts(run: Run, run_dir: Path, slow: float) -> None:
@@ -180,7 +182,10 @@ class Trainer:
                 return self._stopped(stop)
             if stop is not None and state.batch_in_epoch < self.epoch_loop.end:
                 break                   # mid-epoch: no end-of-epoch work for a part of an epoch
-            if self._end_epoch(epoch):
+            ended = self._end_epoch(epoch)
+            if ended is not None and ended.ends_run:
+                return self._stopped(ended)
+            if ended is not None:
                 status = "early_stopped"
                 break
             if stop is not None:
@@ -198,9 +203,9 @@ class Trainer:
         result.global_step, result.metrics = state.global_step, self.evaluations.last_metrics
         return result
 
-    def _end_epoch(self, epoch: int) -> bool:
-        """Evaluate, track the best, let the components act (periodic checkpoints); True when early stopping
-        triggers."""
+    def _end_epoch(self, epoch: int) -> Stop | None:
+        """Evaluate, track the best, let the components act (periodic checkpoints); a Stop when early stopping
+        triggers or a component's evaluated() ends the run (a search trial pruned)."""
         state, tc, recipe = self.state, self.cfg.train, of(self.run.recipe, EpochPlan)
         with self.run.phases.long("recipe.on_epoch_end"):
             recipe.on_epoch_end(epoch, self.run.model)
@@ -212,13 +217,15 @@ class Trainer:
         if "val" in self.run.eval_sets and (state.epoch % max(tc.eval_every_epochs, 1) == 0 or last):
             if self.selection.record(self.evaluations.evaluate("val", epoch)) and self.cfg.ckpt.save_best:
                 self.save("best")
-        for component in self.components:
-            component.evaluated(epoch, last)
+        stops = [component.evaluated(epoch, last) for component in self.components]
+        stop = next((s for s in stops if s is not None), None)
+        if stop is not None:
+            return stop
         patience = tc.early_stop_patience
         if patience > 0 and state.bad_epochs >= patience:
             log.info("early stopping: %s did not improve for %d evaluations", self.selection.metric, patience)
-            return True
-        return False
+            return EARLY_STOP
+        return None
 
     def _finish(self, status: str) -> FitResult:
         """Final checkpoint, then the test split with the final and (if any) the best weights."""

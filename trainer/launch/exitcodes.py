@@ -15,6 +15,8 @@
 | 6         | hang: no rank made progress for faults.hang_timeout_s; one    | relaunch from the last agreed    |
 |           | verdict for the group ("hang: rank R ...", or "hang: the     | checkpoint (counts in            |
 |           | group ..." when all stalled alike), stacks in RUN_DIR/hangs/ | MAX_RESTARTS)                    |
+| 7         | pruned: a search trial that the study's pruner stopped after | never retried: the study decided |
+|           | a validation (search.*, hpc/submit.py --search)               |                                  |
 | 128 + N   | stopped by signal N after an agreed checkpoint (.preempted)  | requeue, not relaunch            |
 | any other | a crash, an uncaught error, a signal without a checkpoint    | retryable                        |
 
@@ -34,9 +36,9 @@ import socket
 import time
 from pathlib import Path
 
-DONE, USAGE, NON_FINITE, RESOURCE, UNFIT_HOST, HANG = 0, 2, 3, 4, 5, 6
+DONE, USAGE, NON_FINITE, RESOURCE, UNFIT_HOST, HANG, PRUNED = 0, 2, 3, 4, 5, 6, 7
 RUNNING = "running"       # the kind of a record whose process has not exited (or was killed without a word)
-NEVER_RETRIED = {USAGE: "usage", NON_FINITE: "non-finite", RESOURCE: "resource"}
+NEVER_RETRIED = {USAGE: "usage", NON_FINITE: "non-finite", RESOURCE: "resource", PRUNED: "pruned"}
 # errors of writing that a relaunch on the same file system meets again
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 

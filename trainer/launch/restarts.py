@@ -220,6 +220,8 @@ def why_stop(a: Attempt, f: Failure, done: int, now: float, need: float) -> str:
     never = {code: kind for code, kind in NEVER_RETRIED.items() if kind in f.kinds or code == a.rc}
     if never:
         code = min(never)
+        if never[code] == "pruned":
+            return f"pruned by the search's pruner (exit {code}): the study ended this trial, not retried"
         return f"{never[code]} error (exit {code}): it would fail the same way again, not retried"
     if (a.run_dir / PREEMPTED_MARKER).exists() or "preempted" in f.kinds:
         return "preempted after an agreed checkpoint: Slurm requeues the job, not this loop"
