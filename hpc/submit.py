@@ -293,6 +293,8 @@ def search_metric(args) -> tuple[str, str]:
     from trainer.config.registry import get_spec
     from trainer.engine.selection import selected_metric
     cfg = check_config(args, [])
+    if ":" in cfg.train.select_metric:          # NAME:max|min: no need of the recipe's class (and torch)
+        return selected_metric(cfg.train.select_metric, ("", "max"))
     return selected_metric(cfg.train.select_metric, tuple(get_spec(cfg.recipe).recipe_class().primary_metric))
 
 

@@ -202,6 +202,8 @@ def finish_trial(search_dir, claim) -> str:
     if study.trials[claim.trial].state.is_finished():
         return study.trials[claim.trial].state.name.lower()
     row = read_run(Path(claim.run_dir), (manifest["metric"], manifest["mode"]))
+    if row.state in ("preempted", "running"):     # requeued, or its restart loop goes on: the trial is not over
+        return row.state
     if row.state == "completed" and row.best is not None:
         study.tell(claim.trial, row.best)
         told = "complete"

@@ -82,9 +82,27 @@ def test_the_issue_examples(key, value, message):
         build_config("toy", overrides=[f"{key}={value}"])
 
 
-@pytest.mark.parametrize("yaml_path", sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml")))
+SPACES = REPO / "configs" / "search"          # search space files (hpc/submit.py --search), not configs
+
+
+@pytest.mark.parametrize("yaml_path", sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml")
+                                             if SPACES not in p.parents))
 def test_every_shipped_config_is_in_range(yaml_path):
     build_config(None, str(REPO / yaml_path))
+
+
+@pytest.mark.parametrize("space_path", sorted(p.name for p in SPACES.glob("*.yaml")))
+def test_every_shipped_search_space_builds_its_recipes_config_at_each_end(space_path):
+    """configs/search/<recipe>.yaml: every key of the space exists in the recipe's config and takes both ends of its
+    range and every choice (the check hpc/submit.py makes before submitting)."""
+    from trainer.search.space import load_space
+    space = load_space(SPACES / space_path)
+    recipe = space_path.removesuffix(".yaml")
+    for key, param in space.params.items():
+        for value in param.bounds():
+            cfg = build_config(recipe, None, None, [f"{key}={value}"])
+            section, name = key.split(".", 1)
+            assert getattr(getattr(cfg, section), name) == value
 
 
 def test_the_cli_flag_is_checked_too():

@@ -1,6 +1,6 @@
 """`python -m trainer runs DIR`: a folder of run directories (a grid's from hpc/submit.py --sweep, any folder of
 runs) read as one table: the settings that differ between them, each run's state (completed, running, failed with
-its exit cause, pruned, stopped), its best epoch, the selection metric and the test metrics, best first.
+its exit cause, pruned, preempted, stopped), its best epoch, the selection metric and the test metrics, best first.
 
     python -m trainer runs runs/sweep-lr                       # the table in the terminal
     python -m trainer runs runs/sweep-lr --format md --plot runs/sweep-lr/runs.png
@@ -35,7 +35,7 @@ class RunRow:
 
     path: Path
     settings: dict[str, Any]
-    state: str                            # completed | running | failed | pruned | stopped
+    state: str                            # completed | running | failed | pruned | preempted | stopped
     cause: str = ""                       # a failed run's exit cause (its exit code in front)
     metric: str = ""                      # the selection metric and its mode, e.g. ndcg@10:max
     best: float | None = None
@@ -111,6 +111,8 @@ def read_state(run_dir: Path) -> tuple[str, str]:
         kind, code = record.get("kind", ""), record.get("code")
         if kind == "pruned":
             return "pruned", str(record.get("cause", ""))
+        if kind == "preempted":           # an agreed checkpoint: a requeue (or --resume auto) goes on from it
+            return "preempted", str(record.get("cause", ""))
         if code == 0:
             return "completed", ""
         first = str(record.get("cause", "")).strip().splitlines()[:1]     # (its HINT lines: doctor --run)

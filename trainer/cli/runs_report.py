@@ -56,8 +56,9 @@ def render(rows: list[RunRow], form: str = "table") -> str:
 
 
 def failed_indices(rows: list[RunRow]) -> list[int]:
-    """The array indices of the failed (and stopped) sweep points, from their folders' names."""
-    return sorted(r.index for r in rows if r.state in ("failed", "stopped") and r.index is not None)
+    """The array indices of the failed (and stopped, and preempted but not requeued) sweep points, from their
+    folders' names."""
+    return sorted(r.index for r in rows if r.state in ("failed", "stopped", "preempted") and r.index is not None)
 
 
 def rerun_text(rows: list[RunRow]) -> str:
