@@ -8,7 +8,10 @@ Per size: a bare `pandas.read_csv` of the file (C engine; where pandas is instal
 with the cache off (today's reader), the cold build into the cache, the warm start from it, each in its own process
 with its time and peak RSS; and two processes mapping the same cache at once (peak RSS and PSS of each: PSS
 counts a page shared by two processes half to each); then one SASRec training epoch from the cache (steps/s) and
-the validation split's evaluation with full ranking (of at most --eval-users users). Every figure is also given
+the validation split's evaluation with full ranking (of at most --eval-users users); SASRec's training start from
+the warm cache (one step, 50 users evaluated: what every rank of a later launch pays) with its peak RSS, recorded per
+commit in bench/results/data_scale_history.jsonl and compared with the last row there (a change of more than 10%
+named in the report's "changes" and printed). Every figure is also given
 for a tiny dataset (ml-100k's size), so that "above a tiny dataset's" is measured, not assumed. Writes
 bench/results/data_scale.{json,png}.
 """
@@ -103,6 +106,76 @@ def two_ranks(path: Path, cache: str) -> list[dict]:
     return out
 
 
+def warm_start(path: Path, cache: str, run_dir: Path) -> dict:
+    """What every rank of a later launch pays (issue 88): `train --recipe sasrec` for one step from the warm cache, a
+    sampled evaluation of 50 users, in its own process; its wall time and peak RSS (the child's, by wait4)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="2")
+    argv = [sys.executable, "-m", "trainer", "train", "--recipe", "sasrec", "--epochs", "1", "train.max_steps=1",
+            "eval.max_users=50", "eval.full_ranking=false", "log.tensorboard=false", "log.progress=off",
+            f"data.path={path}", f"data.cache={cache}", "--run-dir", str(run_dir)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"warm start {path}: exit {proc.returncode}: {err[-2000:]}")
+    return dict(s=round(time.perf_counter() - t0, 3), rss_mb=round(usage.ru_maxrss / 1024, 1))
+
+
+# a change of more than this fraction against the last recorded row (of another commit) is named in the report
+CHANGE = 0.10
+HISTORY_FIELDS = {"warm_start_rss_mb": ("warm_start", "rss_mb"), "cold_build_s": ("cold_build", "s")}
+
+
+def commit() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    return (proc.stdout.strip() or "unknown") + ("+changes" if dirty else "")
+
+
+def history_rows(report: dict, commit_id: str) -> list[dict]:
+    """One row per size of the report: its commit, date, rows, and the figures HISTORY_FIELDS names."""
+    out = []
+    for name, r in report.get("sizes", {}).items():
+        row = dict(commit=commit_id, date=report["date"], size=name, rows=r["rows"])
+        for field, (probe_name, key) in HISTORY_FIELDS.items():
+            if probe_name in r:
+                row[field] = r[probe_name][key]
+        out.append(row)
+    return out
+
+
+def changes_since(history: list[dict], rows: list[dict], change: float = CHANGE) -> list[str]:
+    """Each figure of `rows` that moved by more than `change` against the last recorded row of the same size from
+    another commit, in words: 'size 20000000: warm_start_rss_mb 498.0 -> 722.0 (+45%) since 10eb9f3'."""
+    said = []
+    for row in rows:
+        before = [h for h in history if h.get("size") == row["size"] and h.get("commit") != row["commit"]]
+        if not before:
+            continue
+        last = before[-1]
+        for field in HISTORY_FIELDS:
+            old, new = last.get(field), row.get(field)
+            if old and new is not None and abs(new - old) / old > change:
+                said.append(f"size {row['size']}: {field} {old:g} -> {new:g} ({(new - old) / old:+.0%}) since "
+                            f"{last['commit']} ({last.get('date', '')})")
+    return said
+
+
+def record_history(report: dict, path: Path) -> list[str]:
+    """Append this run's rows to the history file (JSON lines) and return the changes against its last rows."""
+    history = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = history_rows(report, commit())
+    said = changes_since(history, rows)
+    with open(path, "a") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+    return said
+
+
 def train_epoch(path: Path, cache: str, run_dir: Path, eval_users: int) -> dict:
     """One SASRec epoch (maxlen 50, batch 128, SASRec without time or mHC) from the warm cache, then the
     validation split's evaluation, full ranking included, of at most `eval_users` users: from metrics.jsonl."""
@@ -189,6 +262,10 @@ def measure(path: Path, work: Path, repeat: int, pandas: bool, train: bool = Fal
     out["file_mb"] = round(sum(f.stat().st_size for f in files) / 2**20, 1)
     out["cache_mb"] = round(sum(f.stat().st_size for f in cache.rglob("*.npy")) / 2**20, 1)
     out["two_ranks"] = two_ranks(path, str(cache))
+    if load == "load" and not parquet:         # SASRec's training start from the warm cache (issue 88)
+        starts = [warm_start(path, str(cache), work / "start") for _ in range(repeat)]
+        out["warm_start"] = dict(s=statistics.median(r["s"] for r in starts),
+                                 rss_mb=statistics.median(r["rss_mb"] for r in starts))
     if train:
         out["train"] = train_epoch(path, str(cache), work / "run", eval_users)
     return out
@@ -206,6 +283,9 @@ def main(argv=None) -> int:
     ap.add_argument("--update", action="store_true", help="keep the sections of an earlier report this run leaves "
                     "out (e.g. --sizes '' --parquet-sizes '' --kgat-scales 1,4 adds the KGAT rows)")
     ap.add_argument("--eval-users", type=int, default=20000, help="users of the evaluation (full ranking included)")
+    ap.add_argument("--history", default=str(REPO / "bench" / "results" / "data_scale_history.jsonl"),
+                    help="per commit and size: the warm start's peak RSS and the cold build's time (JSON lines); "
+                         "a change of more than 10%% against its last row is named")
     args = ap.parse_args(argv)
     folder, out = Path(args.data), Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -260,6 +340,10 @@ def main(argv=None) -> int:
                                             for k in ("cold_no_cache", "cold_build", "warm")}
         report["slope_per_million_rows"]["cold_rss_mb"] = round((b["cold_build"]["rss_mb"] - a["cold_build"]["rss_mb"])
                                                                 / per_m, 1)
+    if args.sizes:
+        report["changes"] = record_history(report, Path(args.history))
+        for line in report["changes"]:
+            print(f"CHANGED: {line}", flush=True)
     (out / "data_scale.json").write_text(json.dumps(report, indent=1) + "\n")
     plot(report, out / "data_scale.png")
     print(f"wrote {out / 'data_scale.json'} and {out / 'data_scale.png'}")

@@ -229,3 +229,47 @@ def test_the_vectorized_path_equals_the_per_row_reference(seed):
     seqs, rescaled, n_items = _reference(users.tolist(), items.tolist(), times.tolist())
     assert data.num_items == n_items and [s.tolist() for s in data.seqs] == seqs
     assert [t.tolist() for t in data.times] == rescaled
+
+
+def test_popularity_counts_each_users_training_items_in_chunks(monkeypatch):
+    """Issue 88: the popularity is counted a chunk at a time, less each user's held-out items, not with a position per
+    interaction (480 MB at MovieLens-20M's size): equal to counting each user's train(u), users shorter than 3
+    (whole sequences in training) and chunks that cut through a user included."""
+    from trainer.recipes.sasrec.read import Interactions
+    inter = D.synthesize(60, 25, 6, seed=3)
+    extra_users = np.array([1000, 1000, 1001])          # two users with fewer than 3 interactions
+    inter = Interactions(np.concatenate([inter.user_ids, extra_users]),
+                         np.concatenate([inter.item_ids, np.array([3, 4, 5])]),
+                         np.concatenate([inter.times, np.array([1, 2, 3])]))
+    data = D.build_sequences(inter)
+    split = D.Split(data)
+    want = np.zeros(data.num_items + 1)
+    for u in range(len(data.seqs)):
+        np.add.at(want, split.train(u), 1)
+    assert (data.seqs.lengths() < 3).sum() == 2
+    monkeypatch.setattr(D, "POPULARITY_CHUNK", 7)          # chunks of 7 interactions: every boundary inside a user
+    got = D.popularity_scores(split)
+    assert got.dtype == np.float64 and np.array_equal(got, want)
+    monkeypatch.setattr(D, "POPULARITY_CHUNK", 1 << 22)
+    assert np.array_equal(D.popularity_scores(split), want)
+
+
+def test_a_run_with_uniform_negatives_counts_no_popularity(monkeypatch):
+    """The popularity is counted on first use: popularity sampling and logQ read it, uniform negatives never do."""
+    from trainer.recipes.sasrec.config import SeqLossConfig
+    from trainer.recipes.sasrec.recipe import SASRecRecipe
+    counted = []
+    original = D.popularity_scores
+    monkeypatch.setattr(D, "popularity_scores", lambda split: counted.append(1) or original(split))
+    from trainer.config.settings import build_config
+    from trainer.distributed.runtime import DistInfo
+    for distribution, expected in (("uniform", 0), ("popularity", 1)):
+        cfg = build_config("sasrec", None, None, ["data.synthetic_users=40", "loss.shared_negatives=in_batch"
+                                                  if distribution == "uniform" else "loss.shared_negatives=sequence",
+                                                  f"loss.negative_distribution={distribution}"])
+        counted.clear()
+        recipe = SASRecRecipe(cfg.data, cfg.model, cfg.train, DistInfo(), eval_cfg=cfg.eval, seed=0,
+                              loss_cfg=cfg.loss, optim_cfg=cfg.optim)
+        recipe.build_datasets()
+        assert len(counted) == expected, distribution
+        assert isinstance(cfg.loss, SeqLossConfig)

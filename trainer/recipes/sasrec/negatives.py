@@ -51,8 +51,9 @@ class Sharing:
     exclude_history: bool = True
 
     @classmethod
-    def of(cls, loss_cfg, counts: np.ndarray) -> "Sharing":
-        """From the loss config and the training popularity of every item (index 0: padding)."""
+    def of(cls, loss_cfg, counts: np.ndarray | None) -> "Sharing":
+        """From the loss config and the training popularity of every item (index 0: padding; None where the loss
+        does not sample by popularity)."""
         cdf = None
         if loss_cfg.negative_distribution == "popularity":
             cdf = np.cumsum(counts[1:], dtype=np.float64)

@@ -5,6 +5,8 @@ model.mhc=false -> TiSASRec, both false -> SASRec.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -43,7 +45,7 @@ class SASRecRecipe(Recipe, Batching, DataProvenance, DeviceResident, EpochPlan, 
         d, e = self.data_cfg, self.eval_cfg
         self.data = D.load(d, getattr(self.dist, "local_rank", 0))
         self.split = D.Split(self.data)
-        self.popularity = D.popularity_scores(self.split)
+        self.__dict__.pop("popularity", None)          # (the data's: counted again on first use)
         self.sharing = self._sharing()
         self.train_set = D.TrainSequences(self.split, d.maxlen, d.train_negatives, self.seed, self.sharing)
         evals = {name: D.EvalSequences(self.split, name, d.maxlen, e.negatives, self.seed, e.max_users)
@@ -53,11 +55,17 @@ class SASRecRecipe(Recipe, Batching, DataProvenance, DeviceResident, EpochPlan, 
                               f"validation and test splits are empty")
         return self.train_set, evals
 
+    @functools.cached_property
+    def popularity(self):
+        """The training popularity of every item (data.popularity_scores), counted on first use: popularity sampling
+        and logQ need it, a run with uniform negatives never reads it (a pass over every interaction at start-up)."""
+        return D.popularity_scores(self.split)
+
     def _sharing(self) -> Sharing:
         """The negatives' plan, refusing settings that would be silently ignored (trainer/config/ignored.py)."""
         loss = self.loss_cfg or SeqLossConfig()          # (a recipe built for its data alone has no loss section)
         refuse_ignored(loss, "loss.")    # (configure() refused these before the run: a recipe built by hand here)
-        return Sharing.of(loss, self.popularity)
+        return Sharing.of(loss, self.popularity if loss.negative_distribution == "popularity" else None)
 
     def build_model(self):
         return SeqRec(self.model_cfg, self.data.num_items, self.data_cfg.maxlen, fixed_shapes=self.gpu_shaped)
