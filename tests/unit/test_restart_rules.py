@@ -61,6 +61,7 @@ def test_the_first_rank_to_fail_is_blamed_and_older_attempts_records_are_ignored
 @pytest.mark.parametrize("rc, kind, reason", [(2, "usage", "usage error (exit 2)"),
                                               (3, "non-finite", "non-finite error (exit 3)"),
                                               (4, "resource", "resource error (exit 4)"),
+                                              (7, "pruned", "pruned by the search's pruner (exit 7)"),
                                               (143, "preempted", "preempted after an agreed checkpoint")])
 def test_what_would_fail_again_and_a_checkpointed_preemption_are_not_relaunched(tmp_path, rc, kind, reason):
     record(tmp_path, 0, kind, T0 + 3, code=rc)

@@ -155,3 +155,22 @@ def test_submit_checks_a_search_before_anything_is_submitted(tmp_path):
     for argv, message in refusals:
         ran = submit_dry(tmp_path, *argv)
         assert ran.returncode == 2 and message in ran.stderr, (argv, ran.stderr)
+
+
+def test_a_failed_trial_is_told_failed_and_the_study_goes_on(tmp_path):
+    """Task 0's trial ends with a non-finite loss (exit 3): told FAIL, its error raised to the job; task 1 draws the
+    next trial and completes it."""
+    from trainer.engine.window import NonFiniteLossError
+    folder = tmp_path / "s"
+    create_study(folder, load_space(write(tmp_path, SPACE)), "mse", "min", 2)
+    base = ["--recipe", "toy", "--epochs", "2", "train.select_metric=mse"]
+
+    def failing(argv):
+        SearchTask([*base, "data.nan_at_step=3"], str(folder), 0)()
+    with pytest.raises(NonFiniteLossError):
+        entry(failing, [])
+    entry(lambda argv: SearchTask(base, str(folder), 1)() and 0, [])
+    study = open_study(folder)
+    assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"]
+    rows = {r["run"]: r for r in csv.DictReader(io.StringIO(cli("runs", str(folder), "--format", "csv").stdout))}
+    assert rows["000-trial0"]["state"] == "failed" and rows["000-trial0"]["cause"].startswith("exit 3")
