@@ -73,7 +73,8 @@ def test_no_import_circle_in_trainer_and_hpc():
 
 # docs/architecture.md, "Layers": the floors of the packages, bottom first; a floor imports only its own or lower ones
 FLOORS = (("trainer.native",), ("trainer.config",), ("trainer.launch",), ("trainer.search",), ("trainer.data",),
-          ("trainer.distributed",), ("trainer.engine",), ("trainer.recipes",), ("trainer.cli", "trainer.legacy"), ("trainer.__main__",), ("hpc",))
+          ("trainer.distributed",), ("trainer.engine",), ("trainer.recipes",), ("trainer.cli", "trainer.legacy"),
+          ("trainer.__main__",), ("hpc",))
 
 
 def floor_of(module: str) -> int:
