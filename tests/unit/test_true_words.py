@@ -13,7 +13,7 @@ from trainer.config.registry import specs
 from trainer.config.sections import ENGINE_RENAMED
 from trainer.config.settings import default_config, renamed_key, valid_keys
 
-SECTIONS = ("train", "optim", "log", "faults", "compile", "ckpt", "dist", "data", "model", "eval", "loss")
+SECTIONS = ("train", "optim", "log", "faults", "compile", "ckpt", "dist", "search", "data", "model", "eval", "loss")
 # a key as a user would write it: section.key=value (a file such as train.log or model.py is never followed by "=")
 KEY_SET = re.compile(r"(?<![\w./-])((?:%s)\.[a-z_][a-z0-9_]*)=" % "|".join(SECTIONS))
 
@@ -66,7 +66,7 @@ def test_every_key_an_error_hint_or_message_names_exists():
 
 
 @pytest.mark.parametrize("page", sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))
-                         + ["README.md"])
+                         + ["README.md", "bench/README.md"])
 def test_every_key_a_page_names_exists(page):
     known = known_keys()
     text = (REPO / page).read_text()
