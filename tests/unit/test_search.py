@@ -174,3 +174,5 @@ def test_a_failed_trial_is_told_failed_and_the_study_goes_on(tmp_path):
     assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"]
     rows = {r["run"]: r for r in csv.DictReader(io.StringIO(cli("runs", str(folder), "--format", "csv").stdout))}
     assert rows["000-trial0"]["state"] == "failed" and rows["000-trial0"]["cause"].startswith("exit 3")
+    said = cli("runs", str(folder), "--rerun-failed").stderr
+    assert "failed trials in array tasks 0" in said and "--trials N adds N trials to the same study" in said

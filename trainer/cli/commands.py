@@ -95,7 +95,7 @@ def cmd_runs(args) -> int:
     if args.plot:
         print(f"plot: {plot(rows, Path(args.plot))}", file=sys.stderr)
     if args.rerun_failed:
-        print(rerun_text(rows), end="", file=sys.stderr)
+        print(rerun_text(rows, search=(root / "search.json").exists()), end="", file=sys.stderr)
     return 0
 
 

@@ -61,11 +61,15 @@ def failed_indices(rows: list[RunRow]) -> list[int]:
     return sorted(r.index for r in rows if r.state in ("failed", "stopped", "preempted") and r.index is not None)
 
 
-def rerun_text(rows: list[RunRow]) -> str:
+def rerun_text(rows: list[RunRow], search: bool = False) -> str:
+    """What to submit again for the failed points; `search`: the folder is a search's (its study draws the points)."""
     indices = failed_indices(rows)
     if not indices:
         return "no failed sweep point (nothing to rerun)\n"
     joined = ",".join(map(str, indices))
+    if search:
+        return (f"failed trials in array tasks {joined}: a search's points are drawn, not listed; the same "
+                f"hpc/submit.py --search command with its --run-dir and --trials N adds N trials to the same study\n")
     return (f"failed points: {joined}\nrerun them: the same hpc/submit.py command (its --run-dir) with "
             f"--sweep-points {joined}: each resumes from its own checkpoint\n")
 
