@@ -1,8 +1,8 @@
 """hpc/submit.py --search on the local cluster (issue 85 point 5): 6 trials of the toy recipe at array parallelism 3
-on the two nodes, under --max-restarts 1; array task 0's training step SIGKILLed mid-trial (the restart loop
-relaunches it inside the allocation) and task 1 preempted with SIGUSR1 (an agreed checkpoint, `scontrol requeue`).
-Both continue their own trials: the study ends with exactly 6 trials, each complete or pruned, and its best is the
-best row of `trainer runs`."""
+on the two nodes (2 CPUs a task), under --max-restarts 1; array task 0's training step SIGKILLed mid-trial (the
+restart loop relaunches it inside the allocation) and task 1 preempted with SIGUSR1 (an agreed checkpoint, `scontrol
+requeue`). Both continue their own trials: the study ends with exactly 6 trials, each complete or pruned, and its best
+is the best row of `trainer runs`."""
 from __future__ import annotations
 
 import csv
@@ -55,6 +55,7 @@ def test_a_search_of_six_trials_survives_a_killed_and_a_preempted_task(slurm_clu
     folder = tmp_path / "search"
     argv = ["--recipe", "toy", "--epochs", "5", "log.every_steps=1", "data.step_sleep=0.08", "--search", str(space),
             "--trials", "6", "--array-parallelism", "3", "--max-restarts", "1", "--time", "00:10:00",
+            "--cpus-per-task", "2",                  # 4 CPUs a node: three tasks at once need both nodes
             "--run-dir", str(folder), "--folder", str(tmp_path / "submitit")]
     env = slurm_env(slurm_cluster)
     proc = subprocess.run([PY, "hpc/submit.py", *argv], cwd=REPO, env=env, text=True, capture_output=True,
@@ -89,6 +90,9 @@ def test_a_search_of_six_trials_survives_a_killed_and_a_preempted_task(slurm_clu
         trial = study.trials[json.loads((folder / "slots" / f"{slot:03d}.json").read_text())["trial"]]
         assert trial.user_attrs["run_dir"] == str(run)
         assert len(trial.intermediate_values) == len({r["epoch"] for r in read_metrics(run, "val")})
+    hosts = {json.loads(p.read_text())["host"] for slot in range(6) for p in (trial_dir(folder, slot) / "exits").glob(
+        "rank-*.json")}
+    assert hosts == {"node1", "node2"}, hosts
     rows = list(csv.DictReader(io.StringIO(cli("runs", str(folder), "--format", "csv").stdout)))
     assert len(rows) == 6 and {r["state"] for r in rows} <= {"completed", "pruned"}, rows
     best = study.best_trial
