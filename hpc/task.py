@@ -167,7 +167,7 @@ class SearchTask:
         folder = Path(self.search_dir)
         asks = bool(self.max_restarts) or select_environment().rank == 0     # the batch step is one process
         claim = claim_trial(folder, self.slot, asks=asks)
-        if asks and is_finished(folder, claim):
+        if is_finished(folder, claim):      # every rank reads it alike: none trains a trial already told
             return dict(status="told before", trial=claim.trial, run_dir=claim.run_dir)
         argv = [*self.argv, "--run-dir", claim.run_dir, "--resume", "auto", *claim.overrides]
         inner = SupervisedTask(argv, self.max_restarts, self.image) if self.max_restarts else TrainTask(argv)

@@ -176,3 +176,16 @@ def test_a_failed_trial_is_told_failed_and_the_study_goes_on(tmp_path):
     assert rows["000-trial0"]["state"] == "failed" and rows["000-trial0"]["cause"].startswith("exit 3")
     said = cli("runs", str(folder), "--rerun-failed").stderr
     assert "failed trials in array tasks 0" in said and "--trials N adds N trials to the same study" in said
+
+
+def test_a_task_run_again_after_its_trial_was_told_trains_nothing(tmp_path):
+    """A task that comes back after its trial ended (a requeue racing the end): its claim says which trial, the study
+    says it was told; no training, on any rank."""
+    folder = tmp_path / "s"
+    create_study(folder, load_space(write(tmp_path, SPACE)), "mse", "min", 1)
+    base = ["--recipe", "toy", "--epochs", "1", "train.select_metric=mse"]
+    entry(lambda argv: SearchTask(base, str(folder), 0)() and 0, [])
+    steps = len(read_metrics(folder / "000-trial0", "train"))
+    again = entry(lambda argv: print(json.dumps(SearchTask(base, str(folder), 0)())), [])
+    assert json.loads(again.stdout.strip().splitlines()[-1])["status"] == "told before"
+    assert len(read_metrics(folder / "000-trial0", "train")) == steps and len(open_study(folder).trials) == 1
