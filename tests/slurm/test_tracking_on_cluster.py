@@ -35,7 +35,8 @@ def test_both_trackers_keep_one_run_with_an_uninterrupted_curve_across_a_requeue
     assert proc.returncode == 0, proc.stderr[-3000:]
     job = re.search(r"submitted job (\d+)", proc.stdout).group(1)
     wait_for_step(run, 5, timeout=limit("start"))
-    subprocess.run(["scancel", "--signal=USR1", job], env=env, check=True, timeout=limit("short"))
+    # to the training step, not the job (tests/slurm/test_search_on_cluster.py says why)
+    subprocess.run(["scancel", "--signal=USR1", f"{job}.0"], env=env, check=True, timeout=limit("short"))
     info = wait_job(slurm_cluster, job, timeout=limit("jobs"), restarts=1)
     logs = "".join(p.read_text() for p in (tmp_path / "submitit").rglob("*_log.*"))
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", logs[-3000:]
