@@ -195,10 +195,11 @@ def finish_trial(search_dir, claim) -> str:
     from pathlib import Path
 
     from trainer.cli.runs import read_run
+    from trainer.search.space import Space
     from trainer.search.study import open_study, optuna, read_manifest
     o = optuna()
-    study = open_study(search_dir)
     manifest = read_manifest(search_dir)
+    study = open_study(search_dir, Space.from_dict(manifest["space"]))
     if study.trials[claim.trial].state.is_finished():
         return study.trials[claim.trial].state.name.lower()
     row = read_run(Path(claim.run_dir), (manifest["metric"], manifest["mode"]))
