@@ -70,18 +70,20 @@ def kept_process_state() -> Iterator[None]:
             handler.close()
 
 
-def cli(*args: str, env: dict[str, str] | None = None, check: bool = True, timeout: float | None = None) -> Ran:
-    """`python -m trainer ARGS` in this process, as conftest.trainer runs it (cwd: the repository; env: a
-    clean_env(...) mapping, default clean_env()). check: a non-zero exit raises, with the end of stderr. timeout:
+def cli(*args: str, env: dict[str, str] | None = None, check: bool = True, timeout: float | None = None,
+        cwd: Path | None = None) -> Ran:
+    """`python -m trainer ARGS` in this process, as conftest.trainer runs it (cwd: the repository unless given; env:
+    a clean_env(...) mapping, default clean_env()). check: a non-zero exit raises, with the end of stderr. timeout:
     taken for conftest.trainer's signature; nothing here waits on another process."""
     from trainer.cli import main
-    return entry(main, args, env=env, check=check, what="trainer")
+    return entry(main, args, env=env, check=check, what="trainer", cwd=cwd)
 
 
 def entry(main: Callable[[list[str]], int | None], args: tuple[str, ...] | list[str], env: dict[str, str] | None = None,
-          check: bool = True, what: str = "") -> Ran:
+          check: bool = True, what: str = "", cwd: Path | None = None) -> Ran:
     """A command line's entry function (trainer.cli.main, hpc.submit.main) on ARGS in this process: the exit code it
-    returns or raises (argparse's SystemExit), its two streams, the process's state put back after it."""
+    returns or raises (argparse's SystemExit), its two streams, the process's state put back after it (cwd: the
+    working directory it runs in, default the repository)."""
     args = tuple(args)
     paths = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     if [p for p in paths if Path(p).resolve() != REPO]:
@@ -91,7 +93,7 @@ def entry(main: Callable[[list[str]], int | None], args: tuple[str, ...] | list[
     with environment(env), kept_process_state(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
             warnings.catch_warnings():
         warnings.simplefilter("default")             # as a fresh interpreter shows them: once per place
-        os.chdir(REPO)
+        os.chdir(cwd or REPO)
         if os.environ.get("OMP_NUM_THREADS"):          # the threads a subprocess of clean_env() would run on: the
             import torch  # same reduction order, so the same bits as its run
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

@@ -101,7 +101,7 @@ def test_test_modules_have_one_name_each_and_the_pages_name_only_real_tests():
 
 def readme_map() -> list[str]:
     """The README's "Map of the code": each line's first word (a path), continuation lines left out."""
-    block = (REPO / "README.md").read_text().split("## Map of the code", 1)[1].split("```")[1]
+    block = (REPO / "README.md").read_text().split("## Map of the code", 1)[1].split("```")[1].split("\n", 1)[1]
     return [line.split()[0] for line in block.strip().splitlines() if line.strip() and not line.startswith(" ")]
 
 
@@ -109,7 +109,7 @@ def test_the_readmes_map_is_the_tree():
     """Every path the map names exists, and every package folder of trainer/ and hpc/ (and every recipe) is on it."""
     named = readme_map()
     assert len(named) > 10 and not [n for n in named if not (REPO / n).exists()], named
-    text = (REPO / "README.md").read_text().split("## Map of the code", 1)[1].split("```")[1]
+    text = (REPO / "README.md").read_text().split("## Map of the code", 1)[1].split("```")[1].split("\n", 1)[1]
     packages = [p for base in ("trainer", "trainer/engine") for p in sorted((REPO / base).iterdir())
                 if (p / "__init__.py").exists()] + [REPO / "hpc" / "cluster"]
     unnamed = [str(p.relative_to(REPO)) + "/" for p in packages if str(p.relative_to(REPO)) + "/" not in named]
