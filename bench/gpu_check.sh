@@ -33,6 +33,8 @@
 #   12 issue 70 (c): compile.step_graph=on, the whole step one CUDA graph: bitwise equal to the eager step (SASRec, HAR,
 #     KGAT; tests/gpu/test_step_graph_cuda.py), then the SASRec ml-100k, HAR and KGAT steps bf16 / compiled / graph /
 #     graph-compiled (bench.gpu --amps, into the step-1 JSON, its rows within BUDGET_12 (200) s; 300)
+#   13 issue 86: the docs' GPU commands (```bash gpu blocks) as a user types them, each training 2 steps
+#     (tests/gpu/test_page_commands_cuda.py; 240)
 # ONLY=video,epoch: step 1's bench measures those rows only (its log 1-bench-video-epoch.log); AMPS=bf16,deterministic:
 # each row's modes (bench.gpu --amps; deterministic's cost is its step over the bf16 row's of the same run)
 # Everything lands in $OUT: each step's log, summary.txt (step, exit code, seconds), versions.txt, the JSON.
@@ -156,6 +158,10 @@ if wants 12; then
         tests/gpu/test_step_graph_cuda.py; t=$?; "$0" -m bench.gpu --only "${ONLY_12:-sasrec-ml100k,har,kgat}" \
         --amps bf16,compiled,graph,graph-compiled --budget-s "${BUDGET_12:-200}" --no-stock --ml100k "$2" \
         --out "$1" "${@:3}"; b=$?; exit $(( t > b ? t : b ))' "$PY" "$json" "$ml100k" "${bench[@]}"
+fi
+if wants 13; then
+    step 13-page-commands "${CAP_13:-240}" "$PY" -m pytest -q -p no:cacheprovider -rs \
+        tests/gpu/test_page_commands_cuda.py
 fi
 for pid in "${pids[@]}"; do wait "$pid"; done
 cat "$OUT/summary.txt"

@@ -178,9 +178,11 @@ for i in $(seq 1 "$NNODES"); do
   gres=""; [ "$GPUS" -gt 0 ] && gres="Gres=gpu:$GPUS"
   echo "NodeName=$PREFIX$i NodeAddr=$(node_addr "$i") Port=$((SLURMD_PORT0+i-1)) CPUs=$CPUS RealMemory=16000 $gres State=UNKNOWN" >> "$C"
 done
+# debug (the default, preemptible), high (preempts debug), gpu (the partition the docs' commands name)
 cat >> "$C" <<CONF
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=5
 PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+PartitionName=gpu Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF
 CONF
 { echo "AutoDetect=off"; [ "$GPUS" -gt 0 ] && echo "Name=gpu File=$DIR/fakegpu/nvidia[0-$((GPUS-1))]"; } > "$DIR/gres.conf"
 echo "export SLURM_CONF=$C" > "$DIR/env.sh"
