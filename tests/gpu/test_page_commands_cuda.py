@@ -1,9 +1,9 @@
 """Issue 86 point 4, the GPU's part (marked gpu; bench/gpu_check.sh step 13): the commands of the README and the
 guides in a ```bash gpu block (docs/gpu.md's "Fast on a GPU", the video guide's three GPUs) run on a CUDA device as
 a user types them, in a sandbox laid out as the repository root with the data they name (tests/pages.py), each
-training budgeted to 2 steps (`make bench-gpu`'s recipe is the script's step 1). A command that asks for more GPUs than the
-machine has (`--gpu-ids 0,1`, `--nproc-per-node 3`) is skipped, the reason printed. Where torch sees no CUDA device
-every one is skipped, the reason printed."""
+training budgeted to 2 steps (`make bench-gpu`'s recipe is the script's step 1). A command that asks for more GPUs
+than the machine has (`--gpu-ids 0,1`, `--nproc-per-node 3`) is skipped, the reason printed. Where torch sees no CUDA
+device every one is skipped, the reason printed."""
 from __future__ import annotations
 
 import re
