@@ -60,7 +60,7 @@ def test_the_recipe_hooks_it_names_are_the_interfaces():
 
 
 def test_docs_lines_and_readme_length():
-    pages = [REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    pages = [REPO / "README.md", *sorted((REPO / "bench").glob("*.md")), *sorted((REPO / "docs").glob("*.md"))]
     long = [f"{p.relative_to(REPO)}:{n}" for p in pages for n, line in enumerate(p.read_text().splitlines(), 1)
             if len(line) > 120]
     assert not long, f"lines over 120 characters: {long[:10]}"
@@ -68,7 +68,7 @@ def test_docs_lines_and_readme_length():
 
 
 def test_relative_links_resolve():
-    pages = [REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    pages = [REPO / "README.md", *sorted((REPO / "bench").glob("*.md")), *sorted((REPO / "docs").glob("*.md"))]
     broken = []
     for page in pages:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
@@ -94,7 +94,7 @@ def test_test_modules_have_one_name_each_and_the_pages_name_only_real_tests():
     names exists."""
     names = [p.name for p in (REPO / "tests").rglob("test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
-    pages = [REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    pages = [REPO / "README.md", *sorted((REPO / "bench").glob("*.md")), *sorted((REPO / "docs").glob("*.md"))]
     named = {m for p in pages for m in re.findall(r"tests/[\w/]+\.py", p.read_text())}
     assert named and not [n for n in named if not (REPO / n).exists()]
 
