@@ -293,7 +293,8 @@ def filled(argv: list[str]) -> list[str]:
 def budgeted(argv: list[str]) -> list[str]:
     """A training's words with the step budget after them (a train of the trainer, torchrun or an sbatch script)."""
     scripts = [w for w in argv if w.endswith(".sbatch")]
-    trains = ("train" in argv[:6] or (scripts and not scripts[0].endswith("predict.sbatch"))
+    trainer_train = any(argv[i:i + 3] == ["-m", "trainer", "train"] for i in range(len(argv)))
+    trains = (trainer_train or "train" in argv[:6] or (scripts and not scripts[0].endswith("predict.sbatch"))
               or (argv[1:2] == ["hpc/submit.py"] and "predict" not in argv[2:3]))
     return [*argv, *BUDGET] if trains else argv
 

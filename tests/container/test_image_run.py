@@ -197,3 +197,31 @@ def test_the_image_carries_a_portable_kernel_build_that_loads_without_a_compiler
     assert all(line.startswith("/opt/hpc-trainer/extensions/") for line in lines[1:4]), lines
     assert "building" not in proc.stderr and "unavailable" not in proc.stderr, proc.stderr[-2000:]
     assert podman("run", "--rm", image, "sh", "-c", "command -v g++ || echo none").stdout.strip() == "none"
+
+
+def test_the_pages_docker_commands_run_in_the_image(image, tmp_path):
+    """Issue 86 point 4: every `docker run` of the README and the guides, as a user types it, with podman in the
+    image this suite built: its `--gpus all` left out (no GPU runtime hook here), its tag this build's, `$(id -u)`,
+    `$(id -g)` and `$PWD` as the shell fills them; `$PWD` is a folder with the repository's configs and the data the
+    pages name (tests/pages.py), each training budgeted to 2 steps."""
+    from tests.pages import budgeted, filled, page_commands, write_data
+    commands = [c for c in page_commands() if c.program == "docker" and c.words()[1] == "run"]
+    assert len(commands) >= 3
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copytree(REPO / "configs", work / "configs")
+    write_data(work / "data")
+    shell = {"$(id -u)": str(os.getuid()), "$(id -g)": str(os.getgid()), "$PWD": str(work)}
+    failed = []
+    for command in commands:
+        argv = budgeted(filled(command.env_and_argv()[1]))[2:]            # after `docker run`
+        if "--gpus" in argv:
+            del argv[argv.index("--gpus"):argv.index("--gpus") + 2]
+        for i, word in enumerate(argv):
+            for name, value in shell.items():
+                word = word.replace(name, value)
+            argv[i] = IMAGE if re.fullmatch(r"hpc-trainer:[\w.]+", word) else word
+        proc = podman("run", "--rm", *argv, timeout=limit("long"), check=False)
+        if proc.returncode != 0 or ("-m trainer train" in command.text and "training completed" not in proc.stderr):
+            failed.append(f"{command.where}: {command.text}\n  exit {proc.returncode}: {proc.stderr[-1500:]}")
+    assert failed == [], "\n".join(failed)
