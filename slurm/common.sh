@@ -165,6 +165,9 @@ run_training() {
   while :; do
     start=$(date +%s.%N)
     export TRAINER_ATTEMPT=$attempt
+    # a signal checkpoint counts only if this attempt made it: an earlier allocation's marker would otherwise stop
+    # the loop when a relaunched step dies before its trainer starts (and clears the marker) itself
+    rm -f "$RUN_DIR/.preempted"
     rc=0
     "$1" "${exclude[@]}" "${@:2}" &
     wait_forwarding $! || rc=$?

@@ -121,3 +121,30 @@ def test_the_restart_loop_relaunches_the_step_in_the_shell(tmp_path, knobs, call
     assert says in err
     if calls:         # the last launch: the training command into the same run directory, resuming
         assert argv[-2:] == ["--resume", "auto"] and after(argv, "--run-dir") == str(tmp_path / "run")
+
+
+# a stand-in srun whose first launch dies of a signal (exit 138), writing the agreed checkpoint's marker only where
+# that launch checkpointed (MARKS=1): a job requeued after a preemption starts with the earlier marker in RUN_DIR
+SIGNALLED_SRUN = ('#!/bin/bash\necho "attempt=$TRAINER_ATTEMPT" >> "$ARGV_OUT.calls"\n'
+                  '[ "$TRAINER_ATTEMPT" -ge 1 ] && exit 0\n'
+                  '[ "${MARKS:-0}" = 1 ] && echo "SIGUSR1 epoch 0 step 3" > "$RUN_DIR/.preempted"\nexit 138\n')
+
+
+@pytest.mark.parametrize("marks, calls, says", [
+    ("0", 2, "restart loop: relaunch"),
+    ("1", 1, "preempted after an agreed checkpoint: Slurm requeues the job, not this loop"),
+])
+def test_only_this_attempts_signal_checkpoint_stops_the_restart_loop(tmp_path, marks, calls, says):
+    """A USR1 that kills a relaunched step before its handlers exist leaves no checkpoint: the marker an earlier
+    allocation left (a preemption, then the requeue) must not make the loop stop as if this one had been agreed."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text(SIGNALLED_SRUN)
+    (fake / "srun").chmod(0o755)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".preempted").write_text("SIGUSR1 epoch 0 step 2\n")         # the earlier allocation's
+    rc, err, _ = run_script(tmp_path, RUN_DIR=str(run), MARKS=marks, SLURM_RESTART_COUNT="1")
+    launched = (tmp_path / "argv.calls").read_text().split()
+    assert launched == [f"attempt={n}" for n in range(calls)], err[-3000:]
+    assert says in err, err[-3000:]
