@@ -172,9 +172,11 @@ BUDGET = ("train.max_steps=2",)
 SHARED = REPO.parent / "shared"
 
 
-def sandbox(root: Path) -> Path:
+def sandbox(root: Path, data: Path | None = None) -> Path:
     """root/work: a folder laid out as the repository root (its entries linked), with root/shared beside it for the
-    pages' ../shared paths and the data every page's command reads under data/. Returns root/work."""
+    pages' ../shared paths and the data every page's command reads under data/ (its entries links to those of
+    `data`, a folder write_data filled once, where given: what a command writes there stays its own). Returns
+    root/work."""
     work = root / "work"
     work.mkdir(parents=True)
     for name in LINKED:
@@ -186,7 +188,12 @@ def sandbox(root: Path) -> Path:
         (root / "shared" / "data" / "BasicMotions").symlink_to(SHARED / "data" / "BasicMotions")
     else:                                           # the synthetic fallback: UEA .ts files of that name
         write_ts(root / "shared" / "data" / "BasicMotions")
-    write_data(work / "data")
+    if data is None:
+        write_data(work / "data")
+    else:
+        (work / "data").mkdir()
+        for entry in data.iterdir():
+            (work / "data" / entry.name).symlink_to(entry)
     return work
 
 

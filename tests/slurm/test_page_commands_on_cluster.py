@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import slurm_env
-from tests.pages import PageCommand, budgeted, filled, page_commands, run_here, sandbox
+from tests.pages import PageCommand, budgeted, filled, page_commands, run_here, sandbox, write_data
 from tests.timeouts import limit
 
 pytestmark = pytest.mark.slurm
@@ -30,6 +30,14 @@ ON_CLUSTER = [c for c in page_commands() if "cluster" in c.needs and not c.needs
 LAUNCHERS = ("sbatch", "srun", "salloc")
 # the search's trials, budgeted as its trainings are: 3 trials in one wave of the array
 TRIALS = ("--trials", "3")
+
+
+@pytest.fixture(scope="module")
+def page_data(tmp_path_factory):
+    """The data the pages' commands read, written once for this module's sandboxes."""
+    data = tmp_path_factory.mktemp("page-data") / "data"
+    write_data(data)
+    return data
 
 
 def fitted(argv: list[str]) -> list[str]:
@@ -77,9 +85,9 @@ def scheduler_answer(command: PageCommand, work: Path, env: dict[str, str]) -> s
     return proc.stdout + proc.stderr
 
 
-def test_every_cluster_command_of_the_pages_is_one_the_scheduler_would_start(slurm_cluster, tmp_path):
+def test_every_cluster_command_of_the_pages_is_one_the_scheduler_would_start(slurm_cluster, tmp_path, page_data):
     assert len(ON_CLUSTER) > 25
-    work = sandbox(tmp_path)
+    work = sandbox(tmp_path, page_data)
     env = cluster_env(slurm_cluster, work)
     refused = {}
     for command in ON_CLUSTER:
@@ -104,10 +112,10 @@ def real_argv(command: PageCommand) -> list[str]:
     return argv
 
 
-def test_the_readmes_cluster_commands_run_on_the_cluster_and_end_well(slurm_cluster, tmp_path):
+def test_the_readmes_cluster_commands_run_on_the_cluster_and_end_well(slurm_cluster, tmp_path, page_data):
     front = [c for c in ON_CLUSTER if c.page == "README.md" and c.program != "trainer"]    # runs: after them
     assert {c.program for c in front} >= {"sbatch", "srun", "submit"}
-    work = sandbox(tmp_path)
+    work = sandbox(tmp_path, page_data)
     env = cluster_env(slurm_cluster, work)
     started = [(c, subprocess.Popen(real_argv(c), cwd=work, env=dict(env, **c.env_and_argv()[0]), text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)) for c in front]

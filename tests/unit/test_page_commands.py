@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from tests.pages import PageCommand, bare_fences, page_commands, pages, run_here, sandbox
+from tests.pages import PageCommand, bare_fences, page_commands, pages, run_here, sandbox, write_data
 from tests.procs import REPO, clean_env
 
 COMMANDS = page_commands()
@@ -33,6 +33,14 @@ MAKE_TARGETS = {
     "image": ("docker build", "docker/standin/build.sh", "podman build"),
     "sif": ("apptainer build", "tests/container/test_images.py", "apptainer.def"),
 }
+
+
+@pytest.fixture(scope="module")
+def page_data(tmp_path_factory):
+    """The data the pages' commands read, written once for this module's sandboxes."""
+    data = tmp_path_factory.mktemp("page-data") / "data"
+    write_data(data)
+    return data
 
 
 def test_the_pages_have_commands_and_no_block_hides_one():
@@ -89,12 +97,12 @@ def test_what_a_download_or_an_install_would_fetch_is_registered():
 
 
 @pytest.mark.parametrize("page", sorted({c.page for c in HERE}))
-def test_a_pages_commands_run_here_in_order(page, tmp_path):
+def test_a_pages_commands_run_here_in_order(page, tmp_path, page_data):
     if page in RUN_ELSEWHERE:
         text = (REPO / RUN_ELSEWHERE[page]).read_text()
         assert page in text and "blocks(section, \"bash\")" in text, f"{RUN_ELSEWHERE[page]} runs {page}'s commands"
         return
-    work = sandbox(tmp_path)
+    work = sandbox(tmp_path, page_data)
     env = clean_env()
     env.pop("TRAINER_PLUGINS")                       # a user's shell: no test recipe
     from tests.inprocess import cli
@@ -112,10 +120,10 @@ def test_a_pages_commands_run_here_in_order(page, tmp_path):
 
 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if c.program == "submit"], ids=lambda c: c.where)
-def test_a_submit_command_of_the_pages_builds_its_job_here(command: PageCommand, tmp_path):
+def test_a_submit_command_of_the_pages_builds_its_job_here(command: PageCommand, tmp_path, page_data):
     """hpc/submit.py's commands need a cluster to run; --dry-run checks all but the submission: the flags, the
     config and its overrides, the search space, the batch script."""
-    work = sandbox(tmp_path)
+    work = sandbox(tmp_path, page_data)
     (work / "hpc-trainer.sif").write_bytes(b"")       # the image `make sif` builds: only its name is checked here
     dry = PageCommand(command.page, command.line, command.text + " --dry-run", frozenset())
     code, out = run_here(dry, work, clean_env())
