@@ -6,10 +6,12 @@ Every one is put to the scheduler as written, its CPUs per task fitted to the lo
 sbatch, srun and salloc with `--test-only` (Slurm checks the script, the shape, the partition and the time and says
 when the job would start), hpc/submit.py through the batch script its --dry-run prints. The README's, the front
 door, run for real, side by side, each training budgeted to 2 steps, and must end well: the jobs complete, the
-search's trials are told to its study and `trainer runs` tables them. The guides' other scripts run for real in
-tests/slurm/test_sbatch.py and test_submit_on_cluster.py."""
+search's trials are told to its study and `trainer runs` tables them; so do docs/cluster.md's sweeps, in order,
+with their tables and the rerun of two points, and its tasks without a scheduler. The guides' other sbatch scripts
+run for real in tests/slurm/test_sbatch.py and test_submit_on_cluster.py."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -135,3 +137,30 @@ def test_the_readmes_cluster_commands_run_on_the_cluster_and_end_well(slurm_clus
     table = [c for c in page_commands() if c.page == "README.md" and c.text.startswith("python -m trainer runs")]
     code, out = run_here(table[0], work, env)
     assert code == 0 and out.count("complete") + out.count("pruned") == int(TRIALS[1]), out
+
+
+def test_the_cluster_guides_sweeps_run_on_the_cluster_and_their_tables_read_them(slurm_cluster, tmp_path, page_data):
+    """docs/cluster.md's researcher's loop as written, in order, on the local cluster: each sweep submitted and
+    followed to its end, `trainer runs` on its folder (every point completed), the points submitted again
+    (`--sweep-points`: each resumes and ends), and the same tasks without a scheduler (`--cluster local|debug`)."""
+    loop = [c for c in ON_CLUSTER if c.page == "docs/cluster.md"
+            and ("--sweep" in c.text or re.fullmatch(r"python -m trainer runs runs/[\w-]+", c.text)
+                 or "--cluster " in c.text)]
+    assert sum("--sweep-points" in c.text for c in loop) == 1 and sum("--cluster " in c.text for c in loop) == 2
+    work = sandbox(tmp_path, page_data)
+    env = cluster_env(slurm_cluster, work)
+    points = {}
+    for command in loop:
+        if command.program == "trainer":                 # the table of the sweep the block just ran
+            code, out = run_here(command, work, env)
+            folder = command.words()[-1]
+            assert code == 0 and out.count("completed") == points[folder], f"{command.where}:\n{out}"
+            continue
+        proc = subprocess.run(real_argv(command), cwd=work, env=env, capture_output=True, text=True,
+                              timeout=limit("jobs"))
+        assert proc.returncode == 0, f"{command.where}: {command.text}\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}"
+        argv = command.words()
+        if "--sweep" in argv and "--sweep-points" not in argv:
+            grid = [len(argv[i + 1].split("=", 1)[1].split(",")) for i, w in enumerate(argv) if w == "--sweep"]
+            points[argv[argv.index("--run-dir") + 1]] = math.prod(grid)
+    assert len(points) == 2, points
