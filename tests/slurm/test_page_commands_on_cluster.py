@@ -143,9 +143,10 @@ def test_the_cluster_guides_sweeps_run_on_the_cluster_and_their_tables_read_them
     """docs/cluster.md's researcher's loop as written, in order, on the local cluster: each sweep submitted and
     followed to its end, `trainer runs` on its folder (every point completed), the points submitted again
     (`--sweep-points`: each resumes and ends), and the same tasks without a scheduler (`--cluster local|debug`)."""
-    loop = [c for c in ON_CLUSTER if c.page == "docs/cluster.md"
-            and ("--sweep" in c.text or re.fullmatch(r"python -m trainer runs runs/[\w-]+", c.text)
-                 or "--cluster " in c.text)]
+    guide = [c for c in ON_CLUSTER if c.page == "docs/cluster.md"]
+    swept = {c.words()[c.words().index("--run-dir") + 1] for c in guide if "--sweep" in c.text}
+    loop = [c for c in guide if "--sweep" in c.text or "--cluster " in c.text
+            or re.fullmatch(r"python -m trainer runs (\S+)", c.text) and c.words()[-1] in swept]
     assert sum("--sweep-points" in c.text for c in loop) == 1 and sum("--cluster " in c.text for c in loop) == 2
     work = sandbox(tmp_path, page_data)
     env = cluster_env(slurm_cluster, work)
