@@ -120,3 +120,12 @@ def pytest_runtest_protocol(item, nextitem):
     with open(target, "a") as fh:
         fh.write(json.dumps(dict(test=item.nodeid, part=os.environ.get("TEST_PART", ""),
                                  wall_s=round(time.monotonic() - wall, 2), cpu_s=round(cpu() - start, 2))) + "\n")
+
+
+@pytest.fixture(scope="module")
+def page_data(tmp_path_factory):
+    """The data the pages' commands read (tests/pages.py), written once for a module's sandboxes."""
+    from tests.pages import write_data
+    data = tmp_path_factory.mktemp("page-data") / "data"
+    write_data(data)
+    return data

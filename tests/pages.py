@@ -77,7 +77,8 @@ def needs_of(text: str, marks: set[str]) -> frozenset[str]:
     needs = set(marks)
     words = shlex.split(text)
     first = next((w for w in words if not ENV_WORD.match(w)), "")
-    if first in ("sbatch", "srun", "salloc") or (first == "eval" and "slurm-env" in text):
+    if (first in ("sbatch", "srun", "salloc") or (first == "eval" and "slurm-env" in text)
+            or re.match(r"make (slurm-up|slurm-down)\b", text)):
         needs.add("cluster")
     if "hpc/submit.py" in words[:3] and not re.search(r"--cluster (local|debug)|--dry-run", text):
         needs.add("cluster")
@@ -86,8 +87,6 @@ def needs_of(text: str, marks: set[str]) -> frozenset[str]:
         needs.add("container")
     if re.search(r"-m trainer data download\b", text) or first == "pip" or re.search(r"https?://", text):
         needs.add("network")
-    if re.match(r"make (slurm-up|slurm-down)\b", text):
-        needs.add("cluster")
     return frozenset(needs)
 
 
@@ -301,7 +300,7 @@ def budgeted(argv: list[str]) -> list[str]:
     """A training's words with the step budget after them (a train of the trainer, torchrun or an sbatch script)."""
     scripts = [w for w in argv if w.endswith(".sbatch")]
     trainer_train = any(argv[i:i + 3] == ["-m", "trainer", "train"] for i in range(len(argv)))
-    trains = (trainer_train or "train" in argv[:6] or (scripts and not scripts[0].endswith("predict.sbatch"))
+    trains = (trainer_train or (scripts and not scripts[0].endswith("predict.sbatch"))
               or (argv[1:2] == ["hpc/submit.py"] and "predict" not in argv[2:3]))
     return [*argv, *BUDGET] if trains else argv
 

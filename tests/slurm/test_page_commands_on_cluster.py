@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import slurm_env
-from tests.pages import PageCommand, budgeted, filled, page_commands, run_here, sandbox, write_data
+from tests.pages import PageCommand, budgeted, filled, page_commands, run_here, sandbox
 from tests.timeouts import limit
 
 pytestmark = pytest.mark.slurm
@@ -32,14 +32,6 @@ ON_CLUSTER = [c for c in page_commands() if "cluster" in c.needs and not c.needs
 LAUNCHERS = ("sbatch", "srun", "salloc")
 # the search's trials, budgeted as its trainings are: 3 trials in one wave of the array
 TRIALS = ("--trials", "3")
-
-
-@pytest.fixture(scope="module")
-def page_data(tmp_path_factory):
-    """The data the pages' commands read, written once for this module's sandboxes."""
-    data = tmp_path_factory.mktemp("page-data") / "data"
-    write_data(data)
-    return data
 
 
 def fitted(argv: list[str]) -> list[str]:
