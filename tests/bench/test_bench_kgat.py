@@ -6,6 +6,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env
+from tests.inprocess import cli
 from tests.timeouts import limit
 
 pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
@@ -18,8 +19,7 @@ def test_kgat_bench_smoke(tmp_path):
     if not ML100K.exists():   # synthetic fallback: the same harness on a generated KGAT-format folder
         print(f"{ML100K} missing: benchmarking synthetic KGAT data instead")
         data = tmp_path / "synth"
-        subprocess.run([PY, "-m", "trainer", "data", "synth", "kgat", "--out", str(data), "--preset", "tiny"],
-                       check=True, cwd=REPO, env=clean_env())
+        cli("data", "synth", "kgat", "--out", str(data), "--preset", "tiny")
     proc = subprocess.run([PY, "-m", "bench.kgat", "--data", str(data), "--epochs", "2", "--scale", "tiny",
                            "--out", str(tmp_path / "out")], cwd=REPO, env=clean_env(), capture_output=True,
                           text=True, timeout=limit("jobs"))

@@ -6,6 +6,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, clean_env
+from tests.inprocess import cli
 from tests.timeouts import limit
 
 pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
@@ -17,8 +18,7 @@ def test_sasrec_bench_smoke(tmp_path):
     # generated data (120 users) rather than ml-100k at maxlen 200: the harness is what is tested here, and
     # two variants on the real data cost CI ~20 s more (make bench-recipes runs the real thing)
     data = tmp_path / "synth"
-    subprocess.run([PY, "-m", "trainer", "data", "synth", "sasrec", "--out", str(data), "--users", "120"],
-                   check=True, cwd=REPO, env=clean_env())
+    cli("data", "synth", "sasrec", "--out", str(data), "--users", "120")
     proc = subprocess.run([PY, "-m", "bench.sasrec", "--data", str(data), "--epochs", "2", "--variants",
                            "sasrec,sasrec_mhc", "--out", str(tmp_path / "out")], cwd=REPO, env=clean_env(),
                           capture_output=True, text=True, timeout=limit("jobs"))

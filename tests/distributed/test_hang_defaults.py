@@ -27,6 +27,7 @@ pytestmark = pytest.mark.timing     # each verdict is against a time: named with
 
 TIMEOUT = 5
 SLOW_STEPS = {"video": 30}             # video's default step takes 4-15 s on 2 loaded cores: a timeout above it
+STALL_AT = {"video": 2}                # the step rank 1 stalls in: video's after one step (each costs ~18 CPU-s)
 LIMIT = 30                             # the issue's bound: named within faults.hang_timeout_s + 30 s
 RECIPES = ("har", "sasrec", "kgat", "video")
 START_S = 240                          # the slowest default start (video: its clips generated and decoded)
@@ -38,11 +39,12 @@ CASES = [pytest.param(r, how, marks=SIDE.get(r, (pytest.mark.beside_cluster,)))
          for r in RECIPES for how in CULPRIT if (r, how) != ("video", "native_gil")]
 
 
-def launch(tmp_path, recipe: str, how: str, *extra: str, rank: int = 1, at: int = 3, stall_s: float = 0,
+def launch(tmp_path, recipe: str, how: str, *extra: str, rank: int = 1, at: int | None = None, stall_s: float = 0,
            hang_timeout_s: float | None = None):
-    """Two ranks of the recipe at its defaults, rank `rank` (-1: every rank) stalled `how` at step `at`; the hang
-    timeout the test's (hang_timeout_s=0: the automatic one, as shipped)."""
+    """Two ranks of the recipe at its defaults, rank `rank` (-1: every rank) stalled `how` at step `at` (default
+    STALL_AT's, else 3); the hang timeout the test's (hang_timeout_s=0: the automatic one, as shipped)."""
     run = tmp_path / f"{recipe}-{how}"
+    at = STALL_AT.get(recipe, 3) if at is None else at
     timeout = SLOW_STEPS.get(recipe, TIMEOUT) if hang_timeout_s is None else hang_timeout_s
     env = dict(TRAINER_PLUGINS="tests.toy_recipe,tests.stall_plugin", STALL_HOW=how, STALL_RANK=str(rank),
                STALL_AT_STEP=str(at), STALL_S=str(stall_s))
@@ -148,9 +150,10 @@ def test_a_recipe_hook_ten_times_the_timeout_is_no_hang(tmp_path, rank):
 
 
 # (steps, the step the slowdown starts at, its factor): enough steps for it to be named on a loaded machine (named
-# here at step 9, 23, 127 and 6). Judged windows span a second of rank 0's wall time: HAR's default step takes ~0.3 s
-# logged every step, SASRec's 0.05, KGAT's 0.006; video's 9 s (every step a window: 3x is enough, and fewer steps)
-STRAGGLER = {"har": (20, 6, 4), "sasrec": (50, 6, 4), "kgat": (250, 6, 4), "video": (8, 3, 3)}
+# here at step 9, 23, 127 and 6: three windows after it). Judged windows span a second of rank 0's wall time: HAR's
+# default step takes ~0.3 s logged every step, SASRec's 0.05, KGAT's 0.006; video's 9 s (every step a window: 3x is
+# enough, and one step after the naming, each ~18 CPU-s on two ranks; the slowdown needs step 2's time: at >= 3)
+STRAGGLER = {"har": (20, 6, 4), "sasrec": (50, 6, 4), "kgat": (250, 6, 4), "video": (7, 3, 3)}
 
 
 @pytest.mark.parametrize("recipe", [pytest.param(r, marks=SIDE.get(r, (pytest.mark.beside_cluster,)))

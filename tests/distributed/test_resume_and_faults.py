@@ -1,10 +1,12 @@
-"""Preemption and resume (bitwise equality with an uninterrupted run), dead and hung ranks."""
+"""Preemption and resume (bitwise equality with an uninterrupted run), dead and hung ranks. The runs a signal reaches
+are processes; the reference and the refusals run in this process (tests/inprocess.py)."""
 import signal
 import time
 
 import pytest
 
 from tests.conftest import assert_bitwise_equal, launch_ranks, record_fault, run_ranks, trainer, wait_all, weights
+from tests.inprocess import cli
 
 # 256 samples / batch 32 = 8 steps per epoch; dropout on, so RNG restore matters
 RUN = ("--recipe", "toy", "--epochs", "3", "--seed", "3", "log.tensorboard=false", "ckpt.every_epochs=1")
@@ -13,7 +15,7 @@ RUN = ("--recipe", "toy", "--epochs", "3", "--seed", "3", "log.tensorboard=false
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ref")
-    trainer("train", *RUN, "--run-dir", str(run_dir))
+    cli("train", *RUN, "--run-dir", str(run_dir))
     return weights(run_dir)
 
 
@@ -63,21 +65,21 @@ def test_truncated_newest_checkpoint_is_skipped_on_resume(tmp_path, reference):
 
 def test_foreign_or_misshaped_checkpoint_is_refused(tmp_path):
     run_dir = tmp_path / "run"
-    trainer("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir))
-    other = trainer("train", *RUN, "--run-dir", str(tmp_path / "b"), "model.hidden=32",
-                    "--resume", str(run_dir / "checkpoints" / "final.pt"), check=False)
+    cli("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir))
+    other = cli("train", *RUN, "--run-dir", str(tmp_path / "b"), "model.hidden=32",
+                "--resume", str(run_dir / "checkpoints" / "final.pt"), check=False)
     assert other.returncode == 2 and "model.hidden 16 -> 32 would change what this run is" in other.stderr
     assert not (tmp_path / "b" / "config.yaml").exists()         # refused before anything is written
-    weights_only = trainer("train", *RUN, "--run-dir", str(tmp_path / "c"), "model.hidden=32",
-                           "--init-from", str(run_dir / "checkpoints" / "final.pt"), check=False)
+    weights_only = cli("train", *RUN, "--run-dir", str(tmp_path / "c"), "model.hidden=32",
+                       "--init-from", str(run_dir / "checkpoints" / "final.pt"), check=False)
     assert weights_only.returncode == 2 and "does not fit this model" in weights_only.stderr
     assert "net.0.weight: checkpoint (16, 8) vs model (32, 8)" in weights_only.stderr
 
 
 def test_resume_of_completed_run_does_no_more_work(tmp_path):
     run_dir = tmp_path / "run"
-    trainer("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir))
-    again = trainer("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir), "--resume", "auto")
+    cli("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir))
+    again = cli("train", *RUN, "--epochs", "1", "--run-dir", str(run_dir), "--resume", "auto")
     assert "resumed from" in again.stderr and "final.pt" in again.stderr
     assert "training completed after 8 steps" in again.stderr
 

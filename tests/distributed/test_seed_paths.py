@@ -6,6 +6,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, clean_env, launch_ranks, trainer, wait_all, weights
+from tests.inprocess import cli
 from tests.timeouts import limit
 
 RUN = ("--recipe", "toy", "--epochs", "1", "--seed", "2", "log.tensorboard=false")
@@ -45,14 +46,14 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_and_keeps_the_last_good_checkpo
 
 
 def test_init_from_takes_the_weights_only(tmp_path):
-    trainer("train", *RUN, "--run-dir", str(tmp_path / "a"))
+    cli("train", *RUN, "--run-dir", str(tmp_path / "a"))
     source = tmp_path / "a" / "checkpoints" / "final.pt"
-    out = trainer("train", *RUN, "--epochs", "0", "--init-from", str(source), "--run-dir", str(tmp_path / "b"))
+    out = cli("train", *RUN, "--epochs", "0", "--init-from", str(source), "--run-dir", str(tmp_path / "b"))
     assert f"initial weights from {source} (step 8 of that run)" in out.stderr
     assert_bitwise_equal(weights(tmp_path / "b"), weights(tmp_path / "a"))
     import torch
     b = torch.load(tmp_path / "b" / "checkpoints" / "final.pt", weights_only=True)
     assert b["global_step"] == 0 and b["optimizer"]["state"] == {}       # no optimizer state came along
-    other = trainer("train", *RUN, "model.hidden=32", "--init-from", str(source), "--run-dir", str(tmp_path / "c"),
-                    check=False)
+    other = cli("train", *RUN, "model.hidden=32", "--init-from", str(source), "--run-dir", str(tmp_path / "c"),
+                check=False)
     assert other.returncode == 2 and "does not fit this model" in other.stderr

@@ -96,7 +96,7 @@ def test_a_full_disk_during_a_checkpoint_write_is_an_error_naming_the_file(tmp_p
     """RLIMIT_FSIZE makes the write fail as a full disk or quota would; the earlier checkpoint survives."""
     run_dir = tmp_path / "run"
     big = ("model.hidden=2048", "ckpt.every_epochs=1", "ckpt.every_steps=0")    # ~200 KB of weights + Adam
-    trainer("train", *RUN, *big, "--epochs", "1", "--run-dir", str(run_dir))
+    cli("train", *RUN, *big, "--epochs", "1", "--run-dir", str(run_dir))
     saved = {p: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()}
     assert sorted(p.name for p in saved) == ["best.pt", "final.pt"] and min(map(len, saved.values())) > 150_000
     t0 = time.monotonic()

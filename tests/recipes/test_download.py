@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 
-from tests.conftest import trainer
+from tests.inprocess import cli
 from trainer.data import download as dl
 from trainer.recipes.har import download as har_dl
 from trainer.recipes.kgat import download as kgat_dl
@@ -97,9 +97,9 @@ def test_interrupted_transfer_resumes_with_range(tmp_path, server):
 
 def test_cli_download_and_unknown_name(tmp_path, server):
     sha = hashlib.sha256(server.payload).hexdigest()
-    proc = trainer("data", "download", "ml-100k", "--out", str(tmp_path), "--url", server.url, "--sha256", sha)
+    proc = cli("data", "download", "ml-100k", "--out", str(tmp_path), "--url", server.url, "--sha256", sha)
     assert "ml-100k" in proc.stdout and (tmp_path / "ml-100k" / "u.data").exists()
-    bad = trainer("data", "download", "ml-10t", "--out", str(tmp_path), check=False)
+    bad = cli("data", "download", "ml-10t", "--out", str(tmp_path), check=False)
     known = "known: amazon-book, last-fm, ml-100k, ml-1m, uci-har, yelp2018"
     assert bad.returncode == 2 and f"unknown dataset 'ml-10t'; {known}" in bad.stderr
 
@@ -195,7 +195,7 @@ def test_git_blob_sha1_is_gits_own(tmp_path):
 def test_a_mirror_must_serve_the_pinned_bytes(tmp_path, serve):
     """--url names a mirror, not other data: the registry's pins still apply, the error names the file."""
     url = serve(_kgat_mirror(tmp_path, zipped=False))
-    proc = trainer("data", "download", "last-fm", "--out", str(tmp_path / "out"), "--url", url, check=False)
+    proc = cli("data", "download", "last-fm", "--out", str(tmp_path / "out"), "--url", url, check=False)
     assert proc.returncode != 0 and "mismatch" in proc.stderr and "Traceback" not in proc.stderr
 
 

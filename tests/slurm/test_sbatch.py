@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import PY, REPO, slurm_env
+from tests.inprocess import cli
 from tests.slurm.test_cluster import wait_job
 from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
@@ -96,8 +97,7 @@ def one_epoch_job(conf, workdir: Path, script: str, extra: str, timeout: float,
 
 def test_sasrec_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
     data = tmp_path / "data"
-    subprocess.run([PY, "-m", "trainer", "data", "synth", "sasrec", "--out", str(data), "--users", "120",
-                    "--items", "60"], cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
+    cli("data", "synth", "sasrec", "--out", str(data), "--users", "120", "--items", "60", env=slurm_env(slurm_cluster))
     extra = (f"data.path={data} data.maxlen=16 model.width=16 model.depth=1 model.heads=1 train.eval_every_epochs=1 "
              "log.per_rank=true")
     job, log, run = one_epoch_job(slurm_cluster, tmp_path, "sasrec_1node.sbatch", extra, timeout=limit("start"),
@@ -117,8 +117,7 @@ def test_sasrec_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
 def test_har_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
     """DATA with a space in it reaches the trainer as one argument."""
     data = tmp_path / "my data"
-    subprocess.run([PY, "-m", "trainer", "data", "synth", "har", "--out", str(data)], cwd=REPO,
-                   env=slurm_env(slurm_cluster), check=True, capture_output=True)
+    cli("data", "synth", "har", "--out", str(data), env=slurm_env(slurm_cluster))
     extra = "model.width=16 model.channel_width=16 model.head_width=32 log.tensorboard=false"
     job, log, run = one_epoch_job(slurm_cluster, tmp_path, "har_1node.sbatch", extra, timeout=limit("long"),
                                   env=dict(DATA=str(data)))
@@ -132,9 +131,8 @@ def test_har_1node_completes_with_four_ranks(slurm_cluster, tmp_path):
 def test_video_1node_completes_with_three_ranks(slurm_cluster, tmp_path):
     """Rank 0 builds the frame cache while the others wait, then 3 ranks train (loader workers on)."""
     data = tmp_path / "videos"
-    subprocess.run([PY, "-m", "trainer", "data", "synth", "video", "--out", str(data), "--videos", "5",
-                    "--frames", "30", "--classes", "3"], cwd=REPO, env=slurm_env(slurm_cluster), check=True,
-                   capture_output=True)
+    cli("data", "synth", "video", "--out", str(data), "--videos", "5", "--frames", "30", "--classes", "3",
+        env=slurm_env(slurm_cluster))
     extra = ("model.arch=light data.size=32 data.clip_len=5 train.batch_size=8 log.tensorboard=false "
              "train.num_workers=1")
     job, log, run = one_epoch_job(slurm_cluster, tmp_path, "video_1node.sbatch", extra, timeout=limit("long"),
@@ -152,8 +150,7 @@ def test_a_crashing_rank_fails_the_job_at_once(slurm_cluster, tmp_path):
     """srun --kill-on-bad-exit ends the healthy ranks with TERM (rc 143) when one crashes: without the
     trainer's .preempted marker the batch shell does not hold the job as if it were being preempted."""
     data = tmp_path / "videos"
-    subprocess.run([PY, "-m", "trainer", "data", "synth", "video", "--out", str(data), "--videos", "3",
-                    "--frames", "20"], cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
+    cli("data", "synth", "video", "--out", str(data), "--videos", "3", "--frames", "20", env=slurm_env(slurm_cluster))
     job = submit_script(slurm_cluster, tmp_path, "video_1node.sbatch", "--cpus-per-task=1", "--time=10",
                         env=dict(DATA=str(data)))      # mouse.yaml's merge map does not apply to labels.csv
     info = wait_job(slurm_cluster, job, timeout=limit("run"))
@@ -165,8 +162,7 @@ def test_a_crashing_rank_fails_the_job_at_once(slurm_cluster, tmp_path):
 def test_kgat_2node_completes_with_eight_ranks(slurm_cluster, tmp_path):
     """The product card's first command on the local 2-node cluster, with a tiny synthetic dataset."""
     data = tmp_path / "data"
-    subprocess.run([PY, "-m", "trainer", "data", "synth", "kgat", "--out", str(data), "--preset", "tiny"],
-                   cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
+    cli("data", "synth", "kgat", "--out", str(data), "--preset", "tiny", env=slurm_env(slurm_cluster))
     extra = (f"data.path={data} model.width=16 model.relation_width=16 model.layer_widths=[16,8] train.batch_size=64 "
              "train.eval_batch_size=64 log.tensorboard=false")
     job, log, run = one_epoch_job(slurm_cluster, tmp_path, "kgat_2node.sbatch", extra, timeout=limit("long"))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PY, REPO, assert_bitwise_equal, slurm_env, weights
+from tests.inprocess import cli
 from tests.slurm.test_cluster import job_info, wait_job
 from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
@@ -33,8 +34,7 @@ def sacct_state(conf, job: str) -> str:
 
 def test_sasrec_eight_ranks_on_two_nodes(slurm_cluster, tmp_path):
     data = tmp_path / "data"
-    subprocess.run([PY, "-m", "trainer", "data", "synth", "sasrec", "--out", str(data), "--users", "160",
-                    "--items", "80"], cwd=REPO, env=slurm_env(slurm_cluster), check=True, capture_output=True)
+    cli("data", "synth", "sasrec", "--out", str(data), "--users", "160", "--items", "80", env=slurm_env(slurm_cluster))
     argv = ["--recipe", "sasrec", "--nodes", "2", "--gpus-per-node", "4", "--time", "00:10:00",
             "--folder", str(tmp_path / "submitit"), "--run-dir", str(tmp_path / "run"), "--epochs", "1",
             f"data.path={data}", "data.maxlen=16", "model.width=16", "model.depth=1", "model.heads=1",

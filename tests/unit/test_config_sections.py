@@ -13,6 +13,7 @@ import yaml
 
 import tests.toy_recipe  # noqa: F401  (registers the toy recipe)
 from tests.conftest import assert_bitwise_equal, trainer, weights
+from tests.inprocess import cli
 from trainer.config.sections import ENGINE_RENAMED
 from trainer.config.settings import build_config, default_config, from_dict, to_dict, valid_keys
 
@@ -97,7 +98,7 @@ def test_a_stored_flat_config_is_taken_quietly_under_the_new_names():
 
 
 def test_the_flags_set_the_new_keys_without_a_warning():
-    out = trainer("train", "--recipe", "toy", "--lr", "0.125", "--warmup-steps", "3", "--print-config")
+    out = cli("train", "--recipe", "toy", "--lr", "0.125", "--warmup-steps", "3", "--print-config")
     assert "deprecated" not in out.stderr, out.stderr
     printed = yaml.safe_load(out.stdout)
     assert (printed["optim"]["lr"], printed["optim"]["warmup_steps"]) == (0.125, 3)
@@ -122,5 +123,5 @@ def test_a_checkpoint_written_with_the_flat_keys_resumes_to_the_weights_of_a_run
     second = trainer(*base, "--run-dir", str(run), "--resume", "auto")
     assert "resumed from" in second.stderr and "deprecated" not in second.stderr, second.stderr[-3000:]
     assert "refus" not in second.stderr.lower()
-    trainer(*base, "--run-dir", str(through))
+    cli(*base, "--run-dir", str(through))
     assert_bitwise_equal(weights(run), weights(through))
