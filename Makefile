@@ -7,6 +7,8 @@ TORCH_VERSION ?= 2.13.0
 # CPU, or a CUDA version); `make setup TORCH_INDEX_URL=...` picks the build
 TORCH_INDEX_URL ?=
 PYTEST_ARGS   ?=
+# pytest-xdist workers of `make test-fast` (these machines: 2 cores)
+FAST_WORKERS  ?= 2
 BENCH_ARGS    ?=
 BENCH_SLURM   ?= 1
 # the local cluster's directory: fresh and private at each start (hpc/cluster/where.sh); HPC_CLUSTER_DIR picks one
@@ -25,7 +27,7 @@ help:
 	@echo "make bench-recipes  accuracy and speed against the reference implementations (needs ../shared/data)"
 	@echo "make faults-report  the fault tests with their time-to-exit figures (bench/results/faults.md)"
 	@echo "make test         set up, install Slurm (Debian packages) and run the whole test suite"
-	@echo "make test-fast    unit + multi-process tests only (no Slurm cluster)"
+	@echo "make test-fast    the quick tests in FAST_WORKERS workers: no cluster, image, long or timing tests"
 	@echo "make lint         ruff, shellcheck, hadolint (ruff also runs in make test)"
 	@echo "make image / sif  build the Docker / Apptainer image (make lock re-pins docker/requirements.lock)"
 	@echo "make slurm-up     start the local Slurm cluster (2 nodes x 4 CPUs x 4 fake GPUs)"
@@ -121,8 +123,11 @@ test-image: kernels slurm-install
 test-under-load: kernels slurm-install
 	bash tests/under_load.sh $(BIN)/python 5 $(PYTEST_ARGS)
 
+# the developer's loop: every test but those of the cluster, the image, long CPU work (marker long: the guides' and
+# pages' command runs, benchmarks, compiles) and the verdicts against a time (marker timing), which `make test` runs
 test-fast: kernels
-	$(BIN)/python -m pytest -rs -m "not slurm and not image" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -rs -n $(FAST_WORKERS) --dist loadgroup -m "not slurm and not image and not long and not timing" \
+	  $(PYTEST_ARGS)
 
 # the Python linter (pinned in the test extra, settings in pyproject.toml); part of `make test`
 ruff: setup

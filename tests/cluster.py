@@ -3,9 +3,13 @@ beside them, the rest), whether a cluster runs, and the environment pointed at i
 lives in tests/conftest.py)."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
+import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from tests.procs import clean_env
 
@@ -14,14 +18,14 @@ PARTS = ("cluster", "rest")
 
 
 def in_cluster_half(item) -> bool:
-    """The cluster half: the tests on the cluster; with the rest half in one process (TEST_WORKERS=1, tests/run.sh's
-    default) also the long CPU work marked beside_cluster. That half mostly waits on the scheduler (CI, 2026-11-27:
-    17 minutes against the other half's 40), so it takes the long CPU tests that need no cluster. With the rest in
-    several workers they are the rest's (CI, 2026-12-07: the cluster half 38 minutes with them beside two workers;
-    21.5 without them)."""
+    """The cluster half: the tests on the cluster; with the rest half in one process (TEST_WORKERS=1; tests/run.sh's
+    default is 3, plain pytest's 1) also the long CPU work marked long. That half mostly waits on the scheduler (CI,
+    2026-11-27: 17 minutes against the other half's 40), so it takes the long CPU tests that need no cluster. With the
+    rest in several workers they are the rest's (CI, 2026-12-07: the cluster half 38 minutes with them beside two
+    workers; 21.5 without them)."""
     if item.get_closest_marker("slurm") is not None:
         return True
-    return item.get_closest_marker("beside_cluster") is not None and os.environ.get("TEST_WORKERS", "1") == "1"
+    return item.get_closest_marker("long") is not None and os.environ.get("TEST_WORKERS", "1") == "1"
 
 
 def cluster_running(where: Path | None) -> bool:
@@ -39,3 +43,47 @@ SHARED_NODES_SLOW = "0.2"
 def slurm_env(conf: Path, **extra: str) -> dict[str, str]:
     """Clean environment pointed at the test cluster."""
     return clean_env(SLURM_CONF=str(conf), TRAINER_PREFLIGHT_SLOW=SHARED_NODES_SLOW, **extra)
+
+
+# ------------------------------------------------------------------ the cluster shared by several workers
+# tests/run.sh runs the cluster half in TEST_CLUSTER_WORKERS pytest-xdist workers (its tests mostly wait on the
+# scheduler). Two kinds of test cannot share the cluster: those that preempt every job on the nodes (a `high`
+# partition job) and those that slow a node's processes: they are marked cluster_alone and run with the cluster
+# to themselves; every other test on the cluster shares it with the other worker's.
+TURN_LOCK, GATE_LOCK = "hpc-trainer-cluster-turn.lock", "hpc-trainer-cluster-gate.lock"
+
+
+@contextlib.contextmanager
+def cluster_turn(item) -> Iterator[None]:
+    """A test's turn on the cluster, held over its setup, call and teardown (its module's fixtures included): shared,
+    or exclusive for a test marked cluster_alone; nothing for a test off the cluster. A test that waits to be alone
+    holds the gate, so that the other worker's next tests wait behind it instead of keeping the cluster shared."""
+    if item.get_closest_marker("slurm") is None:
+        yield
+        return
+    alone = item.get_closest_marker("cluster_alone") is not None
+    where = Path(tempfile.gettempdir())
+    with open(where / TURN_LOCK, "a") as turn, open(where / GATE_LOCK, "a") as gate:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(turn, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(turn, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def starting_lock() -> Iterator[None]:
+    """One worker at a time looks for the cluster and starts it if none runs (the other then finds it running)."""
+    with open(Path(tempfile.gettempdir()) / "hpc-trainer-cluster-start.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# A worker that started the cluster leaves it to the controller, which stops it once every worker is done: the file
+# named by this variable (set by the controller, read by its workers) holds the started cluster's directory.
+STARTED_VAR = "TEST_CLUSTER_STARTED_FILE"

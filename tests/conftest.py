@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import PARTS, SHARED_NODES_SLOW, cluster_running, in_cluster_half, slurm_env  # noqa: F401
+from tests.cluster import (  # noqa: F401
+    PARTS,
+    SHARED_NODES_SLOW,
+    STARTED_VAR,
+    cluster_running,
+    cluster_turn,
+    in_cluster_half,
+    slurm_env,
+    starting_lock,
+)
 from tests.procs import (  # noqa: F401
     LAUNCH_VARS,
     PY,
@@ -67,7 +76,7 @@ def busy_core_turn():
 @pytest.hookimpl(tryfirst=True)       # before -m selects: `-m slurm` then means every test on the cluster
 def pytest_collection_modifyitems(config, items):
     """Every test that uses the local cluster is marked slurm. TEST_PART=cluster keeps those and the ones marked
-    beside_cluster, TEST_PART=rest the others: tests/run.sh runs the two halves side by side."""
+    long (with TEST_WORKERS=1), TEST_PART=rest the others: tests/run.sh runs the two halves side by side."""
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
             item.add_marker(pytest.mark.slurm)
@@ -81,18 +90,41 @@ def pytest_collection_modifyitems(config, items):
     items[:] = keep
 
 
+def pytest_configure(config):
+    """The controller of pytest-xdist workers (or a plain session) names the file where a worker that starts the
+    local cluster leaves its directory, so that the cluster outlives that worker's session until every worker is done
+    (pytest_sessionfinish below stops it)."""
+    if not hasattr(config, "workerinput") and STARTED_VAR not in os.environ:
+        import tempfile
+        os.environ[STARTED_VAR] = str(Path(tempfile.gettempdir()) / f"hpc-trainer-tests-{os.getpid()}.cluster")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    flag = Path(os.environ.get(STARTED_VAR, "/nonexistent"))
+    if hasattr(session.config, "workerinput") or not flag.is_file():
+        return
+    env = dict(os.environ, HPC_CLUSTER_DIR=flag.read_text().strip())
+    subprocess.run(["bash", str(REPO / "hpc/cluster/stop.sh")], env=env, timeout=limit("run"))
+    flag.unlink()
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """The local Slurm cluster (started here if not running, stopped at the end if we started it)."""
+    """The local Slurm cluster (started here if not running; stopped at the end if this session started it: by this
+    fixture in one process, by the controller once every pytest-xdist worker is done)."""
     from hpc.slurm_info import local_cluster_dir
     if shutil.which("slurmctld") is None or shutil.which("munged") is None:
         pytest.skip("Slurm is not installed (run `make slurm-install`, or `make test` which does it)")
     if os.geteuid() != 0:
         pytest.skip("the local Slurm cluster needs root (mknod, /etc/hosts)")
-    running = cluster_running(local_cluster_dir())
-    if not running:
-        subprocess.run(["bash", str(REPO / "hpc/cluster/start.sh")], check=True, timeout=limit("runs"))
+    with starting_lock():                 # the workers of one half look for it one at a time
+        running = cluster_running(local_cluster_dir())
+        if not running:
+            subprocess.run(["bash", str(REPO / "hpc/cluster/start.sh")], check=True, timeout=limit("runs"))
     where = local_cluster_dir()
+    if not running and os.environ.get("PYTEST_XDIST_WORKER"):
+        Path(os.environ[STARTED_VAR]).write_text(str(where))       # the controller's to stop
+        running = True
     env = dict(os.environ, HPC_CLUSTER_DIR=str(where))
     yield where / "slurm.conf"
     if not running:
@@ -101,25 +133,27 @@ def slurm_cluster():
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """TEST_CPU_REPORT=FILE: one JSON line per test with its wall time and the CPU seconds it took (this process's
-    and its finished children's, user + system): where a suite on 2 cores spends its CPU, which wall times hide
-    (a test that sleeps or waits on the scheduler costs wall, not CPU)."""
-    target = os.environ.get("TEST_CPU_REPORT")
-    if not target:
-        yield
-        return
-    import json
-    import resource
-    import time
+    """A test on the cluster runs in its turn (tests/cluster.py cluster_turn: shared, or alone). TEST_CPU_REPORT=FILE:
+    one JSON line per test with its wall time and the CPU seconds it took (this process's and its finished
+    children's, user + system): where a suite on 2 cores spends its CPU, which wall times hide (a test that sleeps or
+    waits on the scheduler costs wall, not CPU)."""
+    with cluster_turn(item):            # shared or alone on the cluster (tests/cluster.py), outside the times below
+        target = os.environ.get("TEST_CPU_REPORT")
+        if not target:
+            yield
+            return
+        import json
+        import resource
+        import time
 
-    def cpu() -> float:
-        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-    start, wall = cpu(), time.monotonic()
-    yield
-    with open(target, "a") as fh:
-        fh.write(json.dumps(dict(test=item.nodeid, part=os.environ.get("TEST_PART", ""),
-                                 wall_s=round(time.monotonic() - wall, 2), cpu_s=round(cpu() - start, 2))) + "\n")
+        def cpu() -> float:
+            own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+        start, wall = cpu(), time.monotonic()
+        yield
+        with open(target, "a") as fh:
+            fh.write(json.dumps(dict(test=item.nodeid, part=os.environ.get("TEST_PART", ""),
+                                     wall_s=round(time.monotonic() - wall, 2), cpu_s=round(cpu() - start, 2))) + "\n")
 
 
 @pytest.fixture(scope="module")

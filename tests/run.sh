@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
 # make test: pytest ARGS in two halves side by side, the tests that use the local Slurm cluster
-# (TEST_PART=cluster; they mostly wait on the scheduler: requeue delays, signals, time limits) and the rest
-# (TEST_PART=rest, on the CPUs; TEST_WORKERS=N > 1: in N pytest-xdist workers, the long CPU tests marked
-# beside_cluster then among them; tests that share a fixed resource name an xdist_group). The cluster half's report
+# (TEST_PART=cluster; they mostly wait on the scheduler: requeue delays, signals, time limits; in
+# TEST_CLUSTER_WORKERS pytest-xdist workers, default 2, a file to a worker, sharing the cluster but for the tests
+# marked cluster_alone) and the rest
+# (TEST_PART=rest, on the CPUs; in TEST_WORKERS pytest-xdist workers, default 3, the long CPU tests (marker long)
+# among them; with TEST_WORKERS=1 in one process, the long tests then in the cluster half; tests that share a fixed
+# resource name an xdist_group). The cluster half's report
 # follows the other's; the exit status is the worse.
 #   bash tests/run.sh .venv/bin/python -rs -m "not image"
-#   TEST_WORKERS=3 bash tests/run.sh .venv/bin/python -rs     (the rest half in three workers)
+#   TEST_WORKERS=1 TEST_CLUSTER_WORKERS=1 bash tests/run.sh .venv/bin/python -rs     (each half in one process)
 set -u
 py=$1
 shift
+# the rest's workers: these 2 cores' CPU work, a third filling the waits (hang timeouts, process starts); both halves
+# read it (before either starts): with 1, the long tests run in the cluster half
+export TEST_WORKERS=${TEST_WORKERS:-3}
+cluster_workers=${TEST_CLUSTER_WORKERS:-2}
+cluster_spread=()
+[ "$cluster_workers" -gt 1 ] && cluster_spread=(-n "$cluster_workers" --dist loadfile)
 log=$(mktemp "${TMPDIR:-/tmp}/pytest-cluster.XXXXXX")
-TEST_PART=cluster "$py" -m pytest "$@" > "$log" 2>&1 &
+TEST_PART=cluster "$py" -m pytest "${cluster_spread[@]}" "$@" > "$log" 2>&1 &
 cluster_pid=$!
 trap 'kill "$cluster_pid" 2>/dev/null; rm -f "$log"' EXIT
-export TEST_WORKERS=${TEST_WORKERS:-1}     # both halves read it: it decides where beside_cluster tests run
 spread=()
 [ "$TEST_WORKERS" -gt 1 ] && spread=(-n "$TEST_WORKERS" --dist loadgroup)
 TEST_PART=rest "$py" -m pytest "${spread[@]}" "$@"

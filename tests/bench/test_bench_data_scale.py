@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import REPO, clean_env
 from tests.timeouts import limit
 
-pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
+pytestmark = pytest.mark.long      # long CPU work: make test-fast leaves it out
 
 
 def test_the_data_scale_bench_runs_through(tmp_path):

@@ -11,7 +11,7 @@ import torch
 from tests.conftest import REPO, clean_env
 from tests.timeouts import limit
 
-pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
+pytestmark = pytest.mark.long      # long CPU work: make test-fast leaves it out
 
 
 def test_the_gpu_bench_runs_through_on_a_cpu(tmp_path):

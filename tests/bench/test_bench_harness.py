@@ -12,7 +12,7 @@ from bench.run import summarize
 from tests.conftest import REPO, clean_env
 from tests.timeouts import limit
 
-pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
+pytestmark = pytest.mark.long      # long CPU work: make test-fast leaves it out
 
 
 @pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])

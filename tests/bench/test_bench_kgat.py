@@ -9,7 +9,7 @@ from tests.conftest import PY, REPO, clean_env
 from tests.inprocess import cli
 from tests.timeouts import limit
 
-pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
+pytestmark = pytest.mark.long      # long CPU work: make test-fast leaves it out
 
 ML100K = REPO.parent / "shared" / "data" / "ml-100k"
 

@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import PY, REPO, clean_env
 from tests.timeouts import limit
 
-pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
+pytestmark = pytest.mark.long      # long CPU work: make test-fast leaves it out
 
 
 def test_mhc_cost_bench_smoke(tmp_path):

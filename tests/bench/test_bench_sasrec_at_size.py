@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import PY, REPO, clean_env
 from tests.timeouts import limit
 
-pytestmark = pytest.mark.beside_cluster      # CPU work, no cluster: tests/run.sh runs it in the cluster half
+pytestmark = pytest.mark.long      # long CPU work: make test-fast leaves it out
 
 
 def test_the_at_size_bench_joins_its_rows_to_the_report(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import PY, REPO, clean_env
 from tests.timeouts import limit
 
-pytestmark = pytest.mark.beside_cluster      # two short trainings: tests/run.sh runs it in the cluster half
+pytestmark = pytest.mark.long      # two short trainings: make test-fast leaves it out
 
 
 def pairs_file(path, users=150, items=300, seed=0):

@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import PY, REPO, clean_env
 from tests.timeouts import limit
 
-pytestmark = pytest.mark.beside_cluster      # a short training: tests/run.sh runs it in the cluster half
+pytestmark = pytest.mark.long      # a short training: make test-fast leaves it out
 
 
 def test_ce_trained_at_a_generated_catalogue_joins_the_report(tmp_path):

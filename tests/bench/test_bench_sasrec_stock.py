@@ -12,7 +12,7 @@ from tests.conftest import PY, REPO, clean_env
 from tests.timeouts import limit
 from trainer.recipes.sasrec import data as D
 
-pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
+pytestmark = pytest.mark.long      # long CPU work: make test-fast leaves it out
 
 
 def test_stock_model_is_causal_and_ignores_later_items():

@@ -9,7 +9,7 @@ from tests.inprocess import cli
 from tests.timeouts import limit
 from trainer.engine.logging import read_metrics
 
-pytestmark = pytest.mark.beside_cluster      # long CPU work, no cluster: tests/run.sh runs it in the cluster half
+pytestmark = pytest.mark.long      # long CPU work: make test-fast leaves it out
 
 # plain SGD and no dropout: the comparison is about data and gradient handling, not RNG streams
 BASE = ("--recipe", "toy", "--epochs", "1", "--seed", "7", "optim.name=sgd", "optim.lr=0.05",

@@ -32,10 +32,11 @@ LIMIT = 30                             # the issue's bound: named within faults.
 RECIPES = ("har", "sasrec", "kgat", "video")
 START_S = 240                          # the slowest default start (video: its clips generated and decoded)
 CULPRIT = ("stop", "python", "native_gil", "native")
-# video: its slow start, once per kind of stall (the C call that lets go of the interpreter); its rows run in the
-# suite's other half (tests/run.sh), the rest beside the cluster
-SIDE = {"video": ()}
-CASES = [pytest.param(r, how, marks=SIDE.get(r, (pytest.mark.beside_cluster,)))
+# video: its slow start, once per kind of stall (the C call that lets go of the interpreter); its rows are not marked
+# long, so that beside one worker (TEST_WORKERS=1) they run in the rest half, the other rows in the cluster half.
+# In several workers they take one worker, one at a time (two ranks at its defaults hold ~3 GB each)
+SIDE = {"video": (pytest.mark.xdist_group("video-defaults"),)}
+CASES = [pytest.param(r, how, marks=SIDE.get(r, (pytest.mark.long,)))
          for r in RECIPES for how in CULPRIT if (r, how) != ("video", "native_gil")]
 
 
@@ -102,7 +103,7 @@ def test_a_stalled_rank_is_named_by_every_rank_that_can_tell(tmp_path, recipe, h
         assert "behind the others" in found[0] and codes[1] == 6 and 1 in found, (codes, found, errs[1][-2000:])
 
 
-@pytest.mark.beside_cluster
+@pytest.mark.long
 @pytest.mark.parametrize("extra", [("dist.shm_allreduce=off",), ("faults.straggler_action=off",)],
                          ids=["gloo", "untimed_hook"])
 def test_har_without_the_shared_memory_or_the_timed_hook_names_a_stopped_rank(tmp_path, extra):
@@ -113,7 +114,7 @@ def test_har_without_the_shared_memory_or_the_timed_hook_names_a_stopped_rank(tm
     assert cause.startswith("hang: rank 1 ") and "its hang watch has been silent" in cause, cause
 
 
-@pytest.mark.beside_cluster
+@pytest.mark.long
 def test_a_stopped_rank_is_named_under_torchrun_as_the_issue_ran_it(tmp_path):
     """The issue's own run: HAR under torchrun, rank 1 SIGSTOPped just after its first steps (before its watch told
     of a step: the race that left rank 0 waiting out dist.timeout_s)."""
@@ -129,7 +130,7 @@ def test_a_stopped_rank_is_named_under_torchrun_as_the_issue_ran_it(tmp_path):
     assert "timed out after 900 s" not in out
 
 
-@pytest.mark.beside_cluster
+@pytest.mark.long
 @pytest.mark.parametrize("recipe", ("har", "kgat"))
 def test_every_rank_stalled_alike_names_no_rank_and_says_the_group_hung(tmp_path, recipe):
     run, procs = launch(tmp_path, recipe, "python", rank=-1)
@@ -140,7 +141,7 @@ def test_every_rank_stalled_alike_names_no_rank_and_says_the_group_hung(tmp_path
         assert cause.startswith("hang: the group made no progress") and "no single rank is to blame" in cause
 
 
-@pytest.mark.beside_cluster
+@pytest.mark.long
 @pytest.mark.parametrize("rank", (1, -1), ids=("one_rank", "every_rank"))
 def test_a_recipe_hook_ten_times_the_timeout_is_no_hang(tmp_path, rank):
     run, procs = launch(tmp_path, "har", "hook", "--epochs", "2", "faults.hang_timeout_s=3", rank=rank, stall_s=30)
@@ -156,7 +157,7 @@ def test_a_recipe_hook_ten_times_the_timeout_is_no_hang(tmp_path, rank):
 STRAGGLER = {"har": (20, 6, 4), "sasrec": (50, 6, 4), "kgat": (250, 6, 4), "video": (7, 3, 3)}
 
 
-@pytest.mark.parametrize("recipe", [pytest.param(r, marks=SIDE.get(r, (pytest.mark.beside_cluster,)))
+@pytest.mark.parametrize("recipe", [pytest.param(r, marks=SIDE.get(r, (pytest.mark.long,)))
                                     for r in RECIPES])
 def test_a_slowed_rank_is_named_a_straggler_on_each_recipes_defaults(tmp_path, recipe):
     """From a step on, rank 1's steps take three or four times their own median before (a sleep inside the step):
@@ -176,7 +177,7 @@ def test_a_slowed_rank_is_named_a_straggler_on_each_recipes_defaults(tmp_path, r
     assert "straggler: rank 1 on " in results[0][1] and "would relaunch without it" in results[0][1]
 
 
-@pytest.mark.beside_cluster
+@pytest.mark.long
 def test_a_first_build_of_the_data_cache_ten_times_the_timeout_is_no_hang(tmp_path):
     """HAR's text data parsed into a fresh data cache, the parse 30 s longer (every rank that builds: the node's
     first), faults.hang_timeout_s=3: the other rank waits for the build, no rank is called hung, the run completes."""
@@ -191,7 +192,7 @@ def test_a_first_build_of_the_data_cache_ten_times_the_timeout_is_no_hang(tmp_pa
     assert list((tmp_path / "cache").glob("har-*")) and time.monotonic() - start > 30, "the build did not stall"
 
 
-@pytest.mark.parametrize("recipe", [pytest.param(r, marks=SIDE.get(r, (pytest.mark.beside_cluster,)))
+@pytest.mark.parametrize("recipe", [pytest.param(r, marks=SIDE.get(r, (pytest.mark.long,)))
                                     for r in RECIPES])
 def test_a_signal_on_one_rank_is_agreed_on_each_recipes_defaults_and_resumes(tmp_path, recipe):
     """The preemption agreement on the default path: SIGUSR1 reaches rank 1 alone inside step 2; both ranks stop after

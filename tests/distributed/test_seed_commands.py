@@ -10,6 +10,8 @@ import pytest
 from tests.conftest import PY, REPO, clean_env, free_port, run_group, wait_all
 from tests.inprocess import cli
 
+pytestmark = pytest.mark.long     # the guides' launcher rows as processes: make test-fast leaves them out
+
 TINY = {   # per recipe: tiny model settings, put before the row's own arguments (the row's values win)
     "kgat": ["model.width=8", "model.relation_width=8", "model.layer_widths=[8]", "train.eval_batch_size=64"],
     "sasrec": ["data.maxlen=16", "model.width=8", "model.depth=1", "model.heads=1", "data.kcore=0"],

@@ -12,6 +12,7 @@ from tests.timeouts import limit
 RUN = ("--recipe", "toy", "--epochs", "1", "--seed", "2", "log.tensorboard=false")
 
 
+@pytest.mark.long     # launcher process groups: make test-fast leaves it out
 @pytest.mark.parametrize("launcher", [["-m", "torch.distributed.launch"],
                                       ["-m", "torch.distributed.launch", "--use-env"],
                                       ["-m", "torch.distributed.run"]])

@@ -40,6 +40,7 @@ def test_the_guides_own_flags_mean_in_their_scripts_what_the_guides_say():
     assert trainer_args("002", ["--save-dir", "checkpoints/dp_4gpu"])[-2:] == ["--run-dir", "checkpoints/dp_4gpu"]
 
 
+@pytest.mark.long     # a guide's launch as written: make test-fast leaves it out
 def test_seed_001s_four_gpu_command_line_as_the_guide_wrote_it(tmp_path):
     """The guide's `python -m torch.distributed.launch ... main.py --dataset=ml-1m --train_dir=... --batch_size=...
     --use_amp --multi_gpu` (2 processes, ml-100k's config on generated data)."""
@@ -68,6 +69,7 @@ def test_seed_001s_main_py_refuses_an_unknown_dataset_with_the_choices():
     assert proc.returncode == 2 and "--dataset ml-2m is a flag of the seed scripts" in proc.stderr
 
 
+@pytest.mark.long     # a guide's launch as written: make test-fast leaves it out
 def test_seed_002s_ddp_command_line_trains_from_another_directory(tmp_path):
     """`torchrun --nproc_per_node=2 main_multi_gpu.py --multi-gpu ddp ...` (data generated: data.path=)."""
     run_dir = tmp_path / "run"
@@ -95,6 +97,7 @@ def _sh(args, cwd, timeout=limit("start"), **env):
                           timeout=timeout)
 
 
+@pytest.mark.long     # a guide's launch as written: make test-fast leaves it out
 def test_seed_001s_launch_script_with_its_environment_knobs(tmp_path):
     """`NUM_GPUS=2 BATCH_SIZE=... ./train_distributed.sh DATASET TRAIN_DIR`, from another directory."""
     run_dir = tmp_path / "run"

@@ -18,7 +18,7 @@ def toy_yaml(folder, crash: str):
     return str(path)
 
 
-@pytest.mark.beside_cluster        # 40-45 s of torchrun runs: the cluster half, which mostly waits, runs it
+@pytest.mark.long        # 40-45 s of torchrun runs: make test-fast leaves it out
 def test_a_worker_killed_under_torchrun_restarts_the_group_from_the_agreed_checkpoint(tmp_path):
     """Rank 0 (the run-directory lock's holder, with a loader worker) SIGKILLs itself at step 10 of the first launch."""
     run = tmp_path / "run"

@@ -17,7 +17,7 @@ from tests.timeouts import limit
 
 # long CPU work (2-rank torchrun runs with loader workers, each resumed): tests/run.sh runs the module in the cluster
 # half, beside the slurm tests here, which share the module's reference run (one run, not one per half)
-pytestmark = pytest.mark.beside_cluster
+pytestmark = pytest.mark.long
 ARGS = (*TOY, "--epochs", "3", "train.num_workers=2", "ckpt.every_steps=4", "data.step_sleep=0.05")
 
 

@@ -164,7 +164,7 @@ COMPILED = [("sasrec", SAS), ("sasrec", ["model.time=true", "model.mhc=false"]),
             ("sasrec", SAS + CE), ("sasrec", SAS + POPULAR), ("sasrec", SAS + IN_BATCH)]
 
 
-@pytest.mark.beside_cluster        # nine traces, 80-150 s of CPU: run in the cluster half, which mostly waits
+@pytest.mark.long        # nine traces, 80-150 s of CPU: make test-fast leaves it out
 @pytest.mark.parametrize("recipe,overrides", COMPILED, ids=[f"{r}-{' '.join(o)}" for r, o in COMPILED])
 def test_the_training_step_compiles_as_one_graph(recipe, overrides):
     torch._dynamo.reset()          # each case traces the same training_step: past 8, dynamo's recompile limit
@@ -224,7 +224,7 @@ def _test_ndcg(tmp_path, path: str, seed: int) -> float:
     return read_metrics(run, "test")[0]["ndcg@10"]
 
 
-@pytest.mark.beside_cluster        # six training runs: tests/run.sh runs it in the cluster half, which mostly waits
+@pytest.mark.long        # six training runs: make test-fast leaves it out
 def test_trained_ndcg_on_the_gpu_path_is_within_the_cpu_paths_seed_range(tmp_path):
     """SASRec, 6 epochs on generated data: the GPU-shaped path's mean test NDCG@10 over three seeds lies within
     the range of the CPU path's three seeds (measured 0.3805-0.3946 against a mean of 0.388)."""

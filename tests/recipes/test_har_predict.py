@@ -12,7 +12,7 @@ import pytest
 from tests.inprocess import cli
 from trainer.recipes.har import data as D
 
-pytestmark = pytest.mark.beside_cluster      # several launches of the trainer: in the cluster half
+pytestmark = pytest.mark.long      # several launches of the trainer: make test-fast leaves it out
 
 SMALL = ("data.synthetic_cases=160", "data.synthetic_channels=3", "data.synthetic_length=32", "data.cache=off")
 

@@ -112,7 +112,7 @@ def _compiler_flags() -> list[str]:
             f"-I{sysconfig.get_paths()['include']}"]         # the module's own flags, as torch's build passes them
 
 
-@pytest.mark.beside_cluster        # a minute of compiling: run in the cluster half, which mostly waits
+@pytest.mark.long        # a minute of compiling: make test-fast leaves it out
 def test_each_fragment_compiles_on_its_own(tmp_path):
     """Each header is a translation unit of its own: its own includes (paths from the one root kernels.py states)
     and its own namespace, so no include order matters. To keep this cheap, cpu_common.h (the first include of

@@ -11,7 +11,7 @@ import pytest
 from tests.inprocess import cli
 from trainer.recipes.kgat import convert
 
-pytestmark = pytest.mark.beside_cluster      # several launches of the trainer: in the cluster half
+pytestmark = pytest.mark.long      # several launches of the trainer: make test-fast leaves it out
 
 
 def sparse_users(folder, out):

@@ -20,7 +20,7 @@ from trainer.recipes.sasrec.model import SeqRec
 from trainer.recipes.sasrec.sequences import synthesize, write_udata
 
 # several launches of the trainer each (a minute together): in the cluster half, beside its waits on the scheduler
-pytestmark = pytest.mark.beside_cluster
+pytestmark = pytest.mark.long
 
 USERS, ITEMS = 90, 70
 

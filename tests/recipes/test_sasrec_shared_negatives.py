@@ -176,7 +176,7 @@ RUN = ("train", "--recipe", "sasrec", "log.tensorboard=false", "data.synthetic_u
        "model.mhc=false", "model.time=false")
 
 
-@pytest.mark.beside_cluster        # six launches of the trainer: in the cluster half, beside its waits on the scheduler
+@pytest.mark.long        # six launches of the trainer: make test-fast leaves it out
 @pytest.mark.parametrize("overrides", [
     ("loss.kind=sampled_softmax", "loss.shared_negatives=in_batch"),
     ("loss.kind=gbce", "loss.shared_negatives=sequence", "loss.negative_distribution=popularity",

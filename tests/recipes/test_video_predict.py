@@ -13,7 +13,7 @@ import pytest
 from tests.inprocess import cli
 from trainer.recipes.video import data as D
 
-pytestmark = pytest.mark.beside_cluster      # several launches of the trainer: in the cluster half
+pytestmark = pytest.mark.long      # several launches of the trainer: make test-fast leaves it out
 
 SMALL = ("--recipe", "video", "model.arch=light", "data.size=32", "data.clip_len=9", "data.synthetic_videos=4",
          "data.synthetic_frames=30", "train.num_workers=0", "train.batch_size=4", "data.val_videos=[synth02.mp4]",

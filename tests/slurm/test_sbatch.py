@@ -177,6 +177,7 @@ def test_kgat_2node_completes_with_eight_ranks(slurm_cluster, tmp_path):
     assert test["users"] == 300 and 0 < test["recall@20"] <= 1
 
 
+@pytest.mark.cluster_alone       # its high-partition job preempts every job on both nodes
 def test_preempted_by_higher_priority_partition_resumes(slurm_cluster, tmp_path):
     """Slurm 22.05 sends the victim's steps SIGTERM only: the trainer checkpoints, the batch shell waits
     to be requeued, and the restart resumes from that checkpoint (nothing lost beyond it)."""

@@ -28,7 +28,7 @@ from trainer.engine.logging import read_metrics
 from trainer.engine.rundir import MARKER
 from trainer.launch.restarts import RESTARTS, read_jsonl
 
-pytestmark = [pytest.mark.timing,
+pytestmark = [pytest.mark.timing, pytest.mark.cluster_alone,     # it slows every trainer process of a node
               pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to slow one node")]
 TWO_NODES = ("-N2", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1", "--time=10")
 ENV = dict(TRAINER_PLUGINS="tests.toy_recipe", MAX_RESTARTS="2")

@@ -88,7 +88,12 @@ def test_what_a_download_or_an_install_would_fetch_is_registered():
             assert re.search(r"https?://", c.text), c.where
 
 
-@pytest.mark.parametrize("page", sorted({c.page for c in HERE}))
+# the recipes page trains video at its defaults (~6 GB a process): with the hang watch's video rows, one at a time
+BIG = {"docs/recipes.md": pytest.mark.xdist_group("video-defaults")}
+
+
+@pytest.mark.long     # every command of a page, trainings included: make test-fast leaves it out
+@pytest.mark.parametrize("page", [pytest.param(p, marks=BIG.get(p, ())) for p in sorted({c.page for c in HERE})])
 def test_a_pages_commands_run_here_in_order(page, tmp_path, page_data):
     if page in RUN_ELSEWHERE:
         text = (REPO / RUN_ELSEWHERE[page]).read_text()

@@ -1,4 +1,4 @@
-"""tests/run.sh (make test): the two halves split by the cluster fixture (and the beside_cluster marker), and the
+"""tests/run.sh (make test): the two halves split by the cluster fixture (and the long marker), and the
 worse exit status wins."""
 import inspect
 import os
@@ -39,9 +39,10 @@ def test_the_worse_exit_status_wins_and_both_reports_are_shown(tmp_path):
     assert subprocess.run(["bash", str(REPO / "tests" / "run.sh"), str(fake)], timeout=limit("minute")).returncode == 5
 
 
-def test_the_long_cpu_tests_marked_beside_the_cluster_run_in_its_half_only_beside_one_worker():
-    """With the rest half in one process (the default), the benchmarks' smoke tests and other long CPU work fill the
-    cluster half, which mostly waits; with the rest in several workers they are the rest's."""
+def test_the_long_cpu_tests_run_in_the_cluster_half_only_beside_one_worker():
+    """With the rest half in one process (TEST_WORKERS=1; unset outside tests/run.sh), the benchmarks' smoke tests and
+    other long CPU work fill the cluster half, which mostly waits; with the rest in several workers they are the
+    rest's."""
     path, headers = "tests/bench/test_bench_har.py", "tests/recipes/test_kernel_module.py"
     assert collected("cluster", path) and not collected("rest", path)
     assert collected("cluster", headers) == {"test_each_fragment_compiles_on_its_own"}
@@ -52,15 +53,19 @@ def test_the_long_cpu_tests_marked_beside_the_cluster_run_in_its_half_only_besid
 
 
 def test_the_rest_half_is_spread_over_workers_unless_told_otherwise(tmp_path):
-    """The rest half in TEST_WORKERS pytest-xdist workers when that is above 1 (default 1: one process; grouped by
-    xdist_group); the cluster half, which shares one cluster, in one process."""
+    """The rest half in TEST_WORKERS pytest-xdist workers (default 3; grouped by xdist_group), the cluster half in
+    TEST_CLUSTER_WORKERS (default 2), a file to a worker (a module's jobs fixture runs once); 1: one process."""
     fake = tmp_path / "python"
     fake.write_text(f'#!/bin/bash\necho "$TEST_PART $*" >> {tmp_path}/args\n')
     fake.chmod(0o755)
-    for workers, spread in ((None, ""), ("3", "-n 3 --dist loadgroup "), ("1", "")):
+    two, three = "-n 2 --dist loadfile ", "-n 3 --dist loadgroup "
+    cases = (({}, two, three), (dict(TEST_WORKERS="2"), two, "-n 2 --dist loadgroup "),
+             (dict(TEST_WORKERS="1", TEST_CLUSTER_WORKERS="1"), "", ""),
+             (dict(TEST_CLUSTER_WORKERS="4"), "-n 4 --dist loadfile ", three))
+    for given, cluster, rest in cases:
         (tmp_path / "args").unlink(missing_ok=True)
-        env = dict(os.environ, **({"TEST_WORKERS": workers} if workers else {}))
-        env.pop("TEST_WORKERS", None) if workers is None else None
-        subprocess.run(["bash", str(REPO / "tests" / "run.sh"), str(fake), "-q"], env=env, timeout=limit("minute"))
+        env = {k: v for k, v in os.environ.items() if k not in ("TEST_WORKERS", "TEST_CLUSTER_WORKERS")}
+        subprocess.run(["bash", str(REPO / "tests" / "run.sh"), str(fake), "-q"], env=dict(env, **given),
+                       timeout=limit("minute"))
         lines = sorted((tmp_path / "args").read_text().splitlines())
-        assert lines == ["cluster -m pytest -q", f"rest -m pytest {spread}-q"], lines
+        assert lines == [f"cluster -m pytest {cluster}-q", f"rest -m pytest {rest}-q"], (given, lines)
