@@ -93,8 +93,9 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     """The controller of pytest-xdist workers (or a plain session) names the file where a worker that starts the
     local cluster leaves its directory, so that the cluster outlives that worker's session until every worker is done
-    (pytest_sessionfinish below stops it)."""
-    if not hasattr(config, "workerinput") and STARTED_VAR not in os.environ:
+    (pytest_sessionfinish below stops it). Its own, never one inherited: a pytest run inside a test must not stop the
+    cluster of the run around it."""
+    if not hasattr(config, "workerinput"):
         import tempfile
         os.environ[STARTED_VAR] = str(Path(tempfile.gettempdir()) / f"hpc-trainer-tests-{os.getpid()}.cluster")
 
