@@ -126,7 +126,7 @@ test-under-load: kernels slurm-install
 # the developer's loop: every test but those of the cluster, the image, long CPU work (marker long: the guides' and
 # pages' command runs, benchmarks, compiles) and the verdicts against a time (marker timing), which `make test` runs
 test-fast: kernels
-	$(BIN)/python -m pytest -rs -n $(FAST_WORKERS) --dist loadgroup -m "not slurm and not image and not long and not timing" \
+	$(BIN)/python -m pytest -rs -n $(FAST_WORKERS) --dist load -m "not slurm and not image and not long and not timing" \
 	  $(PYTEST_ARGS)
 
 # the Python linter (pinned in the test extra, settings in pyproject.toml); part of `make test`

@@ -74,6 +74,21 @@ def cluster_turn(item) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def named_turns(item) -> Iterator[None]:
+    """Tests marked one_at_a_time(NAME) run one at a time across every worker of both halves (a file lock per name,
+    held over the test's setup, call and teardown): those that share a fixed resource (a second cluster's network
+    namespaces) or need much of the machine's memory (video at its defaults: ~6 GB a process). pytest-xdist's own
+    xdist_group does not group here (pytest 9 with xdist 3.8: the tests of one group ran on two workers at once)."""
+    names = sorted({m.args[0] for m in item.iter_markers("one_at_a_time")})
+    with contextlib.ExitStack() as held:
+        for name in names:                # always in the same order: two tests with two names cannot deadlock
+            fh = held.enter_context(open(Path(tempfile.gettempdir()) / f"hpc-trainer-turn-{name}.lock", "a"))
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            held.callback(fcntl.flock, fh, fcntl.LOCK_UN)
+        yield
+
+
+@contextlib.contextmanager
 def starting_lock() -> Iterator[None]:
     """One worker at a time looks for the cluster and starts it if none runs (the other then finds it running)."""
     with open(Path(tempfile.gettempdir()) / "hpc-trainer-cluster-start.lock", "a") as fh:

@@ -18,6 +18,7 @@ from tests.cluster import (  # noqa: F401
     cluster_running,
     cluster_turn,
     in_cluster_half,
+    named_turns,
     slurm_env,
     starting_lock,
 )
@@ -134,11 +135,12 @@ def slurm_cluster():
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """A test on the cluster runs in its turn (tests/cluster.py cluster_turn: shared, or alone). TEST_CPU_REPORT=FILE:
+    """A test marked one_at_a_time waits for its name's turn, a test on the cluster for its turn there (shared, or
+    alone: tests/cluster.py). TEST_CPU_REPORT=FILE:
     one JSON line per test with its wall time and the CPU seconds it took (this process's and its finished
     children's, user + system): where a suite on 2 cores spends its CPU, which wall times hide (a test that sleeps or
     waits on the scheduler costs wall, not CPU)."""
-    with cluster_turn(item):            # shared or alone on the cluster (tests/cluster.py), outside the times below
+    with named_turns(item), cluster_turn(item):     # (tests/cluster.py) taken outside the times below
         target = os.environ.get("TEST_CPU_REPORT")
         if not target:
             yield

@@ -5,7 +5,7 @@
 # marked cluster_alone) and the rest
 # (TEST_PART=rest, on the CPUs; in TEST_WORKERS pytest-xdist workers, default 3, the long CPU tests (marker long)
 # among them; with TEST_WORKERS=1 in one process, the long tests then in the cluster half; tests that share a fixed
-# resource name an xdist_group). The cluster half's report
+# resource or much memory are marked one_at_a_time). The cluster half's report
 # follows the other's; the exit status is the worse.
 #   bash tests/run.sh .venv/bin/python -rs -m "not image"
 #   TEST_WORKERS=1 TEST_CLUSTER_WORKERS=1 bash tests/run.sh .venv/bin/python -rs     (each half in one process)
@@ -23,7 +23,7 @@ TEST_PART=cluster "$py" -m pytest "${cluster_spread[@]}" "$@" > "$log" 2>&1 &
 cluster_pid=$!
 trap 'kill "$cluster_pid" 2>/dev/null; rm -f "$log"' EXIT
 spread=()
-[ "$TEST_WORKERS" -gt 1 ] && spread=(-n "$TEST_WORKERS" --dist loadgroup)
+[ "$TEST_WORKERS" -gt 1 ] && spread=(-n "$TEST_WORKERS" --dist load)
 TEST_PART=rest "$py" -m pytest "${spread[@]}" "$@"
 rest=$?
 wait "$cluster_pid"

@@ -28,7 +28,7 @@ WHY_NOT = (netns.available() or
             else "Slurm (make slurm-install) and util-linux's nsenter/unshare are needed"))
 # one xdist worker for the file: its cluster's namespaces, ports and /etc/hosts lines have fixed names
 pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"a cluster of network namespaces: {WHY_NOT}"),
-              pytest.mark.xdist_group("netns-cluster")]
+              pytest.mark.one_at_a_time("netns-cluster")]
 NODES = ("-N3", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1", "--time=10")
 
 

@@ -89,7 +89,7 @@ def test_what_a_download_or_an_install_would_fetch_is_registered():
 
 
 # the recipes page trains video at its defaults (~6 GB a process): with the hang watch's video rows, one at a time
-BIG = {"docs/recipes.md": pytest.mark.xdist_group("video-defaults")}
+BIG = {"docs/recipes.md": pytest.mark.one_at_a_time("video-defaults")}
 
 
 @pytest.mark.long     # every command of a page, trainings included: make test-fast leaves it out

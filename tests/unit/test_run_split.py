@@ -53,13 +53,13 @@ def test_the_long_cpu_tests_run_in_the_cluster_half_only_beside_one_worker():
 
 
 def test_the_rest_half_is_spread_over_workers_unless_told_otherwise(tmp_path):
-    """The rest half in TEST_WORKERS pytest-xdist workers (default 3; grouped by xdist_group), the cluster half in
+    """The rest half in TEST_WORKERS pytest-xdist workers (default 3), the cluster half in
     TEST_CLUSTER_WORKERS (default 2), a file to a worker (a module's jobs fixture runs once); 1: one process."""
     fake = tmp_path / "python"
     fake.write_text(f'#!/bin/bash\necho "$TEST_PART $*" >> {tmp_path}/args\n')
     fake.chmod(0o755)
-    two, three = "-n 2 --dist loadfile ", "-n 3 --dist loadgroup "
-    cases = (({}, two, three), (dict(TEST_WORKERS="2"), two, "-n 2 --dist loadgroup "),
+    two, three = "-n 2 --dist loadfile ", "-n 3 --dist load "
+    cases = (({}, two, three), (dict(TEST_WORKERS="2"), two, "-n 2 --dist load "),
              (dict(TEST_WORKERS="1", TEST_CLUSTER_WORKERS="1"), "", ""),
              (dict(TEST_CLUSTER_WORKERS="4"), "-n 4 --dist loadfile ", three))
     for given, cluster, rest in cases:

@@ -1,0 +1,63 @@
+"""tests/cluster.py's turns, which the suite's workers take around each test (tests/conftest.py): tests marked
+one_at_a_time(NAME) never overlap; tests on the cluster overlap unless one is marked cluster_alone. Two threads here
+stand for two workers: each opens the lock files itself, and flock locks of two open files exclude each other as
+two processes' do."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.cluster import cluster_turn, named_turns
+
+
+class Marked:
+    """What the turns read of a pytest item: its markers."""
+
+    def __init__(self, *marks: pytest.MarkDecorator):
+        self.marks = [m.mark for m in marks]
+
+    def iter_markers(self, name: str):
+        return (m for m in self.marks if m.name == name)
+
+    def get_closest_marker(self, name: str):
+        return next(self.iter_markers(name), None)
+
+
+def spans(turn, first: Marked, second: Marked, hold_s: float = 0.4) -> list[tuple[float, float]]:
+    """Each of two threads takes its item's turn and holds it hold_s: when each was inside."""
+    inside: list[tuple[float, float]] = []
+
+    def run(item, delay):
+        time.sleep(delay)
+        with turn(item):
+            began = time.monotonic()
+            time.sleep(hold_s)
+            inside.append((began, time.monotonic()))
+    threads = [threading.Thread(target=run, args=(item, delay)) for item, delay in ((first, 0), (second, 0.1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(inside) == 2
+    return sorted(inside)
+
+
+def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_tests_of_one_name_take_turns_and_other_names_do_not_wait():
+    video = Marked(pytest.mark.one_at_a_time("video-defaults"))
+    assert not overlap(*spans(named_turns, video, video))
+    assert overlap(*spans(named_turns, video, Marked(pytest.mark.one_at_a_time("netns-cluster"))))
+    assert overlap(*spans(named_turns, video, Marked()))          # an unmarked test waits for nothing
+
+
+def test_tests_on_the_cluster_share_it_but_one_marked_alone_has_it_to_itself():
+    shared, alone = Marked(pytest.mark.slurm), Marked(pytest.mark.slurm, pytest.mark.cluster_alone)
+    assert overlap(*spans(cluster_turn, shared, shared))
+    assert not overlap(*spans(cluster_turn, shared, alone))
+    assert not overlap(*spans(cluster_turn, alone, shared))
+    assert overlap(*spans(cluster_turn, alone, Marked()))         # a test off the cluster takes no turn there
