@@ -50,7 +50,18 @@ def slurm_env(conf: Path, **extra: str) -> dict[str, str]:
 # scheduler). Two kinds of test cannot share the cluster: those that preempt every job on the nodes (a `high`
 # partition job) and those that slow a node's processes: they are marked cluster_alone and run with the cluster
 # to themselves; every other test on the cluster shares it with the other worker's.
-TURN_LOCK, GATE_LOCK = "hpc-trainer-cluster-turn.lock", "hpc-trainer-cluster-gate.lock"
+
+
+@contextlib.contextmanager
+def file_lock(name: str, mode: int = fcntl.LOCK_EX) -> Iterator[None]:
+    """An flock on /tmp/hpc-trainer-NAME.lock for the duration: held across the suite's processes (its workers,
+    both halves), released if the holder dies."""
+    with open(Path(tempfile.gettempdir()) / f"hpc-trainer-{name}.lock", "a") as fh:
+        fcntl.flock(fh, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
@@ -62,15 +73,10 @@ def cluster_turn(item) -> Iterator[None]:
         yield
         return
     alone = item.get_closest_marker("cluster_alone") is not None
-    where = Path(tempfile.gettempdir())
-    with open(where / TURN_LOCK, "a") as turn, open(where / GATE_LOCK, "a") as gate:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(turn, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(turn, fcntl.LOCK_UN)
+    with contextlib.ExitStack() as held:
+        with file_lock("cluster-gate"):
+            held.enter_context(file_lock("cluster-turn", fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
+        yield
 
 
 @contextlib.contextmanager
@@ -79,24 +85,15 @@ def named_turns(item) -> Iterator[None]:
     held over the test's setup, call and teardown): those that share a fixed resource (a second cluster's network
     namespaces) or need much of the machine's memory (video at its defaults: ~6 GB a process). pytest-xdist's own
     xdist_group does not group here (pytest 9 with xdist 3.8: the tests of one group ran on two workers at once)."""
-    names = sorted({m.args[0] for m in item.iter_markers("one_at_a_time")})
     with contextlib.ExitStack() as held:
-        for name in names:                # always in the same order: two tests with two names cannot deadlock
-            fh = held.enter_context(open(Path(tempfile.gettempdir()) / f"hpc-trainer-turn-{name}.lock", "a"))
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            held.callback(fcntl.flock, fh, fcntl.LOCK_UN)
+        for name in sorted({m.args[0] for m in item.iter_markers("one_at_a_time")}):    # one order: no deadlock
+            held.enter_context(file_lock(f"turn-{name}"))
         yield
 
 
-@contextlib.contextmanager
-def starting_lock() -> Iterator[None]:
+def starting_lock():
     """One worker at a time looks for the cluster and starts it if none runs (the other then finds it running)."""
-    with open(Path(tempfile.gettempdir()) / "hpc-trainer-cluster-start.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return file_lock("cluster-start")
 
 
 # A worker that started the cluster leaves it to the controller, which stops it once every worker is done: the file

@@ -17,6 +17,7 @@ from tests.cluster import (  # noqa: F401
     STARTED_VAR,
     cluster_running,
     cluster_turn,
+    file_lock,
     in_cluster_half,
     named_turns,
     slurm_env,
@@ -61,17 +62,11 @@ def busy_core_turn():
     other's fast core too (a CI run saw a pre-flight test's fast rank at 6.2 GFLOP/s against its slowed one's 4.0
     while a cluster test slowed a node). A file lock in /tmp, held for the whole test. Under a quota, nothing to
     share: each test's slowed processes have their own ceiling."""
-    import fcntl
-    import tempfile
     if quota_reason() is None:
         yield
         return
-    with open(Path(tempfile.gettempdir()) / "hpc-trainer-busy-core.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with file_lock("busy-core"):
+        yield
 
 
 @pytest.hookimpl(tryfirst=True)       # before -m selects: `-m slurm` then means every test on the cluster
