@@ -19,6 +19,7 @@ from tests.cluster import (  # noqa: F401
     cluster_turn,
     file_lock,
     in_cluster_half,
+    long_modules_first,
     named_turns,
     slurm_env,
     starting_lock,
@@ -77,13 +78,13 @@ def pytest_collection_modifyitems(config, items):
         if "slurm_cluster" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
             item.add_marker(pytest.mark.slurm)
     part = os.environ.get("TEST_PART", "")
-    if not part:
-        return
-    if part not in PARTS:
+    if part and part not in PARTS:
         raise pytest.UsageError(f"TEST_PART={part!r}: expected one of {', '.join(PARTS)} (or unset: every test)")
-    keep = [i for i in items if in_cluster_half(i) == (part == "cluster")]
-    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
-    items[:] = keep
+    if part:
+        keep = [i for i in items if in_cluster_half(i) == (part == "cluster")]
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
+    items[:] = long_modules_first(items)
 
 
 def pytest_configure(config):

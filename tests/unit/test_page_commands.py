@@ -24,7 +24,8 @@ RUN_ELSEWHERE = {"docs/extending.md": "tests/unit/test_add_recipe.py"}
 MAKE_TARGETS = {
     "demo": ("-m trainer.cli.demo", "tests/recipes/test_demo.py", '"trainer.cli.demo"'),
     "test": ("tests/run.sh", ".ci/run", "make test"),
-    "test-fast": ('-m "not slurm and not image"', "tests/conftest.py", "TEST_PART=rest the others"),
+    "test-fast": ('-m "not slurm and not image and not long and not timing"', "pyproject.toml",
+                  "make test-fast leaves it out"),
     "slurm-up": ("hpc/cluster/start.sh", "tests/conftest.py", '"hpc/cluster/start.sh"'),
     "slurm-down": ("hpc/cluster/stop.sh", "tests/conftest.py", '"hpc/cluster/stop.sh"'),
     "slurm-env": ("hpc/cluster/where.sh", "tests/slurm/test_page_commands_on_cluster.py", "make -s slurm-env"),

@@ -1,9 +1,11 @@
 """tests/cluster.py's turns, which the suite's workers take around each test (tests/conftest.py): tests marked
 one_at_a_time(NAME) never overlap; tests on the cluster overlap unless one is marked cluster_alone. Two threads here
 stand for two workers: each opens the lock files itself, and flock locks of two open files exclude each other as
-two processes' do."""
+two processes' do; the lock files are this test's own (tempfile's folder pointed at tmp_path), apart from those
+the suite's workers hold around it."""
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 
@@ -48,9 +50,15 @@ def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
-def test_tests_of_one_name_take_turns_and_other_names_do_not_wait():
+@pytest.fixture(autouse=True)
+def own_locks(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
+def test_tests_of_one_name_take_turns_and_other_names_do_not_wait(tmp_path):
     video = Marked(pytest.mark.one_at_a_time("video-defaults"))
     assert not overlap(*spans(named_turns, video, video))
+    assert (tmp_path / "hpc-trainer-turn-video-defaults.lock").exists()         # this test's own lock
     assert overlap(*spans(named_turns, video, Marked(pytest.mark.one_at_a_time("netns-cluster"))))
     assert overlap(*spans(named_turns, video, Marked()))          # an unmarked test waits for nothing
 
