@@ -19,8 +19,8 @@ PARTS = ("cluster", "rest")
 
 
 def in_cluster_half(item) -> bool:
-    """The cluster half: the tests on the cluster; with the rest half in one process (TEST_WORKERS=1; tests/run.sh's
-    default is 3, plain pytest's 1) also the long CPU work marked long. That half mostly waits on the scheduler (CI,
+    """The cluster half: the tests on the cluster; with the rest half in one process (TEST_WORKERS=1, the default)
+    also the long CPU work marked long. That half mostly waits on the scheduler (CI,
     2026-11-27: 17 minutes against the other half's 40), so it takes the long CPU tests that need no cluster. With the
     rest in several workers they are the rest's (CI, 2026-12-07: the cluster half 38 minutes with them beside two
     workers; 21.5 without them)."""

@@ -84,7 +84,8 @@ def pytest_collection_modifyitems(config, items):
         keep = [i for i in items if in_cluster_half(i) == (part == "cluster")]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
-    items[:] = long_modules_first(items)
+    if hasattr(config, "workerinput"):      # pytest-xdist's workers take tests in this order; one process keeps its own
+        items[:] = long_modules_first(items)
 
 
 def pytest_configure(config):
