@@ -121,22 +121,21 @@ def slurm_cluster():
         if not running:
             subprocess.run(["bash", str(REPO / "hpc/cluster/start.sh")], check=True, timeout=limit("runs"))
     where = local_cluster_dir()
-    if not running and os.environ.get("PYTEST_XDIST_WORKER"):
-        Path(os.environ[STARTED_VAR]).write_text(str(where))       # the controller's to stop
-        running = True
+    ours = not running and not os.environ.get("PYTEST_XDIST_WORKER")     # a worker's start is the controller's to stop
+    if not running and not ours:
+        Path(os.environ[STARTED_VAR]).write_text(str(where))
     env = dict(os.environ, HPC_CLUSTER_DIR=str(where))
     yield where / "slurm.conf"
-    if not running:
+    if ours:
         subprocess.run(["bash", str(REPO / "hpc/cluster/stop.sh")], env=env, timeout=limit("run"))
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A test marked one_at_a_time waits for its name's turn, a test on the cluster for its turn there (shared, or
-    alone: tests/cluster.py). TEST_CPU_REPORT=FILE:
-    one JSON line per test with its wall time and the CPU seconds it took (this process's and its finished
-    children's, user + system): where a suite on 2 cores spends its CPU, which wall times hide (a test that sleeps or
-    waits on the scheduler costs wall, not CPU)."""
+    alone: tests/cluster.py). TEST_CPU_REPORT=FILE: one JSON line per test with its wall time and the CPU seconds it
+    took (this process's and its finished children's, user + system): where a suite on 2 cores spends its CPU, which
+    wall times hide (a test that sleeps or waits on the scheduler costs wall, not CPU)."""
     with named_turns(item), cluster_turn(item):     # (tests/cluster.py) taken outside the times below
         target = os.environ.get("TEST_CPU_REPORT")
         if not target:
