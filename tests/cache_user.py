@@ -19,15 +19,16 @@ from pathlib import Path
 import numpy as np
 
 
-def slow_build(seconds: float, pid_file: str) -> tuple[dict, dict]:
-    """A builder that says its pid and takes `seconds` (in small sleeps, as a parse in Python would); one that
+def slow_build(seconds: float, pid_file: str, release: str = "") -> tuple[dict, dict]:
+    """A builder that says its pid and takes `seconds` (in small sleeps, as a parse in Python would), and with
+    `release` until that file exists too (a test that must see a waiter wait, whatever the machine's load); one that
     finds an earlier builder's pid file (a take-over) is quick, so that a test times the take-over alone."""
     if pid_file and Path(pid_file).exists():
         seconds = 0.0
     if pid_file:
         Path(pid_file).write_text(str(os.getpid()))
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline or (release and not Path(release).exists()):
         time.sleep(0.05)
     return dict(values=np.arange(10)), dict(built_by=os.getpid())
 
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap-gb", type=float, default=20.0)
     p.add_argument("--slow", type=float, default=5.0)
     p.add_argument("--pid-file", default="")
+    p.add_argument("--release", default="", help="the build ends once this file exists (and --slow has passed)")
     p.add_argument("--child", action="store_true", help="build in a child process")
     p.add_argument("--hold", type=float, default=0.0, help="seconds to keep the lease after loading")
     args = p.parse_args(argv)
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             key = dict(source="slow", seconds=args.slow)
             _, meta = cache.load_or_build(Path(args.root), "slow", key, "tests.cache_user:slow_build",
-                                          (args.slow, args.pid_file), local_rank=args.local_rank,
+                                          (args.slow, args.pid_file, args.release), local_rank=args.local_rank,
                                           in_child=args.child)
             entry = cache.entry_name("slow", key)
     except Exception as err:                    # noqa: BLE001 - the test reads the line

@@ -8,10 +8,10 @@ import contextlib
 import fcntl
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from tests.locks import file_lock
 from tests.procs import clean_env
 
 # ------------------------------------------------------------------ local Slurm cluster
@@ -64,18 +64,6 @@ def slurm_env(conf: Path, **extra: str) -> dict[str, str]:
 # scheduler). Two kinds of test cannot share the cluster: those that preempt every job on the nodes (a `high`
 # partition job) and those that slow a node's processes: they are marked cluster_alone and run with the cluster
 # to themselves; every other test on the cluster shares it with the other worker's.
-
-
-@contextlib.contextmanager
-def file_lock(name: str, mode: int = fcntl.LOCK_EX) -> Iterator[None]:
-    """An flock on /tmp/hpc-trainer-NAME.lock for the duration: held across the suite's processes (its workers,
-    both halves), released if the holder dies."""
-    with open(Path(tempfile.gettempdir()) / f"hpc-trainer-{name}.lock", "a") as fh:
-        fcntl.flock(fh, mode)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from tests.locks import free_port  # noqa: F401 (the tests import it from here)
 from tests.timeouts import limit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,13 +42,6 @@ def record_fault(fault: str, **figures) -> None:
         import json
         with open(target, "a") as fh:
             fh.write(json.dumps(dict(fault=fault, **figures), sort_keys=True) + "\n")
-
-
-def free_port() -> int:
-    """A TCP port that is free right now on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trainer(*args: str, env: dict | None = None, timeout: float = limit("runs"), check: bool = True):

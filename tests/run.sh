@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
 # make test: pytest ARGS in two halves side by side, the tests that use the local Slurm cluster
 # (TEST_PART=cluster; they mostly wait on the scheduler: requeue delays, signals, time limits; in
-# TEST_CLUSTER_WORKERS pytest-xdist workers, default 1 (one process), a file to a worker, sharing the cluster but for
-# the tests marked cluster_alone) and the rest
-# (TEST_PART=rest, on the CPUs; in TEST_WORKERS pytest-xdist workers, default 1: one process, the long CPU tests
-# (marker long) then in the cluster half, else among the rest's workers; tests that share a fixed resource or much
-# memory are marked one_at_a_time). The cluster half's report follows the other's; the exit status is the worse.
+# TEST_CLUSTER_WORKERS pytest-xdist workers, default 2, a file to a worker, sharing the cluster but for the tests
+# marked cluster_alone) and the rest (TEST_PART=rest, on the CPUs; in TEST_WORKERS pytest-xdist workers, default 3;
+# with 1, one process, the long CPU tests (marker long) then run in the cluster half). Tests that share a fixed
+# resource or much memory are marked one_at_a_time, those that judge a time timing (a CPU share of their own).
+# The cluster half's report follows the other's; the exit status is the worse. 1 and 1: each half in one process.
 #   bash tests/run.sh .venv/bin/python -rs -m "not image"
-#   TEST_WORKERS=3 TEST_CLUSTER_WORKERS=2 bash tests/run.sh .venv/bin/python -rs     (both halves in workers)
+#   TEST_WORKERS=1 TEST_CLUSTER_WORKERS=1 bash tests/run.sh .venv/bin/python -rs     (each half in one process)
 set -u
 py=$1
 shift
-# the rest's workers (tried: 3 with TEST_CLUSTER_WORKERS=2, docs/testing.md "CI times"; not yet the default); both
-# halves read it (before either starts): with 1, the long tests run in the cluster half
-export TEST_WORKERS=${TEST_WORKERS:-1}
-cluster_workers=${TEST_CLUSTER_WORKERS:-1}
+# the rest's workers; both halves read it (before either starts): with 1, the long tests run in the cluster half
+export TEST_WORKERS=${TEST_WORKERS:-3}
+cluster_workers=${TEST_CLUSTER_WORKERS:-2}
 cluster_spread=()
 [ "$cluster_workers" -gt 1 ] && cluster_spread=(-n "$cluster_workers" --dist loadfile)
 log=$(mktemp "${TMPDIR:-/tmp}/pytest-cluster.XXXXXX")

@@ -75,7 +75,8 @@ def wait_for_log(path: Path, pattern: str, timeout: float = limit("run")) -> re.
         if found:
             return found
         time.sleep(0.2)
-    raise AssertionError(f"{pattern!r} not in {path} after {timeout}s")
+    tail = path.read_text()[-3000:] if path.exists() else "(no such file)"
+    raise AssertionError(f"{pattern!r} not in {path} after {timeout}s; its end:\n{tail}")
 
 
 def one_epoch_job(conf, workdir: Path, script: str, extra: str, timeout: float,
@@ -191,12 +192,14 @@ def test_preempted_by_higher_priority_partition_resumes(slurm_cluster, tmp_path)
                            "--wrap", "sleep 1"], env=slurm_env(slurm_cluster), text=True, capture_output=True,
                           check=True).stdout.strip()
     info = wait_job(slurm_cluster, job, timeout=limit("long"), restarts=1)
-    text = log.read_text()
-    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-3000:]
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log.read_text()[-3000:]
     assert wait_job(slurm_cluster, high, timeout=limit("minute"))["JobState"] == "COMPLETED"
+    # the log read once it has the requeued run's end (a loaded CI run read it without the restart's lines)
+    resumed = int(wait_for_log(log, r"resumed from \S+step-(\d+)\.pt", timeout=limit("minute")).group(1))
+    wait_for_log(log, "training completed", timeout=limit("minute"))
+    text = log.read_text()
     assert "DUE TO PREEMPTION" in text
     stopped = int(re.search(r"received SIGTERM: checkpointing at epoch \d+ step (\d+)", text).group(1))
-    resumed = int(re.search(r"resumed from \S+step-(\d+)\.pt", text).group(1))
     assert stopped - 4 <= resumed <= stopped      # at most one checkpoint interval (every_steps=4) lost
     assert torch.load(tmp_path / "runs" / job / "checkpoints" / "final.pt", weights_only=True)["global_step"] == 8 * 2
 

@@ -40,12 +40,35 @@ def wait_for(path: Path, timeout: float = limit("short")) -> int:
     return int(path.read_text())
 
 
+def said_before(proc: subprocess.Popen, words: str, timeout: float = limit("minute")) -> str:
+    """The process's stderr up to its first line with `words` (the rest is left for communicate())."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter_until(proc.stderr, words)), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    assert not reader.is_alive(), f"{words!r} not said in {timeout:.0f} s: {''.join(lines)[-2000:]}"
+    return "".join(lines)
+
+
+def iter_until(stream, words: str):
+    for line in stream:
+        yield line
+        if words in line:
+            return
+
+
 def test_two_jobs_at_once_build_once_and_the_waiter_names_the_builder(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    first = user(root, "--slow", "4", "--pid-file", str(tmp_path / "b.pid"), env=dict(SLURM_JOB_ID="101"))
+    """The builder's parse lasts until the waiter has said whom it waits for (a timed build lost that race on a
+    loaded machine: the second job started after the build was done)."""
+    root, release = tmp_path / "cache", tmp_path / "release"
+    first = user(root, "--slow", "1", "--pid-file", str(tmp_path / "b.pid"), "--release", str(release),
+                 env=dict(SLURM_JOB_ID="101"))
     wait_for(tmp_path / "b.pid")
-    second = user(root, "--slow", "4", "--pid-file", str(tmp_path / "c.pid"), env=dict(SLURM_JOB_ID="102"))
+    second = user(root, "--slow", "1", "--pid-file", str(tmp_path / "c.pid"), env=dict(SLURM_JOB_ID="102"))
+    waited = said_before(second, "waiting for ")
+    release.write_text("")
     (a, a_log, _), (b, b_log, _) = result(first), result(second)
+    b_log = waited + b_log
     assert a["entry"] == b["entry"] and "parsing the data" in a_log and "parsing the data" not in b_log
     assert f"waiting for pid {first.pid} on " in b_log and ", job 101 to parse" in b_log
     assert not (tmp_path / "c.pid").exists()                 # the second job never built

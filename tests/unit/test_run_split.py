@@ -54,14 +54,14 @@ def test_the_long_cpu_tests_run_in_the_cluster_half_only_beside_one_worker():
 
 def test_the_rest_half_is_spread_over_workers_unless_told_otherwise(tmp_path):
     """The rest half in TEST_WORKERS pytest-xdist workers, the cluster half in TEST_CLUSTER_WORKERS, a file to a worker
-    (a module's jobs fixture runs once); each default 1: one process."""
+    (a module's jobs fixture runs once); by default 3 and 2; 1: one process."""
     fake = tmp_path / "python"
     fake.write_text(f'#!/bin/bash\necho "$TEST_PART $*" >> {tmp_path}/args\n')
     fake.chmod(0o755)
     two, three = "-n 2 --dist loadfile ", "-n 3 --dist load "
-    cases = (({}, "", ""), (dict(TEST_WORKERS="3", TEST_CLUSTER_WORKERS="2"), two, three),
-             (dict(TEST_WORKERS="2"), "", "-n 2 --dist load "),
-             (dict(TEST_CLUSTER_WORKERS="4"), "-n 4 --dist loadfile ", ""))
+    cases = (({}, two, three), (dict(TEST_WORKERS="1", TEST_CLUSTER_WORKERS="1"), "", ""),
+             (dict(TEST_WORKERS="2"), two, "-n 2 --dist load "),
+             (dict(TEST_CLUSTER_WORKERS="4"), "-n 4 --dist loadfile ", three))
     for given, cluster, rest in cases:
         (tmp_path / "args").unlink(missing_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in ("TEST_WORKERS", "TEST_CLUSTER_WORKERS")}

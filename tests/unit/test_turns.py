@@ -1,16 +1,21 @@
 """tests/cluster.py's turns, which the suite's workers take around each test (tests/conftest.py): tests marked
-one_at_a_time(NAME) never overlap; tests on the cluster overlap unless one is marked cluster_alone. Two threads here
+one_at_a_time(NAME) never overlap; tests on the cluster overlap unless one is marked cluster_alone; a timing test
+runs in a CPU share of its own (tests/slowing.py timing_share). Two threads here
 stand for two workers: each opens the lock files itself, and flock locks of two open files exclude each other as
 two processes' do; the lock files are this test's own (tempfile's folder pointed at tmp_path), apart from those
 the suite's workers hold around it."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 
 import pytest
 
+from tests import slowing
 from tests.cluster import cluster_turn, named_turns
 
 
@@ -69,3 +74,34 @@ def test_tests_on_the_cluster_share_it_but_one_marked_alone_has_it_to_itself():
     assert not overlap(*spans(cluster_turn, shared, alone))
     assert not overlap(*spans(cluster_turn, alone, shared))
     assert overlap(*spans(cluster_turn, alone, Marked()))         # a test off the cluster takes no turn there
+
+
+def cpu_group(pid: int) -> str:
+    return next(line.split(":", 2)[2] for line in open(f"/proc/{pid}/cgroup").read().splitlines()
+                if "cpu" in line.split(":")[1].split(","))
+
+
+@pytest.mark.parametrize("mark,shares", [(pytest.mark.timing, slowing.TIMING_SHARES),
+                                         (pytest.mark.timing(machine=True), slowing.MACHINE_SHARES)],
+                         ids=["timing", "machine"])
+def test_a_timing_test_and_what_it_starts_run_in_a_cpu_share_of_their_own(mark, shares):
+    """tests/slowing.py timing_share: inside, this process and a child it starts are in a group of the test's
+    weight; after, this process is back where it was and the group is gone; an unmarked test stays where it is."""
+    if (reason := slowing.quota_reason()) is not None:
+        print(f"SKIP: {reason}: no cpu share to give")
+        pytest.skip(reason)
+    home = cpu_group(os.getpid())
+    with slowing.timing_share(Marked()):
+        assert cpu_group(os.getpid()) == home
+    with slowing.timing_share(Marked(mark)):
+        group = slowing.CPU_CGROUP / cpu_group(os.getpid()).lstrip("/")
+        assert group.name == f"hpc-trainer-timing-{os.getpid()}"
+        assert int((group / "cpu.shares").read_text()) == shares
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        assert cpu_group(child.pid) == cpu_group(os.getpid())
+    try:
+        assert cpu_group(os.getpid()) == home and not group.exists()
+        assert cpu_group(child.pid) == "/"                 # a leftover goes to the root group, not the removed one
+    finally:
+        child.kill()
+        child.wait()
