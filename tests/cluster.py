@@ -67,17 +67,34 @@ def slurm_env(conf: Path, **extra: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
+def _shared_or_alone(name: str, alone: bool) -> Iterator[None]:
+    """The lock NAME shared, or exclusive when alone; one waiting to be alone holds NAME's gate, so that the other
+    workers' next tests wait behind it instead of keeping the lock shared."""
+    with contextlib.ExitStack() as held:
+        with file_lock(f"{name}-gate"):
+            held.enter_context(file_lock(f"{name}-turn", fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
+        yield
+
+
+@contextlib.contextmanager
 def cluster_turn(item) -> Iterator[None]:
     """A test's turn on the cluster, held over its setup, call and teardown (its module's fixtures included): shared,
-    or exclusive for a test marked cluster_alone; nothing for a test off the cluster. A test that waits to be alone
-    holds the gate, so that the other worker's next tests wait behind it instead of keeping the cluster shared."""
+    or exclusive for a test marked cluster_alone; nothing for a test off the cluster."""
     if item.get_closest_marker("slurm") is None:
         yield
         return
-    alone = item.get_closest_marker("cluster_alone") is not None
-    with contextlib.ExitStack() as held:
-        with file_lock("cluster-gate"):
-            held.enter_context(file_lock("cluster-turn", fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
+    with _shared_or_alone("cluster", item.get_closest_marker("cluster_alone") is not None):
+        yield
+
+
+@contextlib.contextmanager
+def machine_turn(item) -> Iterator[None]:
+    """Every test shares the machine, but a test marked timing(machine=True) has it to itself, across every worker of
+    both halves: a verdict on a run that keeps both cores busy for minutes (video's default-size rows of the hang
+    watch: beside three workers a default step took 44-100 s instead of 9-13; a weight large enough to keep it at
+    speed starved every other test, tests/slowing.py). The others wait before they start, not inside a timeout."""
+    mark = item.get_closest_marker("timing")
+    with _shared_or_alone("machine", mark is not None and bool(mark.kwargs.get("machine"))):
         yield
 
 

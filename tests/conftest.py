@@ -20,6 +20,7 @@ from tests.cluster import (  # noqa: F401
     file_lock,
     in_cluster_half,
     long_modules_first,
+    machine_turn,
     named_turns,
     slurm_env,
     starting_lock,
@@ -134,11 +135,12 @@ def slurm_cluster():
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A test marked one_at_a_time waits for its name's turn, a test on the cluster for its turn there (shared, or
-    alone: tests/cluster.py); a test marked timing runs in a CPU share of its own (tests/slowing.py).
+    alone), a test that needs the whole machine for it (tests/cluster.py); a test marked timing runs in a CPU share
+    of its own (tests/slowing.py).
     TEST_CPU_REPORT=FILE: one JSON line per test with its wall time and the CPU seconds it took (this process's and
     its finished children's, user + system): where a suite on 2 cores spends its CPU, which wall times hide (a test
     that sleeps or waits on the scheduler costs wall, not CPU)."""
-    with named_turns(item), cluster_turn(item), timing_share(item):      # taken outside the times below
+    with named_turns(item), cluster_turn(item), machine_turn(item), timing_share(item):   # outside the times
         target = os.environ.get("TEST_CPU_REPORT")
         if not target:
             yield

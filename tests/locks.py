@@ -9,11 +9,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-# Below the kernel's ephemeral range (32768-60999 here, /proc/sys/net/ipv4/ip_local_port_range): a port the kernel
-# picked (bind to 0) is one a connection elsewhere can take as its source port before the rank binds it, and a rank's
-# store client retrying a connect to a not yet listening port in that range can connect to itself (TCP simultaneous
-# open): rank 0 then fails with EADDRINUSE (seen with three workers). Steps of 4: room for a launcher's port + 1.
-PORTS = range(20_000, 32_000, 4)
+# Between the ports the trainer derives from Slurm job ids (15000-29999, trainer/distributed/environment.py: the local
+# cluster's jobs use them) and the kernel's ephemeral range (32768-60999 here, /proc/sys/net/ipv4/ip_local_port_range):
+# a port the kernel picked (bind to 0) is one a connection elsewhere can take as its source port before the rank binds
+# it, and a rank's store client retrying a connect to a not yet listening port in that range can connect to itself
+# (TCP simultaneous open): rank 0 then fails with EADDRINUSE (seen with three workers). Steps of 2: room for port + 1.
+PORTS = range(30_000, 32_768, 2)
 
 
 @contextlib.contextmanager

@@ -20,12 +20,13 @@ CPU_CGROUP = Path("/sys/fs/cgroup/cpu")      # cgroup v1's cpu controller (cpu.c
 SLOW_SHARE = 0.05          # of one core: a slowed process's ceiling
 QUOTA_PERIOD_US = 20_000   # its quota's period: bursts of at most 1 ms (0.05 x 20 ms) run at full speed
 FAST_SHARES = 10_240       # ten sessions' weight: the fast side keeps most of a core beside busy loops
-# A test marked timing runs, with what it starts, in a group of TIMING_SHARES (64 sessions' weight: what else the
-# workers of make test run beside it, a session of 1024 each, takes a few percent of the cores while it wants them);
-# timing(machine=True), a run that keeps both cores busy (video at its default size), MACHINE_SHARES: four times that,
-# so that another timing test beside it leaves it four fifths of the machine
-TIMING_SHARES = 65_536
-MACHINE_SHARES = 262_144   # cgroup v1's largest cpu.shares
+# A test marked timing runs, with what it starts, in a group of as much weight as the fast side (the tests the other
+# workers of make test run beside it, a session of 1024 each, take what it leaves). No more than that: a timing
+# test's group above the fast group starved the fast rank of a slowed-rank test beside it (a pre-flight measured
+# 3.7 against 6.3 GFLOP/s), and far above a session (cgroup v1's largest, 262144, tried for video's default rows)
+# it starved every other test for minutes (a `doctor` past its 60 s). The video rows that keep both cores busy take
+# the machine to themselves instead (tests/cluster.py machine_turn).
+TIMING_SHARES = FAST_SHARES
 # Without a writable cpu controller (not root, or cgroup v2 without the cpu controller delegated): the older way,
 # the slowed process niced beside busy loops on one core (about a twentieth of it on an idle machine; a load beside
 # the test changes that share, so there the verdicts are not load-proof, and quota_reason() says why).
@@ -112,12 +113,11 @@ class CpuGroups:
 
 @contextlib.contextmanager
 def timing_share(item) -> Iterator[None]:
-    """A test marked timing runs in a cpu cgroup of its own of TIMING_SHARES (MACHINE_SHARES with
-    timing(machine=True)), this process and every process it starts meanwhile (a child inherits its group), so that
-    the load of other tests beside it (make test's workers) cannot move its verdict; back in its own group after, its
-    leftovers in the root group. Without a writable cpu controller: as it is (its reason printed)."""
-    mark = item.get_closest_marker("timing")
-    if mark is None:
+    """A test marked timing runs in a cpu cgroup of its own of TIMING_SHARES, this process and every process it starts
+    meanwhile (a child inherits its group), so that the load of other tests beside it (make test's workers) cannot
+    move its verdict much; back in its own group after, its leftovers in the root group. Without a writable cpu
+    controller: as it is (its reason printed)."""
+    if item.get_closest_marker("timing") is None:
         yield
         return
     if (reason := quota_reason()) is not None:
@@ -128,7 +128,7 @@ def timing_share(item) -> Iterator[None]:
     _remove_stale_groups()
     group = CPU_CGROUP / f"hpc-trainer-timing-{os.getpid()}"
     group.mkdir(exist_ok=True)
-    (group / "cpu.shares").write_text(str(MACHINE_SHARES if mark.kwargs.get("machine") else TIMING_SHARES))
+    (group / "cpu.shares").write_text(str(TIMING_SHARES))
     home = _cgroup_of(os.getpid()) or CPU_CGROUP
     (group / "cgroup.procs").write_text(str(os.getpid()))
     try:

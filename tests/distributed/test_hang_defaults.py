@@ -34,9 +34,11 @@ START_S = 240                          # the slowest default start (video: its c
 CULPRIT = ("stop", "python", "native_gil", "native")
 # video: its slow start, once per kind of stall (the C call that lets go of the interpreter); its rows are not marked
 # long, so that beside one worker (TEST_WORKERS=1) they run in the rest half, the other rows in the cluster half.
-# In several workers they run one at a time (a rank at its defaults holds ~6 GB), with the most CPU weight
-# (tests/slowing.py timing_share: beside workers, a default step took 44-100 s instead of 9-13)
-SIDE = {"video": (pytest.mark.one_at_a_time("video-defaults"), pytest.mark.timing(machine=True))}
+# In several workers they run one at a time (a rank at its defaults holds ~6 GB); the straggler and signal rows, whose
+# ranks both compute to the end, with the machine to themselves (beside workers a default step took 44-100 s, not 9-13)
+SIDE = {"video": (pytest.mark.one_at_a_time("video-defaults"),)}
+# the rows whose two ranks both compute to the end: the machine to themselves (tests/cluster.py machine_turn)
+WHOLE = {"video": (*SIDE["video"], pytest.mark.timing(machine=True))}
 CASES = [pytest.param(r, how, marks=SIDE.get(r, (pytest.mark.long,)))
          for r in RECIPES for how in CULPRIT if (r, how) != ("video", "native_gil")]
 
@@ -158,7 +160,7 @@ def test_a_recipe_hook_ten_times_the_timeout_is_no_hang(tmp_path, rank):
 STRAGGLER = {"har": (20, 6, 4), "sasrec": (50, 6, 4), "kgat": (250, 6, 4), "video": (7, 3, 3)}
 
 
-@pytest.mark.parametrize("recipe", [pytest.param(r, marks=SIDE.get(r, (pytest.mark.long,)))
+@pytest.mark.parametrize("recipe", [pytest.param(r, marks=WHOLE.get(r, (pytest.mark.long,)))
                                     for r in RECIPES])
 def test_a_slowed_rank_is_named_a_straggler_on_each_recipes_defaults(tmp_path, recipe):
     """From a step on, rank 1's steps take three or four times their own median before (a sleep inside the step):
@@ -193,7 +195,7 @@ def test_a_first_build_of_the_data_cache_ten_times_the_timeout_is_no_hang(tmp_pa
     assert list((tmp_path / "cache").glob("har-*")) and time.monotonic() - start > 30, "the build did not stall"
 
 
-@pytest.mark.parametrize("recipe", [pytest.param(r, marks=SIDE.get(r, (pytest.mark.long,)))
+@pytest.mark.parametrize("recipe", [pytest.param(r, marks=WHOLE.get(r, (pytest.mark.long,)))
                                     for r in RECIPES])
 def test_a_signal_on_one_rank_is_agreed_on_each_recipes_defaults_and_resumes(tmp_path, recipe):
     """The preemption agreement on the default path: SIGUSR1 reaches rank 1 alone inside step 2; both ranks stop after

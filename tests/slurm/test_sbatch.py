@@ -69,6 +69,11 @@ def toy_config(tmp_path: Path, epochs: int, sleep: float) -> str:
 
 
 def wait_for_log(path: Path, pattern: str, timeout: float = limit("run")) -> re.Match:
+    """The pattern's first match in a job's log, within `timeout` of the log's start: the job may first wait in the
+    queue behind the other cluster worker's jobs (a log still absent after 120 s in a CI run)."""
+    queued = time.monotonic() + limit("long")
+    while not path.exists() and time.monotonic() < queued:
+        time.sleep(0.2)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = path.exists() and re.search(pattern, path.read_text())

@@ -1,9 +1,9 @@
 """tests/cluster.py's turns, which the suite's workers take around each test (tests/conftest.py): tests marked
-one_at_a_time(NAME) never overlap; tests on the cluster overlap unless one is marked cluster_alone; a timing test
-runs in a CPU share of its own (tests/slowing.py timing_share). Two threads here
-stand for two workers: each opens the lock files itself, and flock locks of two open files exclude each other as
-two processes' do; the lock files are this test's own (tempfile's folder pointed at tmp_path), apart from those
-the suite's workers hold around it."""
+one_at_a_time(NAME) never overlap; tests on the cluster overlap unless one is marked cluster_alone; a test marked
+timing(machine=True) overlaps no other; a timing test runs in a CPU share of its own (tests/slowing.py
+timing_share). Two threads here stand for two workers: each opens the lock files itself, and flock locks of two open
+files exclude each other as two processes' do; the lock files are this test's own (tempfile's folder pointed at
+tmp_path), apart from those the suite's workers hold around it."""
 from __future__ import annotations
 
 import os
@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests import slowing
-from tests.cluster import cluster_turn, named_turns
+from tests.cluster import cluster_turn, machine_turn, named_turns
 
 
 class Marked:
@@ -81,10 +81,16 @@ def cpu_group(pid: int) -> str:
                 if "cpu" in line.split(":")[1].split(","))
 
 
-@pytest.mark.parametrize("mark,shares", [(pytest.mark.timing, slowing.TIMING_SHARES),
-                                         (pytest.mark.timing(machine=True), slowing.MACHINE_SHARES)],
-                         ids=["timing", "machine"])
-def test_a_timing_test_and_what_it_starts_run_in_a_cpu_share_of_their_own(mark, shares):
+def test_a_test_that_needs_the_machine_has_it_to_itself_and_the_others_share_it():
+    whole = Marked(pytest.mark.timing(machine=True))
+    for other in (Marked(), Marked(pytest.mark.timing), Marked(pytest.mark.slurm)):
+        assert overlap(*spans(machine_turn, other, other))
+        assert not overlap(*spans(machine_turn, other, whole))
+        assert not overlap(*spans(machine_turn, whole, other))
+
+
+@pytest.mark.parametrize("mark", [pytest.mark.timing, pytest.mark.timing(machine=True)], ids=["timing", "machine"])
+def test_a_timing_test_and_what_it_starts_run_in_a_cpu_share_of_their_own(mark):
     """tests/slowing.py timing_share: inside, this process and a child it starts are in a group of the test's
     weight; after, this process is back where it was and the group is gone; an unmarked test stays where it is."""
     if (reason := slowing.quota_reason()) is not None:
@@ -96,7 +102,7 @@ def test_a_timing_test_and_what_it_starts_run_in_a_cpu_share_of_their_own(mark, 
     with slowing.timing_share(Marked(mark)):
         group = slowing.CPU_CGROUP / cpu_group(os.getpid()).lstrip("/")
         assert group.name == f"hpc-trainer-timing-{os.getpid()}"
-        assert int((group / "cpu.shares").read_text()) == shares
+        assert int((group / "cpu.shares").read_text()) == slowing.TIMING_SHARES
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         assert cpu_group(child.pid) == cpu_group(os.getpid())
     try:
