@@ -30,7 +30,6 @@ start=$(date +%s)
 COVERAGE_PROCESS_START=$data/settings.ini make test
 code=$?
 echo "suite-coverage: make test exited $code in $(( $(date +%s) - start )) s"
-rm -f "$site/zz_suite_coverage.pth"
 py=$repo/.venv/bin/python
 cd "$data" && $py -m coverage combine --rcfile=settings.ini -q . && \
   $py -m coverage json --rcfile=settings.ini -q -o "$out" && \

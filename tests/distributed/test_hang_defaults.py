@@ -34,10 +34,10 @@ START_S = 240                          # the slowest default start (video: its c
 CULPRIT = ("stop", "python", "native_gil", "native")
 # video: its slow start, once per kind of stall (the C call that lets go of the interpreter); its rows are not marked
 # long, so that beside one worker (TEST_WORKERS=1) they run in the rest half, the other rows in the cluster half.
-# In several workers they run one at a time (a rank at its defaults holds ~6 GB); the straggler and signal rows, whose
-# ranks both compute to the end, with the machine to themselves (beside workers a default step took 44-100 s, not 9-13)
+# In several workers they run one at a time (a rank at its defaults holds ~6 GB)
 SIDE = {"video": (pytest.mark.one_at_a_time("video-defaults"),)}
-# the rows whose two ranks both compute to the end: the machine to themselves (tests/cluster.py machine_turn)
+# the straggler and signal rows, whose two ranks both compute to the end: the machine to themselves (tests/cluster.py
+# machine_turn; beside workers a default step took 44-100 s instead of 9-13)
 WHOLE = {"video": (*SIDE["video"], pytest.mark.timing(machine=True))}
 CASES = [pytest.param(r, how, marks=SIDE.get(r, (pytest.mark.long,)))
          for r in RECIPES for how in CULPRIT if (r, how) != ("video", "native_gil")]

@@ -76,11 +76,6 @@ def test_tests_on_the_cluster_share_it_but_one_marked_alone_has_it_to_itself():
     assert overlap(*spans(cluster_turn, alone, Marked()))         # a test off the cluster takes no turn there
 
 
-def cpu_group(pid: int) -> str:
-    return next(line.split(":", 2)[2] for line in open(f"/proc/{pid}/cgroup").read().splitlines()
-                if "cpu" in line.split(":")[1].split(","))
-
-
 def test_a_test_that_needs_the_machine_has_it_to_itself_and_the_others_share_it():
     whole = Marked(pytest.mark.timing(machine=True))
     for other in (Marked(), Marked(pytest.mark.timing), Marked(pytest.mark.slurm)):
@@ -96,18 +91,19 @@ def test_a_timing_test_and_what_it_starts_run_in_a_cpu_share_of_their_own(mark):
     if (reason := slowing.quota_reason()) is not None:
         print(f"SKIP: {reason}: no cpu share to give")
         pytest.skip(reason)
+    cpu_group = slowing._cgroup_of
     home = cpu_group(os.getpid())
     with slowing.timing_share(Marked()):
         assert cpu_group(os.getpid()) == home
     with slowing.timing_share(Marked(mark)):
-        group = slowing.CPU_CGROUP / cpu_group(os.getpid()).lstrip("/")
+        group = cpu_group(os.getpid())
         assert group.name == f"hpc-trainer-timing-{os.getpid()}"
         assert int((group / "cpu.shares").read_text()) == slowing.TIMING_SHARES
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         assert cpu_group(child.pid) == cpu_group(os.getpid())
     try:
         assert cpu_group(os.getpid()) == home and not group.exists()
-        assert cpu_group(child.pid) == "/"                 # a leftover goes to the root group, not the removed one
+        assert cpu_group(child.pid) == slowing.CPU_CGROUP    # a leftover goes to the root group, not the removed one
     finally:
         child.kill()
         child.wait()
